@@ -1,0 +1,223 @@
+//! Where kernels run: a CUDA device through cudarc, or the CPU emulator. Tensors live there.
+
+use crate::dtype::Dtype;
+use crate::error::{Error, Result, cuda};
+use cudarc::driver::sys::CUdevice_attribute;
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+use cudarc::nvrtc::Ptx;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// A CUDA device with the kernels' module loaded once; functions are looked up once each.
+pub(crate) struct CudaBackend {
+    pub(crate) ctx: Arc<CudaContext>,
+    pub(crate) stream: Arc<CudaStream>,
+    module: Arc<CudaModule>,
+    /// Loaded functions, with the dynamic shared memory each is allowed so far.
+    functions: Mutex<HashMap<&'static str, (CudaFunction, usize)>>,
+    /// Largest dynamic shared memory a block may opt into.
+    pub(crate) max_smem_optin: usize,
+}
+
+pub(crate) enum Backend {
+    Cuda(CudaBackend),
+    Emulator,
+}
+
+/// Runs attention on one device: a CUDA GPU, or the CPU emulator of the same kernels.
+/// Create one and reuse it: the context and module are set up once.
+pub struct FlashAttn {
+    pub(crate) backend: Backend,
+    pub(crate) id: u64,
+}
+
+/// Whether this machine has a loadable CUDA driver (libcuda).
+pub fn driver_present() -> bool {
+    // SAFETY: only tries to dlopen libcuda.
+    unsafe { cudarc::driver::sys::is_culib_present() }
+}
+
+impl FlashAttn {
+    /// The CUDA device `ordinal`, with the kernels' PTX loaded.
+    /// Errors (never panics) when there is no driver or no such device.
+    pub fn cuda(ordinal: usize) -> Result<FlashAttn> {
+        if !driver_present() {
+            return Err(Error::NoDriver);
+        }
+        let ctx = CudaContext::new(ordinal).map_err(|e| Error::NoDevice { reason: format!("device {ordinal}: {e:?}") })?;
+        let stream = ctx.default_stream();
+        let module = cuda("loading the kernels' PTX", ctx.load_module(Ptx::from_src(crate::ptx::PTX_SM80)))?;
+        let max_smem_optin = cuda(
+            "reading the device's shared-memory limit",
+            ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN),
+        )? as usize;
+        Ok(FlashAttn {
+            backend: Backend::Cuda(CudaBackend { ctx, stream, module, functions: Mutex::new(HashMap::new()), max_smem_optin }),
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+        })
+    }
+
+    /// The CPU emulator: runs the same kernel source on the host, checking barriers,
+    /// shared-memory bounds, initialisation and races. Slow; for tests and machines without a GPU.
+    pub fn emulator() -> FlashAttn {
+        FlashAttn { backend: Backend::Emulator, id: NEXT_ID.fetch_add(1, Ordering::Relaxed) }
+    }
+
+    /// CUDA device 0 if there is one, else the emulator; the second value says why not CUDA.
+    pub fn cuda_or_emulator() -> (FlashAttn, Option<Error>) {
+        match FlashAttn::cuda(0) {
+            Ok(fa) => (fa, None),
+            Err(e) => (FlashAttn::emulator(), Some(e)),
+        }
+    }
+
+    /// Whether this runs on the CPU emulator.
+    pub fn is_emulator(&self) -> bool {
+        matches!(self.backend, Backend::Emulator)
+    }
+
+    /// A human-readable name of the device.
+    pub fn device_name(&self) -> String {
+        match &self.backend {
+            Backend::Cuda(c) => c.ctx.name().unwrap_or_else(|e| format!("CUDA device (name unavailable: {e:?})")),
+            Backend::Emulator => "CPU emulator".into(),
+        }
+    }
+
+    /// Waits for all work queued on the device.
+    pub fn synchronize(&self) -> Result<()> {
+        match &self.backend {
+            Backend::Cuda(c) => cuda("synchronizing the stream", c.stream.synchronize()),
+            Backend::Emulator => Ok(()),
+        }
+    }
+
+    /// Free and total device memory in bytes (None on the emulator).
+    pub fn memory_info(&self) -> Result<Option<(usize, usize)>> {
+        match &self.backend {
+            Backend::Cuda(c) => Ok(Some(cuda("reading memory info", c.ctx.mem_get_info())?)),
+            Backend::Emulator => Ok(None),
+        }
+    }
+
+    /// Copies `data` to the device as a tensor of `shape` (row-major, last dimension contiguous).
+    pub fn upload<T: Dtype>(&self, data: &[T], shape: &[usize]) -> Result<Tensor<T>> {
+        let n: usize = shape.iter().product();
+        if data.len() != n {
+            return Err(Error::HostLength { expected: n, got: data.len() });
+        }
+        let storage = match &self.backend {
+            Backend::Cuda(c) => Storage::Cuda(cuda("copying to the device", c.stream.clone_htod(data))?),
+            Backend::Emulator => Storage::Host(data.to_vec()),
+        };
+        Ok(Tensor { storage, shape: shape.to_vec(), owner: self.id })
+    }
+
+    /// A tensor of `shape` with every element `value` (e.g. NaN, to poison an output).
+    pub fn full<T: Dtype>(&self, value: T, shape: &[usize]) -> Result<Tensor<T>> {
+        let n: usize = shape.iter().product();
+        self.upload(&vec![value; n], shape)
+    }
+
+    /// An uninitialised tensor (device memory as the allocator left it).
+    pub(crate) fn alloc<T: Dtype>(&self, shape: &[usize]) -> Result<Tensor<T>> {
+        let n: usize = shape.iter().product();
+        let storage = match &self.backend {
+            // SAFETY: the kernel writes every element before anyone reads it.
+            Backend::Cuda(c) => Storage::Cuda(cuda("allocating device memory", unsafe { c.stream.alloc::<T>(n) })?),
+            Backend::Emulator => Storage::Host(vec![T::nan(); n]),
+        };
+        Ok(Tensor { storage, shape: shape.to_vec(), owner: self.id })
+    }
+
+    /// Copies a tensor back to the host (waits for the work that writes it).
+    pub fn download<T: Dtype>(&self, t: &Tensor<T>) -> Result<Vec<T>> {
+        self.check_owner(t, "tensor")?;
+        match (&self.backend, &t.storage) {
+            (Backend::Cuda(c), Storage::Cuda(s)) => cuda("copying to the host", c.stream.clone_dtoh(s)),
+            (_, Storage::Host(v)) => Ok(v.clone()),
+            _ => Err(Error::WrongDevice { tensor: "tensor" }),
+        }
+    }
+
+    pub(crate) fn check_owner<T>(&self, t: &Tensor<T>, name: &'static str) -> Result<()> {
+        if t.owner == self.id { Ok(()) } else { Err(Error::WrongDevice { tensor: name }) }
+    }
+}
+
+impl CudaBackend {
+    /// The function `name`, allowed `smem` bytes of dynamic shared memory.
+    pub(crate) fn function(&self, name: &'static str, smem: usize) -> Result<CudaFunction> {
+        if smem > self.max_smem_optin {
+            return Err(Error::SharedMemory { kernel: name, needed: smem, available: self.max_smem_optin });
+        }
+        let mut fns = self.functions.lock().unwrap_or_else(|p| p.into_inner());
+        if !fns.contains_key(name) {
+            let f = cuda("looking up a kernel", self.module.load_function(name))?;
+            fns.insert(name, (f, 0));
+        }
+        let (f, allowed) = fns.get_mut(name).expect("inserted above");
+        if smem > *allowed {
+            use cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES as MAX_DYN;
+            cuda("raising a kernel's shared-memory limit", f.set_attribute(MAX_DYN, smem as i32))?;
+            *allowed = smem;
+        }
+        Ok(f.clone())
+    }
+}
+
+pub(crate) enum Storage<T> {
+    Cuda(CudaSlice<T>),
+    Host(Vec<T>),
+}
+
+/// A dense row-major tensor on a [`FlashAttn`]'s device (or in the emulator's host memory).
+pub struct Tensor<T> {
+    pub(crate) storage: Storage<T>,
+    shape: Vec<usize>,
+    owner: u64,
+}
+
+impl<T> Tensor<T> {
+    /// Its shape.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.shape.iter().product()
+    }
+    /// Whether it has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Bytes of storage.
+    pub fn bytes(&self) -> usize {
+        self.len() * std::mem::size_of::<T>()
+    }
+    /// Device address (CUDA) or host address (emulator) of the first element.
+    pub(crate) fn addr(&self, stream: Option<&CudaStream>) -> u64 {
+        match (&self.storage, stream) {
+            (Storage::Cuda(s), Some(st)) => {
+                let (p, _sync) = s.device_ptr(st);
+                p
+            }
+            (Storage::Host(v), _) => v.as_ptr() as u64,
+            (Storage::Cuda(_), None) => 0,
+        }
+    }
+    /// As [`Tensor::addr`], for a tensor the kernel writes.
+    pub(crate) fn addr_mut(&mut self, stream: Option<&CudaStream>) -> u64 {
+        match (&mut self.storage, stream) {
+            (Storage::Cuda(s), Some(st)) => {
+                let (p, _sync) = s.device_ptr_mut(st);
+                p
+            }
+            (Storage::Host(v), _) => v.as_mut_ptr() as u64,
+            (Storage::Cuda(_), None) => 0,
+        }
+    }
+}

@@ -1,0 +1,187 @@
+//! Every way a call can fail, as one typed error that names the offending values.
+
+use cudarc::driver::DriverError;
+use flashattn_kernels::dev::emu::EmuError;
+
+/// Errors of this crate. Input errors are found before anything is launched.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum Error {
+    /// libcuda could not be loaded: no NVIDIA driver on this machine.
+    NoDriver,
+    /// The driver is there but no usable device was found.
+    NoDevice {
+        /// What the driver said.
+        reason: String,
+    },
+    /// A CUDA driver call failed.
+    Cuda {
+        /// Which operation.
+        op: &'static str,
+        /// The driver's error.
+        source: DriverError,
+    },
+    /// The emulator found a fault in a kernel.
+    Emulator(EmuError),
+    /// A tensor has the wrong number of dimensions.
+    Rank {
+        /// Which tensor.
+        tensor: &'static str,
+        /// Its shape.
+        shape: Vec<usize>,
+        /// The rank required.
+        expected: usize,
+    },
+    /// A dimension is zero.
+    EmptyDimension {
+        /// Which tensor.
+        tensor: &'static str,
+        /// Its shape.
+        shape: Vec<usize>,
+    },
+    /// Two tensors disagree on a dimension they must share.
+    ShapeMismatch {
+        /// What must match, e.g. "batch of q and k".
+        what: &'static str,
+        /// The two values.
+        left: usize,
+        right: usize,
+    },
+    /// K and V must have the same shape.
+    KvShapeMismatch {
+        /// Shape of K.
+        k: Vec<usize>,
+        /// Shape of V.
+        v: Vec<usize>,
+    },
+    /// head_dim must be a multiple of 8, at most 256.
+    UnsupportedHeadDim {
+        /// The head_dim given.
+        head_dim: usize,
+    },
+    /// heads_q must be a multiple of heads_kv (GQA/MQA).
+    HeadsNotDivisible {
+        /// Query heads.
+        heads_q: usize,
+        /// Key/value heads.
+        heads_kv: usize,
+    },
+    /// A size beyond what the kernels' index arithmetic or the launch grid can hold.
+    TooLarge {
+        /// What is too large.
+        what: &'static str,
+        /// Its value.
+        value: usize,
+        /// The largest value allowed.
+        max: usize,
+    },
+    /// The softmax scale must be finite.
+    InvalidScale {
+        /// The scale given.
+        scale: f32,
+    },
+    /// An output buffer has the wrong shape.
+    OutputShape {
+        /// Which output.
+        tensor: &'static str,
+        /// The shape required.
+        expected: Vec<usize>,
+        /// The shape given.
+        got: Vec<usize>,
+    },
+    /// Host data does not fill the shape asked for.
+    HostLength {
+        /// Elements the shape needs.
+        expected: usize,
+        /// Elements given.
+        got: usize,
+    },
+    /// A tensor belongs to another [`crate::FlashAttn`] (another device or the emulator).
+    WrongDevice {
+        /// Which tensor.
+        tensor: &'static str,
+    },
+    /// No kernel family of that name.
+    UnknownKernel {
+        /// The name asked for.
+        name: String,
+        /// The families there are.
+        available: Vec<&'static str>,
+    },
+    /// The kernel family has no variant for this dtype and head_dim.
+    NoVariant {
+        /// The family.
+        family: String,
+        /// The dtype.
+        dtype: &'static str,
+        /// The head_dim.
+        head_dim: usize,
+    },
+    /// The launch needs more shared memory per block than the device allows.
+    SharedMemory {
+        /// The kernel.
+        kernel: &'static str,
+        /// Bytes needed.
+        needed: usize,
+        /// Bytes the device allows a block.
+        available: usize,
+    },
+}
+
+impl std::fmt::Display for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Error::NoDriver => write!(f, "no CUDA driver: libcuda could not be loaded (is an NVIDIA driver installed?)"),
+            Error::NoDevice { reason } => write!(f, "no usable CUDA device: {reason}"),
+            Error::Cuda { op, source } => write!(f, "CUDA call failed in {op}: {source:?}"),
+            Error::Emulator(e) => write!(f, "{e}"),
+            Error::Rank { tensor, shape, expected } => {
+                write!(f, "{tensor} has shape {shape:?}; expected {expected} dimensions")
+            }
+            Error::EmptyDimension { tensor, shape } => write!(f, "{tensor} has shape {shape:?}; no dimension may be 0"),
+            Error::ShapeMismatch { what, left, right } => write!(f, "{what} differ: {left} vs {right}"),
+            Error::KvShapeMismatch { k, v } => write!(f, "k has shape {k:?} but v has shape {v:?}; they must match"),
+            Error::UnsupportedHeadDim { head_dim } => {
+                write!(f, "head_dim {head_dim} is not supported: it must be a multiple of 8 from 8 to 256")
+            }
+            Error::HeadsNotDivisible { heads_q, heads_kv } => {
+                write!(f, "heads_q {heads_q} is not a multiple of heads_kv {heads_kv}")
+            }
+            Error::TooLarge { what, value, max } => write!(f, "{what} is {value}; at most {max} is supported"),
+            Error::InvalidScale { scale } => write!(f, "softmax_scale {scale} is not a finite number"),
+            Error::OutputShape { tensor, expected, got } => {
+                write!(f, "output {tensor} has shape {got:?}; expected {expected:?}")
+            }
+            Error::HostLength { expected, got } => {
+                write!(f, "host data has {got} elements; the shape needs {expected}")
+            }
+            Error::WrongDevice { tensor } => write!(f, "{tensor} was created by another FlashAttn instance (device)"),
+            Error::UnknownKernel { name, available } => {
+                write!(f, "no kernel family `{name}`; available: {}", available.join(", "))
+            }
+            Error::NoVariant { family, dtype, head_dim } => {
+                write!(f, "kernel family `{family}` has no variant for {dtype} with head_dim {head_dim}")
+            }
+            Error::SharedMemory { kernel, needed, available } => write!(
+                f,
+                "kernel {kernel} needs {needed} bytes of shared memory per block; the device allows {available}"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl From<EmuError> for Error {
+    fn from(e: EmuError) -> Self {
+        Error::Emulator(e)
+    }
+}
+
+/// Shorthand.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Wraps a driver result with the name of the operation.
+pub(crate) fn cuda<T>(op: &'static str, r: std::result::Result<T, DriverError>) -> Result<T> {
+    r.map_err(|source| Error::Cuda { op, source })
+}

@@ -1,0 +1,236 @@
+//! The forward pass: validation, launch parameters, and the launch on either backend.
+
+use crate::device::{Backend, FlashAttn, Tensor};
+use crate::dtype::Dtype;
+use crate::error::{Error, Result, cuda};
+use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+use flashattn_kernels::dev::emu::{self, GlobalRegion};
+use flashattn_kernels::params::{FwdParams, Strides};
+use flashattn_kernels::registry::{FWD_VARIANTS, FwdVariant};
+
+/// Options of the forward pass.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct FwdOptions {
+    /// Causal masking, bottom-right aligned (FlashAttention >= 2.1): query row i sees key
+    /// column j iff j <= i + seqlen_k - seqlen_q. Rows that see no key get O = 0, LSE = -inf.
+    pub causal: bool,
+    /// Scale applied to QK^T before the softmax; `None` means 1/sqrt(head_dim).
+    pub softmax_scale: Option<f32>,
+    /// Kernel family by name (`"simt"`); `None` picks the best one that applies.
+    pub kernel: Option<&'static str>,
+}
+
+impl FwdOptions {
+    /// The scale in effect for `head_dim`.
+    pub fn scale(&self, head_dim: usize) -> f32 {
+        self.softmax_scale.unwrap_or(1.0 / (head_dim as f32).sqrt())
+    }
+}
+
+/// The problem's dimensions, as validated from Q and K.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttnShape {
+    pub batch: usize,
+    pub seqlen_q: usize,
+    pub seqlen_k: usize,
+    pub heads_q: usize,
+    pub heads_kv: usize,
+    pub head_dim: usize,
+}
+
+impl AttnShape {
+    /// Shape of Q and O: [batch, seqlen_q, heads_q, head_dim].
+    pub fn q_shape(&self) -> [usize; 4] {
+        [self.batch, self.seqlen_q, self.heads_q, self.head_dim]
+    }
+    /// Shape of K and V: [batch, seqlen_k, heads_kv, head_dim].
+    pub fn kv_shape(&self) -> [usize; 4] {
+        [self.batch, self.seqlen_k, self.heads_kv, self.head_dim]
+    }
+    /// Shape of LSE: [batch, heads_q, seqlen_q].
+    pub fn lse_shape(&self) -> [usize; 3] {
+        [self.batch, self.heads_q, self.seqlen_q]
+    }
+    /// FLOPs of the forward pass: 4 * b * h * sq * sk * d, halved when causal (the FA papers' count).
+    pub fn fwd_flops(&self, causal: bool) -> f64 {
+        let f = 4.0 * (self.batch * self.heads_q) as f64 * self.seqlen_q as f64 * self.seqlen_k as f64 * self.head_dim as f64;
+        if causal { f / 2.0 } else { f }
+    }
+}
+
+/// Largest batch and heads_q: the launch grid's y and z limits.
+pub const MAX_GRID_YZ: usize = 65_535;
+/// Largest sequence length: row indices are u32 in the kernels, with room for one tile past the end.
+pub const MAX_SEQLEN: usize = (i32::MAX as usize) - 1024;
+
+/// Checks Q, K, V and the options; returns the problem's dimensions. Runs before any launch.
+pub fn validate(q: &[usize], k: &[usize], v: &[usize], opts: &FwdOptions) -> Result<AttnShape> {
+    for (tensor, s) in [("q", q), ("k", k), ("v", v)] {
+        if s.len() != 4 {
+            return Err(Error::Rank { tensor, shape: s.to_vec(), expected: 4 });
+        }
+        if s.contains(&0) {
+            return Err(Error::EmptyDimension { tensor, shape: s.to_vec() });
+        }
+    }
+    if k != v {
+        return Err(Error::KvShapeMismatch { k: k.to_vec(), v: v.to_vec() });
+    }
+    if q[0] != k[0] {
+        return Err(Error::ShapeMismatch { what: "batch of q and k", left: q[0], right: k[0] });
+    }
+    if q[3] != k[3] {
+        return Err(Error::ShapeMismatch { what: "head_dim of q and k", left: q[3], right: k[3] });
+    }
+    let shape = AttnShape { batch: q[0], seqlen_q: q[1], heads_q: q[2], seqlen_k: k[1], heads_kv: k[2], head_dim: q[3] };
+    if shape.head_dim % 8 != 0 || shape.head_dim > 256 {
+        return Err(Error::UnsupportedHeadDim { head_dim: shape.head_dim });
+    }
+    if shape.heads_q % shape.heads_kv != 0 {
+        return Err(Error::HeadsNotDivisible { heads_q: shape.heads_q, heads_kv: shape.heads_kv });
+    }
+    for (what, value, max) in [
+        ("batch", shape.batch, MAX_GRID_YZ),
+        ("heads_q", shape.heads_q, MAX_GRID_YZ),
+        ("seqlen_q", shape.seqlen_q, MAX_SEQLEN),
+        ("seqlen_k", shape.seqlen_k, MAX_SEQLEN),
+    ] {
+        if value > max {
+            return Err(Error::TooLarge { what, value, max });
+        }
+    }
+    // Element offsets are u64 in the kernels; byte sizes must fit an isize on the host.
+    let max_elems = isize::MAX as usize / 4;
+    for (what, s) in [("elements of q", q), ("elements of k", k)] {
+        let n = s.iter().try_fold(1usize, |a, &x| a.checked_mul(x)).unwrap_or(usize::MAX);
+        if n > max_elems {
+            return Err(Error::TooLarge { what, value: n, max: max_elems });
+        }
+    }
+    if let Some(scale) = opts.softmax_scale
+        && !scale.is_finite()
+    {
+        return Err(Error::InvalidScale { scale });
+    }
+    Ok(shape)
+}
+
+/// What the forward pass returns.
+pub struct FwdOutput<T> {
+    /// O: [batch, seqlen_q, heads_q, head_dim], in the input dtype.
+    pub o: Tensor<T>,
+    /// LSE: [batch, heads_q, seqlen_q], f32, natural log of each row's softmax denominator
+    /// (after scaling); -inf for rows that see no key.
+    pub lse: Tensor<f32>,
+}
+
+/// Kernel families, best first.
+pub const FAMILIES: &[&str] = &["simt"];
+
+/// The variant that will run for this dtype, head_dim and options.
+pub fn select_variant(dtype: flashattn_kernels::dtype::DType, head_dim: usize, opts: &FwdOptions) -> Result<&'static FwdVariant> {
+    let family = opts.kernel.unwrap_or(FAMILIES[0]);
+    if !FAMILIES.contains(&family) {
+        return Err(Error::UnknownKernel { name: family.into(), available: FAMILIES.to_vec() });
+    }
+    let no_variant = || Error::NoVariant { family: family.into(), dtype: dtype.name(), head_dim };
+    match family {
+        "simt" => flashattn_kernels::registry::simt_fwd_variant(dtype, head_dim as u32).ok_or_else(no_variant),
+        _ => FWD_VARIANTS.iter().find(|v| v.family == family && v.dtype == dtype).ok_or_else(no_variant),
+    }
+}
+
+#[repr(transparent)]
+struct ParamsArg(FwdParams);
+// SAFETY: FwdParams is #[repr(C)] plain data (u64, u32, f32) with the same layout in PTX.
+unsafe impl DeviceRepr for ParamsArg {}
+
+impl FlashAttn {
+    /// Attention forward: O = softmax(scale * Q K^T [masked]) V, and its LSE.
+    /// Q: [batch, seqlen_q, heads_q, head_dim]; K, V: [batch, seqlen_k, heads_kv, head_dim].
+    pub fn forward<T: Dtype>(&self, q: &Tensor<T>, k: &Tensor<T>, v: &Tensor<T>, opts: &FwdOptions) -> Result<FwdOutput<T>> {
+        let shape = validate(q.shape(), k.shape(), v.shape(), opts)?;
+        let mut o = self.alloc::<T>(&shape.q_shape())?;
+        let mut lse = self.alloc::<f32>(&shape.lse_shape())?;
+        self.forward_into(q, k, v, &mut o, &mut lse, opts)?;
+        Ok(FwdOutput { o, lse })
+    }
+
+    /// As [`FlashAttn::forward`], writing into existing buffers `o` and `lse`.
+    pub fn forward_into<T: Dtype>(
+        &self,
+        q: &Tensor<T>,
+        k: &Tensor<T>,
+        v: &Tensor<T>,
+        o: &mut Tensor<T>,
+        lse: &mut Tensor<f32>,
+        opts: &FwdOptions,
+    ) -> Result<()> {
+        let shape = validate(q.shape(), k.shape(), v.shape(), opts)?;
+        for (name, got, expected) in [("o", o.shape(), &shape.q_shape()[..]), ("lse", lse.shape(), &shape.lse_shape()[..])] {
+            if got != expected {
+                return Err(Error::OutputShape { tensor: name, expected: expected.to_vec(), got: got.to_vec() });
+            }
+        }
+        self.check_owner(q, "q")?;
+        self.check_owner(k, "k")?;
+        self.check_owner(v, "v")?;
+        self.check_owner(o, "o")?;
+        self.check_owner(lse, "lse")?;
+        let variant = select_variant(T::DTYPE, shape.head_dim, opts)?;
+        let tile = variant.tile;
+        let d = shape.head_dim as u32;
+        let smem = tile.smem_bytes(d) as usize;
+        let grid = ((shape.seqlen_q as u32).div_ceil(tile.br()), shape.heads_q as u32, shape.batch as u32);
+        let stream = match &self.backend {
+            Backend::Cuda(c) => Some(c.stream.as_ref()),
+            Backend::Emulator => None,
+        };
+        let params = FwdParams {
+            q: q.addr(stream),
+            k: k.addr(stream),
+            v: v.addr(stream),
+            o: o.addr_mut(stream),
+            lse: lse.addr_mut(stream),
+            q_strides: Strides::contiguous(shape.seqlen_q as u64, shape.heads_q as u64, d as u64),
+            k_strides: Strides::contiguous(shape.seqlen_k as u64, shape.heads_kv as u64, d as u64),
+            v_strides: Strides::contiguous(shape.seqlen_k as u64, shape.heads_kv as u64, d as u64),
+            o_strides: Strides::contiguous(shape.seqlen_q as u64, shape.heads_q as u64, d as u64),
+            batch: shape.batch as u32,
+            heads_q: shape.heads_q as u32,
+            heads_kv: shape.heads_kv as u32,
+            seqlen_q: shape.seqlen_q as u32,
+            seqlen_k: shape.seqlen_k as u32,
+            head_dim: d,
+            scale_log2: opts.scale(shape.head_dim) * std::f32::consts::LOG2_E,
+            causal: opts.causal as u32,
+        };
+        match &self.backend {
+            Backend::Cuda(c) => {
+                let f = c.function(variant.name, smem)?;
+                let cfg = LaunchConfig { grid_dim: grid, block_dim: (tile.threads(), 1, 1), shared_mem_bytes: smem as u32 };
+                let arg = ParamsArg(params);
+                let mut launch = c.stream.launch_builder(&f);
+                launch.arg(&arg);
+                // SAFETY: the parameters were validated against the buffers above; the kernel
+                // reads q, k, v and writes o and lse within their shapes.
+                cuda("launching the forward kernel", unsafe { launch.launch(cfg) })?;
+                Ok(())
+            }
+            Backend::Emulator => {
+                let regions = [
+                    GlobalRegion { start: params.q as usize, len: q.bytes(), writable: false },
+                    GlobalRegion { start: params.k as usize, len: k.bytes(), writable: false },
+                    GlobalRegion { start: params.v as usize, len: v.bytes(), writable: false },
+                    GlobalRegion { start: params.o as usize, len: o.bytes(), writable: true },
+                    GlobalRegion { start: params.lse as usize, len: lse.bytes(), writable: true },
+                ];
+                let cfg = emu::LaunchConfig { grid, block_threads: tile.threads(), dynamic_shared_bytes: smem };
+                let body = variant.emulate;
+                // SAFETY: as for the GPU launch; the emulator also checks every access.
+                emu::launch(variant.name, &cfg, &regions, &|| unsafe { body(&params) })?;
+                Ok(())
+            }
+        }
+    }
+}

@@ -1,0 +1,34 @@
+//! FlashAttention in Rust.
+//!
+//! The kernels are `no_std` Rust (crate `flashattn-kernels`), compiled to PTX at build time
+//! by this crate's `build.rs` with rustc's NVPTX backend: no CUDA toolkit is needed to build,
+//! and the CUDA driver is loaded at run time through `cudarc`. The same kernel source also
+//! runs on the CPU under an emulator of the CUDA execution model ([`FlashAttn::emulator`]).
+//!
+//! ```no_run
+//! use flashattn::{FlashAttn, FwdOptions};
+//! # fn main() -> Result<(), flashattn::Error> {
+//! let fa = FlashAttn::cuda(0)?; // or FlashAttn::emulator()
+//! let (b, s, h, d) = (2, 1024, 16, 64);
+//! let host: Vec<half::f16> = (0..b * s * h * d).map(|i| half::f16::from_f32((i % 7) as f32 / 7.0)).collect();
+//! let q = fa.upload(&host, &[b, s, h, d])?;
+//! let k = fa.upload(&host, &[b, s, h, d])?;
+//! let v = fa.upload(&host, &[b, s, h, d])?;
+//! let out = fa.forward(&q, &k, &v, &FwdOptions { causal: true, ..Default::default() })?;
+//! let o: Vec<half::f16> = fa.download(&out.o)?; // [b, s, h, d]
+//! let lse: Vec<f32> = fa.download(&out.lse)?; // [b, h, s]
+//! # Ok(()) }
+//! ```
+
+mod device;
+mod dtype;
+mod error;
+mod forward;
+pub mod ptx;
+pub mod reference;
+
+pub use device::{FlashAttn, Tensor, driver_present};
+pub use dtype::Dtype;
+pub use error::{Error, Result};
+pub use flashattn_kernels as kernels;
+pub use forward::{AttnShape, FAMILIES, FwdOptions, FwdOutput, MAX_GRID_YZ, MAX_SEQLEN, select_variant, validate};

@@ -1,0 +1,205 @@
+//! CPU references, public so users can check their own uses.
+//!
+//! [`attention_f64`] is plain attention in f64 with exactly the kernels' options: the
+//! ground truth. [`naive_attention`] is the same computation as a framework would do it in
+//! the input dtype (scores and probabilities rounded to it, f32 accumulation); twice its error
+//! is FlashAttention's accuracy bar (FA2's rule), see [`tolerance`].
+
+use crate::dtype::Dtype;
+use crate::forward::{AttnShape, FwdOptions};
+
+/// Output of a reference: O as f64 in Q's layout, LSE [batch, heads_q, seqlen_q].
+#[derive(Clone, Debug)]
+pub struct RefOutput {
+    pub o: Vec<f64>,
+    pub lse: Vec<f64>,
+}
+
+fn causal_hides(row: usize, col: usize, sq: usize, sk: usize) -> bool {
+    col as i64 > row as i64 + sk as i64 - sq as i64
+}
+
+/// One (batch, head, query row) of attention in f64: writes the row of O, returns the LSE.
+#[allow(clippy::too_many_arguments)]
+fn attention_row(
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    s: &AttnShape,
+    scale: f64,
+    causal: bool,
+    (b, h, i): (usize, usize, usize),
+    out: &mut [f64],
+    scores: &mut Vec<f64>,
+) -> f64 {
+    let d = s.head_dim;
+    let hk = h / (s.heads_q / s.heads_kv);
+    let q_row = &q[((b * s.seqlen_q + i) * s.heads_q + h) * d..][..d];
+    scores.clear();
+    for j in 0..s.seqlen_k {
+        if causal && causal_hides(i, j, s.seqlen_q, s.seqlen_k) {
+            scores.push(f64::NEG_INFINITY);
+            continue;
+        }
+        let k_row = &k[((b * s.seqlen_k + j) * s.heads_kv + hk) * d..][..d];
+        let dot: f64 = q_row.iter().zip(k_row).map(|(a, b)| a * b).sum();
+        scores.push(dot * scale);
+    }
+    let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    out.iter_mut().for_each(|x| *x = 0.0);
+    if m == f64::NEG_INFINITY {
+        return f64::NEG_INFINITY;
+    }
+    let mut l = 0.0;
+    for x in scores.iter_mut() {
+        *x = (*x - m).exp();
+        l += *x;
+    }
+    for (j, &p) in scores.iter().enumerate() {
+        if p == 0.0 {
+            continue;
+        }
+        let p = p / l;
+        let v_row = &v[((b * s.seqlen_k + j) * s.heads_kv + hk) * d..][..d];
+        for (o, x) in out.iter_mut().zip(v_row) {
+            *o += p * x;
+        }
+    }
+    m + l.ln()
+}
+
+/// Exact attention in f64. Q [b, sq, hq, d], K and V [b, sk, hkv, d], row-major; options
+/// as the kernels take them (scale, causal bottom-right aligned, GQA). Fully masked rows
+/// give O = 0 and LSE = -inf.
+pub fn attention_f64(q: &[f64], k: &[f64], v: &[f64], s: &AttnShape, opts: &FwdOptions) -> RefOutput {
+    let d = s.head_dim;
+    let scale = opts.scale(d) as f64;
+    let mut o = vec![0.0; s.batch * s.seqlen_q * s.heads_q * d];
+    let mut lse = vec![0.0; s.batch * s.heads_q * s.seqlen_q];
+    let mut scores = Vec::with_capacity(s.seqlen_k);
+    for b in 0..s.batch {
+        for h in 0..s.heads_q {
+            for i in 0..s.seqlen_q {
+                let at = ((b * s.seqlen_q + i) * s.heads_q + h) * d;
+                let out = &mut o[at..at + d];
+                lse[(b * s.heads_q + h) * s.seqlen_q + i] =
+                    attention_row(q, k, v, s, scale, opts.causal, (b, h, i), out, &mut scores);
+            }
+        }
+    }
+    RefOutput { o, lse }
+}
+
+/// Exact attention in f64 of inputs in any [`Dtype`].
+pub fn reference<T: Dtype>(q: &[T], k: &[T], v: &[T], shape: &AttnShape, opts: &FwdOptions) -> RefOutput {
+    let w = |x: &[T]| x.iter().map(|e| e.to_f64()).collect::<Vec<_>>();
+    attention_f64(&w(q), &w(k), &w(v), shape, opts)
+}
+
+/// Exact f64 attention for selected rows only, `(batch, head, query row)`: O rows and LSEs.
+pub fn reference_rows<T: Dtype>(
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    shape: &AttnShape,
+    opts: &FwdOptions,
+    rows: &[(usize, usize, usize)],
+) -> Vec<(Vec<f64>, f64)> {
+    let w = |x: &[T]| x.iter().map(|e| e.to_f64()).collect::<Vec<_>>();
+    let (q, k, v) = (w(q), w(k), w(v));
+    let scale = opts.scale(shape.head_dim) as f64;
+    let mut scores = Vec::new();
+    rows.iter()
+        .map(|&r| {
+            let mut out = vec![0.0; shape.head_dim];
+            let lse = attention_row(&q, &k, &v, shape, scale, opts.causal, r, &mut out, &mut scores);
+            (out, lse)
+        })
+        .collect()
+}
+
+/// Attention as a framework computes it naively in dtype `T` (PyTorch's math path):
+/// S = Q K^T accumulated in f32 and rounded to `T`; softmax of scale * S in f32 with P
+/// rounded to `T`; O = P V accumulated in f32 and rounded to `T`. For `T = f32` every step is
+/// plain f32 arithmetic. Its error against [`attention_f64`] calibrates [`tolerance`].
+pub fn naive_attention<T: Dtype>(q: &[T], k: &[T], v: &[T], s: &AttnShape, opts: &FwdOptions) -> RefOutput {
+    let d = s.head_dim;
+    let scale = opts.scale(d);
+    let rt = |x: f32| T::from_f32(x).to_f32();
+    let (q, k, v): (Vec<f32>, Vec<f32>, Vec<f32>) =
+        (q.iter().map(|x| x.to_f32()).collect(), k.iter().map(|x| x.to_f32()).collect(), v.iter().map(|x| x.to_f32()).collect());
+    let mut o = vec![0.0; s.batch * s.seqlen_q * s.heads_q * d];
+    let mut lse = vec![0.0; s.batch * s.heads_q * s.seqlen_q];
+    let mut p = vec![0f32; s.seqlen_k];
+    let mut acc = vec![0f32; d];
+    for b in 0..s.batch {
+        for h in 0..s.heads_q {
+            let hk = h / (s.heads_q / s.heads_kv);
+            for i in 0..s.seqlen_q {
+                let q_row = &q[((b * s.seqlen_q + i) * s.heads_q + h) * d..][..d];
+                for (j, pj) in p.iter_mut().enumerate() {
+                    *pj = if opts.causal && causal_hides(i, j, s.seqlen_q, s.seqlen_k) {
+                        f32::NEG_INFINITY
+                    } else {
+                        let k_row = &k[((b * s.seqlen_k + j) * s.heads_kv + hk) * d..][..d];
+                        rt(q_row.iter().zip(k_row).fold(0f32, |a, (x, y)| a + x * y)) * scale
+                    };
+                }
+                let m = p.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+                let at = ((b * s.seqlen_q + i) * s.heads_q + h) * d;
+                let r = (b * s.heads_q + h) * s.seqlen_q + i;
+                if m == f32::NEG_INFINITY {
+                    lse[r] = f64::NEG_INFINITY;
+                    continue;
+                }
+                let mut l = 0f32;
+                for pj in p.iter_mut() {
+                    *pj = (*pj - m).exp();
+                    l += *pj;
+                }
+                lse[r] = (m + l.ln()) as f64;
+                acc.iter_mut().for_each(|a| *a = 0.0);
+                for (j, &pj) in p.iter().enumerate() {
+                    let pj = rt(pj / l);
+                    let v_row = &v[((b * s.seqlen_k + j) * s.heads_kv + hk) * d..][..d];
+                    for (a, x) in acc.iter_mut().zip(v_row) {
+                        *a += pj * x;
+                    }
+                }
+                for (dst, a) in o[at..at + d].iter_mut().zip(&acc) {
+                    *dst = rt(*a) as f64;
+                }
+            }
+        }
+    }
+    RefOutput { o, lse }
+}
+
+/// ||a - b|| / ||b|| over the elements where `b` is finite; infinite elements must match
+/// exactly and every element of `a` must be a number, else the result is infinite (fails any
+/// bound). NaN never passes.
+pub fn rel_l2(a: &[f64], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len(), "rel_l2 of slices of different lengths");
+    let (mut num, mut den) = (0.0, 0.0);
+    for (&x, &y) in a.iter().zip(b) {
+        if x.is_nan() || y.is_nan() {
+            return f64::INFINITY;
+        }
+        if y.is_infinite() || x.is_infinite() {
+            if x != y {
+                return f64::INFINITY;
+            }
+            continue;
+        }
+        num += (x - y) * (x - y);
+        den += y * y;
+    }
+    if num == 0.0 { 0.0 } else if den == 0.0 { f64::INFINITY } else { (num / den).sqrt() }
+}
+
+/// The accuracy bar for a kernel's output in dtype `T`: twice the relative error of naive
+/// attention in `T` on the same inputs (FA2's rule), plus one unit roundoff of `T` for the
+/// final rounding of O that both incur in different places.
+pub fn tolerance<T: Dtype>(naive_err: f64) -> f64 {
+    2.0 * naive_err + T::UNIT_ROUNDOFF
+}

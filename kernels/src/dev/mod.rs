@@ -1,0 +1,167 @@
+//! The device-support layer: everything a kernel needs from the GPU beyond arithmetic.
+//!
+//! Each operation is named by who takes part in it (ThunderKittens' convention):
+//! [`thread`] (one thread alone), [`warp`] (all 32 lanes of a warp, collectively),
+//! [`block`] (every thread of the block, collectively). Memory is reached through
+//! [`global`] and [`Shared`], math through [`math`].
+//!
+//! On `nvptx64` each function is a PTX instruction or LLVM NVVM intrinsic. On the host the
+//! same functions are implemented by the emulator in [`emu`], which also checks what the
+//! GPU does not: barriers and warp collectives reached by only some threads, shared-memory
+//! accesses outside the allocation, reads of shared memory nothing wrote, and races between
+//! threads that no barrier separates.
+
+#[cfg(target_arch = "nvptx64")]
+mod nvptx;
+#[cfg(target_arch = "nvptx64")]
+use nvptx as imp;
+
+#[cfg(not(target_arch = "nvptx64"))]
+pub mod emu;
+#[cfg(not(target_arch = "nvptx64"))]
+use emu::ops as imp;
+
+mod shared;
+pub use shared::Shared;
+
+/// Operations of one thread on its own identity.
+pub mod thread {
+    use super::imp;
+    /// `threadIdx.x` (kernels here use 1-D blocks).
+    #[inline(always)]
+    pub fn idx() -> u32 {
+        imp::thread_idx_x()
+    }
+    /// Stops the whole kernel: the host sees a launch failure (device) or an error (emulator).
+    #[inline(always)]
+    pub fn trap() -> ! {
+        imp::trap()
+    }
+}
+
+/// Operations that involve the whole thread block.
+pub mod block {
+    use super::imp;
+    /// `blockIdx.{x,y,z}`.
+    #[inline(always)]
+    pub fn idx() -> (u32, u32, u32) {
+        imp::block_idx()
+    }
+    /// `blockDim.x`.
+    #[inline(always)]
+    pub fn dim() -> u32 {
+        imp::block_dim_x()
+    }
+    /// Block-wide barrier (`bar.sync 0`): every thread of the block must reach this same
+    /// call; shared-memory writes before it are visible to every thread after it.
+    #[inline(always)]
+    #[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
+    pub fn sync() {
+        imp::sync_block()
+    }
+}
+
+/// Collective operations of the 32 lanes of one warp. Every lane must take part.
+pub mod warp {
+    use super::imp;
+    /// Lanes per warp.
+    pub const SIZE: u32 = 32;
+    /// `threadIdx.x % 32`.
+    #[inline(always)]
+    pub fn lane() -> u32 {
+        imp::thread_idx_x() % SIZE
+    }
+    /// `threadIdx.x / 32`.
+    #[inline(always)]
+    pub fn id() -> u32 {
+        imp::thread_idx_x() / SIZE
+    }
+    /// Warp barrier (`bar.warp.sync 0xffffffff`): orders shared-memory accesses among the lanes.
+    #[inline(always)]
+    #[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
+    pub fn sync() {
+        imp::sync_warp()
+    }
+    /// Butterfly shuffle (`shfl.sync.bfly.b32`): returns `v` of lane `lane ^ lane_mask`.
+    #[inline(always)]
+    #[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
+    pub fn shfl_xor(v: f32, lane_mask: u32) -> f32 {
+        imp::shfl_xor_f32(v, lane_mask)
+    }
+    /// Max over the 32 lanes, returned to every lane.
+    #[inline(always)]
+    #[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
+    pub fn allreduce_max(mut v: f32) -> f32 {
+        let mut m = 16;
+        while m > 0 {
+            v = v.max(shfl_xor(v, m));
+            m /= 2;
+        }
+        v
+    }
+    /// Sum over the 32 lanes, returned to every lane (butterfly order, so every lane
+    /// gets bitwise the same value).
+    #[inline(always)]
+    #[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
+    pub fn allreduce_sum(mut v: f32) -> f32 {
+        let mut m = 16;
+        while m > 0 {
+            v += shfl_xor(v, m);
+            m /= 2;
+        }
+        v
+    }
+}
+
+/// Global (device) memory, reached through raw addresses from the launch parameters.
+pub mod global {
+    use super::imp;
+    /// Reads one element. The emulator checks the address lies in a buffer of the launch.
+    ///
+    /// # Safety
+    /// `ptr` must point to a live, aligned `T` in global memory.
+    #[inline(always)]
+    #[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
+    pub unsafe fn load<T: Copy>(ptr: *const T) -> T {
+        unsafe { imp::global_load(ptr) }
+    }
+    /// Writes one element.
+    ///
+    /// # Safety
+    /// `ptr` must point to a live, aligned `T` in global memory that no other thread writes.
+    #[inline(always)]
+    #[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
+    pub unsafe fn store<T: Copy>(ptr: *mut T, v: T) {
+        unsafe { imp::global_store(ptr, v) }
+    }
+}
+
+/// Math the kernels need in a fast hardware form.
+pub mod math {
+    use super::imp;
+    /// 2^x (`ex2.approx.f32`; exact `exp2` in the emulator). `ex2(-inf) == 0`.
+    #[inline(always)]
+    pub fn ex2(x: f32) -> f32 {
+        imp::ex2(x)
+    }
+    /// log2(x) (`lg2.approx.f32`; exact `log2` in the emulator).
+    #[inline(always)]
+    pub fn lg2(x: f32) -> f32 {
+        imp::lg2(x)
+    }
+    /// 1/x, correctly rounded.
+    #[inline(always)]
+    pub fn rcp(x: f32) -> f32 {
+        1.0 / x
+    }
+}
+
+/// The launch-sized (dynamic) shared memory of the block, `len` elements of `T` at its start.
+///
+/// # Safety
+/// The launch must have given the block at least `len * size_of::<T>()` bytes of dynamic
+/// shared memory; `T` must need no more than 16-byte alignment.
+#[inline(always)]
+pub unsafe fn dynamic_shared<T: Copy>(len: usize) -> Shared<T> {
+    unsafe { Shared::from_raw(imp::dynamic_shared_base() as *mut T, len) }
+}

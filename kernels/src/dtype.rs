@@ -1,0 +1,89 @@
+//! Element types of Q, K, V and O. Arithmetic is always f32; these only load and store.
+
+/// Which element type a buffer holds; part of every variant's identity.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DType {
+    /// IEEE binary32.
+    F32 = 0,
+    /// IEEE binary16.
+    F16 = 1,
+    /// bfloat16 (the top half of a binary32).
+    Bf16 = 2,
+}
+
+impl DType {
+    /// Bytes per element.
+    pub const fn size(self) -> usize {
+        match self {
+            DType::F32 => 4,
+            DType::F16 | DType::Bf16 => 2,
+        }
+    }
+    /// Short name, as used in kernel entry names.
+    pub const fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::F16 => "f16",
+            DType::Bf16 => "bf16",
+        }
+    }
+}
+
+/// An element type the kernels read and write.
+pub trait Element: Copy + 'static {
+    /// The runtime tag of this type.
+    const DTYPE: DType;
+    /// Widens to f32 (exact for all three types).
+    fn to_f32(self) -> f32;
+    /// Rounds an f32 to this type, to nearest even.
+    fn from_f32(x: f32) -> Self;
+}
+
+impl Element for f32 {
+    const DTYPE: DType = DType::F32;
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+    #[inline(always)]
+    fn from_f32(x: f32) -> Self {
+        x
+    }
+}
+
+impl Element for f16 {
+    const DTYPE: DType = DType::F16;
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self as f32
+    }
+    #[inline(always)]
+    fn from_f32(x: f32) -> Self {
+        x as f16
+    }
+}
+
+/// bfloat16, bit-compatible with `half::bf16` on the host.
+#[repr(transparent)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Bf16(pub u16);
+
+impl Element for Bf16 {
+    const DTYPE: DType = DType::Bf16;
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        f32::from_bits((self.0 as u32) << 16)
+    }
+    #[inline(always)]
+    fn from_f32(x: f32) -> Self {
+        let b = x.to_bits();
+        if x.is_nan() {
+            // Keep it a (quiet) NaN: truncation could clear every mantissa bit.
+            return Bf16(((b >> 16) as u16) | 0x0040);
+        }
+        // Round to nearest, ties to even.
+        let rounded = b.wrapping_add(0x7fff + ((b >> 16) & 1));
+        Bf16((rounded >> 16) as u16)
+    }
+}

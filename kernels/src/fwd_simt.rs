@@ -1,0 +1,216 @@
+//! The SIMT forward kernel: correct for every shape and dtype, no tensor cores.
+//!
+//! One block per (query tile of Br rows, head, batch), 4 warps. Q, K, V tiles are staged in
+//! shared memory as f32. Each warp owns rows_per_warp query rows; lane l owns score columns
+//! l + 32i and output columns l + 32j, so S, P, m_i, l_i and acc_o of a row live in the
+//! registers of one warp and the only cross-lane traffic is the warp's own max and sum.
+
+use crate::dev::{self, Shared, block, global, thread, warp};
+use crate::dtype::Element;
+use crate::mask::{Causal, Mask, NoMask};
+use crate::params::FwdParams;
+use crate::softmax::RowState;
+use crate::tile::SimtTile;
+
+/// Entry body for one tile shape; causal or not is chosen at run time.
+///
+/// # Safety
+/// `p` must describe valid device buffers, checked by the host; the launch must use
+/// `tile.threads()` threads and `tile.smem_bytes(head_dim)` bytes of dynamic shared memory.
+#[inline(always)]
+pub unsafe fn entry<T: Element, const ROWS: usize, const DCH: usize, const SC: usize>(p: &FwdParams) {
+    unsafe {
+        if p.causal != 0 {
+            fwd::<T, Causal, ROWS, DCH, SC>(p)
+        } else {
+            fwd::<T, NoMask, ROWS, DCH, SC>(p)
+        }
+    }
+}
+
+/// Block: copies rows `row0..row0+rows` of a [seqlen, d] slice (row stride `src_stride`) into
+/// `dst` as f32 with row stride `dst_stride`; rows at or past `row_limit` become 0.
+#[inline(always)]
+unsafe fn load_tile<T: Element>(
+    dst: Shared<f32>,
+    dst_stride: u32,
+    src: *const T,
+    src_stride: u64,
+    row0: u32,
+    rows: u32,
+    row_limit: u32,
+    d: u32,
+) {
+    let mut e = thread::idx();
+    while e < rows * d {
+        let (r, c) = (e / d, e % d);
+        let g = row0 + r;
+        let x = if g < row_limit {
+            unsafe { global::load(src.add((g as u64 * src_stride + c as u64) as usize)) }.to_f32()
+        } else {
+            0.0
+        };
+        dst.st((r * dst_stride + c) as usize, x);
+        e += block::dim();
+    }
+}
+
+#[inline(always)]
+unsafe fn fwd<T: Element, M: Mask, const ROWS: usize, const DCH: usize, const SC: usize>(p: &FwdParams) {
+    let tile = SimtTile { rows_per_warp: ROWS as u32, d_chunks: DCH as u32, s_cols: SC as u32 };
+    let (br, bc, d) = (tile.br(), tile.bc(), p.head_dim);
+    if d > tile.max_head_dim() || block::dim() != tile.threads() {
+        thread::trap();
+    }
+    let (q_blk, h, b) = block::idx();
+    let (w, lane) = (warp::id(), warp::lane());
+    let (sq, sk) = (p.seqlen_q, p.seqlen_k);
+    let h_kv = h / (p.heads_q / p.heads_kv);
+    let row0 = q_blk * br;
+    let ks = SimtTile::k_stride(d);
+
+    // Shared memory: Q [br][d], K [bc][d+1], V [bc][d], P [br][bc], all f32.
+    let q_s: Shared<f32> = unsafe { dev::dynamic_shared((br * d) as usize) };
+    let k_s: Shared<f32> = q_s.after((bc * ks) as usize);
+    let v_s: Shared<f32> = k_s.after((bc * d) as usize);
+    let p_s: Shared<f32> = v_s.after((br * bc) as usize);
+
+    let q_g = unsafe { (p.q as *const T).add(p.q_strides.offset(b, 0, h) as usize) };
+    let k_g = unsafe { (p.k as *const T).add(p.k_strides.offset(b, 0, h_kv) as usize) };
+    let v_g = unsafe { (p.v as *const T).add(p.v_strides.offset(b, 0, h_kv) as usize) };
+
+    // Q_i: this block's query rows, loaded once.
+    unsafe { load_tile(q_s, d, q_g, p.q_strides.row, row0, br, sq, d) };
+
+    // KV tiles: those the mask leaves wholly visible first, then those that need masking.
+    let row_end = if row0 + br < sq { row0 + br } else { sq };
+    let n_tiles = M::visible_cols(row_end, sq, sk).div_ceil(bc);
+    let n_unmasked = (M::unmasked_cols(row0, sq, sk) / bc).min(n_tiles);
+
+    let mut acc_o = [[0f32; DCH]; ROWS];
+    let mut rows = [RowState::INIT; ROWS];
+    let ctx = Step { p, tile, q_s, k_s, v_s, p_s, k_g, v_g, row0 };
+    for j in 0..n_unmasked {
+        unsafe { ctx.kv_step::<T, M, false, ROWS, DCH, SC>(j, &mut acc_o, &mut rows) };
+    }
+    for j in n_unmasked..n_tiles {
+        unsafe { ctx.kv_step::<T, M, true, ROWS, DCH, SC>(j, &mut acc_o, &mut rows) };
+    }
+
+    // O_i = acc_o / l_i; LSE_i = m_i + log l_i. Rows past seqlen_q still join the warp's
+    // reductions, but write nothing.
+    let o_g = unsafe { (p.o as *mut T).add(p.o_strides.offset(b, 0, h) as usize) };
+    let lse_g = unsafe { (p.lse as *mut f32).add(((b as u64 * p.heads_q as u64 + h as u64) * sq as u64) as usize) };
+    for i in 0..ROWS {
+        let (inv_l, lse) = rows[i].finish();
+        let r = row0 + w * ROWS as u32 + i as u32;
+        if r < sq {
+            for (ch, a) in acc_o[i].iter().enumerate() {
+                let col = lane + 32 * ch as u32;
+                if col < d {
+                    let at = r as u64 * p.o_strides.row + col as u64;
+                    unsafe { global::store(o_g.add(at as usize), T::from_f32(a * inv_l)) };
+                }
+            }
+            if lane == 0 {
+                unsafe { global::store(lse_g.add(r as usize), lse) };
+            }
+        }
+    }
+}
+
+/// What every KV step of one block reads.
+struct Step<'a, T> {
+    p: &'a FwdParams,
+    tile: SimtTile,
+    q_s: Shared<f32>,
+    k_s: Shared<f32>,
+    v_s: Shared<f32>,
+    p_s: Shared<f32>,
+    k_g: *const T,
+    v_g: *const T,
+    row0: u32,
+}
+
+impl<T: Element> Step<'_, T> {
+    /// One iteration of the KV loop over key tile `j`; MASKED adds the mask and the seqlen_k
+    /// bound to the scores.
+    #[inline(always)]
+    unsafe fn kv_step<U: Element, M: Mask, const MASKED: bool, const ROWS: usize, const DCH: usize, const SC: usize>(
+        &self,
+        j: u32,
+        acc_o: &mut [[f32; DCH]; ROWS],
+        rows: &mut [RowState; ROWS],
+    ) {
+        let p = self.p;
+        let (bc, d, sq, sk) = (self.tile.bc(), p.head_dim, p.seqlen_q, p.seqlen_k);
+        let ks = SimtTile::k_stride(d);
+        let (w, lane) = (warp::id(), warp::lane());
+        let c0 = j * bc;
+        let kv_len = if sk - c0 < bc { sk - c0 } else { bc };
+
+        // Block: everyone is done with the previous K_j, V_j, P; load the next K_j, V_j.
+        block::sync();
+        unsafe {
+            load_tile(self.k_s, ks, self.k_g, p.k_strides.row, c0, bc, sk, d);
+            load_tile(self.v_s, d, self.v_g, p.v_strides.row, c0, bc, sk, d);
+        }
+        block::sync();
+
+        // S_ij = Q_i K_j^T * scale * log2(e), for this lane's rows and columns.
+        let mut s = [[0f32; SC]; ROWS];
+        let r_w = w * ROWS as u32;
+        for kk in 0..d {
+            let mut k_col = [0f32; SC];
+            for (c, kc) in k_col.iter_mut().enumerate() {
+                *kc = self.k_s.ld(((lane + 32 * c as u32) * ks + kk) as usize);
+            }
+            for (i, s_row) in s.iter_mut().enumerate() {
+                let q = self.q_s.ld(((r_w + i as u32) * d + kk) as usize);
+                for (c, x) in s_row.iter_mut().enumerate() {
+                    *x += q * k_col[c];
+                }
+            }
+        }
+        for (i, s_row) in s.iter_mut().enumerate() {
+            let row = self.row0 + r_w + i as u32;
+            for (c, x) in s_row.iter_mut().enumerate() {
+                *x *= p.scale_log2;
+                let col = c0 + lane + 32 * c as u32;
+                if MASKED && (col >= sk || M::hides(row, col, sq, sk)) {
+                    *x = f32::NEG_INFINITY;
+                }
+            }
+        }
+
+        // Online softmax: P_ij in place of S_ij, acc_o rescaled by alpha; P to shared memory
+        // so every lane of the warp can read the whole row.
+        for i in 0..ROWS {
+            let alpha = rows[i].update(&mut s[i]);
+            for a in acc_o[i].iter_mut() {
+                *a *= alpha;
+            }
+            for c in 0..SC {
+                self.p_s.st(((r_w + i as u32) * bc + lane + 32 * c as u32) as usize, s[i][c]);
+            }
+        }
+        warp::sync();
+
+        // acc_o += P_ij V_j.
+        for kk in 0..kv_len {
+            let mut v_row = [0f32; DCH];
+            for (ch, v) in v_row.iter_mut().enumerate() {
+                let col = lane + 32 * ch as u32;
+                if col < d {
+                    *v = self.v_s.ld((kk * d + col) as usize);
+                }
+            }
+            for (i, a_row) in acc_o.iter_mut().enumerate() {
+                let pv = self.p_s.ld(((r_w + i as u32) * bc + kk) as usize);
+                for (ch, a) in a_row.iter_mut().enumerate() {
+                    *a += pv * v_row[ch];
+                }
+            }
+        }
+    }
+}

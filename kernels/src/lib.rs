@@ -1,0 +1,39 @@
+//! FlashAttention kernels, written once in `no_std` Rust.
+//!
+//! The same source compiles two ways:
+//! - for `nvptx64-nvidia-cuda` (by `host/build.rs`) into the PTX the host loads on a GPU;
+//! - for the host, where [`dev`] is backed by a CPU emulator of the CUDA execution model
+//!   ([`dev::emu`]), so every kernel can be run and property-tested without a GPU.
+//!
+//! Kernels contain no emulator-specific code: everything a kernel does beyond plain
+//! arithmetic goes through the device-support layer [`dev`].
+//!
+//! Layout: [`params`] (the launch parameters shared with the host), [`tile`] (every tile
+//! decision, in one place), [`dtype`], [`mask`], [`softmax`], one file per kernel variant
+//! (`fwd_*.rs`), and [`registry`] (one line per variant).
+#![no_std]
+#![feature(f16)]
+#![cfg_attr(
+    target_arch = "nvptx64",
+    feature(
+        abi_ptx,
+        stdarch_nvptx,
+        link_llvm_intrinsics,
+        core_intrinsics,
+        gpu_intrinsics,
+        gpu_launch_sized_workgroup_mem
+    )
+)]
+#![cfg_attr(target_arch = "nvptx64", allow(internal_features))]
+
+#[cfg(not(target_arch = "nvptx64"))]
+extern crate std;
+
+pub mod dev;
+pub mod dtype;
+pub mod fwd_simt;
+pub mod mask;
+pub mod params;
+pub mod registry;
+pub mod softmax;
+pub mod tile;

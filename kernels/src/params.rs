@@ -1,0 +1,57 @@
+//! The launch parameters, defined once here and filled by the host.
+//!
+//! `#[repr(C)]` with fields ordered by size (u64 first), so the layout is the same on the
+//! host (x86-64) and in PTX (nvptx64). A kernel takes the struct by value.
+
+/// Element strides of a [batch, seqlen, heads, head_dim] tensor; head_dim is contiguous.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Strides {
+    /// Between consecutive batch entries.
+    pub batch: u64,
+    /// Between consecutive sequence positions.
+    pub row: u64,
+    /// Between consecutive heads.
+    pub head: u64,
+}
+
+impl Strides {
+    /// Strides of a contiguous [batch, seqlen, heads, head_dim] tensor.
+    pub const fn contiguous(seqlen: u64, heads: u64, head_dim: u64) -> Strides {
+        Strides { batch: seqlen * heads * head_dim, row: heads * head_dim, head: head_dim }
+    }
+    /// Element offset of (batch b, position s, head h, column 0).
+    #[inline(always)]
+    pub fn offset(&self, b: u32, s: u32, h: u32) -> u64 {
+        b as u64 * self.batch + s as u64 * self.row + h as u64 * self.head
+    }
+}
+
+/// Parameters of the forward kernels.
+///
+/// Q is [batch, seqlen_q, heads_q, head_dim], K and V are [batch, seqlen_k, heads_kv, head_dim],
+/// O is laid out like Q, LSE is f32 [batch, heads_q, seqlen_q] (contiguous).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct FwdParams {
+    /// Device addresses of the tensors.
+    pub q: u64,
+    pub k: u64,
+    pub v: u64,
+    pub o: u64,
+    pub lse: u64,
+    pub q_strides: Strides,
+    pub k_strides: Strides,
+    pub v_strides: Strides,
+    pub o_strides: Strides,
+    pub batch: u32,
+    pub heads_q: u32,
+    pub heads_kv: u32,
+    pub seqlen_q: u32,
+    pub seqlen_k: u32,
+    pub head_dim: u32,
+    /// softmax_scale * log2(e): scores are kept in the log2 domain, so exp becomes ex2.
+    pub scale_log2: f32,
+    /// 1 for causal masking (bottom-right aligned), 0 for none.
+    pub causal: u32,
+}

@@ -1,0 +1,70 @@
+//! Every tile decision, in one pure function per kernel family, used by the kernels (as
+//! const generics of their entry points) and by the host (grid, block, shared memory).
+
+/// Warps per block of the SIMT forward kernel.
+pub const SIMT_WARPS: u32 = 4;
+
+/// Tile shape of the SIMT forward kernel.
+///
+/// Each warp owns `rows_per_warp` query rows; lane `l` owns score columns `l + 32*i`
+/// (`i < s_cols`) and output columns `l + 32*j` (`j < d_chunks`), so the softmax
+/// statistics (m_i, l_i) and acc_o stay in registers and no cross-warp reduction is needed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SimtTile {
+    /// Query rows per warp.
+    pub rows_per_warp: u32,
+    /// Output columns per lane, in chunks of 32: the largest head_dim served is 32 * d_chunks.
+    pub d_chunks: u32,
+    /// Score columns per lane, in chunks of 32: bc = 32 * s_cols.
+    pub s_cols: u32,
+}
+
+impl SimtTile {
+    /// Query rows per block (Br).
+    pub const fn br(&self) -> u32 {
+        self.rows_per_warp * SIMT_WARPS
+    }
+    /// Key/value rows per tile (Bc).
+    pub const fn bc(&self) -> u32 {
+        self.s_cols * 32
+    }
+    /// Threads per block.
+    pub const fn threads(&self) -> u32 {
+        SIMT_WARPS * 32
+    }
+    /// Largest head_dim this tile serves.
+    pub const fn max_head_dim(&self) -> u32 {
+        self.d_chunks * 32
+    }
+    /// Row stride (in f32) of the K tile: padded by one so the lanes of a warp, reading one
+    /// column of 32 different K rows, hit 32 different banks.
+    pub const fn k_stride(head_dim: u32) -> u32 {
+        head_dim + 1
+    }
+    /// Shared memory, in f32 elements: Q [br][d], K [bc][d+1], V [bc][d], P [br][bc].
+    pub const fn smem_floats(&self, head_dim: u32) -> u32 {
+        self.br() * head_dim + self.bc() * Self::k_stride(head_dim) + self.bc() * head_dim + self.br() * self.bc()
+    }
+    /// Shared memory per block, in bytes.
+    pub const fn smem_bytes(&self, head_dim: u32) -> u32 {
+        self.smem_floats(head_dim) * 4
+    }
+}
+
+/// The SIMT forward tile for `head_dim` (a multiple of 8, at most 256).
+///
+/// Reasons: acc_o is rows_per_warp * d_chunks registers per thread; keeping it at or under
+/// 64 leaves room for the scores and statistics without spills (ptxas -v, sm_80 and sm_90).
+/// Shared memory stays under 110 KB so it fits sm_80 (163 KB) with room to spare.
+pub const fn simt_tile(head_dim: u32) -> SimtTile {
+    if head_dim <= 64 {
+        // acc 16x2, scores 16x2; smem 72 KB at d=64.
+        SimtTile { rows_per_warp: 16, d_chunks: 2, s_cols: 2 }
+    } else if head_dim <= 128 {
+        // acc 16x4, scores 16x1; smem 73 KB at d=128.
+        SimtTile { rows_per_warp: 16, d_chunks: 4, s_cols: 1 }
+    } else {
+        // acc 8x8, scores 8x1; smem 101 KB at d=256.
+        SimtTile { rows_per_warp: 8, d_chunks: 8, s_cols: 1 }
+    }
+}

@@ -1,0 +1,194 @@
+//! Shared test support: one property-test body that runs on the CUDA device when there is
+//! one and on the CPU emulator always, so CI (no GPU) and the GPU machine run the same checks.
+
+use flashattn::reference::{naive_attention, reference, rel_l2, tolerance};
+use flashattn::{AttnShape, Dtype, FlashAttn, FwdOptions};
+use std::fmt;
+
+/// SplitMix64: small, seedable, good enough for test data.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed ^ 0x9e37_79b9_7f4a_7c15)
+    }
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    /// Uniform in [0, 1).
+    pub fn uniform(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+    /// Standard normal (Box-Muller).
+    pub fn normal(&mut self) -> f64 {
+        let u1 = self.uniform().max(1e-300);
+        let u2 = self.uniform();
+        (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
+    }
+    /// `n` standard normal values in dtype `T`.
+    pub fn tensor<T: Dtype>(&mut self, n: usize) -> Vec<T> {
+        (0..n).map(|_| T::from_f64(self.normal())).collect()
+    }
+}
+
+/// Which backend a check runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackendKind {
+    Gpu,
+    Emulator,
+}
+
+/// The element type of a case.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dt {
+    F32,
+    F16,
+    Bf16,
+}
+
+/// One forward check: shape, options, and the seed of its random inputs.
+#[derive(Clone, Copy, Debug)]
+pub struct Case {
+    pub shape: AttnShape,
+    pub causal: bool,
+    pub softmax_scale: Option<f32>,
+    pub dtype: Dt,
+    pub seed: u64,
+}
+
+impl fmt::Display for Case {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = &self.shape;
+        write!(
+            f,
+            "{:?} b={} sq={} sk={} hq={} hkv={} d={} causal={} scale={:?} seed={}",
+            self.dtype, s.batch, s.seqlen_q, s.seqlen_k, s.heads_q, s.heads_kv, s.head_dim, self.causal, self.softmax_scale, self.seed
+        )
+    }
+}
+
+/// Errors measured by one check, with the bars they had to meet.
+#[derive(Clone, Copy, Debug)]
+pub struct Measured {
+    pub o_err: f64,
+    pub o_tol: f64,
+    pub lse_err: f64,
+    pub lse_tol: f64,
+}
+
+/// Runs `case` on `fa` and compares O and LSE with the f64 reference.
+///
+/// Fresh random inputs (from the case's seed); outputs poisoned with NaN before the launch, so
+/// an element the kernel does not write fails the check (NaN never passes `rel_l2`).
+/// Tolerances: twice naive attention's error in the same dtype plus one unit roundoff
+/// ([`tolerance`]); for LSE (always f32) the same rule with the f32 unit roundoff.
+pub fn check_case(fa: &FlashAttn, case: &Case) -> Result<Measured, String> {
+    match case.dtype {
+        Dt::F32 => check_typed::<f32>(fa, case),
+        Dt::F16 => check_typed::<half::f16>(fa, case),
+        Dt::Bf16 => check_typed::<half::bf16>(fa, case),
+    }
+}
+
+fn check_typed<T: Dtype>(fa: &FlashAttn, case: &Case) -> Result<Measured, String> {
+    let s = case.shape;
+    let opts = FwdOptions { causal: case.causal, softmax_scale: case.softmax_scale, kernel: None };
+    let mut rng = Rng::new(case.seed);
+    let q: Vec<T> = rng.tensor(s.batch * s.seqlen_q * s.heads_q * s.head_dim);
+    let k: Vec<T> = rng.tensor(s.batch * s.seqlen_k * s.heads_kv * s.head_dim);
+    let v: Vec<T> = rng.tensor(s.batch * s.seqlen_k * s.heads_kv * s.head_dim);
+    let e = |e: flashattn::Error| format!("{case}: {e}");
+    let qd = fa.upload(&q, &s.q_shape()).map_err(e)?;
+    let kd = fa.upload(&k, &s.kv_shape()).map_err(e)?;
+    let vd = fa.upload(&v, &s.kv_shape()).map_err(e)?;
+    let mut o = fa.full(T::nan(), &s.q_shape()).map_err(e)?;
+    let mut lse = fa.full(f32::NAN, &s.lse_shape()).map_err(e)?;
+    fa.forward_into(&qd, &kd, &vd, &mut o, &mut lse, &opts).map_err(e)?;
+    let o: Vec<f64> = fa.download(&o).map_err(e)?.iter().map(|x| x.to_f64()).collect();
+    let lse: Vec<f64> = fa.download(&lse).map_err(e)?.iter().map(|&x| x as f64).collect();
+
+    let exact = reference(&q, &k, &v, &s, &opts);
+    let naive = naive_attention(&q, &k, &v, &s, &opts);
+    let m = Measured {
+        o_err: rel_l2(&o, &exact.o),
+        o_tol: tolerance::<T>(rel_l2(&naive.o, &exact.o)),
+        lse_err: rel_l2(&lse, &exact.lse),
+        lse_tol: tolerance::<f32>(rel_l2(&naive.lse, &exact.lse)),
+    };
+    // Rows that see no key (causal, seqlen_q > seqlen_k) must be exactly 0 with LSE -inf.
+    let d = s.head_dim;
+    for (r, &l) in exact.lse.iter().enumerate() {
+        if l == f64::NEG_INFINITY {
+            let (bh, i) = (r / s.seqlen_q, r % s.seqlen_q);
+            let (b, h) = (bh / s.heads_q, bh % s.heads_q);
+            let at = ((b * s.seqlen_q + i) * s.heads_q + h) * d;
+            if lse[r] != f64::NEG_INFINITY || o[at..at + d].iter().any(|&x| x != 0.0) {
+                return Err(format!("{case}: fully masked row (b={b}, h={h}, i={i}) has LSE {} and O not all 0", lse[r]));
+            }
+        }
+    }
+    let unwritten = o.iter().filter(|x| x.is_nan()).count() + lse.iter().filter(|x| x.is_nan()).count();
+    if unwritten > 0 {
+        return Err(format!("{case}: {unwritten} output elements still NaN (not written, or NaN computed)"));
+    }
+    if !(m.o_err <= m.o_tol) || !(m.lse_err <= m.lse_tol) {
+        return Err(format!(
+            "{case}: O rel err {:.3e} (tol {:.3e}), LSE rel err {:.3e} (tol {:.3e})",
+            m.o_err, m.o_tol, m.lse_err, m.lse_tol
+        ));
+    }
+    Ok(m)
+}
+
+/// The GPU, if this machine has one. `REQUIRE_GPU=1` turns its absence into an error.
+pub enum Gpu {
+    Present(FlashAttn),
+    /// No GPU, and none required: GPU tests are reported as ignored, loudly.
+    Absent(String),
+    /// No GPU, but `REQUIRE_GPU=1`: GPU tests fail.
+    Required(String),
+}
+
+impl Gpu {
+    pub fn detect() -> Gpu {
+        match FlashAttn::cuda(0) {
+            Ok(fa) => Gpu::Present(fa),
+            Err(e) if std::env::var("REQUIRE_GPU").is_ok_and(|v| v == "1") => Gpu::Required(e.to_string()),
+            Err(e) => Gpu::Absent(e.to_string()),
+        }
+    }
+}
+
+/// A proptest strategy for forward cases whose problem size (b * hq * sq * sk * d) stays
+/// under `budget`, so the f64 reference stays cheap.
+pub fn case_strategy(max_seqlen: usize, max_d_units: usize, max_heads_kv: usize, max_group: usize, max_batch: usize, budget: usize)
+-> impl proptest::strategy::Strategy<Value = Case> {
+    use proptest::prelude::*;
+    (
+        1..=max_batch,
+        1..=max_seqlen,
+        1..=max_seqlen,
+        1..=max_heads_kv,
+        1..=max_group,
+        1..=max_d_units,
+        any::<bool>(),
+        prop_oneof![Just(None), (0.01f32..2.0).prop_map(Some)],
+        prop_oneof![Just(Dt::F32), Just(Dt::F16), Just(Dt::Bf16)],
+        any::<u64>(),
+    )
+        .prop_map(move |(batch, sq, sk, hkv, group, du, causal, scale, dtype, seed)| {
+            let mut shape =
+                AttnShape { batch, seqlen_q: sq, seqlen_k: sk, heads_q: hkv * group, heads_kv: hkv, head_dim: du * 8 };
+            // Shrink the longer sequence until the problem fits the budget.
+            while shape.batch * shape.heads_q * shape.seqlen_q * shape.seqlen_k * shape.head_dim > budget
+                && shape.seqlen_q.max(shape.seqlen_k) > 1
+            {
+                if shape.seqlen_q >= shape.seqlen_k { shape.seqlen_q = shape.seqlen_q.div_ceil(2) } else { shape.seqlen_k = shape.seqlen_k.div_ceil(2) }
+            }
+            Case { shape, causal, softmax_scale: scale, dtype, seed }
+        })
+}

@@ -1,0 +1,113 @@
+//! Forward pass against the f64 reference: property tests over random shapes, options and
+//! dtypes, and named edge cases, each on the CPU emulator (always) and on the GPU (when there
+//! is one; ignored, loudly, when not; failed when REQUIRE_GPU=1).
+//!
+//! `FLASHATTN_GPU_CASES` / `FLASHATTN_EMU_CASES` set the random cases per dtype.
+
+use flashattn::{AttnShape, FlashAttn};
+use flashattn_tests::{BackendKind, Case, Dt, Gpu, case_strategy, check_case};
+use libtest_mimic::{Arguments, Failed, Trial};
+use proptest::strategy::Strategy;
+use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use std::sync::Arc;
+
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+fn shape(batch: usize, seqlen_q: usize, seqlen_k: usize, heads_q: usize, heads_kv: usize, head_dim: usize) -> AttnShape {
+    AttnShape { batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim }
+}
+
+/// Named cases: the corners a random draw may miss.
+fn edge_cases(kind: BackendKind) -> Vec<(&'static str, AttnShape, bool, Option<f32>)> {
+    let mut v = vec![
+        ("single_query_single_key", shape(1, 1, 1, 1, 1, 8), false, None),
+        ("single_query_long_keys", shape(2, 1, 300, 4, 2, 64), true, None),
+        ("causal_more_queries_than_keys_fully_masked_rows", shape(1, 100, 37, 2, 1, 64), true, None),
+        ("causal_fewer_queries_than_keys", shape(1, 50, 200, 2, 2, 32), true, None),
+        ("causal_square_ragged", shape(2, 77, 77, 3, 3, 40), true, None),
+        ("gqa_8_to_1", shape(1, 65, 90, 8, 1, 64), false, None),
+        ("mqa_causal", shape(1, 70, 70, 6, 1, 128), true, None),
+        ("head_dim_8", shape(1, 33, 65, 2, 2, 8), false, None),
+        ("head_dim_72", shape(1, 40, 41, 2, 1, 72), true, None),
+        ("head_dim_136", shape(1, 40, 70, 2, 2, 136), false, None),
+        ("head_dim_256", shape(1, 45, 67, 2, 1, 256), true, None),
+        ("peaked_softmax_scale_4", shape(1, 64, 64, 2, 2, 64), false, Some(4.0)),
+        ("flat_softmax_scale_0_001", shape(1, 64, 64, 2, 2, 64), false, Some(0.001)),
+        ("negative_scale", shape(1, 30, 30, 1, 1, 32), true, Some(-0.2)),
+    ];
+    if kind == BackendKind::Gpu {
+        v.push(("long_sequence_1024", shape(1, 1024, 1024, 2, 1, 128), true, None));
+        v.push(("many_blocks", shape(4, 300, 500, 16, 4, 64), false, None));
+    }
+    v
+}
+
+fn run_props(fa: &FlashAttn, dtype: Dt, cases: usize, strategy: impl Strategy<Value = Case>) -> Result<(), Failed> {
+    let mut runner = TestRunner::new(Config { cases: cases as u32, failure_persistence: None, ..Config::default() });
+    let strategy = strategy.prop_map(move |c| Case { dtype, ..c });
+    runner
+        .run(&strategy, |case| check_case(fa, &case).map(|_| ()).map_err(TestCaseError::fail))
+        .map_err(|e| Failed::from(format!("{e}")))
+}
+
+fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option<String>) -> Vec<Trial> {
+    let tag = match kind {
+        BackendKind::Gpu => "gpu",
+        BackendKind::Emulator => "emulator",
+    };
+    let mut trials = Vec::new();
+    let mk = |name: String, f: Box<dyn FnOnce(&FlashAttn) -> Result<(), Failed> + Send>| {
+        let fa = fa.clone();
+        let unavailable = unavailable.clone();
+        Trial::test(name, move || match (fa, unavailable) {
+            (Some(fa), _) => f(&fa),
+            (None, Some(why)) => Err(format!("REQUIRE_GPU=1 but no GPU: {why}").into()),
+            (None, None) => Err("no backend".into()),
+        })
+    };
+    for dtype in [Dt::F32, Dt::F16, Dt::Bf16] {
+        let name = format!("{tag}::props::{dtype:?}").to_lowercase();
+        let t = match kind {
+            // GPU: sizes up to 257, head_dim to 256, GQA up to 4:1 over 4 KV heads.
+            BackendKind::Gpu => mk(name, Box::new(move |fa| {
+                run_props(fa, dtype, env_usize("FLASHATTN_GPU_CASES", 120), case_strategy(257, 32, 4, 4, 3, 4_000_000))
+            })),
+            // Emulator: small shapes, so CI stays within minutes on two cores.
+            BackendKind::Emulator => mk(name, Box::new(move |fa| {
+                run_props(fa, dtype, env_usize("FLASHATTN_EMU_CASES", 12), case_strategy(70, 32, 2, 3, 2, 120_000))
+            })),
+        };
+        trials.push(t);
+    }
+    for (name, s, causal, scale) in edge_cases(kind) {
+        for dtype in [Dt::F32, Dt::F16, Dt::Bf16] {
+            let case = Case { shape: s, causal, softmax_scale: scale, dtype, seed: 0 };
+            trials.push(mk(format!("{tag}::edge::{name}::{dtype:?}").to_lowercase(), Box::new(move |fa| {
+                // A fresh seed per run: the same corner, new data each time.
+                let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64);
+                check_case(fa, &Case { seed, ..case }).map(|_| ()).map_err(Failed::from)
+            })));
+        }
+    }
+    trials
+}
+
+fn main() {
+    let args = Arguments::from_args();
+    let mut trials = trials_for(BackendKind::Emulator, Some(Arc::new(FlashAttn::emulator())), None);
+    match Gpu::detect() {
+        Gpu::Present(fa) => {
+            eprintln!("GPU: {}", fa.device_name());
+            trials.extend(trials_for(BackendKind::Gpu, Some(Arc::new(fa)), None));
+        }
+        Gpu::Required(why) => trials.extend(trials_for(BackendKind::Gpu, None, Some(why))),
+        Gpu::Absent(why) => {
+            let gpu = trials_for(BackendKind::Gpu, None, None);
+            eprintln!("\n*** NO GPU ({why}): {} GPU tests NOT RUN (reported as ignored). Set REQUIRE_GPU=1 to make this a failure. ***\n", gpu.len());
+            trials.extend(gpu.into_iter().map(|t| t.with_ignored_flag(true)));
+        }
+    }
+    libtest_mimic::run(&args, trials).exit();
+}
