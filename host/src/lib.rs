@@ -24,6 +24,7 @@ mod device;
 mod dtype;
 mod error;
 mod forward;
+mod timing;
 pub mod ptx;
 pub mod reference;
 

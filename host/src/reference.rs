@@ -123,56 +123,65 @@ pub fn reference_rows<T: Dtype>(
 /// rounded to `T`; O = P V accumulated in f32 and rounded to `T`. For `T = f32` every step is
 /// plain f32 arithmetic. Its error against [`attention_f64`] calibrates [`tolerance`].
 pub fn naive_attention<T: Dtype>(q: &[T], k: &[T], v: &[T], s: &AttnShape, opts: &FwdOptions) -> RefOutput {
+    let rows: Vec<_> = (0..s.batch)
+        .flat_map(|b| (0..s.heads_q).flat_map(move |h| (0..s.seqlen_q).map(move |i| (b, h, i))))
+        .collect();
+    let mut o = vec![0.0; s.batch * s.seqlen_q * s.heads_q * s.head_dim];
+    let mut lse = vec![0.0; s.batch * s.heads_q * s.seqlen_q];
+    for ((b, h, i), (row, l)) in rows.iter().zip(naive_rows(q, k, v, s, opts, &rows)) {
+        let at = ((b * s.seqlen_q + i) * s.heads_q + h) * s.head_dim;
+        o[at..at + s.head_dim].copy_from_slice(&row);
+        lse[(b * s.heads_q + h) * s.seqlen_q + i] = l;
+    }
+    RefOutput { o, lse }
+}
+
+/// [`naive_attention`] for selected rows only, `(batch, head, query row)`: O rows and LSEs.
+pub fn naive_rows<T: Dtype>(
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    s: &AttnShape,
+    opts: &FwdOptions,
+    rows: &[(usize, usize, usize)],
+) -> Vec<(Vec<f64>, f64)> {
     let d = s.head_dim;
     let scale = opts.scale(d);
     let rt = |x: f32| T::from_f32(x).to_f32();
-    let (q, k, v): (Vec<f32>, Vec<f32>, Vec<f32>) =
-        (q.iter().map(|x| x.to_f32()).collect(), k.iter().map(|x| x.to_f32()).collect(), v.iter().map(|x| x.to_f32()).collect());
-    let mut o = vec![0.0; s.batch * s.seqlen_q * s.heads_q * d];
-    let mut lse = vec![0.0; s.batch * s.heads_q * s.seqlen_q];
     let mut p = vec![0f32; s.seqlen_k];
     let mut acc = vec![0f32; d];
-    for b in 0..s.batch {
-        for h in 0..s.heads_q {
+    rows.iter()
+        .map(|&(b, h, i)| {
             let hk = h / (s.heads_q / s.heads_kv);
-            for i in 0..s.seqlen_q {
-                let q_row = &q[((b * s.seqlen_q + i) * s.heads_q + h) * d..][..d];
-                for (j, pj) in p.iter_mut().enumerate() {
-                    *pj = if opts.causal && causal_hides(i, j, s.seqlen_q, s.seqlen_k) {
-                        f32::NEG_INFINITY
-                    } else {
-                        let k_row = &k[((b * s.seqlen_k + j) * s.heads_kv + hk) * d..][..d];
-                        rt(q_row.iter().zip(k_row).fold(0f32, |a, (x, y)| a + x * y)) * scale
-                    };
-                }
-                let m = p.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-                let at = ((b * s.seqlen_q + i) * s.heads_q + h) * d;
-                let r = (b * s.heads_q + h) * s.seqlen_q + i;
-                if m == f32::NEG_INFINITY {
-                    lse[r] = f64::NEG_INFINITY;
-                    continue;
-                }
-                let mut l = 0f32;
-                for pj in p.iter_mut() {
-                    *pj = (*pj - m).exp();
-                    l += *pj;
-                }
-                lse[r] = (m + l.ln()) as f64;
-                acc.iter_mut().for_each(|a| *a = 0.0);
-                for (j, &pj) in p.iter().enumerate() {
-                    let pj = rt(pj / l);
-                    let v_row = &v[((b * s.seqlen_k + j) * s.heads_kv + hk) * d..][..d];
-                    for (a, x) in acc.iter_mut().zip(v_row) {
-                        *a += pj * x;
-                    }
-                }
-                for (dst, a) in o[at..at + d].iter_mut().zip(&acc) {
-                    *dst = rt(*a) as f64;
+            let q_row = &q[((b * s.seqlen_q + i) * s.heads_q + h) * d..][..d];
+            for (j, pj) in p.iter_mut().enumerate() {
+                *pj = if opts.causal && causal_hides(i, j, s.seqlen_q, s.seqlen_k) {
+                    f32::NEG_INFINITY
+                } else {
+                    let k_row = &k[((b * s.seqlen_k + j) * s.heads_kv + hk) * d..][..d];
+                    rt(q_row.iter().zip(k_row).fold(0f32, |a, (x, y)| a + x.to_f32() * y.to_f32())) * scale
+                };
+            }
+            let m = p.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+            if m == f32::NEG_INFINITY {
+                return (vec![0.0; d], f64::NEG_INFINITY);
+            }
+            let mut l = 0f32;
+            for pj in p.iter_mut() {
+                *pj = (*pj - m).exp();
+                l += *pj;
+            }
+            acc.iter_mut().for_each(|a| *a = 0.0);
+            for (j, &pj) in p.iter().enumerate() {
+                let pj = rt(pj / l);
+                let v_row = &v[((b * s.seqlen_k + j) * s.heads_kv + hk) * d..][..d];
+                for (a, x) in acc.iter_mut().zip(v_row) {
+                    *a += pj * x.to_f32();
                 }
             }
-        }
-    }
-    RefOutput { o, lse }
+            (acc.iter().map(|&a| rt(a) as f64).collect(), (m + l.ln()) as f64)
+        })
+        .collect()
 }
 
 /// ||a - b|| / ||b|| over the elements where `b` is finite; infinite elements must match

@@ -34,6 +34,7 @@ pub mod thread {
     }
     /// Stops the whole kernel: the host sees a launch failure (device) or an error (emulator).
     #[inline(always)]
+    #[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
     pub fn trap() -> ! {
         imp::trap()
     }

@@ -1,0 +1,48 @@
+//! Timing of kernel launches, the same way for every variant: CUDA events around `iters`
+//! back-to-back launches after `warmup` launches (wall clock on the emulator).
+
+use crate::device::{Backend, FlashAttn, Tensor};
+use crate::dtype::Dtype;
+use crate::error::{Result, cuda};
+use crate::forward::FwdOptions;
+use cudarc::driver::sys::CUevent_flags;
+
+impl FlashAttn {
+    /// Mean milliseconds per forward launch over `iters` launches, after `warmup` launches.
+    #[allow(clippy::too_many_arguments)]
+    pub fn time_forward<T: Dtype>(
+        &self,
+        q: &Tensor<T>,
+        k: &Tensor<T>,
+        v: &Tensor<T>,
+        o: &mut Tensor<T>,
+        lse: &mut Tensor<f32>,
+        opts: &FwdOptions,
+        warmup: usize,
+        iters: usize,
+    ) -> Result<f64> {
+        for _ in 0..warmup {
+            self.forward_into(q, k, v, o, lse, opts)?;
+        }
+        let iters = iters.max(1);
+        match &self.backend {
+            Backend::Cuda(c) => {
+                let flags = Some(CUevent_flags::CU_EVENT_DEFAULT);
+                let start = cuda("recording an event", c.stream.record_event(flags))?;
+                for _ in 0..iters {
+                    self.forward_into(q, k, v, o, lse, opts)?;
+                }
+                let end = cuda("recording an event", c.stream.record_event(flags))?;
+                let ms = cuda("reading event time", start.elapsed_ms(&end))?;
+                Ok(ms as f64 / iters as f64)
+            }
+            Backend::Emulator => {
+                let t = std::time::Instant::now();
+                for _ in 0..iters {
+                    self.forward_into(q, k, v, o, lse, opts)?;
+                }
+                Ok(t.elapsed().as_secs_f64() * 1e3 / iters as f64)
+            }
+        }
+    }
+}

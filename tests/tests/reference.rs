@@ -1,0 +1,197 @@
+//! Properties of the f64 reference itself (CPU only), so the ground truth is trusted.
+
+use flashattn::reference::{attention_f64, naive_attention, reference, rel_l2};
+use flashattn::{AttnShape, FwdOptions};
+use flashattn_tests::Rng;
+use proptest::prelude::*;
+
+fn shape(batch: usize, sq: usize, sk: usize, hq: usize, hkv: usize, d: usize) -> AttnShape {
+    AttnShape { batch, seqlen_q: sq, seqlen_k: sk, heads_q: hq, heads_kv: hkv, head_dim: d }
+}
+
+fn inputs(s: &AttnShape, seed: u64) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let mut r = Rng::new(seed);
+    let nq = s.batch * s.seqlen_q * s.heads_q * s.head_dim;
+    let nk = s.batch * s.seqlen_k * s.heads_kv * s.head_dim;
+    ((0..nq).map(|_| r.normal()).collect(), (0..nk).map(|_| r.normal()).collect(), (0..nk).map(|_| r.normal()).collect())
+}
+
+fn small_shape() -> impl Strategy<Value = (AttnShape, bool, u64)> {
+    (1..3usize, 1..20usize, 1..20usize, 1..3usize, 1..3usize, 1..5usize, any::<bool>(), any::<u64>())
+        .prop_map(|(b, sq, sk, hkv, g, du, causal, seed)| (shape(b, sq, sk, hkv * g, hkv, du * 8), causal, seed))
+}
+
+proptest! {
+    /// Rows of the attention matrix sum to one: with V = 1 everywhere, every visible row of O is 1.
+    #[test]
+    fn probabilities_sum_to_one((s, causal, seed) in small_shape()) {
+        let (q, k, _) = inputs(&s, seed);
+        let v = vec![1.0; k.len()];
+        let opts = FwdOptions { causal, ..Default::default() };
+        let r = attention_f64(&q, &k, &v, &s, &opts);
+        for row in r.o.chunks(s.head_dim) {
+            for &x in row {
+                prop_assert!(x == 0.0 || (x - 1.0).abs() < 1e-12, "row value {x}");
+            }
+        }
+    }
+
+    /// Each output row is a convex combination of V rows: inside V's per-column range.
+    #[test]
+    fn output_is_convex_combination((s, causal, seed) in small_shape()) {
+        let (q, k, v) = inputs(&s, seed);
+        let r = attention_f64(&q, &k, &v, &s, &FwdOptions { causal, ..Default::default() });
+        let d = s.head_dim;
+        for b in 0..s.batch { for i in 0..s.seqlen_q { for h in 0..s.heads_q {
+            let hk = h / (s.heads_q / s.heads_kv);
+            let lse = r.lse[(b * s.heads_q + h) * s.seqlen_q + i];
+            for c in 0..d {
+                let o = r.o[((b * s.seqlen_q + i) * s.heads_q + h) * d + c];
+                if lse == f64::NEG_INFINITY { prop_assert_eq!(o, 0.0); continue; }
+                let col = (0..s.seqlen_k).map(|j| v[((b * s.seqlen_k + j) * s.heads_kv + hk) * d + c]);
+                let (lo, hi) = col.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), x| (lo.min(x), hi.max(x)));
+                prop_assert!(o >= lo - 1e-12 && o <= hi + 1e-12);
+            }
+        }}}
+    }
+
+    /// Permuting the K/V pairs together leaves O and LSE unchanged (without a mask).
+    #[test]
+    fn kv_permutation_invariance((s, _causal, seed) in small_shape(), rot in 0usize..100) {
+        let (q, k, v) = inputs(&s, seed);
+        let opts = FwdOptions::default();
+        let a = attention_f64(&q, &k, &v, &s, &opts);
+        let row = s.heads_kv * s.head_dim;
+        let permute = |x: &[f64]| -> Vec<f64> {
+            let mut out = x.to_vec();
+            for b in 0..s.batch {
+                for j in 0..s.seqlen_k {
+                    let dst_j = (j + rot) % s.seqlen_k; // a rotation of the keys: a bijection
+                    out[(b * s.seqlen_k + dst_j) * row..][..row].copy_from_slice(&x[(b * s.seqlen_k + j) * row..][..row]);
+                }
+            }
+            out
+        };
+        let b = attention_f64(&q, &permute(&k), &permute(&v), &s, &opts);
+        prop_assert!(rel_l2(&b.o, &a.o) < 1e-12);
+        prop_assert!(rel_l2(&b.lse, &a.lse) < 1e-12);
+    }
+
+    /// O is linear in V and LSE does not depend on V.
+    #[test]
+    fn linear_in_v((s, causal, seed) in small_shape(), c in -3.0f64..3.0) {
+        let (q, k, v) = inputs(&s, seed);
+        let opts = FwdOptions { causal, ..Default::default() };
+        let a = attention_f64(&q, &k, &v, &s, &opts);
+        let vc: Vec<f64> = v.iter().map(|x| x * c).collect();
+        let b = attention_f64(&q, &k, &vc, &s, &opts);
+        let ac: Vec<f64> = a.o.iter().map(|x| x * c).collect();
+        prop_assert!(rel_l2(&b.o, &ac) < 1e-12 || c == 0.0);
+        prop_assert!(rel_l2(&b.lse, &a.lse) == 0.0);
+    }
+}
+
+/// Causal with seqlen_q == seqlen_k: row 0 sees only key 0, so O row 0 is V row 0 and
+/// LSE row 0 is that single score.
+#[test]
+fn causal_row0_equals_v_row0() {
+    let s = shape(1, 9, 9, 2, 1, 16);
+    let (q, k, v) = inputs(&s, 3);
+    let opts = FwdOptions { causal: true, softmax_scale: Some(0.5), kernel: None };
+    let r = attention_f64(&q, &k, &v, &s, &opts);
+    for h in 0..2 {
+        let o = &r.o[h * 16..h * 16 + 16];
+        assert_eq!(o, &v[..16]);
+        let dot: f64 = (0..16).map(|c| q[h * 16 + c] * k[c]).sum();
+        assert!((r.lse[h * 9] - 0.5 * dot).abs() < 1e-12);
+    }
+}
+
+/// Bottom-right alignment: with seqlen_q > seqlen_k the first sq - sk rows see nothing.
+#[test]
+fn causal_bottom_right_alignment() {
+    let s = shape(1, 7, 3, 1, 1, 8);
+    let (q, k, v) = inputs(&s, 4);
+    let r = attention_f64(&q, &k, &v, &s, &FwdOptions { causal: true, ..Default::default() });
+    for i in 0..7 {
+        let fully_masked = i < 4;
+        assert_eq!(r.lse[i] == f64::NEG_INFINITY, fully_masked, "row {i}");
+        if fully_masked {
+            assert!(r.o[i * 8..i * 8 + 8].iter().all(|&x| x == 0.0));
+        }
+    }
+    // The last row sees every key: it equals the non-causal last row.
+    let nc = attention_f64(&q, &k, &v, &s, &FwdOptions::default());
+    assert_eq!(&r.o[6 * 8..], &nc.o[6 * 8..]);
+}
+
+/// GQA: each query head uses KV head h / (hq / hkv); equals MHA with K/V heads repeated.
+#[test]
+fn gqa_equals_repeated_kv_heads() {
+    let s = shape(2, 5, 6, 4, 2, 8);
+    let (q, k, v) = inputs(&s, 5);
+    let rep = |x: &[f64]| -> Vec<f64> {
+        let mut out = Vec::new();
+        for row in x.chunks(2 * 8) {
+            for h in 0..4 {
+                out.extend_from_slice(&row[(h / 2) * 8..(h / 2) * 8 + 8]);
+            }
+        }
+        out
+    };
+    let mha = shape(2, 5, 6, 4, 4, 8);
+    let opts = FwdOptions { causal: true, ..Default::default() };
+    let a = attention_f64(&q, &k, &v, &s, &opts);
+    let b = attention_f64(&q, &rep(&k), &rep(&v), &mha, &opts);
+    assert_eq!(a.o, b.o);
+    assert_eq!(a.lse, b.lse);
+}
+
+/// The naive low-precision reference is close to, but not the same as, the exact one, and
+/// its error grows as the dtype gets coarser: it calibrates the tolerances.
+#[test]
+fn naive_error_ordered_by_dtype() {
+    let s = shape(1, 64, 64, 2, 2, 64);
+    let mut r = Rng::new(11);
+    let n = 64 * 2 * 64;
+    let q32: Vec<f32> = r.tensor(n);
+    let k32: Vec<f32> = r.tensor(n);
+    let v32: Vec<f32> = r.tensor(n);
+    let conv = |x: &[f32]| -> (Vec<half::f16>, Vec<half::bf16>) {
+        (x.iter().map(|&e| half::f16::from_f32(e)).collect(), x.iter().map(|&e| half::bf16::from_f32(e)).collect())
+    };
+    let opts = FwdOptions::default();
+    let err = |o: &[f64], e: &[f64]| rel_l2(o, e);
+    let e32 = err(&naive_attention(&q32, &k32, &v32, &s, &opts).o, &reference(&q32, &k32, &v32, &s, &opts).o);
+    let ((q16, qb), (k16, kb), (v16, vb)) = (conv(&q32), conv(&k32), conv(&v32));
+    let e16 = err(&naive_attention(&q16, &k16, &v16, &s, &opts).o, &reference(&q16, &k16, &v16, &s, &opts).o);
+    let eb = err(&naive_attention(&qb, &kb, &vb, &s, &opts).o, &reference(&qb, &kb, &vb, &s, &opts).o);
+    assert!(0.0 < e32 && e32 < 1e-6, "f32 {e32}");
+    assert!(e32 < e16 && e16 < 5e-3, "f16 {e16}");
+    assert!(e16 < eb && eb < 3e-2, "bf16 {eb}");
+}
+
+/// A centred finite difference of the reference in f64 matches the analytic softmax
+/// Jacobian direction: d O / d V is P, so perturbing V[j] by eps moves O by eps * P[:, j].
+#[test]
+fn finite_difference_in_v_matches_probabilities() {
+    let s = shape(1, 3, 4, 1, 1, 8);
+    let (q, k, v) = inputs(&s, 6);
+    let opts = FwdOptions::default();
+    let base = attention_f64(&q, &k, &v, &s, &opts);
+    let eps = 1e-6;
+    for j in 0..4 {
+        let mut vp = v.clone();
+        let mut vm = v.clone();
+        vp[j * 8] += eps;
+        vm[j * 8] -= eps;
+        let (op, om) = (attention_f64(&q, &k, &vp, &s, &opts), attention_f64(&q, &k, &vm, &s, &opts));
+        for i in 0..3 {
+            let fd = (op.o[i * 8] - om.o[i * 8]) / (2.0 * eps);
+            let scale = opts.scale(8) as f64;
+            let score = |jj: usize| (0..8).map(|c| q[i * 8 + c] * k[jj * 8 + c]).sum::<f64>() * scale;
+            let p = (score(j) - base.lse[i]).exp();
+            assert!((fd - p).abs() < 1e-8, "row {i} key {j}: fd {fd} vs P {p}");
+        }
+    }
+}

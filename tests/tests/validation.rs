@@ -1,0 +1,149 @@
+//! Every input error is found before any launch and names the offending values (CPU only:
+//! validation does not depend on the backend, so the emulator stands in for the device).
+
+use flashattn::{Error, FlashAttn, FwdOptions, validate};
+
+fn err(q: &[usize], k: &[usize], v: &[usize], opts: FwdOptions) -> Error {
+    validate(q, k, v, &opts).expect_err("must be rejected")
+}
+
+#[test]
+fn valid_shapes_pass() {
+    let s = validate(&[2, 10, 8, 64], &[2, 20, 2, 64], &[2, 20, 2, 64], &FwdOptions::default()).expect("valid");
+    assert_eq!((s.batch, s.seqlen_q, s.seqlen_k, s.heads_q, s.heads_kv, s.head_dim), (2, 10, 20, 8, 2, 64));
+}
+
+#[test]
+fn wrong_rank() {
+    let e = err(&[2, 10, 64], &[2, 10, 1, 64], &[2, 10, 1, 64], FwdOptions::default());
+    assert!(matches!(&e, Error::Rank { tensor: "q", shape, expected: 4 } if shape == &vec![2, 10, 64]), "{e}");
+    assert!(e.to_string().contains("[2, 10, 64]"));
+}
+
+#[test]
+fn zero_sized_dimensions() {
+    for (i, t) in [(0, "q"), (1, "k"), (2, "v")] {
+        let mut shapes = [vec![1, 4, 2, 8], vec![1, 4, 2, 8], vec![1, 4, 2, 8]];
+        shapes[i][1] = 0;
+        let e = err(&shapes[0], &shapes[1], &shapes[2], FwdOptions::default());
+        assert!(matches!(&e, Error::EmptyDimension { tensor, .. } if *tensor == t), "{e}");
+    }
+}
+
+#[test]
+fn k_v_shape_mismatch() {
+    let e = err(&[1, 4, 2, 8], &[1, 4, 2, 8], &[1, 5, 2, 8], FwdOptions::default());
+    assert!(matches!(&e, Error::KvShapeMismatch { k, v } if k[1] == 4 && v[1] == 5), "{e}");
+}
+
+#[test]
+fn batch_and_head_dim_mismatch() {
+    let e = err(&[2, 4, 2, 8], &[3, 4, 2, 8], &[3, 4, 2, 8], FwdOptions::default());
+    assert!(matches!(e, Error::ShapeMismatch { left: 2, right: 3, .. }), "{e}");
+    let e = err(&[2, 4, 2, 16], &[2, 4, 2, 8], &[2, 4, 2, 8], FwdOptions::default());
+    assert!(matches!(e, Error::ShapeMismatch { left: 16, right: 8, .. }), "{e}");
+    assert!(e.to_string().contains("16") && e.to_string().contains("8"));
+}
+
+#[test]
+fn unsupported_head_dims() {
+    for d in [4, 12, 100, 264, 512] {
+        let e = err(&[1, 4, 1, d], &[1, 4, 1, d], &[1, 4, 1, d], FwdOptions::default());
+        assert!(matches!(e, Error::UnsupportedHeadDim { head_dim } if head_dim == d), "{e}");
+        assert!(e.to_string().contains(&d.to_string()));
+    }
+    for d in (8..=256).step_by(8) {
+        assert!(validate(&[1, 4, 1, d], &[1, 4, 1, d], &[1, 4, 1, d], &FwdOptions::default()).is_ok(), "d={d}");
+    }
+}
+
+#[test]
+fn heads_not_divisible() {
+    let e = err(&[1, 4, 6, 8], &[1, 4, 4, 8], &[1, 4, 4, 8], FwdOptions::default());
+    assert!(matches!(e, Error::HeadsNotDivisible { heads_q: 6, heads_kv: 4 }), "{e}");
+    let e = err(&[1, 4, 2, 8], &[1, 4, 4, 8], &[1, 4, 4, 8], FwdOptions::default());
+    assert!(matches!(e, Error::HeadsNotDivisible { heads_q: 2, heads_kv: 4 }), "{e}");
+}
+
+#[test]
+fn sizes_beyond_kernel_limits() {
+    let big = flashattn::MAX_GRID_YZ + 1;
+    let e = err(&[big, 1, 1, 8], &[big, 1, 1, 8], &[big, 1, 1, 8], FwdOptions::default());
+    assert!(matches!(e, Error::TooLarge { what: "batch", value, .. } if value == big), "{e}");
+    let e = err(&[1, 1, big, 8], &[1, 1, 1, 8], &[1, 1, 1, 8], FwdOptions::default());
+    assert!(matches!(e, Error::TooLarge { what: "heads_q", .. }), "{e}");
+    let s = flashattn::MAX_SEQLEN + 1;
+    let e = err(&[1, s, 1, 8], &[1, 1, 1, 8], &[1, 1, 1, 8], FwdOptions::default());
+    assert!(matches!(e, Error::TooLarge { what: "seqlen_q", .. }), "{e}");
+    let e = err(&[1, 1, 1, 8], &[1, s, 1, 8], &[1, s, 1, 8], FwdOptions::default());
+    assert!(matches!(e, Error::TooLarge { what: "seqlen_k", .. }), "{e}");
+    // Element count that overflows the host's byte arithmetic.
+    let e = err(&[60_000, 1 << 30, 60_000, 256], &[60_000, 1, 1, 256], &[60_000, 1, 1, 256], FwdOptions::default());
+    assert!(matches!(e, Error::TooLarge { what: "elements of q", .. }), "{e}");
+}
+
+#[test]
+fn invalid_scale() {
+    for scale in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+        let opts = FwdOptions { softmax_scale: Some(scale), ..Default::default() };
+        let e = err(&[1, 4, 1, 8], &[1, 4, 1, 8], &[1, 4, 1, 8], opts);
+        assert!(matches!(e, Error::InvalidScale { .. }), "{e}");
+    }
+}
+
+#[test]
+fn forward_rejects_before_launch_and_leaves_outputs_alone() {
+    let fa = FlashAttn::emulator();
+    let q = fa.upload(&vec![1.0f32; 4 * 6 * 8], &[1, 4, 6, 8]).unwrap();
+    let k = fa.upload(&vec![1.0f32; 4 * 4 * 8], &[1, 4, 4, 8]).unwrap();
+    let mut o = fa.full(7.0f32, &[1, 4, 6, 8]).unwrap();
+    let mut lse = fa.full(7.0f32, &[1, 6, 4]).unwrap();
+    let e = fa.forward_into(&q, &k, &k, &mut o, &mut lse, &FwdOptions::default()).expect_err("6 % 4 != 0");
+    assert!(matches!(e, Error::HeadsNotDivisible { heads_q: 6, heads_kv: 4 }));
+    assert!(fa.download(&o).unwrap().iter().all(|&x| x == 7.0));
+    assert!(fa.download(&lse).unwrap().iter().all(|&x| x == 7.0));
+}
+
+#[test]
+fn output_shape_and_host_length() {
+    let fa = FlashAttn::emulator();
+    let q = fa.upload(&vec![1.0f32; 4 * 2 * 8], &[1, 4, 2, 8]).unwrap();
+    let mut o = fa.full(0.0f32, &[1, 4, 2, 16]).unwrap();
+    let mut lse = fa.full(0.0f32, &[1, 2, 4]).unwrap();
+    let e = fa.forward_into(&q, &q, &q, &mut o, &mut lse, &FwdOptions::default()).expect_err("o shape");
+    assert!(matches!(&e, Error::OutputShape { tensor: "o", got, .. } if got == &vec![1, 4, 2, 16]), "{e}");
+    let mut o = fa.full(0.0f32, &[1, 4, 2, 8]).unwrap();
+    let mut lse = fa.full(0.0f32, &[1, 4, 2]).unwrap();
+    let e = fa.forward_into(&q, &q, &q, &mut o, &mut lse, &FwdOptions::default()).expect_err("lse shape");
+    assert!(matches!(&e, Error::OutputShape { tensor: "lse", .. }), "{e}");
+    let e = fa.upload(&[1.0f32; 3], &[1, 2, 2, 1]).err().expect("length");
+    assert!(matches!(e, Error::HostLength { expected: 4, got: 3 }), "{e}");
+}
+
+#[test]
+fn tensors_of_another_instance() {
+    let (a, b) = (FlashAttn::emulator(), FlashAttn::emulator());
+    let q = a.upload(&vec![1.0f32; 8], &[1, 1, 1, 8]).unwrap();
+    let e = b.forward(&q, &q, &q, &FwdOptions::default()).err().expect("other instance");
+    assert!(matches!(e, Error::WrongDevice { tensor: "q" }), "{e}");
+}
+
+#[test]
+fn unknown_kernel_family() {
+    let fa = FlashAttn::emulator();
+    let q = fa.upload(&vec![1.0f32; 8], &[1, 1, 1, 8]).unwrap();
+    let opts = FwdOptions { kernel: Some("nope"), ..Default::default() };
+    let e = fa.forward(&q, &q, &q, &opts).err().expect("unknown kernel");
+    assert!(matches!(&e, Error::UnknownKernel { name, .. } if name == "nope"), "{e}");
+}
+
+#[test]
+fn no_driver_is_an_error_not_a_panic() {
+    // On a machine with a GPU this opens it; without one it must return an error.
+    match FlashAttn::cuda(0) {
+        Ok(fa) => assert!(!fa.is_emulator()),
+        Err(e) => assert!(matches!(e, Error::NoDriver | Error::NoDevice { .. }), "{e}"),
+    }
+    let e = FlashAttn::cuda(1_000).err().expect("no device 1000");
+    assert!(matches!(e, Error::NoDriver | Error::NoDevice { .. }), "{e}");
+}
