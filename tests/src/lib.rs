@@ -87,16 +87,21 @@ pub struct Measured {
 /// Tolerances: twice naive attention's error in the same dtype plus one unit roundoff
 /// ([`tolerance`]); for LSE (always f32) the same rule with the f32 unit roundoff.
 pub fn check_case(fa: &FlashAttn, case: &Case) -> Result<Measured, String> {
+    check_case_with(fa, case, None)
+}
+
+/// As [`check_case`], with the kernel family named (`None`: the automatic choice).
+pub fn check_case_with(fa: &FlashAttn, case: &Case, kernel: Option<&'static str>) -> Result<Measured, String> {
     match case.dtype {
-        Dt::F32 => check_typed::<f32>(fa, case),
-        Dt::F16 => check_typed::<half::f16>(fa, case),
-        Dt::Bf16 => check_typed::<half::bf16>(fa, case),
+        Dt::F32 => check_typed::<f32>(fa, case, kernel),
+        Dt::F16 => check_typed::<half::f16>(fa, case, kernel),
+        Dt::Bf16 => check_typed::<half::bf16>(fa, case, kernel),
     }
 }
 
-fn check_typed<T: Dtype>(fa: &FlashAttn, case: &Case) -> Result<Measured, String> {
+fn check_typed<T: Dtype>(fa: &FlashAttn, case: &Case, kernel: Option<&'static str>) -> Result<Measured, String> {
     let s = case.shape;
-    let opts = FwdOptions { causal: case.causal, softmax_scale: case.softmax_scale, kernel: None };
+    let opts = FwdOptions { causal: case.causal, softmax_scale: case.softmax_scale, kernel };
     let mut rng = Rng::new(case.seed);
     let q: Vec<T> = rng.tensor(s.batch * s.seqlen_q * s.heads_q * s.head_dim);
     let k: Vec<T> = rng.tensor(s.batch * s.seqlen_k * s.heads_kv * s.head_dim);

@@ -4,8 +4,10 @@
 //!
 //! `FLASHATTN_GPU_CASES` / `FLASHATTN_EMU_CASES` set the random cases per dtype.
 
-use flashattn::{AttnShape, FlashAttn};
-use flashattn_tests::{BackendKind, Case, Dt, Gpu, case_strategy, check_case};
+use flashattn::kernels::dtype::DType;
+use flashattn::kernels::registry::FWD_VARIANTS;
+use flashattn::{AttnShape, FlashAttn, FwdOptions};
+use flashattn_tests::{BackendKind, Case, Dt, Gpu, case_strategy, check_case, check_case_with};
 use libtest_mimic::{Arguments, Failed, Trial};
 use proptest::strategy::Strategy;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
@@ -42,6 +44,10 @@ fn edge_cases(kind: BackendKind) -> Vec<(&'static str, AttnShape, bool, Option<f
         v.push(("many_blocks", shape(4, 300, 500, 16, 4, 64), false, None));
     }
     v
+}
+
+fn fresh_seed() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
 }
 
 fn run_props(fa: &FlashAttn, dtype: Dt, cases: usize, strategy: impl Strategy<Value = Case>) -> Result<(), Failed> {
@@ -81,13 +87,31 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
         };
         trials.push(t);
     }
+    // Every registered variant, by name, at the largest head_dim its tile serves.
+    for v in FWD_VARIANTS {
+        let dtype = match v.dtype {
+            DType::F32 => Dt::F32,
+            DType::F16 => Dt::F16,
+            DType::Bf16 => Dt::Bf16,
+        };
+        let d = v.tile.max_head_dim() as usize;
+        let case = Case { shape: shape(1, 37, 45, 2, 1, d), causal: true, softmax_scale: None, dtype, seed: 0 };
+        let (family, name) = (v.family, v.name);
+        trials.push(mk(format!("{tag}::variant::{name}"), Box::new(move |fa| {
+            let got = flashattn::select_variant(v.dtype, d, &FwdOptions { kernel: Some(family), ..Default::default() })
+                .map_err(|e| Failed::from(e.to_string()))?;
+            if got.name != name {
+                return Err(format!("head_dim {d} selects {} instead of {name}", got.name).into());
+            }
+            check_case_with(fa, &Case { seed: fresh_seed(), ..case }, Some(family)).map(|_| ()).map_err(Failed::from)
+        })));
+    }
     for (name, s, causal, scale) in edge_cases(kind) {
         for dtype in [Dt::F32, Dt::F16, Dt::Bf16] {
             let case = Case { shape: s, causal, softmax_scale: scale, dtype, seed: 0 };
             trials.push(mk(format!("{tag}::edge::{name}::{dtype:?}").to_lowercase(), Box::new(move |fa| {
                 // A fresh seed per run: the same corner, new data each time.
-                let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64);
-                check_case(fa, &Case { seed, ..case }).map(|_| ()).map_err(Failed::from)
+                check_case(fa, &Case { seed: fresh_seed(), ..case }).map(|_| ()).map_err(Failed::from)
             })));
         }
     }
