@@ -6,7 +6,7 @@ use crate::error::{Error, Result, cuda};
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use flashattn_kernels::dev::emu::{self, GlobalRegion};
 use flashattn_kernels::params::{FwdParams, Strides};
-use flashattn_kernels::registry::{FWD_VARIANTS, FwdVariant};
+use flashattn_kernels::registry::{FwdVariant, fwd_variant};
 
 /// Options of the forward pass.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -124,19 +124,23 @@ pub struct FwdOutput<T> {
     pub lse: Tensor<f32>,
 }
 
-/// Kernel families, best first.
-pub const FAMILIES: &[&str] = &["simt"];
+/// Kernel families, best first: the tensor-core kernel where it applies, else SIMT.
+pub const FAMILIES: &[&str] = &["mma", "simt"];
 
-/// The variant that will run for this dtype, head_dim and options.
+/// The variant that will run for this dtype, head_dim and options: the named family's, or
+/// the first family (in [`FAMILIES`] order) that has one.
 pub fn select_variant(dtype: flashattn_kernels::dtype::DType, head_dim: usize, opts: &FwdOptions) -> Result<&'static FwdVariant> {
-    let family = opts.kernel.unwrap_or(FAMILIES[0]);
-    if !FAMILIES.contains(&family) {
-        return Err(Error::UnknownKernel { name: family.into(), available: FAMILIES.to_vec() });
-    }
-    let no_variant = || Error::NoVariant { family: family.into(), dtype: dtype.name(), head_dim };
-    match family {
-        "simt" => flashattn_kernels::registry::simt_fwd_variant(dtype, head_dim as u32).ok_or_else(no_variant),
-        _ => FWD_VARIANTS.iter().find(|v| v.family == family && v.dtype == dtype).ok_or_else(no_variant),
+    let d = head_dim as u32;
+    match opts.kernel {
+        Some(family) if !FAMILIES.contains(&family) => {
+            Err(Error::UnknownKernel { name: family.into(), available: FAMILIES.to_vec() })
+        }
+        Some(family) => fwd_variant(family, dtype, d)
+            .ok_or_else(|| Error::NoVariant { family: family.into(), dtype: dtype.name(), head_dim }),
+        None => FAMILIES
+            .iter()
+            .find_map(|f| fwd_variant(f, dtype, d))
+            .ok_or_else(|| Error::NoVariant { family: "any".into(), dtype: dtype.name(), head_dim }),
     }
 }
 
@@ -178,10 +182,9 @@ impl FlashAttn {
         self.check_owner(o, "o")?;
         self.check_owner(lse, "lse")?;
         let variant = select_variant(T::DTYPE, shape.head_dim, opts)?;
-        let tile = variant.tile;
         let d = shape.head_dim as u32;
-        let smem = tile.smem_bytes(d) as usize;
-        let grid = ((shape.seqlen_q as u32).div_ceil(tile.br()), shape.heads_q as u32, shape.batch as u32);
+        let smem = (variant.smem_bytes)(d) as usize;
+        let grid = ((shape.seqlen_q as u32).div_ceil(variant.br), shape.heads_q as u32, shape.batch as u32);
         let stream = match &self.backend {
             Backend::Cuda(c) => Some(c.stream.as_ref()),
             Backend::Emulator => None,
@@ -202,13 +205,13 @@ impl FlashAttn {
             seqlen_q: shape.seqlen_q as u32,
             seqlen_k: shape.seqlen_k as u32,
             head_dim: d,
-            scale_log2: opts.scale(shape.head_dim) * std::f32::consts::LOG2_E,
+            scale: opts.scale(shape.head_dim),
             causal: opts.causal as u32,
         };
         match &self.backend {
             Backend::Cuda(c) => {
                 let f = c.function(variant.name, smem)?;
-                let cfg = LaunchConfig { grid_dim: grid, block_dim: (tile.threads(), 1, 1), shared_mem_bytes: smem as u32 };
+                let cfg = LaunchConfig { grid_dim: grid, block_dim: (variant.threads, 1, 1), shared_mem_bytes: smem as u32 };
                 let arg = ParamsArg(params);
                 let mut launch = c.stream.launch_builder(&f);
                 launch.arg(&arg);
@@ -225,7 +228,7 @@ impl FlashAttn {
                     GlobalRegion { start: params.o as usize, len: o.bytes(), writable: true },
                     GlobalRegion { start: params.lse as usize, len: lse.bytes(), writable: true },
                 ];
-                let cfg = emu::LaunchConfig { grid, block_threads: tile.threads(), dynamic_shared_bytes: smem };
+                let cfg = emu::LaunchConfig { grid, block_threads: variant.threads, dynamic_shared_bytes: smem };
                 let body = variant.emulate;
                 // SAFETY: as for the GPU launch; the emulator also checks every access.
                 emu::launch(variant.name, &cfg, &regions, &|| unsafe { body(&params) })?;

@@ -87,3 +87,33 @@ impl Element for Bf16 {
         Bf16((rounded >> 16) as u16)
     }
 }
+
+/// A 16-bit element type the tensor cores take (mma.sync m16n8k16 with f32 accumulation).
+pub trait MmaElement: Element {
+    /// D = A B + C for the warp (see [`crate::dev::warp::mma_f16`]).
+    fn mma(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4];
+    /// Two f32 rounded to this type, packed into an operand register (lo in the low half).
+    fn pack2(lo: f32, hi: f32) -> u32;
+}
+
+impl MmaElement for f16 {
+    #[inline(always)]
+    fn mma(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
+        crate::dev::warp::mma_f16(a, b, c)
+    }
+    #[inline(always)]
+    fn pack2(lo: f32, hi: f32) -> u32 {
+        crate::dev::math::pack_f16x2(lo, hi)
+    }
+}
+
+impl MmaElement for Bf16 {
+    #[inline(always)]
+    fn mma(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
+        crate::dev::warp::mma_bf16(a, b, c)
+    }
+    #[inline(always)]
+    fn pack2(lo: f32, hi: f32) -> u32 {
+        crate::dev::math::pack_bf16x2(lo, hi)
+    }
+}

@@ -102,7 +102,7 @@ unsafe fn fwd<T: Element, M: Mask, const ROWS: usize, const DCH: usize, const SC
     let o_g = unsafe { (p.o as *mut T).add(p.o_strides.offset(b, 0, h) as usize) };
     let lse_g = unsafe { (p.lse as *mut f32).add(((b as u64 * p.heads_q as u64 + h as u64) * sq as u64) as usize) };
     for i in 0..ROWS {
-        let (inv_l, lse) = rows[i].finish();
+        let (inv_l, lse) = rows[i].finish::<32>();
         let r = row0 + w * ROWS as u32 + i as u32;
         if r < sq {
             for (ch, a) in acc_o[i].iter().enumerate() {
@@ -175,7 +175,7 @@ impl<T: Element> Step<'_, T> {
         for (i, s_row) in s.iter_mut().enumerate() {
             let row = self.row0 + r_w + i as u32;
             for (c, x) in s_row.iter_mut().enumerate() {
-                *x *= p.scale_log2;
+                *x *= p.scale;
                 let col = c0 + lane + 32 * c as u32;
                 if MASKED && (col >= sk || M::hides(row, col, sq, sk)) {
                     *x = f32::NEG_INFINITY;
@@ -186,7 +186,7 @@ impl<T: Element> Step<'_, T> {
         // Online softmax: P_ij in place of S_ij, acc_o rescaled by alpha; P to shared memory
         // so every lane of the warp can read the whole row.
         for i in 0..ROWS {
-            let alpha = rows[i].update(&mut s[i]);
+            let alpha = rows[i].update::<32, SC>(&mut s[i]);
             for a in acc_o[i].iter_mut() {
                 *a *= alpha;
             }

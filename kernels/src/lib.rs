@@ -17,6 +17,7 @@
     target_arch = "nvptx64",
     feature(
         abi_ptx,
+        asm_experimental_arch,
         stdarch_nvptx,
         link_llvm_intrinsics,
         core_intrinsics,
@@ -24,6 +25,7 @@
         gpu_launch_sized_workgroup_mem
     )
 )]
+
 #![cfg_attr(target_arch = "nvptx64", allow(internal_features))]
 
 #[cfg(not(target_arch = "nvptx64"))]
@@ -31,6 +33,7 @@ extern crate std;
 
 pub mod dev;
 pub mod dtype;
+pub mod fwd_mma;
 pub mod fwd_simt;
 pub mod mask;
 pub mod params;

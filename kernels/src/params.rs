@@ -50,8 +50,9 @@ pub struct FwdParams {
     pub seqlen_q: u32,
     pub seqlen_k: u32,
     pub head_dim: u32,
-    /// softmax_scale * log2(e): scores are kept in the log2 domain, so exp becomes ex2.
-    pub scale_log2: f32,
+    /// softmax_scale: the kernels multiply the scores by it (once, as naive attention does,
+    /// so LSE loses no accuracy) and fold log2(e) into each exponential.
+    pub scale: f32,
     /// 1 for causal masking (bottom-right aligned), 0 for none.
     pub causal: u32,
 }

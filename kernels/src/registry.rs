@@ -1,40 +1,52 @@
-//! Every kernel variant, one registration line each. The macro emits the PTX entry point
+//! Every kernel variant, one registration line each. The macros emit the PTX entry point
 //! (on nvptx64) and a row of [`FWD_VARIANTS`], which the host, the tests and the benches
 //! read to find, launch and emulate each variant.
 
+use crate::dtype::Bf16;
 #[cfg(not(target_arch = "nvptx64"))]
 use crate::dtype::{DType, Element};
-use crate::dtype::Bf16;
 use crate::params::FwdParams;
-#[cfg(not(target_arch = "nvptx64"))]
-use crate::tile::SimtTile;
-use crate::tile::simt_tile;
+use crate::tile::{mma_tile, simt_tile};
 
-/// A forward kernel variant.
+/// A forward kernel variant, as the host launches it.
 #[cfg(not(target_arch = "nvptx64"))]
 #[derive(Clone, Copy, Debug)]
 pub struct FwdVariant {
     /// PTX entry name.
     pub name: &'static str,
-    /// Kernel family ("simt").
+    /// Kernel family ("mma", "simt").
     pub family: &'static str,
     /// Element type of Q, K, V, O.
     pub dtype: DType,
-    /// Tile shape; it also bounds head_dim.
-    pub tile: SimtTile,
+    /// Smallest and largest head_dim served.
+    pub head_dims: (u32, u32),
+    /// Query rows per block (the grid's x is ceil(seqlen_q / br)).
+    pub br: u32,
+    /// Threads per block.
+    pub threads: u32,
+    /// Dynamic shared memory in bytes, for a head_dim.
+    pub smem_bytes: fn(u32) -> u32,
     /// The same kernel body, for the emulator.
     pub emulate: unsafe fn(&FwdParams),
 }
 
+#[cfg(not(target_arch = "nvptx64"))]
+impl FwdVariant {
+    /// Whether this variant serves `head_dim`.
+    pub fn serves(&self, head_dim: u32) -> bool {
+        self.head_dims.0 <= head_dim && head_dim <= self.head_dims.1
+    }
+}
+
+/// Emits one entry point and one registry row per line: `name => family, body, head dims,
+/// br, threads, smem_bytes(d)`.
 macro_rules! fwd_variants {
-    ($( $name:ident => $family:literal, $m:ident, $ty:ty, d <= $d:literal; )*) => {
+    ($( $name:ident => $family:literal, [$($body:tt)*], $dt:ty, ($lo:expr, $hi:expr), $br:expr, $threads:expr, $smem:expr; )*) => {
         $(
             #[cfg(target_arch = "nvptx64")]
             #[unsafe(no_mangle)]
             pub unsafe extern "ptx-kernel" fn $name(p: FwdParams) {
-                unsafe {
-                    crate::$m::entry::<$ty, { simt_tile($d).rows_per_warp as usize }, { simt_tile($d).d_chunks as usize }, { simt_tile($d).s_cols as usize }>(&p)
-                }
+                unsafe { $($body)*(&p) }
             }
         )*
         /// All forward variants.
@@ -43,29 +55,61 @@ macro_rules! fwd_variants {
             FwdVariant {
                 name: stringify!($name),
                 family: $family,
-                dtype: <$ty as Element>::DTYPE,
-                tile: simt_tile($d),
-                emulate: crate::$m::entry::<$ty, { simt_tile($d).rows_per_warp as usize }, { simt_tile($d).d_chunks as usize }, { simt_tile($d).s_cols as usize }>,
+                dtype: <$dt as Element>::DTYPE,
+                head_dims: ($lo, $hi),
+                br: $br,
+                threads: $threads,
+                smem_bytes: $smem,
+                emulate: $($body)*,
             },
         )*];
     };
 }
 
-fwd_variants! {
-    flash_fwd_simt_f32_d64   => "simt", fwd_simt, f32,  d <= 64;
-    flash_fwd_simt_f32_d128  => "simt", fwd_simt, f32,  d <= 128;
-    flash_fwd_simt_f32_d256  => "simt", fwd_simt, f32,  d <= 256;
-    flash_fwd_simt_f16_d64   => "simt", fwd_simt, f16,  d <= 64;
-    flash_fwd_simt_f16_d128  => "simt", fwd_simt, f16,  d <= 128;
-    flash_fwd_simt_f16_d256  => "simt", fwd_simt, f16,  d <= 256;
-    flash_fwd_simt_bf16_d64  => "simt", fwd_simt, Bf16, d <= 64;
-    flash_fwd_simt_bf16_d128 => "simt", fwd_simt, Bf16, d <= 128;
-    flash_fwd_simt_bf16_d256 => "simt", fwd_simt, Bf16, d <= 256;
+/// One SIMT variant: the head dims that share `simt_tile(D)`, compiled for the largest, D.
+macro_rules! simt {
+    ($ty:ty, $d:literal) => {
+        crate::fwd_simt::entry::<$ty, { simt_tile($d).rows_per_warp as usize }, { simt_tile($d).d_chunks as usize }, { simt_tile($d).s_cols as usize }>
+    };
 }
 
+/// One tensor-core variant, for exactly head_dim `D`.
+macro_rules! mma {
+    ($ty:ty, $d:literal) => {
+        crate::fwd_mma::entry::<$ty, $d, { $d / 16 }, { $d / 8 }>
+    };
+}
+
+const fn mma_smem(d: u32) -> u32 {
+    match mma_tile(d) {
+        Some(t) => t.smem_bytes(),
+        None => 0,
+    }
+}
+const fn simt_smem(d: u32) -> u32 {
+    simt_tile(d).smem_bytes(d)
+}
+const MMA_BR: u32 = 64;
+const MMA_THREADS: u32 = crate::tile::MMA_WARPS * 32;
+
+fwd_variants! {
+    flash_fwd_mma_f16_d64    => "mma",  [mma!(f16, 64)],         f16,  (64, 64),    MMA_BR, MMA_THREADS, mma_smem;
+    flash_fwd_mma_f16_d128   => "mma",  [mma!(f16, 128)],        f16,  (128, 128),  MMA_BR, MMA_THREADS, mma_smem;
+    flash_fwd_mma_bf16_d64   => "mma",  [mma!(Bf16, 64)],        Bf16, (64, 64),    MMA_BR, MMA_THREADS, mma_smem;
+    flash_fwd_mma_bf16_d128  => "mma",  [mma!(Bf16, 128)],       Bf16, (128, 128),  MMA_BR, MMA_THREADS, mma_smem;
+    flash_fwd_simt_f32_d64   => "simt", [simt!(f32, 64)],     f32,  (8, 64),     simt_tile(64).br(), 128, simt_smem;
+    flash_fwd_simt_f32_d128  => "simt", [simt!(f32, 128)],   f32,  (72, 128),   simt_tile(128).br(), 128, simt_smem;
+    flash_fwd_simt_f32_d256  => "simt", [simt!(f32, 256)],  f32,  (136, 256),  simt_tile(256).br(), 128, simt_smem;
+    flash_fwd_simt_f16_d64   => "simt", [simt!(f16, 64)],     f16,  (8, 64),     simt_tile(64).br(), 128, simt_smem;
+    flash_fwd_simt_f16_d128  => "simt", [simt!(f16, 128)],   f16,  (72, 128),   simt_tile(128).br(), 128, simt_smem;
+    flash_fwd_simt_f16_d256  => "simt", [simt!(f16, 256)],  f16,  (136, 256),  simt_tile(256).br(), 128, simt_smem;
+    flash_fwd_simt_bf16_d64  => "simt", [simt!(Bf16, 64)],    Bf16, (8, 64),     simt_tile(64).br(), 128, simt_smem;
+    flash_fwd_simt_bf16_d128 => "simt", [simt!(Bf16, 128)],  Bf16, (72, 128),   simt_tile(128).br(), 128, simt_smem;
+    flash_fwd_simt_bf16_d256 => "simt", [simt!(Bf16, 256)], Bf16, (136, 256),  simt_tile(256).br(), 128, simt_smem;
+}
+
+/// The variant of `family` for `dtype` and `head_dim`, if there is one.
 #[cfg(not(target_arch = "nvptx64"))]
-/// The SIMT forward variant for `dtype` and `head_dim`: the one whose tile is `simt_tile(head_dim)`.
-pub fn simt_fwd_variant(dtype: DType, head_dim: u32) -> Option<&'static FwdVariant> {
-    let tile = simt_tile(head_dim);
-    FWD_VARIANTS.iter().find(|v| v.family == "simt" && v.dtype == dtype && v.tile == tile)
+pub fn fwd_variant(family: &str, dtype: DType, head_dim: u32) -> Option<&'static FwdVariant> {
+    FWD_VARIANTS.iter().find(|v| v.family == family && v.dtype == dtype && v.serves(head_dim))
 }

@@ -71,3 +71,43 @@ pub const fn simt_tile(head_dim: u32) -> SimtTile {
         SimtTile { rows_per_warp: 8, d_chunks: 8, s_cols: 1 }
     }
 }
+
+/// Warps per block of the tensor-core (mma) forward kernel.
+pub const MMA_WARPS: u32 = 4;
+
+/// Tile shape of the tensor-core forward kernel: Br query rows per block (16 per warp, one
+/// m16 MMA tile), Bc keys per K/V tile, head_dim D; K and V double-buffered in shared memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MmaTile {
+    /// Query rows per block.
+    pub br: u32,
+    /// Keys per K/V tile.
+    pub bc: u32,
+    /// The head_dim this tile is compiled for.
+    pub head_dim: u32,
+}
+
+impl MmaTile {
+    /// Threads per block.
+    pub const fn threads(&self) -> u32 {
+        MMA_WARPS * 32
+    }
+    /// Shared memory per block, in bytes: Q [br][d] and two stages of K, V [bc][d], 16-bit.
+    pub const fn smem_bytes(&self) -> u32 {
+        (self.br * self.head_dim + 4 * self.bc * self.head_dim) * 2
+    }
+}
+
+/// The tensor-core forward tile for `head_dim`, if there is one (f16 and bf16).
+///
+/// Reasons: Br = 64 is 16 rows per warp for 4 warps, so each warp's rows are one m16 tile and
+/// the softmax statistics stay in the registers of a lane quad; Bc = 64 keeps S at 32
+/// registers per thread. head_dim 64 and 128 first (the FA paper's settings); other head dims
+/// go to the SIMT kernel until this kernel pads them.
+pub const fn mma_tile(head_dim: u32) -> Option<MmaTile> {
+    match head_dim {
+        64 => Some(MmaTile { br: 64, bc: 64, head_dim: 64 }),
+        128 => Some(MmaTile { br: 64, bc: 64, head_dim: 128 }),
+        _ => None,
+    }
+}

@@ -94,7 +94,7 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
             DType::F16 => Dt::F16,
             DType::Bf16 => Dt::Bf16,
         };
-        let d = v.tile.max_head_dim() as usize;
+        let d = v.head_dims.1 as usize;
         let case = Case { shape: shape(1, 37, 45, 2, 1, d), causal: true, softmax_scale: None, dtype, seed: 0 };
         let (family, name) = (v.family, v.name);
         trials.push(mk(format!("{tag}::variant::{name}"), Box::new(move |fa| {

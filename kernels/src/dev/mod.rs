@@ -32,6 +32,28 @@ pub mod thread {
     pub fn idx() -> u32 {
         imp::thread_idx_x()
     }
+    /// Starts an asynchronous 16-byte copy (`cp.async.cg`) from global `src` to elements
+    /// `i..` of `dst` (both 16-byte aligned); with `valid == false` it writes 16 zero bytes
+    /// and reads nothing. Complete only after [`cp_async_commit`] and [`cp_async_wait`].
+    ///
+    /// # Safety
+    /// `src` must point to 16 readable bytes of global memory when `valid`.
+    #[inline(always)]
+    #[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
+    pub unsafe fn cp_async_16<T: Copy>(dst: super::Shared<T>, i: usize, src: *const T, valid: bool) {
+        unsafe { imp::cp_async_16(dst.ptr_at(i), src, valid) }
+    }
+    /// Closes the group of this thread's copies issued since the last commit.
+    #[inline(always)]
+    pub fn cp_async_commit() {
+        imp::cp_async_commit()
+    }
+    /// Waits until at most `N` of this thread's committed copy groups are still in flight.
+    /// Other threads see the data only after a barrier.
+    #[inline(always)]
+    pub fn cp_async_wait<const N: u32>() {
+        imp::cp_async_wait::<N>()
+    }
     /// Stops the whole kernel: the host sees a launch failure (device) or an error (emulator).
     #[inline(always)]
     #[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
@@ -89,28 +111,68 @@ pub mod warp {
     pub fn shfl_xor(v: f32, lane_mask: u32) -> f32 {
         imp::shfl_xor_f32(v, lane_mask)
     }
-    /// Max over the 32 lanes, returned to every lane.
+    /// `ldmatrix.sync.aligned.m8n8.x4.shared.b16`: lane `8m + r` gives the 16-byte row `r`
+    /// of 8x8 matrix `m` as element `i` of `s`; register `m` of lane `l` gets elements
+    /// (l/4, 2(l%4)) and (l/4, 2(l%4)+1) of matrix m (an A or B fragment of mma).
     #[inline(always)]
     #[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
-    pub fn allreduce_max(mut v: f32) -> f32 {
-        let mut m = 16;
+    pub fn ldmatrix_x4<T: Copy>(s: super::Shared<T>, i: usize) -> [u32; 4] {
+        unsafe { imp::ldmatrix_x4(s.ptr_at(i)) }
+    }
+    /// As [`ldmatrix_x4`], transposed: register `m` of lane `l` gets elements
+    /// (2(l%4), l/4) and (2(l%4)+1, l/4) of matrix m.
+    #[inline(always)]
+    #[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
+    pub fn ldmatrix_x4_trans<T: Copy>(s: super::Shared<T>, i: usize) -> [u32; 4] {
+        unsafe { imp::ldmatrix_x4_trans(s.ptr_at(i)) }
+    }
+    /// `mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32`: D = A B + C for the warp.
+    #[inline(always)]
+    #[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
+    pub fn mma_f16(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
+        imp::mma_f16(a, b, c)
+    }
+    /// As [`mma_f16`] with bf16 inputs.
+    #[inline(always)]
+    #[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
+    pub fn mma_bf16(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
+        imp::mma_bf16(a, b, c)
+    }
+    /// Max over each group of `W` consecutive lanes (W a power of two up to 32), returned to
+    /// every lane of the group. Every lane of the warp must call it.
+    #[inline(always)]
+    #[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
+    pub fn allreduce_max_in<const W: u32>(mut v: f32) -> f32 {
+        let mut m = W / 2;
         while m > 0 {
             v = v.max(shfl_xor(v, m));
             m /= 2;
         }
         v
     }
-    /// Sum over the 32 lanes, returned to every lane (butterfly order, so every lane
-    /// gets bitwise the same value).
+    /// Sum over each group of `W` consecutive lanes (butterfly order, so every lane of the
+    /// group gets bitwise the same value).
     #[inline(always)]
     #[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
-    pub fn allreduce_sum(mut v: f32) -> f32 {
-        let mut m = 16;
+    pub fn allreduce_sum_in<const W: u32>(mut v: f32) -> f32 {
+        let mut m = W / 2;
         while m > 0 {
             v += shfl_xor(v, m);
             m /= 2;
         }
         v
+    }
+    /// Max over the 32 lanes, returned to every lane.
+    #[inline(always)]
+    #[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
+    pub fn allreduce_max(v: f32) -> f32 {
+        allreduce_max_in::<32>(v)
+    }
+    /// Sum over the 32 lanes, returned to every lane.
+    #[inline(always)]
+    #[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
+    pub fn allreduce_sum(v: f32) -> f32 {
+        allreduce_sum_in::<32>(v)
     }
 }
 
@@ -149,6 +211,16 @@ pub mod math {
     #[inline(always)]
     pub fn lg2(x: f32) -> f32 {
         imp::lg2(x)
+    }
+    /// Two f32 rounded to f16 and packed (lo in the low half): an mma operand register.
+    #[inline(always)]
+    pub fn pack_f16x2(lo: f32, hi: f32) -> u32 {
+        imp::pack_f16x2(lo, hi)
+    }
+    /// Two f32 rounded to bf16 and packed (lo in the low half).
+    #[inline(always)]
+    pub fn pack_bf16x2(lo: f32, hi: f32) -> u32 {
+        imp::pack_bf16x2(lo, hi)
     }
     /// 1/x, correctly rounded.
     #[inline(always)]

@@ -1,5 +1,6 @@
 //! The device-support layer on the GPU: PTX special registers, barriers and NVVM intrinsics.
 
+use core::arch::asm;
 use core::arch::nvptx;
 
 #[allow(improper_ctypes)]
@@ -74,4 +75,84 @@ struct Align16([u8; 16]);
 #[inline(always)]
 pub fn dynamic_shared_base() -> *mut u8 {
     core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<Align16>() as *mut u8
+}
+
+/// 32-bit shared-state-space address of a generic pointer into shared memory.
+#[inline(always)]
+fn smem_addr<T>(p: *const T) -> u32 {
+    let a: u32;
+    unsafe {
+        asm!("{{ .reg .u64 t; cvta.to.shared.u64 t, {p}; cvt.u32.u64 {a}, t; }}", p = in(reg64) p, a = out(reg32) a, options(pure, nomem, nostack));
+    }
+    a
+}
+
+#[inline(always)]
+pub unsafe fn ldmatrix_x4<T>(row: *const T) -> [u32; 4] {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    unsafe {
+        asm!("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {{{a}, {b}, {c}, {d}}}, [{p}];",
+            a = out(reg32) a, b = out(reg32) b, c = out(reg32) c, d = out(reg32) d, p = in(reg32) smem_addr(row), options(nostack, readonly));
+    }
+    [a, b, c, d]
+}
+
+#[inline(always)]
+pub unsafe fn ldmatrix_x4_trans<T>(row: *const T) -> [u32; 4] {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    unsafe {
+        asm!("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {{{a}, {b}, {c}, {d}}}, [{p}];",
+            a = out(reg32) a, b = out(reg32) b, c = out(reg32) c, d = out(reg32) d, p = in(reg32) smem_addr(row), options(nostack, readonly));
+    }
+    [a, b, c, d]
+}
+
+macro_rules! mma_m16n8k16 {
+    ($name:ident, $ty:literal) => {
+        #[inline(always)]
+        pub fn $name(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
+            let (d0, d1, d2, d3): (f32, f32, f32, f32);
+            unsafe {
+                asm!(concat!("mma.sync.aligned.m16n8k16.row.col.f32.", $ty, ".", $ty, ".f32 {{{d0}, {d1}, {d2}, {d3}}}, {{{a0}, {a1}, {a2}, {a3}}}, {{{b0}, {b1}}}, {{{c0}, {c1}, {c2}, {c3}}};"),
+                    d0 = out(reg32) d0, d1 = out(reg32) d1, d2 = out(reg32) d2, d3 = out(reg32) d3,
+                    a0 = in(reg32) a[0], a1 = in(reg32) a[1], a2 = in(reg32) a[2], a3 = in(reg32) a[3],
+                    b0 = in(reg32) b[0], b1 = in(reg32) b[1],
+                    c0 = in(reg32) c[0], c1 = in(reg32) c[1], c2 = in(reg32) c[2], c3 = in(reg32) c[3],
+                    options(pure, nomem, nostack));
+            }
+            [d0, d1, d2, d3]
+        }
+    };
+}
+mma_m16n8k16!(mma_f16, "f16");
+mma_m16n8k16!(mma_bf16, "bf16");
+
+#[inline(always)]
+pub unsafe fn cp_async_16<T>(dst: *mut T, src: *const T, valid: bool) {
+    let n: u32 = if valid { 16 } else { 0 };
+    unsafe {
+        asm!("cp.async.cg.shared.global [{d}], [{s}], 16, {n};", d = in(reg32) smem_addr(dst), s = in(reg64) src, n = in(reg32) n, options(nostack));
+    }
+}
+#[inline(always)]
+pub fn cp_async_commit() {
+    unsafe { asm!("cp.async.commit_group;", options(nostack)) }
+}
+#[inline(always)]
+pub fn cp_async_wait<const N: u32>() {
+    unsafe { asm!("cp.async.wait_group {n};", n = const N, options(nostack)) }
+}
+/// Two f32 to a packed f16x2 (lo in the low half), round to nearest even.
+#[inline(always)]
+pub fn pack_f16x2(lo: f32, hi: f32) -> u32 {
+    let r: u32;
+    unsafe { asm!("cvt.rn.f16x2.f32 {r}, {hi}, {lo};", r = out(reg32) r, hi = in(reg32) hi, lo = in(reg32) lo, options(pure, nomem, nostack)) }
+    r
+}
+/// Two f32 to a packed bf16x2 (lo in the low half), round to nearest even.
+#[inline(always)]
+pub fn pack_bf16x2(lo: f32, hi: f32) -> u32 {
+    let r: u32;
+    unsafe { asm!("cvt.rn.bf16x2.f32 {r}, {hi}, {lo};", r = out(reg32) r, hi = in(reg32) hi, lo = in(reg32) lo, options(pure, nomem, nostack)) }
+    r
 }

@@ -38,6 +38,11 @@ impl<T: Copy> Shared<T> {
     pub fn after<U: Copy>(&self, len: usize) -> Shared<U> {
         Shared { ptr: self.ptr.wrapping_add(self.len) as *mut U, len }
     }
+    /// Address of element `i` (for the matrix and async-copy instructions in [`super`]).
+    #[inline(always)]
+    pub(crate) fn ptr_at(&self, i: usize) -> *mut T {
+        self.ptr.wrapping_add(i)
+    }
     /// Reads element `i`. On the GPU `i` is not checked (the kernel's tiling keeps it in
     /// range); the emulator checks it against the block's allocation.
     #[inline(always)]

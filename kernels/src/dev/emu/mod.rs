@@ -19,6 +19,7 @@
 
 pub(crate) mod ops;
 mod sched;
+mod warp_ops;
 
 use std::string::String;
 use std::sync::Mutex;

@@ -28,7 +28,7 @@ pub fn sync_warp() {
 #[track_caller]
 pub fn shfl_xor_f32(v: f32, lane_mask: u32) -> f32 {
     let r = current().wait(Event::ShflXor { v: v.to_bits(), lane_mask, at: Location::caller() });
-    f32::from_bits(r)
+    f32::from_bits(r[0])
 }
 
 #[track_caller]
@@ -73,4 +73,50 @@ pub fn lg2(x: f32) -> f32 {
 }
 pub fn dynamic_shared_base() -> *mut u8 {
     current().shared_base()
+}
+#[track_caller]
+pub unsafe fn ldmatrix_x4<T>(row: *const T) -> [u32; 4] {
+    current().wait(Event::Ldmatrix { addr: row as usize, trans: false, at: Location::caller() })
+}
+#[track_caller]
+pub unsafe fn ldmatrix_x4_trans<T>(row: *const T) -> [u32; 4] {
+    current().wait(Event::Ldmatrix { addr: row as usize, trans: true, at: Location::caller() })
+}
+#[track_caller]
+fn mma(a: [u32; 4], b: [u32; 2], c: [f32; 4], bf16: bool) -> [f32; 4] {
+    let c = c.map(f32::to_bits);
+    current().wait(Event::Mma { a, b, c, bf16, at: Location::caller() }).map(f32::from_bits)
+}
+#[track_caller]
+pub fn mma_f16(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
+    mma(a, b, c, false)
+}
+#[track_caller]
+pub fn mma_bf16(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
+    mma(a, b, c, true)
+}
+/// The emulator copies at issue; commit and wait order nothing further.
+#[track_caller]
+pub unsafe fn cp_async_16<T>(dst: *mut T, src: *const T, valid: bool) {
+    let t = current();
+    let at = Location::caller();
+    if (dst as usize) % 16 != 0 || (valid && (src as usize) % 16 != 0) {
+        fault(format!("thread {} cp.async of 16 bytes with a misaligned address at {at}", t.tid));
+    }
+    let mut bytes = [0u8; 16];
+    if valid {
+        check_global(src as usize, 16, false);
+        unsafe { core::ptr::copy_nonoverlapping(src as *const u8, bytes.as_mut_ptr(), 16) };
+    }
+    t.shared_access(dst as usize, 16, true, at);
+    unsafe { core::ptr::copy_nonoverlapping(bytes.as_ptr(), dst as *mut u8, 16) };
+}
+pub fn cp_async_commit() {}
+pub fn cp_async_wait<const N: u32>() {}
+pub fn pack_f16x2(lo: f32, hi: f32) -> u32 {
+    (lo as f16).to_bits() as u32 | ((hi as f16).to_bits() as u32) << 16
+}
+pub fn pack_bf16x2(lo: f32, hi: f32) -> u32 {
+    use crate::dtype::{Bf16, Element};
+    Bf16::from_f32(lo).0 as u32 | (Bf16::from_f32(hi).0 as u32) << 16
 }

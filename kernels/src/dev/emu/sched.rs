@@ -20,12 +20,17 @@ pub(crate) enum Event {
     WarpSync(&'static Location<'static>),
     /// `warp::shfl_xor`: this lane's value and lane mask.
     ShflXor { v: u32, lane_mask: u32, at: &'static Location<'static> },
+    /// `warp::ldmatrix_x4[_trans]`: the address of the 16-byte row this lane supplies.
+    Ldmatrix { addr: usize, trans: bool, at: &'static Location<'static> },
+    /// `warp::mma_*`: this lane's A, B, C fragments (m16n8k16, row.col, f32 accumulate).
+    Mma { a: [u32; 4], b: [u32; 2], c: [u32; 4], bf16: bool, at: &'static Location<'static> },
 }
 
 impl Event {
     fn at(&self) -> &'static Location<'static> {
         match *self {
-            Event::Barrier(at) | Event::WarpSync(at) | Event::ShflXor { at, .. } => at,
+            Event::Barrier(at) | Event::WarpSync(at) => at,
+            Event::ShflXor { at, .. } | Event::Ldmatrix { at, .. } | Event::Mma { at, .. } => at,
         }
     }
     fn what(&self) -> &'static str {
@@ -33,6 +38,8 @@ impl Event {
             Event::Barrier(_) => "block barrier",
             Event::WarpSync(_) => "warp barrier",
             Event::ShflXor { .. } => "warp shuffle",
+            Event::Ldmatrix { .. } => "warp ldmatrix",
+            Event::Mma { .. } => "warp mma",
         }
     }
     fn same_op(&self, other: &Event) -> bool {
@@ -86,7 +93,7 @@ pub(crate) struct BlockState<'a> {
 pub(crate) struct ThreadCtx<'a> {
     pub(crate) tid: u32,
     pub(crate) block: &'a BlockState<'a>,
-    yielder: Cell<*const Yielder<u32, Event>>,
+    yielder: Cell<*const Yielder<[u32; 4], Event>>,
 }
 
 std::thread_local! {
@@ -105,7 +112,7 @@ pub(crate) fn current() -> &'static ThreadCtx<'static> {
 
 impl ThreadCtx<'_> {
     /// Suspends this thread until the scheduler resolves `ev`; returns the collective's result.
-    pub(crate) fn wait(&self, ev: Event) -> u32 {
+    pub(crate) fn wait(&self, ev: Event) -> [u32; 4] {
         // SAFETY: set at coroutine start; the yielder lives as long as the coroutine.
         unsafe { (*self.yielder.get()).suspend(ev) }
     }
@@ -206,9 +213,16 @@ impl StackPool {
 }
 
 enum St {
-    Ready(u32),
+    Ready([u32; 4]),
     Wait(Event),
     Done,
+}
+
+fn lane_mask_of(ev: &Event) -> usize {
+    match ev {
+        Event::ShflXor { lane_mask, .. } => *lane_mask as usize,
+        _ => 0,
+    }
 }
 
 /// "3, 5-9, 12": a compact list of thread ids.
@@ -294,14 +308,14 @@ pub(crate) fn run_block(
         // SAFETY: `ctxs`, `state` and `body` outlive `cos`, which is dropped (or run to
         // completion) before this function returns.
         let co = unsafe {
-            Coroutine::<u32, Event, (), DefaultStack>::with_stack_unchecked(stack, move |y: &Yielder<u32, Event>, _| {
+            Coroutine::<[u32; 4], Event, (), DefaultStack>::with_stack_unchecked(stack, move |y: &Yielder<[u32; 4], Event>, _| {
                 (*ctx_ptr).yielder.set(y);
                 body()
             })
         };
         cos.push(Some(co));
     }
-    let mut st: Vec<St> = (0..n).map(|_| St::Ready(0)).collect();
+    let mut st: Vec<St> = (0..n).map(|_| St::Ready([0; 4])).collect();
 
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| -> Result<(), String> {
         loop {
@@ -333,7 +347,9 @@ pub(crate) fn run_block(
                 let evs: Vec<Event> = lanes
                     .iter()
                     .filter_map(|s| match s {
-                        St::Wait(ev @ (Event::WarpSync(_) | Event::ShflXor { .. })) => Some(*ev),
+                        St::Wait(ev @ (Event::WarpSync(_) | Event::ShflXor { .. } | Event::Ldmatrix { .. } | Event::Mma { .. })) => {
+                            Some(*ev)
+                        }
                         _ => None,
                     })
                     .collect();
@@ -346,21 +362,20 @@ pub(crate) fn run_block(
                         describe(&st[w * 32..w * 32 + 32])
                     ));
                 }
-                let results: Vec<u32> = match evs[0] {
+                let results: Vec<[u32; 4]> = match evs[0] {
                     Event::WarpSync(_) => {
                         let e = &state.warp_epoch[w];
                         e.set(e.get() + 1);
-                        std::vec![0; 32]
+                        std::vec![[0; 4]; 32]
                     }
                     Event::ShflXor { .. } => (0..32)
-                        .map(|l| match evs[l] {
-                            Event::ShflXor { lane_mask, .. } => match evs[(l ^ lane_mask as usize) & 31] {
-                                Event::ShflXor { v, .. } => v,
-                                _ => unreachable!(),
-                            },
+                        .map(|l| match (evs[l], evs[(l ^ lane_mask_of(&evs[l])) & 31]) {
+                            (_, Event::ShflXor { v, .. }) => [v, 0, 0, 0],
                             _ => unreachable!(),
                         })
                         .collect(),
+                    Event::Ldmatrix { .. } => super::warp_ops::ldmatrix(&evs, &ctxs[w * 32..w * 32 + 32]),
+                    Event::Mma { .. } => super::warp_ops::mma(&evs),
                     Event::Barrier(_) => unreachable!(),
                 };
                 for (l, r) in results.into_iter().enumerate() {
@@ -387,7 +402,7 @@ pub(crate) fn run_block(
                 for e in &state.warp_epoch {
                     e.set(e.get() + 1);
                 }
-                st.iter_mut().for_each(|s| *s = St::Ready(0));
+                st.iter_mut().for_each(|s| *s = St::Ready([0; 4]));
                 continue;
             }
             // Nothing can move: some threads wait for others that will never come.
