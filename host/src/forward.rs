@@ -125,7 +125,7 @@ pub struct FwdOutput<T> {
 }
 
 /// Kernel families, best first: the tensor-core kernel where it applies, else SIMT.
-pub const FAMILIES: &[&str] = &["mma", "simt"];
+pub const FAMILIES: &[&str] = &["mma", "simt", "mma_br64"];
 
 /// The variant that will run for this dtype, head_dim and options: the named family's, or
 /// the first family (in [`FAMILIES`] order) that has one.

@@ -90,6 +90,8 @@ impl Element for Bf16 {
 
 /// A 16-bit element type the tensor cores take (mma.sync m16n8k16 with f32 accumulation).
 pub trait MmaElement: Element {
+    /// The softmax domain of the 16-bit kernels (see [`crate::softmax`]).
+    type Dm: crate::softmax::Domain;
     /// D = A B + C for the warp (see [`crate::dev::warp::mma_f16`]).
     fn mma(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4];
     /// Two f32 rounded to this type, packed into an operand register (lo in the low half).
@@ -97,6 +99,7 @@ pub trait MmaElement: Element {
 }
 
 impl MmaElement for f16 {
+    type Dm = crate::softmax::Log2;
     #[inline(always)]
     fn mma(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
         crate::dev::warp::mma_f16(a, b, c)
@@ -108,6 +111,7 @@ impl MmaElement for f16 {
 }
 
 impl MmaElement for Bf16 {
+    type Dm = crate::softmax::Log2;
     #[inline(always)]
     fn mma(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
         crate::dev::warp::mma_bf16(a, b, c)

@@ -1,35 +1,44 @@
 //! The tensor-core forward kernel (FA2 class): mma.sync m16n8k16 with f32 accumulation for
 //! S = Q K^T and O = P V, ldmatrix for fragments, cp.async double-buffering of K and V.
 //!
-//! One block per (64 query rows, head, batch), 4 warps; warp w owns query rows 16w..16w+16
-//! (one m16 tile), so lane 4g + t holds rows g and g + 8 of its warp's tile and the softmax
-//! statistics of a row live in one lane quad. Shared tiles are [rows][D] 16-bit with the
-//! 16-byte chunks of row r XOR-swizzled by r % 8, so ldmatrix reads are bank-conflict free.
+//! One block per (Br query rows, head, batch), 4 warps; warp w owns MT consecutive m16 tiles
+//! of query rows, so lane 4g + t holds rows g and g + 8 of each, and a row's softmax
+//! statistics live in one lane quad. Each K or V fragment read by ldmatrix feeds 2 * MT mma.
+//! Shared tiles are [rows][D] 16-bit with the 16-byte chunks of row r XOR-swizzled by r % 8,
+//! so ldmatrix reads are bank-conflict free.
 
 use crate::dev::{self, Shared, block, global, thread, warp};
 use crate::dtype::MmaElement;
 use crate::mask::{Causal, Mask, NoMask};
 use crate::params::FwdParams;
-use crate::softmax::RowState;
-use crate::tile::mma_tile;
+use crate::softmax::{Domain, RowState};
+use crate::tile::{MMA_WARPS, MmaTile};
 
-const BR: usize = 64;
-const BC: usize = 64;
-
-/// Entry body for head_dim `D` (`DK = D / 16` k-steps of Q K^T, `DN = D / 8` n-tiles of O:
-/// stable Rust cannot derive array lengths from a const parameter); causal or not is chosen
-/// at run time.
+/// Entry body for one tile. Stable Rust cannot size arrays from expressions of const
+/// parameters, so the derived counts come in too: DK = D / 16 (k-steps of Q K^T), DN = D / 8
+/// (n-tiles of O), NS = BC / 8 (n-tiles of S). Causal or not is chosen at run time.
 ///
 /// # Safety
-/// As for the SIMT kernel: `p` valid (host-checked), `p.head_dim == D`, 128 threads and
-/// `mma_tile(D).smem_bytes()` bytes of dynamic shared memory.
+/// `p` valid (host-checked), `p.head_dim == D`, 128 threads and the tile's
+/// `smem_bytes()` bytes of dynamic shared memory.
 #[inline(always)]
-pub unsafe fn entry<T: MmaElement, const D: usize, const DK: usize, const DN: usize>(p: &FwdParams) {
+pub unsafe fn entry<
+    T: MmaElement,
+    const D: usize,
+    const DK: usize,
+    const DN: usize,
+    const MT: usize,
+    const BC: usize,
+    const NS: usize,
+    const QREG: bool,
+>(
+    p: &FwdParams,
+) {
     unsafe {
         if p.causal != 0 {
-            fwd::<T, Causal, D, DK, DN>(p)
+            fwd::<T, Causal, D, DK, DN, MT, BC, NS, QREG>(p)
         } else {
-            fwd::<T, NoMask, D, DK, DN>(p)
+            fwd::<T, NoMask, D, DK, DN, MT, BC, NS, QREG>(p)
         }
     }
 }
@@ -65,26 +74,38 @@ impl LaneAddr {
     }
 }
 
-/// Block: cp.async of rows `row0..row0+BR_OR_BC` of a [seqlen, D] slice into a swizzled tile;
-/// rows at or past `limit` are zero-filled.
+/// Block: cp.async of `rows` rows of a [seqlen, D] slice (row stride `stride`) into a
+/// swizzled tile; rows at or past `limit` are zero-filled.
 #[inline(always)]
-unsafe fn load_tile<T: MmaElement, const D: usize, const ROWS: usize>(dst: Shared<T>, src: *const T, stride: u64, row0: u32, limit: u32) {
-    let chunks = ROWS * D / 8;
+unsafe fn load_tile<T: MmaElement, const D: usize>(dst: Shared<T>, rows: usize, src: *const T, stride: u64, limit: u32) {
+    let chunks = rows * D / 8;
     let mut e = thread::idx() as usize;
     while e < chunks {
         let (r, c) = (e / (D / 8), (e % (D / 8)) * 8);
-        let g = row0 + r as u32;
-        let valid = g < limit;
-        let at = if valid { g as u64 * stride + c as u64 } else { 0 };
+        let valid = (r as u32) < limit;
+        let at = if valid { r as u64 * stride + c as u64 } else { 0 };
         unsafe { thread::cp_async_16(dst, swz::<D>(r, c), src.add(at as usize), valid) };
-        e += (crate::tile::MMA_WARPS * 32) as usize;
+        e += (MMA_WARPS * 32) as usize;
     }
 }
 
 #[inline(always)]
-unsafe fn fwd<T: MmaElement, M: Mask, const D: usize, const DK: usize, const DN: usize>(p: &FwdParams) {
-    let Some(tile) = mma_tile(D as u32) else { thread::trap() };
-    if p.head_dim != D as u32 || DK * 16 != D || DN * 8 != D || block::dim() != tile.threads() {
+unsafe fn fwd<
+    T: MmaElement,
+    M: Mask,
+    const D: usize,
+    const DK: usize,
+    const DN: usize,
+    const MT: usize,
+    const BC: usize,
+    const NS: usize,
+    const QREG: bool,
+>(
+    p: &FwdParams,
+) {
+    let tile = MmaTile { m_tiles: MT as u32, bc: BC as u32, q_in_regs: QREG, head_dim: D as u32 };
+    let br = tile.br() as usize;
+    if p.head_dim != D as u32 || DK * 16 != D || DN * 8 != D || NS * 8 != BC || block::dim() != tile.threads() {
         thread::trap();
     }
     let (q_blk, h, b) = block::idx();
@@ -92,45 +113,48 @@ unsafe fn fwd<T: MmaElement, M: Mask, const D: usize, const DK: usize, const DN:
     let (g, t) = (lane / 4, lane % 4);
     let (sq, sk) = (p.seqlen_q, p.seqlen_k);
     let h_kv = h / (p.heads_q / p.heads_kv);
-    let row0 = q_blk * BR as u32;
+    let row0 = q_blk * br as u32;
 
-    // Shared memory: Q [BR][D], then K stages 0 and 1, V stages 0 and 1 ([BC][D] each).
-    let smem: Shared<T> = unsafe { dev::dynamic_shared(BR * D + 4 * BC * D) };
-    let q_s = smem.slice(0, BR * D);
-    let k_s = |stage: usize| smem.slice(BR * D + stage * BC * D, BC * D);
-    let v_s = |stage: usize| smem.slice(BR * D + (2 + stage) * BC * D, BC * D);
+    // Shared memory: Q [br][D], then K stages 0 and 1, V stages 0 and 1 ([BC][D] each).
+    let smem: Shared<T> = unsafe { dev::dynamic_shared(br * D + 4 * BC * D) };
+    let q_s = smem.slice(0, br * D);
+    let k_s = |stage: usize| smem.slice(br * D + stage * BC * D, BC * D);
+    let v_s = |stage: usize| smem.slice(br * D + (2 + stage) * BC * D, BC * D);
 
-    let q_g = unsafe { (p.q as *const T).add(p.q_strides.offset(b, 0, h) as usize) };
+    let q_g = unsafe { (p.q as *const T).add(p.q_strides.offset(b, row0.min(sq), h) as usize) };
     let k_g = unsafe { (p.k as *const T).add(p.k_strides.offset(b, 0, h_kv) as usize) };
     let v_g = unsafe { (p.v as *const T).add(p.v_strides.offset(b, 0, h_kv) as usize) };
 
-    let row_end = if row0 + (BR as u32) < sq { row0 + BR as u32 } else { sq };
+    let row_end = (row0 + br as u32).min(sq);
     let n_tiles = M::visible_cols(row_end, sq, sk).div_ceil(BC as u32) as usize;
     let n_unmasked = ((M::unmasked_cols(row0, sq, sk) / BC as u32) as usize).min(n_tiles);
 
     // Prologue: Q and the first K, V tile in flight.
     unsafe {
-        load_tile::<T, D, BR>(q_s, q_g, p.q_strides.row, row0, sq);
+        load_tile::<T, D>(q_s, br, q_g, p.q_strides.row, sq - row0.min(sq));
         if n_tiles > 0 {
-            load_tile::<T, D, BC>(k_s(0), k_g, p.k_strides.row, 0, sk);
-            load_tile::<T, D, BC>(v_s(0), v_g, p.v_strides.row, 0, sk);
+            load_tile::<T, D>(k_s(0), BC, k_g, p.k_strides.row, sk);
+            load_tile::<T, D>(v_s(0), BC, v_g, p.v_strides.row, sk);
         }
     }
     thread::cp_async_commit();
 
-    let mut acc_o = [[0f32; 4]; DN];
-    let mut rows = [RowState::INIT; 2]; // rows g and g + 8 of this warp's tile
-    let mut q_frag = [[0u32; 4]; DK];
-    // B fragments: K rows (keys) at chunk pairs of d; V rows (keys) at chunk pairs of d, transposed.
+    let mut acc_o = [[[0f32; 4]; DN]; MT];
+    let mut rows = [[RowState::INIT; 2]; MT]; // rows g and g + 8 of each m16 tile
+    let mut q_frag = [[[0u32; 4]; DK]; MT];
+    // A fragments of Q: rows of this warp's m16 tiles; B fragments: K rows (keys) at chunk
+    // pairs of d, V rows (keys) at chunk pairs of d, transposed.
+    let q_addr = LaneAddr::new::<D>(lane % 8 + 8 * ((lane / 8) % 2), lane / 16);
     let k_addr = LaneAddr::new::<D>(lane % 8 + 8 * (lane / 16), (lane / 8) % 2);
     let v_addr = LaneAddr::new::<D>(lane % 8 + 8 * ((lane / 8) % 2), lane / 16);
+    let scale = T::Dm::factor(p.scale);
     for j in 0..n_tiles {
         // Prefetch K_{j+1}, V_{j+1} into the other stage while tile j is computed.
         if j + 1 < n_tiles {
             let c1 = ((j + 1) * BC) as u32;
             unsafe {
-                load_tile::<T, D, BC>(k_s((j + 1) % 2), k_g.add((c1 as u64 * p.k_strides.row) as usize), p.k_strides.row, 0, sk - c1);
-                load_tile::<T, D, BC>(v_s((j + 1) % 2), v_g.add((c1 as u64 * p.v_strides.row) as usize), p.v_strides.row, 0, sk - c1);
+                load_tile::<T, D>(k_s((j + 1) % 2), BC, k_g.add((c1 as u64 * p.k_strides.row) as usize), p.k_strides.row, sk - c1);
+                load_tile::<T, D>(v_s((j + 1) % 2), BC, v_g.add((c1 as u64 * p.v_strides.row) as usize), p.v_strides.row, sk - c1);
             }
             thread::cp_async_commit();
             thread::cp_async_wait::<1>();
@@ -138,18 +162,32 @@ unsafe fn fwd<T: MmaElement, M: Mask, const D: usize, const DK: usize, const DN:
             thread::cp_async_wait::<0>();
         }
         block::sync();
-        if j == 0 {
-            // Q_i fragments, kept in registers for the whole KV loop.
-            let qa = LaneAddr::new::<D>(lane % 8 + 8 * ((lane / 8) % 2), lane / 16);
-            for (kk, f) in q_frag.iter_mut().enumerate() {
-                *f = warp::ldmatrix_x4(q_s, qa.at::<D>(w, kk));
+        if QREG && j == 0 {
+            for (mt, qf) in q_frag.iter_mut().enumerate() {
+                for (kk, f) in qf.iter_mut().enumerate() {
+                    *f = warp::ldmatrix_x4(q_s, q_addr.at::<D>(w * MT + mt, kk));
+                }
             }
         }
-        let ctx: Step<T, D, DK> = Step { p, k: k_s(j % 2), v: v_s(j % 2), q_frag: &q_frag, row0: row0 + (w * 16) as u32, g, t, k_addr, v_addr };
+        let ctx = Step::<T, D, DK, MT, QREG> {
+            p,
+            q: q_s,
+            q_addr,
+            w,
+            k: k_s(j % 2),
+            v: v_s(j % 2),
+            q_frag: &q_frag,
+            row0: row0 + (w * MT * 16) as u32,
+            g,
+            t,
+            k_addr,
+            v_addr,
+            scale,
+        };
         if j < n_unmasked {
-            ctx.step::<M, false, DN>(j, &mut acc_o, &mut rows);
+            ctx.step::<M, false, DN, BC, NS>(j, &mut acc_o, &mut rows);
         } else {
-            ctx.step::<M, true, DN>(j, &mut acc_o, &mut rows);
+            ctx.step::<M, true, DN, BC, NS>(j, &mut acc_o, &mut rows);
         }
         // Everyone is done with stage j % 2 before iteration j + 1 refills it.
         block::sync();
@@ -158,96 +196,123 @@ unsafe fn fwd<T: MmaElement, M: Mask, const D: usize, const DK: usize, const DN:
         thread::cp_async_wait::<0>();
     }
 
-    // O = acc_o / l_i, LSE = m_i + log l_i, rows g and g + 8.
+    // O = acc_o / l_i, LSE = m_i + log l_i, rows g and g + 8 of each m16 tile.
     let o_g = unsafe { (p.o as *mut T).add(p.o_strides.offset(b, 0, h) as usize) };
     let lse_g = unsafe { (p.lse as *mut f32).add(((b as u64 * p.heads_q as u64 + h as u64) * sq as u64) as usize) };
-    for (half, rs) in rows.iter().enumerate() {
-        let (inv_l, lse) = rs.finish::<4>();
-        let r = row0 + (w * 16 + g + 8 * half) as u32;
-        if r < sq {
-            for (n, acc) in acc_o.iter().enumerate() {
-                let col = n * 8 + 2 * t;
-                let packed = T::pack2(acc[2 * half] * inv_l, acc[2 * half + 1] * inv_l);
-                let at = r as u64 * p.o_strides.row + col as u64;
-                unsafe { global::store(o_g.add(at as usize) as *mut u32, packed) };
-            }
-            if t == 0 {
-                unsafe { global::store(lse_g.add(r as usize), lse) };
+    for mt in 0..MT {
+        for half in 0..2 {
+            let (inv_l, lse) = rows[mt][half].finish::<T::Dm, 4>();
+            let r = row0 + ((w * MT + mt) * 16 + g + 8 * half) as u32;
+            if r < sq {
+                for (n, acc) in acc_o[mt].iter().enumerate() {
+                    let col = n * 8 + 2 * t;
+                    let packed = T::pack2(acc[2 * half] * inv_l, acc[2 * half + 1] * inv_l);
+                    let at = r as u64 * p.o_strides.row + col as u64;
+                    unsafe { global::store(o_g.add(at as usize) as *mut u32, packed) };
+                }
+                if t == 0 {
+                    unsafe { global::store(lse_g.add(r as usize), lse) };
+                }
             }
         }
     }
 }
 
 /// What one KV step of one warp reads.
-struct Step<'a, T: Copy, const D: usize, const DK: usize> {
+struct Step<'a, T: Copy, const D: usize, const DK: usize, const MT: usize, const QREG: bool> {
     p: &'a FwdParams,
+    /// Q tile, its A-fragment addresses and the warp (for reloading Q when not QREG).
+    q: Shared<T>,
+    q_addr: LaneAddr,
+    w: usize,
     k: Shared<T>,
     v: Shared<T>,
-    q_frag: &'a [[u32; 4]; DK],
-    /// First query row of this warp's tile.
+    /// Q fragments, when kept in registers (QREG).
+    q_frag: &'a [[[u32; 4]; DK]; MT],
+    /// First query row of this warp's tiles.
     row0: u32,
     g: usize,
     t: usize,
     k_addr: LaneAddr,
     v_addr: LaneAddr,
+    /// Factor from raw scores to the softmax domain.
+    scale: f32,
 }
 
-impl<T: MmaElement, const D: usize, const DK: usize> Step<'_, T, D, DK> {
-    /// One iteration of the KV loop over key tile `j`, for this warp's 16 query rows;
+impl<T: MmaElement, const D: usize, const DK: usize, const MT: usize, const QREG: bool> Step<'_, T, D, DK, MT, QREG> {
+    /// One iteration of the KV loop over key tile `j`, for this warp's MT m16 tiles;
     /// MASKED adds the mask and the seqlen_k bound to the scores.
     #[inline(always)]
-    fn step<M: Mask, const MASKED: bool, const DN: usize>(&self, j: usize, acc_o: &mut [[f32; 4]; DN], rows: &mut [RowState; 2]) {
+    fn step<M: Mask, const MASKED: bool, const DN: usize, const BC: usize, const NS: usize>(
+        &self,
+        j: usize,
+        acc_o: &mut [[[f32; 4]; DN]; MT],
+        rows: &mut [[RowState; 2]; MT],
+    ) {
         let p = self.p;
         let (g, t) = (self.g, self.t);
         let c0 = (j * BC) as u32;
 
-        // S_ij = Q_i K_j^T: BC/8 n-tiles of m16n8, k over D in steps of 16.
-        let mut acc_s = [[0f32; 4]; BC / 8];
-        for (kk, qf) in self.q_frag.iter().enumerate() {
-            for np in 0..BC / 16 {
+        // S_ij = Q_i K_j^T: NS n-tiles of m16n8 per m-tile, k over D in steps of 16; each K
+        // fragment feeds every m-tile.
+        let mut acc_s = [[[0f32; 4]; NS]; MT];
+        for kk in 0..DK {
+            let qf: [[u32; 4]; MT] = core::array::from_fn(|mt| {
+                if QREG { self.q_frag[mt][kk] } else { warp::ldmatrix_x4(self.q, self.q_addr.at::<D>(self.w * MT + mt, kk)) }
+            });
+            for np in 0..NS / 2 {
                 let b = warp::ldmatrix_x4(self.k, self.k_addr.at::<D>(np, kk));
-                acc_s[2 * np] = T::mma(*qf, [b[0], b[1]], acc_s[2 * np]);
-                acc_s[2 * np + 1] = T::mma(*qf, [b[2], b[3]], acc_s[2 * np + 1]);
-            }
-        }
-
-        // Scores times softmax_scale, masked where MASKED; split by row (g, g + 8).
-        let mut s = [[0f32; BC / 4]; 2];
-        for (n, a) in acc_s.iter().enumerate() {
-            for e in 0..4 {
-                let (half, c) = (e / 2, n * 8 + 2 * t + e % 2);
-                let mut x = a[e] * p.scale;
-                if MASKED {
-                    let (row, col) = (self.row0 + (g + 8 * half) as u32, c0 + c as u32);
-                    if col >= p.seqlen_k || M::hides(row, col, p.seqlen_q, p.seqlen_k) {
-                        x = f32::NEG_INFINITY;
-                    }
+                for mt in 0..MT {
+                    acc_s[mt][2 * np] = T::mma(qf[mt], [b[0], b[1]], acc_s[mt][2 * np]);
+                    acc_s[mt][2 * np + 1] = T::mma(qf[mt], [b[2], b[3]], acc_s[mt][2 * np + 1]);
                 }
-                s[half][n * 2 + e % 2] = x;
             }
         }
 
-        // Online softmax per row over the lane quad; rescale acc_o by alpha.
-        for half in 0..2 {
-            let alpha = rows[half].update::<4, { BC / 4 }>(&mut s[half]);
-            for a in acc_o.iter_mut() {
-                a[2 * half] *= alpha;
-                a[2 * half + 1] *= alpha;
+        for mt in 0..MT {
+            // Scores to the softmax domain, masked where MASKED; split by row (g, g + 8).
+            let mut s = [[[0f32; 2]; NS]; 2];
+            for (n, a) in acc_s[mt].iter().enumerate() {
+                for e in 0..4 {
+                    let half = e / 2;
+                    let mut x = a[e] * self.scale;
+                    if MASKED {
+                        let row = self.row0 + (mt * 16 + g + 8 * half) as u32;
+                        let col = c0 + (n * 8 + 2 * t + e % 2) as u32;
+                        if col >= p.seqlen_k || M::hides(row, col, p.seqlen_q, p.seqlen_k) {
+                            x = f32::NEG_INFINITY;
+                        }
+                    }
+                    s[half][n][e % 2] = x;
+                }
+            }
+            // Online softmax per row over the lane quad; rescale acc_o by alpha.
+            for half in 0..2 {
+                let alpha = rows[mt][half].update::<T::Dm, 4>(s[half].as_flattened_mut());
+                for a in acc_o[mt].iter_mut() {
+                    a[2 * half] *= alpha;
+                    a[2 * half + 1] *= alpha;
+                }
+            }
+            // P's C-fragment layout is the A-fragment layout of the P V mma.
+            for (n, a) in acc_s[mt].iter_mut().enumerate() {
+                *a = [s[0][n][0], s[0][n][1], s[1][n][0], s[1][n][1]];
             }
         }
 
-        // O += P_ij V_j: P's C-fragment layout is the A-fragment layout of the next mma.
-        for kc in 0..BC / 16 {
-            let pa = [
-                T::pack2(s[0][4 * kc], s[0][4 * kc + 1]),
-                T::pack2(s[1][4 * kc], s[1][4 * kc + 1]),
-                T::pack2(s[0][4 * kc + 2], s[0][4 * kc + 3]),
-                T::pack2(s[1][4 * kc + 2], s[1][4 * kc + 3]),
-            ];
+        // O += P_ij V_j: each V fragment feeds every m-tile.
+        for kc in 0..NS / 2 {
+            let mut pa = [[0u32; 4]; MT];
+            for (mt, pa) in pa.iter_mut().enumerate() {
+                let (lo, hi) = (acc_s[mt][2 * kc], acc_s[mt][2 * kc + 1]);
+                *pa = [T::pack2(lo[0], lo[1]), T::pack2(lo[2], lo[3]), T::pack2(hi[0], hi[1]), T::pack2(hi[2], hi[3])];
+            }
             for dp in 0..DN / 2 {
                 let b = warp::ldmatrix_x4_trans(self.v, self.v_addr.at::<D>(kc, dp));
-                acc_o[2 * dp] = T::mma(pa, [b[0], b[1]], acc_o[2 * dp]);
-                acc_o[2 * dp + 1] = T::mma(pa, [b[2], b[3]], acc_o[2 * dp + 1]);
+                for mt in 0..MT {
+                    acc_o[mt][2 * dp] = T::mma(pa[mt], [b[0], b[1]], acc_o[mt][2 * dp]);
+                    acc_o[mt][2 * dp + 1] = T::mma(pa[mt], [b[2], b[3]], acc_o[mt][2 * dp + 1]);
+                }
             }
         }
     }

@@ -9,7 +9,7 @@ use crate::dev::{self, Shared, block, global, thread, warp};
 use crate::dtype::Element;
 use crate::mask::{Causal, Mask, NoMask};
 use crate::params::FwdParams;
-use crate::softmax::RowState;
+use crate::softmax::{Domain, Natural, RowState};
 use crate::tile::SimtTile;
 
 /// Entry body for one tile shape; causal or not is chosen at run time.
@@ -102,7 +102,7 @@ unsafe fn fwd<T: Element, M: Mask, const ROWS: usize, const DCH: usize, const SC
     let o_g = unsafe { (p.o as *mut T).add(p.o_strides.offset(b, 0, h) as usize) };
     let lse_g = unsafe { (p.lse as *mut f32).add(((b as u64 * p.heads_q as u64 + h as u64) * sq as u64) as usize) };
     for i in 0..ROWS {
-        let (inv_l, lse) = rows[i].finish::<32>();
+        let (inv_l, lse) = rows[i].finish::<Natural, 32>();
         let r = row0 + w * ROWS as u32 + i as u32;
         if r < sq {
             for (ch, a) in acc_o[i].iter().enumerate() {
@@ -157,7 +157,7 @@ impl<T: Element> Step<'_, T> {
         }
         block::sync();
 
-        // S_ij = Q_i K_j^T * scale * log2(e), for this lane's rows and columns.
+        // S_ij = Q_i K_j^T * softmax_scale (the Natural domain), for this lane's rows and columns.
         let mut s = [[0f32; SC]; ROWS];
         let r_w = w * ROWS as u32;
         for kk in 0..d {
@@ -175,7 +175,7 @@ impl<T: Element> Step<'_, T> {
         for (i, s_row) in s.iter_mut().enumerate() {
             let row = self.row0 + r_w + i as u32;
             for (c, x) in s_row.iter_mut().enumerate() {
-                *x *= p.scale;
+                *x *= Natural::factor(p.scale);
                 let col = c0 + lane + 32 * c as u32;
                 if MASKED && (col >= sk || M::hides(row, col, sq, sk)) {
                     *x = f32::NEG_INFINITY;
@@ -186,7 +186,7 @@ impl<T: Element> Step<'_, T> {
         // Online softmax: P_ij in place of S_ij, acc_o rescaled by alpha; P to shared memory
         // so every lane of the warp can read the whole row.
         for i in 0..ROWS {
-            let alpha = rows[i].update::<32, SC>(&mut s[i]);
+            let alpha = rows[i].update::<Natural, 32>(&mut s[i]);
             for a in acc_o[i].iter_mut() {
                 *a *= alpha;
             }

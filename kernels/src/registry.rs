@@ -6,7 +6,7 @@ use crate::dtype::Bf16;
 #[cfg(not(target_arch = "nvptx64"))]
 use crate::dtype::{DType, Element};
 use crate::params::FwdParams;
-use crate::tile::{mma_tile, simt_tile};
+use crate::tile::{MmaTile, mma_tile, mma_tile_br64, simt_tile};
 
 /// A forward kernel variant, as the host launches it.
 #[cfg(not(target_arch = "nvptx64"))]
@@ -73,15 +73,47 @@ macro_rules! simt {
     };
 }
 
-/// One tensor-core variant, for exactly head_dim `D`.
+/// One tensor-core variant: `$tile(D)` (a tile function of `tile.rs`) for exactly head_dim `D`.
 macro_rules! mma {
-    ($ty:ty, $d:literal) => {
-        crate::fwd_mma::entry::<$ty, $d, { $d / 16 }, { $d / 8 }>
+    ($ty:ty, $tile:ident, $d:literal) => {
+        crate::fwd_mma::entry::<
+            $ty,
+            $d,
+            { $d / 16 },
+            { $d / 8 },
+            { mma_field($tile($d), 0) as usize },
+            { mma_field($tile($d), 1) as usize },
+            { mma_field($tile($d), 1) as usize / 8 },
+            { mma_field($tile($d), 2) != 0 },
+        >
     };
 }
 
+/// Field `i` of a tile (m_tiles, bc, q_in_regs), for const generic arguments.
+const fn mma_field(t: Option<MmaTile>, i: u32) -> u32 {
+    match t {
+        Some(t) => match i {
+            0 => t.m_tiles,
+            1 => t.bc,
+            _ => t.q_in_regs as u32,
+        },
+        None => 0,
+    }
+}
 const fn mma_smem(d: u32) -> u32 {
     match mma_tile(d) {
+        Some(t) => t.smem_bytes(),
+        None => 0,
+    }
+}
+const fn mma_br(d: u32) -> u32 {
+    match mma_tile(d) {
+        Some(t) => t.br(),
+        None => 0,
+    }
+}
+const fn mma_br64_smem(d: u32) -> u32 {
+    match mma_tile_br64(d) {
         Some(t) => t.smem_bytes(),
         None => 0,
     }
@@ -89,14 +121,17 @@ const fn mma_smem(d: u32) -> u32 {
 const fn simt_smem(d: u32) -> u32 {
     simt_tile(d).smem_bytes(d)
 }
-const MMA_BR: u32 = 64;
 const MMA_THREADS: u32 = crate::tile::MMA_WARPS * 32;
 
 fwd_variants! {
-    flash_fwd_mma_f16_d64    => "mma",  [mma!(f16, 64)],         f16,  (64, 64),    MMA_BR, MMA_THREADS, mma_smem;
-    flash_fwd_mma_f16_d128   => "mma",  [mma!(f16, 128)],        f16,  (128, 128),  MMA_BR, MMA_THREADS, mma_smem;
-    flash_fwd_mma_bf16_d64   => "mma",  [mma!(Bf16, 64)],        Bf16, (64, 64),    MMA_BR, MMA_THREADS, mma_smem;
-    flash_fwd_mma_bf16_d128  => "mma",  [mma!(Bf16, 128)],       Bf16, (128, 128),  MMA_BR, MMA_THREADS, mma_smem;
+    flash_fwd_mma_f16_d64        => "mma",      [mma!(f16, mma_tile, 64)],        f16,  (64, 64),   mma_br(64),  MMA_THREADS, mma_smem;
+    flash_fwd_mma_f16_d128       => "mma",      [mma!(f16, mma_tile, 128)],       f16,  (128, 128), mma_br(128), MMA_THREADS, mma_smem;
+    flash_fwd_mma_bf16_d64       => "mma",      [mma!(Bf16, mma_tile, 64)],       Bf16, (64, 64),   mma_br(64),  MMA_THREADS, mma_smem;
+    flash_fwd_mma_bf16_d128      => "mma",      [mma!(Bf16, mma_tile, 128)],      Bf16, (128, 128), mma_br(128), MMA_THREADS, mma_smem;
+    flash_fwd_mma_br64_f16_d64   => "mma_br64", [mma!(f16, mma_tile_br64, 64)],   f16,  (64, 64),   64,          MMA_THREADS, mma_br64_smem;
+    flash_fwd_mma_br64_f16_d128  => "mma_br64", [mma!(f16, mma_tile_br64, 128)],  f16,  (128, 128), 64,          MMA_THREADS, mma_br64_smem;
+    flash_fwd_mma_br64_bf16_d64  => "mma_br64", [mma!(Bf16, mma_tile_br64, 64)],  Bf16, (64, 64),   64,          MMA_THREADS, mma_br64_smem;
+    flash_fwd_mma_br64_bf16_d128 => "mma_br64", [mma!(Bf16, mma_tile_br64, 128)], Bf16, (128, 128), 64,          MMA_THREADS, mma_br64_smem;
     flash_fwd_simt_f32_d64   => "simt", [simt!(f32, 64)],     f32,  (8, 64),     simt_tile(64).br(), 128, simt_smem;
     flash_fwd_simt_f32_d128  => "simt", [simt!(f32, 128)],   f32,  (72, 128),   simt_tile(128).br(), 128, simt_smem;
     flash_fwd_simt_f32_d256  => "simt", [simt!(f32, 256)],  f32,  (136, 256),  simt_tile(256).br(), 128, simt_smem;

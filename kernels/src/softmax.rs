@@ -1,18 +1,68 @@
 //! Online softmax (FA2, Algorithm 1) for one query row held by a group of `W` consecutive
 //! lanes of a warp (all 32 in the SIMT kernel, a quad of 4 in the mma layout).
 //!
-//! Scores arrive multiplied by softmax_scale (the natural-log domain, as in naive attention,
-//! so m_i and LSE carry no extra rounding); each exponential is one `ex2` of
-//! (s - m_i) * log2(e). m_i is the running max, the same on every lane of the group; l_i is
-//! this lane's partial row sum, reduced across the group once, at the end.
+//! The scores' domain is a type ([`Natural`] or [`Log2`]): the kernel multiplies the raw
+//! scores by the domain's factor once, and every exponential is one `ex2` of a difference
+//! with the running max, so the row's max gives exactly 1. m_i is the running max, the same
+//! on every lane of the group; l_i is this lane's partial row sum, reduced across the group
+//! once, at the end.
 
 use crate::dev::{math, warp};
 use core::f32::consts::{LN_2, LOG2_E};
 
+/// How scores are scaled before the softmax, and what that means for exp and LSE.
+pub trait Domain {
+    /// The factor the raw scores Q K^T are multiplied by, for softmax scale `scale`.
+    fn factor(scale: f32) -> f32;
+    /// exp of the natural-domain difference that `d` (score minus max) stands for.
+    fn exp(d: f32) -> f32;
+    /// The natural-log LSE of a row with max `m` (in this domain) and sum `l`.
+    fn lse(m: f32, l: f32) -> f32;
+}
+
+/// Scores times softmax_scale, as naive attention computes them: m_i and LSE carry no
+/// extra rounding (the f32 path needs this to meet FA2's accuracy bar), at one extra multiply
+/// per exponential.
+pub struct Natural;
+
+/// Scores times softmax_scale * log2(e) (FA2's choice): one multiply fewer per score; LSE
+/// carries one more rounding (about 1e-7 relative), far inside the 16-bit kernels' bar.
+pub struct Log2;
+
+impl Domain for Natural {
+    #[inline(always)]
+    fn factor(scale: f32) -> f32 {
+        scale
+    }
+    #[inline(always)]
+    fn exp(d: f32) -> f32 {
+        math::ex2(d * LOG2_E)
+    }
+    #[inline(always)]
+    fn lse(m: f32, l: f32) -> f32 {
+        m + math::lg2(l) * LN_2
+    }
+}
+
+impl Domain for Log2 {
+    #[inline(always)]
+    fn factor(scale: f32) -> f32 {
+        scale * LOG2_E
+    }
+    #[inline(always)]
+    fn exp(d: f32) -> f32 {
+        math::ex2(d)
+    }
+    #[inline(always)]
+    fn lse(m: f32, l: f32) -> f32 {
+        (m + math::lg2(l)) * LN_2
+    }
+}
+
 /// Running statistics of one query row.
 #[derive(Clone, Copy)]
 pub struct RowState {
-    /// m_i: running max of the scaled scores seen so far; -inf before any.
+    /// m_i: running max of the scores seen so far, in the kernel's domain; -inf before any.
     pub m: f32,
     /// l_i: this lane's share of the running sum of exp(s - m_i).
     pub l: f32,
@@ -22,11 +72,12 @@ impl RowState {
     /// No scores seen yet.
     pub const INIT: RowState = RowState { m: f32::NEG_INFINITY, l: 0.0 };
 
-    /// Lane group: folds this lane's scores `s` of a new key tile into the row. Turns `s` into
-    /// P = exp(s - m_new) in place and returns alpha = exp(m_old - m_new), the factor by which
-    /// acc_o (and l_i, done here) must be rescaled. Masked scores are -inf and give P = 0.
+    /// Lane group: folds this lane's scores `s` (in domain `Dm`) of a new key tile into the
+    /// row. Turns `s` into P = exp(s - m_new) in place and returns alpha = exp(m_old - m_new),
+    /// the factor by which acc_o (and l_i, done here) must be rescaled. Masked scores are -inf
+    /// and give P = 0.
     #[inline(always)]
-    pub fn update<const W: u32, const N: usize>(&mut self, s: &mut [f32; N]) -> f32 {
+    pub fn update<Dm: Domain, const W: u32>(&mut self, s: &mut [f32]) -> f32 {
         // m_new = max(m_old, rowmax(S_ij)): this lane's max, then across the warp.
         let mut mx = self.m;
         for x in s.iter() {
@@ -36,12 +87,11 @@ impl RowState {
         // Every score so far masked: subtract 0, not -inf, so ex2 gives 0 rather than NaN.
         let m_base = if m_new == f32::NEG_INFINITY { 0.0 } else { m_new };
         // alpha = exp(m_old - m_new) rescales what was accumulated against m_old.
-        let alpha = math::ex2((self.m - m_base) * LOG2_E);
-        // P_ij = exp(S_ij - m_new) = ex2((S_ij - m_new) log2 e): the difference first, so the
-        // row's max gives exactly 1; l_i = alpha l_i + rowsum(P_ij).
+        let alpha = Dm::exp(self.m - m_base);
+        // P_ij = exp(S_ij - m_new), the difference first; l_i = alpha l_i + rowsum(P_ij).
         let mut sum = 0.0;
         for x in s.iter_mut() {
-            *x = math::ex2((*x - m_base) * LOG2_E);
+            *x = Dm::exp(*x - m_base);
             sum += *x;
         }
         self.l = self.l * alpha + sum;
@@ -50,12 +100,12 @@ impl RowState {
     }
 
     /// Lane group: the row's final 1 / l_i (0 for a fully masked row) and its log-sum-exp in the
-    /// natural log, LSE = m_i + log2(l_i) ln 2 (-inf for a fully masked row).
+    /// natural log (-inf for a fully masked row).
     #[inline(always)]
-    pub fn finish<const W: u32>(&self) -> (f32, f32) {
+    pub fn finish<Dm: Domain, const W: u32>(&self) -> (f32, f32) {
         let l = warp::allreduce_sum_in::<W>(self.l);
         if l > 0.0 {
-            (math::rcp(l), self.m + math::lg2(l) * LN_2)
+            (math::rcp(l), Dm::lse(self.m, l))
         } else {
             (0.0, f32::NEG_INFINITY)
         }

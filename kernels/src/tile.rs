@@ -75,39 +75,59 @@ pub const fn simt_tile(head_dim: u32) -> SimtTile {
 /// Warps per block of the tensor-core (mma) forward kernel.
 pub const MMA_WARPS: u32 = 4;
 
-/// Tile shape of the tensor-core forward kernel: Br query rows per block (16 per warp, one
-/// m16 MMA tile), Bc keys per K/V tile, head_dim D; K and V double-buffered in shared memory.
+/// Tile shape of the tensor-core forward kernel: each warp owns `m_tiles` m16 tiles of query
+/// rows (Br = 64 * m_tiles for 4 warps), K/V tiles of Bc keys, double-buffered in shared memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MmaTile {
-    /// Query rows per block.
-    pub br: u32,
+    /// m16 tiles of query rows per warp.
+    pub m_tiles: u32,
     /// Keys per K/V tile.
     pub bc: u32,
+    /// Whether the warp keeps its Q fragments in registers for the whole KV loop (else it
+    /// reloads them from shared memory at every tile).
+    pub q_in_regs: bool,
     /// The head_dim this tile is compiled for.
     pub head_dim: u32,
 }
 
 impl MmaTile {
+    /// Query rows per block.
+    pub const fn br(&self) -> u32 {
+        self.m_tiles * 16 * MMA_WARPS
+    }
     /// Threads per block.
     pub const fn threads(&self) -> u32 {
         MMA_WARPS * 32
     }
     /// Shared memory per block, in bytes: Q [br][d] and two stages of K, V [bc][d], 16-bit.
     pub const fn smem_bytes(&self) -> u32 {
-        (self.br * self.head_dim + 4 * self.bc * self.head_dim) * 2
+        (self.br() * self.head_dim + 4 * self.bc * self.head_dim) * 2
     }
 }
 
 /// The tensor-core forward tile for `head_dim`, if there is one (f16 and bf16).
 ///
-/// Reasons: Br = 64 is 16 rows per warp for 4 warps, so each warp's rows are one m16 tile and
-/// the softmax statistics stay in the registers of a lane quad; Bc = 64 keeps S at 32
-/// registers per thread. head_dim 64 and 128 first (the FA paper's settings); other head dims
-/// go to the SIMT kernel until this kernel pads them.
+/// Reasons (H200, FA paper shapes; benches/RESULTS.md):
+/// - one m16 tile per warp, Bc = 64, Q in registers (commit 38ad60d): 175-216 TFLOP/s, 0.60-0.87x
+///   SDPA flash; ptxas 167 (d=64) / 240 (d=128) registers. Each K/V fragment read by ldmatrix
+///   feeds two mma, so shared-memory traffic per FLOP is twice FA2's.
+/// - two m16 tiles per warp (Br = 128, FA2's block rows): each K/V fragment feeds four mma;
+///   Q is reloaded from shared memory per k-step (ptxas: 250 registers, no spills, d=64).
+///   At d=128 two m-tiles spill (ptxas: 456 bytes, even with Bc = 32 and Q reloaded), so
+///   d=128 keeps one m-tile.
 pub const fn mma_tile(head_dim: u32) -> Option<MmaTile> {
     match head_dim {
-        64 => Some(MmaTile { br: 64, bc: 64, head_dim: 64 }),
-        128 => Some(MmaTile { br: 64, bc: 64, head_dim: 128 }),
+        64 => Some(MmaTile { m_tiles: 2, bc: 64, q_in_regs: false, head_dim: 64 }),
+        128 => Some(MmaTile { m_tiles: 1, bc: 64, q_in_regs: true, head_dim: 128 }),
+        _ => None,
+    }
+}
+
+/// The first tensor-core tile (one m16 tile per warp, Bc = 64, Q in registers), kept as the
+/// `mma_br64` family for comparison.
+pub const fn mma_tile_br64(head_dim: u32) -> Option<MmaTile> {
+    match head_dim {
+        64 | 128 => Some(MmaTile { m_tiles: 1, bc: 64, q_in_regs: true, head_dim }),
         _ => None,
     }
 }
