@@ -118,7 +118,7 @@ impl MmaTile {
 pub const fn mma_tile(head_dim: u32) -> Option<MmaTile> {
     match head_dim {
         64 => Some(MmaTile { m_tiles: 2, bc: 64, q_in_regs: false, head_dim: 64 }),
-        128 => Some(MmaTile { m_tiles: 1, bc: 64, q_in_regs: true, head_dim: 128 }),
+        128 => Some(MmaTile { m_tiles: 2, bc: 16, q_in_regs: false, head_dim: 128 }),
         _ => None,
     }
 }
