@@ -107,18 +107,23 @@ impl MmaTile {
 
 /// The tensor-core forward tile for `head_dim`, if there is one (f16 and bf16).
 ///
-/// Reasons (H200, FA paper shapes; benches/RESULTS.md):
-/// - one m16 tile per warp, Bc = 64, Q in registers (commit 38ad60d): 175-216 TFLOP/s, 0.60-0.87x
-///   SDPA flash; ptxas 167 (d=64) / 240 (d=128) registers. Each K/V fragment read by ldmatrix
-///   feeds two mma, so shared-memory traffic per FLOP is twice FA2's.
-/// - two m16 tiles per warp (Br = 128, FA2's block rows): each K/V fragment feeds four mma;
-///   Q is reloaded from shared memory per k-step (ptxas: 250 registers, no spills, d=64).
-///   At d=128 two m-tiles spill (ptxas: 456 bytes, even with Bc = 32 and Q reloaded), so
-///   d=128 keeps one m-tile.
+/// Measured on an H200, f16, FA paper shapes (hidden 2048, 16k tokens), TFLOP/s at
+/// seqlen 1k / 16k non-causal; benches/RESULTS.md has the full tables:
+/// - one m16 tile per warp, Bc = 64, Q in registers (commit 38ad60d): d=64 186 / 196,
+///   d=128 201 / 216. Each K/V fragment from ldmatrix feeds two mma: twice FA2's
+///   shared-memory traffic per FLOP.
+/// - two m16 tiles per warp (Br = 128, FA2's block rows; Q reloaded per k-step): each
+///   fragment feeds four mma. d=64: 228 / 243 (commit 295875a), 220 / 235 with the mma and
+///   ldmatrix asm kept in program order (commit 1967868, needed so ptxas does not spill
+///   elsewhere) -> chosen for d=64 (0.78x FA2 at 16k).
+/// - d=128 with two m-tiles: Bc = 32 spills (ptxas: 52 bytes even in program order);
+///   Bc = 16 fits (255 registers) but runs 189 / 202 against one m-tile's 209 / 225 (the
+///   per-tile softmax, barriers and cp.async groups of 16-key tiles cost more than the
+///   halved fragment traffic saves) -> d=128 keeps one m-tile, Bc = 64, Q in registers.
 pub const fn mma_tile(head_dim: u32) -> Option<MmaTile> {
     match head_dim {
         64 => Some(MmaTile { m_tiles: 2, bc: 64, q_in_regs: false, head_dim: 64 }),
-        128 => Some(MmaTile { m_tiles: 2, bc: 16, q_in_regs: false, head_dim: 128 }),
+        128 => Some(MmaTile { m_tiles: 1, bc: 64, q_in_regs: true, head_dim: 128 }),
         _ => None,
     }
 }
