@@ -25,7 +25,7 @@ fn bench_forward(c: &mut Criterion) {
                 let s = AttnShape { batch: (16384 / seqlen).max(1).min(if why.is_some() { 1 } else { usize::MAX }), seqlen_q: seqlen, seqlen_k: seqlen, heads_q: heads, heads_kv: heads, head_dim: d };
                 let opts = FwdOptions { causal, softmax_scale: None, kernel: Some(family) };
                 let n_q = s.batch * s.seqlen_q * s.heads_q * d;
-                let data: Vec<half::f16> = (0..n_q).map(|i| half::f16::from_f32(((i * 7919) % 1000) as f32 / 500.0 - 1.0)).collect();
+                let data: Vec<half::f16> = flashattn::rng::Rng::new(d as u64 * seqlen as u64).tensor(n_q);
                 let (Ok(q), Ok(mut o), Ok(mut lse)) =
                     (fa.upload(&data, &s.q_shape()), fa.full(half::f16::NAN, &s.q_shape()), fa.full(f32::NAN, &s.lse_shape()))
                 else {

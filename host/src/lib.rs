@@ -27,6 +27,7 @@ mod forward;
 mod timing;
 pub mod ptx;
 pub mod reference;
+pub mod rng;
 
 pub use device::{FlashAttn, Tensor, driver_present};
 pub use dtype::Dtype;

@@ -173,23 +173,12 @@ struct Problem<T> {
     v: Vec<T>,
 }
 
+/// Standard normal Q, K, V for shape `s`.
 fn random_problem<T: Dtype>(s: &AttnShape, seed: u64) -> Problem<T> {
-    // SplitMix64 + Box-Muller: standard normal inputs.
-    let mut state = seed;
-    let mut next = move || {
-        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
-    };
-    let mut normal = move || {
-        let (u1, u2) = (next().max(1e-300), next());
-        T::from_f64((-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos())
-    };
+    let mut rng = flashattn::rng::Rng::new(seed);
     let nq = s.batch * s.seqlen_q * s.heads_q * s.head_dim;
     let nk = s.batch * s.seqlen_k * s.heads_kv * s.head_dim;
-    Problem { q: (0..nq).map(|_| normal()).collect(), k: (0..nk).map(|_| normal()).collect(), v: (0..nk).map(|_| normal()).collect() }
+    Problem { q: rng.tensor(nq), k: rng.tensor(nk), v: rng.tensor(nk) }
 }
 
 fn fmt_bytes(b: f64) -> String {
