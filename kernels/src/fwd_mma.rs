@@ -4,8 +4,11 @@
 //! One block per (Br query rows, head, batch), 4 warps; warp w owns MT consecutive m16 tiles
 //! of query rows, so lane 4g + t holds rows g and g + 8 of each, and a row's softmax
 //! statistics live in one lane quad. Each K or V fragment read by ldmatrix feeds 2 * MT mma.
-//! Shared tiles are [rows][D] 16-bit with the 16-byte chunks of row r XOR-swizzled by r % 8,
-//! so ldmatrix reads are bank-conflict free.
+//! Shared tiles are [rows][D] 16-bit, laid out so ldmatrix reads are bank-conflict free:
+//! when D is a multiple of 64 the 16-byte chunks of row r are XOR-swizzled by r % 8; other D
+//! (32, 96) pad each row by one chunk instead ([`Layout`]). A kernel compiled for D serves
+//! every head_dim d <= D that is a multiple of 8: columns d..D are zero-filled in shared
+//! memory (they add nothing to Q K^T) and never stored.
 
 use crate::dev::{self, Shared, block, global, thread, warp};
 use crate::dtype::MmaElement;
@@ -16,7 +19,8 @@ use crate::tile::{MMA_WARPS, MmaTile};
 
 /// Entry body for one tile. Stable Rust cannot size arrays from expressions of const
 /// parameters, so the derived counts come in too: DK = D / 16 (k-steps of Q K^T), DN = D / 8
-/// (n-tiles of O), NS = BC / 8 (n-tiles of S). Causal or not is chosen at run time.
+/// (n-tiles of O), NS = BC / 8 (n-tiles of S). PAD: head_dim may be less than D. Causal or
+/// not is chosen at run time.
 ///
 /// # Safety
 /// `p` valid (host-checked), `p.head_dim == D`, 128 threads and the tile's
@@ -31,30 +35,42 @@ pub unsafe fn entry<
     const BC: usize,
     const NS: usize,
     const QREG: bool,
+    const PAD: bool,
 >(
     p: &FwdParams,
 ) {
     unsafe {
         if p.causal != 0 {
-            fwd::<T, Causal, D, DK, DN, MT, BC, NS, QREG>(p)
+            fwd::<T, Causal, D, DK, DN, MT, BC, NS, QREG, PAD>(p)
         } else {
-            fwd::<T, NoMask, D, DK, DN, MT, BC, NS, QREG>(p)
+            fwd::<T, NoMask, D, DK, DN, MT, BC, NS, QREG, PAD>(p)
         }
     }
 }
 
-/// Element index of (row r, column c) in a swizzled [rows][D] tile.
-#[inline(always)]
-fn swz<const D: usize>(r: usize, c: usize) -> usize {
-    r * D + (((c / 8) ^ (r % 8)) * 8) + c % 8
+/// The shared-memory layout of a [rows][D] 16-bit tile.
+struct Layout<const D: usize>;
+
+impl<const D: usize> Layout<D> {
+    /// Swizzled (D a multiple of 64, at least 8 chunks a row) or padded.
+    const SWIZZLED: bool = D % 64 == 0;
+    /// Elements per row: D, or D plus one 16-byte chunk of padding.
+    const STRIDE: usize = if Self::SWIZZLED { D } else { D + 8 };
+    /// Element index of (row r, column c), c a multiple of 8 (chunk start) or inside one.
+    #[inline(always)]
+    fn at(r: usize, c: usize) -> usize {
+        if Self::SWIZZLED { r * D + (((c / 8) ^ (r % 8)) * 8) + c % 8 } else { r * Self::STRIDE + c }
+    }
 }
 
-/// Thread: the ldmatrix row addresses of one lane, for a swizzled [rows][D] tile, with the
+/// Thread: the ldmatrix row addresses of one lane in a [`Layout`] tile, with the
 /// lane-dependent part computed once. The lane reads row `16 a + row16` (row16 < 16, its
-/// position inside a 16-row block) at 16-byte chunk `2 c + cbit`. Since 16 a + row16 = row16
-/// mod 8, the swizzle splits as (2c + cbit) ^ r = 16-element offset of (c & !3) + x[c & 3] +
-/// 8 (cbit ^ (r & 1)): with `a` and `c` unrolled constants the address is a register plus an
-/// immediate, so no address registers pile up across the KV loop.
+/// position inside a 16-row block) at 16-byte chunk `2 c + cbit`. Swizzled, since
+/// 16 a + row16 = row16 mod 8, (2c + cbit) ^ r splits into the 16-element offset of (c & !3)
+/// + x[c & 3] + 8 (cbit ^ (r & 1)); padded, it is plainly 16 c + 8 cbit. (Recomputing x at
+/// each use instead of keeping four registers raised pressure: ptxas spilled more.) With `a` and `c`
+/// unrolled constants the address is a register plus an immediate, so no address registers
+/// pile up across the KV loop.
 #[derive(Clone, Copy)]
 struct LaneAddr {
     base: usize,
@@ -65,26 +81,31 @@ impl LaneAddr {
     #[inline(always)]
     fn new<const D: usize>(row16: usize, cbit: usize) -> LaneAddr {
         let r = row16 % 8;
-        LaneAddr { base: row16 * D + 8 * (cbit ^ (r & 1)), x: [0, 1, 2, 3].map(|i| 8 * ((2 * i) ^ (r & 6))) }
+        if Layout::<D>::SWIZZLED {
+            LaneAddr { base: row16 * D + 8 * (cbit ^ (r & 1)), x: [0, 1, 2, 3].map(|i| 8 * ((2 * i) ^ (r & 6))) }
+        } else {
+            LaneAddr { base: row16 * Layout::<D>::STRIDE + 8 * cbit, x: [0, 16, 32, 48] }
+        }
     }
     /// Index of this lane's row in 16-row block `a`, chunk pair `c`.
     #[inline(always)]
     fn at<const D: usize>(&self, a: usize, c: usize) -> usize {
-        self.base + a * 16 * D + 16 * (c & !3) + self.x[c & 3]
+        self.base + a * 16 * Layout::<D>::STRIDE + 16 * (c & !3) + self.x[c & 3]
     }
 }
 
-/// Block: cp.async of `rows` rows of a [seqlen, D] slice (row stride `stride`) into a
-/// swizzled tile; rows at or past `limit` are zero-filled.
+/// Block: cp.async of `rows` rows of a [seqlen, d] slice (row stride `stride`) into a
+/// [`Layout`] tile of width D; rows at or past `limit` and columns at or past `d` are
+/// zero-filled.
 #[inline(always)]
-unsafe fn load_tile<T: MmaElement, const D: usize>(dst: Shared<T>, rows: usize, src: *const T, stride: u64, limit: u32) {
+unsafe fn load_tile<T: MmaElement, const D: usize>(dst: Shared<T>, rows: usize, src: *const T, stride: u64, limit: u32, d: u32) {
     let chunks = rows * D / 8;
     let mut e = thread::idx() as usize;
     while e < chunks {
         let (r, c) = (e / (D / 8), (e % (D / 8)) * 8);
-        let valid = (r as u32) < limit;
+        let valid = (r as u32) < limit && (c as u32) < d;
         let at = if valid { r as u64 * stride + c as u64 } else { 0 };
-        unsafe { thread::cp_async_16(dst, swz::<D>(r, c), src.add(at as usize), valid) };
+        unsafe { thread::cp_async_16(dst, Layout::<D>::at(r, c), src.add(at as usize), valid) };
         e += (MMA_WARPS * 32) as usize;
     }
 }
@@ -100,12 +121,15 @@ unsafe fn fwd<
     const BC: usize,
     const NS: usize,
     const QREG: bool,
+    const PAD: bool,
 >(
     p: &FwdParams,
 ) {
-    let tile = MmaTile { m_tiles: MT as u32, bc: BC as u32, q_in_regs: QREG, head_dim: D as u32 };
+    let tile = MmaTile { m_tiles: MT as u32, bc: BC as u32, q_in_regs: QREG, head_dim: D as u32, padded: PAD };
     let br = tile.br() as usize;
-    if p.head_dim != D as u32 || DK * 16 != D || DN * 8 != D || NS * 8 != BC || block::dim() != tile.threads() {
+    // Without PAD, head_dim is exactly D and the padding checks compile away.
+    let d = if PAD { p.head_dim } else { D as u32 };
+    if p.head_dim > D as u32 || (!PAD && p.head_dim != D as u32) || d % 8 != 0 || DK * 16 != D || DN * 8 != D || NS * 8 != BC || block::dim() != tile.threads() {
         thread::trap();
     }
     let (q_blk, h, b) = block::idx();
@@ -116,10 +140,11 @@ unsafe fn fwd<
     let row0 = q_blk * br as u32;
 
     // Shared memory: Q [br][D], then K stages 0 and 1, V stages 0 and 1 ([BC][D] each).
-    let smem: Shared<T> = unsafe { dev::dynamic_shared(br * D + 4 * BC * D) };
-    let q_s = smem.slice(0, br * D);
-    let k_s = |stage: usize| smem.slice(br * D + stage * BC * D, BC * D);
-    let v_s = |stage: usize| smem.slice(br * D + (2 + stage) * BC * D, BC * D);
+    let rs = Layout::<D>::STRIDE;
+    let smem: Shared<T> = unsafe { dev::dynamic_shared((br + 4 * BC) * rs) };
+    let q_s = smem.slice(0, br * rs);
+    let k_s = |stage: usize| smem.slice((br + stage * BC) * rs, BC * rs);
+    let v_s = |stage: usize| smem.slice((br + (2 + stage) * BC) * rs, BC * rs);
 
     let q_g = unsafe { (p.q as *const T).add(p.q_strides.offset(b, row0.min(sq), h) as usize) };
     let k_g = unsafe { (p.k as *const T).add(p.k_strides.offset(b, 0, h_kv) as usize) };
@@ -131,10 +156,10 @@ unsafe fn fwd<
 
     // Prologue: Q and the first K, V tile in flight.
     unsafe {
-        load_tile::<T, D>(q_s, br, q_g, p.q_strides.row, sq - row0.min(sq));
+        load_tile::<T, D>(q_s, br, q_g, p.q_strides.row, sq - row0.min(sq), d);
         if n_tiles > 0 {
-            load_tile::<T, D>(k_s(0), BC, k_g, p.k_strides.row, sk);
-            load_tile::<T, D>(v_s(0), BC, v_g, p.v_strides.row, sk);
+            load_tile::<T, D>(k_s(0), BC, k_g, p.k_strides.row, sk, d);
+            load_tile::<T, D>(v_s(0), BC, v_g, p.v_strides.row, sk, d);
         }
     }
     thread::cp_async_commit();
@@ -153,8 +178,8 @@ unsafe fn fwd<
         if j + 1 < n_tiles {
             let c1 = ((j + 1) * BC) as u32;
             unsafe {
-                load_tile::<T, D>(k_s((j + 1) % 2), BC, k_g.add((c1 as u64 * p.k_strides.row) as usize), p.k_strides.row, sk - c1);
-                load_tile::<T, D>(v_s((j + 1) % 2), BC, v_g.add((c1 as u64 * p.v_strides.row) as usize), p.v_strides.row, sk - c1);
+                load_tile::<T, D>(k_s((j + 1) % 2), BC, k_g.add((c1 as u64 * p.k_strides.row) as usize), p.k_strides.row, sk - c1, d);
+                load_tile::<T, D>(v_s((j + 1) % 2), BC, v_g.add((c1 as u64 * p.v_strides.row) as usize), p.v_strides.row, sk - c1, d);
             }
             thread::cp_async_commit();
             thread::cp_async_wait::<1>();
@@ -205,10 +230,14 @@ unsafe fn fwd<
             let r = row0 + ((w * MT + mt) * 16 + g + 8 * half) as u32;
             if r < sq {
                 for (n, acc) in acc_o[mt].iter().enumerate() {
+                    // Columns d..D are zero padding: not stored. (A guard, not a `break`: an
+                    // early exit keeps LLVM from unrolling and sends acc_o to local memory.)
                     let col = n * 8 + 2 * t;
-                    let packed = T::pack2(acc[2 * half] * inv_l, acc[2 * half + 1] * inv_l);
-                    let at = r as u64 * p.o_strides.row + col as u64;
-                    unsafe { global::store(o_g.add(at as usize) as *mut u32, packed) };
+                    if (col as u32) < d {
+                        let packed = T::pack2(acc[2 * half] * inv_l, acc[2 * half + 1] * inv_l);
+                        let at = r as u64 * p.o_strides.row + col as u64;
+                        unsafe { global::store(o_g.add(at as usize) as *mut u32, packed) };
+                    }
                 }
                 if t == 0 {
                     unsafe { global::store(lse_g.add(r as usize), lse) };

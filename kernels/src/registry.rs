@@ -73,29 +73,33 @@ macro_rules! simt {
     };
 }
 
-/// One tensor-core variant: `$tile(D)` (a tile function of `tile.rs`) for exactly head_dim `D`.
+/// One tensor-core variant: the tile `$tile(d)` (a tile function of `tile.rs`) chooses for
+/// head_dim `d`; the variant serves every head_dim that maps to the same tile.
 macro_rules! mma {
     ($ty:ty, $tile:ident, $d:literal) => {
         crate::fwd_mma::entry::<
             $ty,
-            $d,
-            { $d / 16 },
-            { $d / 8 },
+            { mma_field($tile($d), 3) as usize },
+            { mma_field($tile($d), 3) as usize / 16 },
+            { mma_field($tile($d), 3) as usize / 8 },
             { mma_field($tile($d), 0) as usize },
             { mma_field($tile($d), 1) as usize },
             { mma_field($tile($d), 1) as usize / 8 },
             { mma_field($tile($d), 2) != 0 },
+            { mma_field($tile($d), 4) != 0 },
         >
     };
 }
 
-/// Field `i` of a tile (m_tiles, bc, q_in_regs), for const generic arguments.
+/// Field `i` of a tile (m_tiles, bc, q_in_regs, head_dim, padded), for const generic arguments.
 const fn mma_field(t: Option<MmaTile>, i: u32) -> u32 {
     match t {
         Some(t) => match i {
             0 => t.m_tiles,
             1 => t.bc,
-            _ => t.q_in_regs as u32,
+            2 => t.q_in_regs as u32,
+            3 => t.head_dim,
+            _ => t.padded as u32,
         },
         None => 0,
     }
@@ -124,10 +128,20 @@ const fn simt_smem(d: u32) -> u32 {
 const MMA_THREADS: u32 = crate::tile::MMA_WARPS * 32;
 
 fwd_variants! {
+    flash_fwd_mma_f16_d32        => "mma",      [mma!(f16, mma_tile, 32)],        f16,  (8, 32),    mma_br(32),  MMA_THREADS, mma_smem;
+    flash_fwd_mma_f16_d64p       => "mma",      [mma!(f16, mma_tile, 56)],        f16,  (40, 56),   mma_br(56),  MMA_THREADS, mma_smem;
     flash_fwd_mma_f16_d64        => "mma",      [mma!(f16, mma_tile, 64)],        f16,  (64, 64),   mma_br(64),  MMA_THREADS, mma_smem;
-    flash_fwd_mma_f16_d128       => "mma",      [mma!(f16, mma_tile, 128)],       f16,  (128, 128), mma_br(128), MMA_THREADS, mma_smem;
+    flash_fwd_mma_f16_d96        => "mma",      [mma!(f16, mma_tile, 96)],        f16,  (72, 96),   mma_br(96),  MMA_THREADS, mma_smem;
+    flash_fwd_mma_f16_d128       => "mma",      [mma!(f16, mma_tile, 128)],       f16,  (104, 128), mma_br(128), MMA_THREADS, mma_smem;
+    flash_fwd_mma_f16_d192       => "mma",      [mma!(f16, mma_tile, 192)],       f16,  (136, 192), mma_br(192), MMA_THREADS, mma_smem;
+    flash_fwd_mma_f16_d256       => "mma",      [mma!(f16, mma_tile, 256)],       f16,  (200, 256), mma_br(256), MMA_THREADS, mma_smem;
+    flash_fwd_mma_bf16_d32       => "mma",      [mma!(Bf16, mma_tile, 32)],       Bf16, (8, 32),    mma_br(32),  MMA_THREADS, mma_smem;
+    flash_fwd_mma_bf16_d64p      => "mma",      [mma!(Bf16, mma_tile, 56)],       Bf16, (40, 56),   mma_br(56),  MMA_THREADS, mma_smem;
     flash_fwd_mma_bf16_d64       => "mma",      [mma!(Bf16, mma_tile, 64)],       Bf16, (64, 64),   mma_br(64),  MMA_THREADS, mma_smem;
-    flash_fwd_mma_bf16_d128      => "mma",      [mma!(Bf16, mma_tile, 128)],      Bf16, (128, 128), mma_br(128), MMA_THREADS, mma_smem;
+    flash_fwd_mma_bf16_d96       => "mma",      [mma!(Bf16, mma_tile, 96)],       Bf16, (72, 96),   mma_br(96),  MMA_THREADS, mma_smem;
+    flash_fwd_mma_bf16_d128      => "mma",      [mma!(Bf16, mma_tile, 128)],      Bf16, (104, 128), mma_br(128), MMA_THREADS, mma_smem;
+    flash_fwd_mma_bf16_d192      => "mma",      [mma!(Bf16, mma_tile, 192)],      Bf16, (136, 192), mma_br(192), MMA_THREADS, mma_smem;
+    flash_fwd_mma_bf16_d256      => "mma",      [mma!(Bf16, mma_tile, 256)],      Bf16, (200, 256), mma_br(256), MMA_THREADS, mma_smem;
     flash_fwd_mma_br64_f16_d64   => "mma_br64", [mma!(f16, mma_tile_br64, 64)],   f16,  (64, 64),   64,          MMA_THREADS, mma_br64_smem;
     flash_fwd_mma_br64_f16_d128  => "mma_br64", [mma!(f16, mma_tile_br64, 128)],  f16,  (128, 128), 64,          MMA_THREADS, mma_br64_smem;
     flash_fwd_mma_br64_bf16_d64  => "mma_br64", [mma!(Bf16, mma_tile_br64, 64)],  Bf16, (64, 64),   64,          MMA_THREADS, mma_br64_smem;

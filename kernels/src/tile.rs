@@ -88,6 +88,9 @@ pub struct MmaTile {
     pub q_in_regs: bool,
     /// The head_dim this tile is compiled for.
     pub head_dim: u32,
+    /// Whether the kernel takes any head_dim up to `head_dim` (zero-padded), at the cost of
+    /// a few registers, or exactly `head_dim`.
+    pub padded: bool,
 }
 
 impl MmaTile {
@@ -99,9 +102,14 @@ impl MmaTile {
     pub const fn threads(&self) -> u32 {
         MMA_WARPS * 32
     }
-    /// Shared memory per block, in bytes: Q [br][d] and two stages of K, V [bc][d], 16-bit.
+    /// Elements per shared-memory row: head_dim when it is a multiple of 64 (the rows are
+    /// XOR-swizzled), else head_dim plus one 16-byte chunk of padding.
+    pub const fn row_stride(&self) -> u32 {
+        if self.head_dim % 64 == 0 { self.head_dim } else { self.head_dim + 8 }
+    }
+    /// Shared memory per block, in bytes: Q [br] rows and two stages of K, V [bc] rows, 16-bit.
     pub const fn smem_bytes(&self) -> u32 {
-        (self.br() * self.head_dim + 4 * self.bc * self.head_dim) * 2
+        (self.br() + 4 * self.bc) * self.row_stride() * 2
     }
 }
 
@@ -120,10 +128,39 @@ impl MmaTile {
 ///   Bc = 16 fits (255 registers) but runs 189 / 202 against one m-tile's 209 / 225 (the
 ///   per-tile softmax, barriers and cp.async groups of 16-key tiles cost more than the
 ///   halved fragment traffic saves) -> d=128 keeps one m-tile, Bc = 64, Q in registers.
+/// - head_dim 32, 96, 192, 256 (not yet timed): the largest tile ptxas fits in 255
+///   registers with no spills; d=32 two m-tiles with Q in registers, d=96 one m-tile with Q in
+///   registers, d=192 and 256 one m-tile, Bc = 32, Q reloaded.
+/// - Every other head_dim (a multiple of 8) runs in the next larger tile, zero-padded
+///   (`padded`). d=64 keeps an exact kernel (the measured one above, no padding checks);
+///   d=40..56 take the one-m-tile tile (not yet timed).
 pub const fn mma_tile(head_dim: u32) -> Option<MmaTile> {
+    const fn t(m_tiles: u32, bc: u32, q_in_regs: bool, head_dim: u32, padded: bool) -> Option<MmaTile> {
+        Some(MmaTile { m_tiles, bc, q_in_regs, head_dim, padded })
+    }
+    match mma_head_dim(head_dim) {
+        Some(32) => t(2, 64, true, 32, true),
+        Some(64) if head_dim == 64 => t(2, 64, false, 64, false),
+        Some(64) => t(1, 64, true, 64, true),
+        Some(96) => t(1, 64, true, 96, true),
+        Some(128) => t(1, 64, true, 128, true),
+        Some(192) => t(1, 32, false, 192, true),
+        Some(256) => t(1, 32, false, 256, true),
+        _ => None,
+    }
+}
+
+/// The head_dim the tensor-core kernel is compiled for that serves `head_dim` (zero-padded
+/// up to it): 32, 64, 96, 128, 192 or 256.
+pub const fn mma_head_dim(head_dim: u32) -> Option<u32> {
     match head_dim {
-        64 => Some(MmaTile { m_tiles: 2, bc: 64, q_in_regs: false, head_dim: 64 }),
-        128 => Some(MmaTile { m_tiles: 1, bc: 64, q_in_regs: true, head_dim: 128 }),
+        _ if head_dim == 0 || head_dim % 8 != 0 => None,
+        ..=32 => Some(32),
+        ..=64 => Some(64),
+        ..=96 => Some(96),
+        ..=128 => Some(128),
+        ..=192 => Some(192),
+        ..=256 => Some(256),
         _ => None,
     }
 }
@@ -132,7 +169,7 @@ pub const fn mma_tile(head_dim: u32) -> Option<MmaTile> {
 /// `mma_br64` family for comparison.
 pub const fn mma_tile_br64(head_dim: u32) -> Option<MmaTile> {
     match head_dim {
-        64 | 128 => Some(MmaTile { m_tiles: 1, bc: 64, q_in_regs: true, head_dim }),
+        64 | 128 => Some(MmaTile { m_tiles: 1, bc: 64, q_in_regs: true, head_dim, padded: false }),
         _ => None,
     }
 }

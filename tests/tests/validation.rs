@@ -147,3 +147,24 @@ fn no_driver_is_an_error_not_a_panic() {
     let e = FlashAttn::cuda(1_000).err().expect("no device 1000");
     assert!(matches!(e, Error::NoDriver | Error::NoDevice { .. }), "{e}");
 }
+
+#[test]
+fn registry_matches_tile_functions() {
+    use flashattn::kernels::dtype::DType;
+    use flashattn::kernels::tile::{mma_tile, simt_tile};
+    for d in (8..=256u32).step_by(8) {
+        for dtype in [DType::F16, DType::Bf16] {
+            let opts = FwdOptions { kernel: Some("mma"), ..Default::default() };
+            let v = flashattn::select_variant(dtype, d as usize, &opts).unwrap_or_else(|e| panic!("d={d}: {e}"));
+            let t = mma_tile(d).expect("tile");
+            assert!(v.serves(d) && t.head_dim >= d, "d={d}: {}", v.name);
+            assert_eq!((v.br, (v.smem_bytes)(d), v.threads), (t.br(), t.smem_bytes(), t.threads()), "d={d}: {}", v.name);
+        }
+        for dtype in [DType::F32, DType::F16, DType::Bf16] {
+            let opts = FwdOptions { kernel: Some("simt"), ..Default::default() };
+            let v = flashattn::select_variant(dtype, d as usize, &opts).unwrap_or_else(|e| panic!("d={d}: {e}"));
+            let t = simt_tile(d);
+            assert_eq!((v.br, (v.smem_bytes)(d), v.threads), (t.br(), t.smem_bytes(d), t.threads()), "d={d}: {}", v.name);
+        }
+    }
+}
