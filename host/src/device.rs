@@ -111,7 +111,7 @@ impl FlashAttn {
         }
         let storage = match &self.backend {
             Backend::Cuda(c) => Storage::Cuda(cuda("copying to the device", c.stream.clone_htod(data))?),
-            Backend::Emulator => Storage::Host(data.to_vec()),
+            Backend::Emulator => Storage::Host(HostBuf::from_slice(data)),
         };
         Ok(Tensor { storage, shape: shape.to_vec(), owner: self.id })
     }
@@ -128,7 +128,7 @@ impl FlashAttn {
         let storage = match &self.backend {
             // SAFETY: the kernel writes every element before anyone reads it.
             Backend::Cuda(c) => Storage::Cuda(cuda("allocating device memory", unsafe { c.stream.alloc::<T>(n) })?),
-            Backend::Emulator => Storage::Host(vec![T::nan(); n]),
+            Backend::Emulator => Storage::Host(HostBuf::from_slice(&vec![T::nan(); n])),
         };
         Ok(Tensor { storage, shape: shape.to_vec(), owner: self.id })
     }
@@ -138,7 +138,7 @@ impl FlashAttn {
         self.check_owner(t, "tensor")?;
         match (&self.backend, &t.storage) {
             (Backend::Cuda(c), Storage::Cuda(s)) => cuda("copying to the host", c.stream.clone_dtoh(s)),
-            (_, Storage::Host(v)) => Ok(v.clone()),
+            (_, Storage::Host(v)) => Ok(v.as_slice().to_vec()),
             _ => Err(Error::WrongDevice { tensor: "tensor" }),
         }
     }
@@ -171,7 +171,38 @@ impl CudaBackend {
 
 pub(crate) enum Storage<T> {
     Cuda(CudaSlice<T>),
-    Host(Vec<T>),
+    Host(HostBuf<T>),
+}
+
+/// The emulator's tensor memory: 16-byte aligned, as device allocations are (the kernels'
+/// 16-byte copies need it, and the emulator checks alignment like the GPU does).
+pub(crate) struct HostBuf<T> {
+    words: Vec<u128>,
+    len: usize,
+    _elem: std::marker::PhantomData<T>,
+}
+
+impl<T> HostBuf<T> {
+    const FITS: () = assert!(std::mem::align_of::<T>() <= 16);
+
+    fn from_slice(data: &[T]) -> HostBuf<T>
+    where
+        T: Copy,
+    {
+        let () = Self::FITS;
+        let bytes = std::mem::size_of_val(data);
+        let mut words = vec![0u128; bytes.div_ceil(16)];
+        // SAFETY: `words` holds at least `bytes` bytes; the regions do not overlap.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr() as *const u8, words.as_mut_ptr() as *mut u8, bytes) };
+        HostBuf { words, len: data.len(), _elem: std::marker::PhantomData }
+    }
+    fn as_slice(&self) -> &[T] {
+        // SAFETY: `words` holds `len` initialised, suitably aligned elements of T.
+        unsafe { std::slice::from_raw_parts(self.words.as_ptr() as *const T, self.len) }
+    }
+    fn as_mut_ptr(&mut self) -> *mut T {
+        self.words.as_mut_ptr() as *mut T
+    }
 }
 
 /// A dense row-major tensor on a [`FlashAttn`]'s device (or in the emulator's host memory).
@@ -205,7 +236,7 @@ impl<T> Tensor<T> {
                 let (p, _sync) = s.device_ptr(st);
                 p
             }
-            (Storage::Host(v), _) => v.as_ptr() as u64,
+            (Storage::Host(v), _) => v.as_slice().as_ptr() as u64,
             (Storage::Cuda(_), None) => 0,
         }
     }

@@ -40,8 +40,44 @@ fn neighbour_kernel(second_barrier: bool) {
     s.st(t as usize, x * 2.0);
 }
 
+/// Each thread copies 16 bytes (4 floats) of a global buffer into shared memory with
+/// cp.async, then, after a barrier, reads a neighbour's chunk. Without the wait the copy may
+/// still be in flight.
+fn async_copy_kernel(src: usize, wait: bool) {
+    let s = unsafe { dev::dynamic_shared::<f32>(4 * N as usize) };
+    let t = thread::idx() as usize;
+    unsafe { thread::cp_async_16(s, 4 * t, (src as *const f32).add(4 * t), true) };
+    thread::cp_async_commit();
+    if wait {
+        thread::cp_async_wait::<0>();
+    }
+    block::sync();
+    let _ = s.ld(4 * ((t + 1) % N as usize));
+}
+
 fn trials() -> Vec<Trial> {
     vec![
+        Trial::test("planted_missing_cp_async_wait", || {
+            let buf = vec![1u128; N as usize];
+            let region = [GlobalRegion { start: buf.as_ptr() as usize, len: buf.len() * 16, writable: false }];
+            let p = buf.as_ptr() as usize;
+            expect_fault(launch("no_wait", &cfg(4 * N as usize), &region, &|| async_copy_kernel(p, false)), "still in flight")
+        }),
+        Trial::test("cp_async_with_wait_is_clean", || {
+            let buf = vec![1u128; N as usize];
+            let region = [GlobalRegion { start: buf.as_ptr() as usize, len: buf.len() * 16, writable: false }];
+            let p = buf.as_ptr() as usize;
+            clean(launch("with_wait", &cfg(4 * N as usize), &region, &|| async_copy_kernel(p, true)))
+        }),
+        Trial::test("planted_misaligned_global_access", || {
+            let buf = vec![0u32; 2 * N as usize + 1];
+            let region = [GlobalRegion { start: buf.as_ptr() as usize, len: buf.len() * 4, writable: true }];
+            let p = buf.as_ptr() as usize + 2;
+            expect_fault(
+                launch("misaligned", &cfg(0), &region, &|| unsafe { global::store((p as *mut u32).add(thread::idx() as usize), 1) }),
+                "not aligned",
+            )
+        }),
         Trial::test("planted_missing_barrier_is_a_race", || {
             expect_fault(launch("missing_barrier", &cfg(N as usize), &[], &|| neighbour_kernel(false)), "race")
         }),

@@ -14,12 +14,13 @@
 //!   bytes at block start, and tracked);
 //! - a race: two threads touching the same shared-memory bytes, at least one writing, with
 //!   no barrier between them (a missing `block::sync` or `warp::sync`);
+//! - shared memory read (or overwritten) while a `cp.async` to it is still in flight: before
+//!   the issuing thread's `cp_async_wait` retired its group;
 //! - a global-memory access outside the buffers passed to the launch;
 //! - `trap`, and any panic in the kernel code.
 //!
-//! Limits, by design or not yet done: `cp.async` copies at issue, so a missing
-//! `cp_async_wait` is not reported (a missing barrier after it still is); `ex2` and `lg2` are
-//! exact where the GPU approximates; `mma` accumulates in f32 in k order, where the tensor
+//! Limits, by design: `cp.async` copies at issue (its data is tracked as in flight until the
+//! wait); `ex2` and `lg2` are exact where the GPU approximates; `mma` accumulates in f32 in k order, where the tensor
 //! cores' internal order and precision differ slightly. Results therefore match the GPU to
 //! rounding, not bitwise.
 
@@ -116,7 +117,7 @@ pub fn launch(
                 return;
             }
             let idx = ((b % gx as usize) as u32, ((b / gx as usize) % gy as usize) as u32, (b / (gx as usize * gy as usize)) as u32);
-            if let Err(message) = sched::run_block(kernel, idx, cfg, regions, body, &mut stacks) {
+            if let Err(message) = sched::run_block(idx, cfg, regions, body, &mut stacks) {
                 stop.store(true, Ordering::Relaxed);
                 let mut e = first_error.lock().unwrap_or_else(|p| p.into_inner());
                 // Keep the lowest-numbered failing block, so reports are reproducible.

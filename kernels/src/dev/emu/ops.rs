@@ -34,6 +34,13 @@ pub fn shfl_xor_f32(v: f32, lane_mask: u32) -> f32 {
 #[track_caller]
 fn check_global(addr: usize, size: usize, write: bool) {
     let t = current();
+    if addr % size.min(16) != 0 {
+        fault(format!(
+            "thread {} accesses {size} bytes of global memory at {addr:#x}, not aligned to {size}, at {}",
+            t.tid,
+            Location::caller()
+        ));
+    }
     let ok = t.block.regions.iter().any(|r| addr >= r.start && addr + size <= r.start + r.len && (r.writable || !write));
     if !ok {
         let kind = if write { "writes" } else { "reads" };
@@ -95,7 +102,7 @@ pub fn mma_f16(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
 pub fn mma_bf16(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
     mma(a, b, c, true)
 }
-/// The emulator copies at issue; commit and wait order nothing further.
+/// The emulator copies at issue and tracks the bytes as in flight until the wait.
 #[track_caller]
 pub unsafe fn cp_async_16<T>(dst: *mut T, src: *const T, valid: bool) {
     let t = current();
@@ -108,11 +115,15 @@ pub unsafe fn cp_async_16<T>(dst: *mut T, src: *const T, valid: bool) {
         check_global(src as usize, 16, false);
         unsafe { core::ptr::copy_nonoverlapping(src as *const u8, bytes.as_mut_ptr(), 16) };
     }
-    t.shared_access(dst as usize, 16, true, at);
+    t.shared_async_write(dst as usize, 16, at);
     unsafe { core::ptr::copy_nonoverlapping(bytes.as_ptr(), dst as *mut u8, 16) };
 }
-pub fn cp_async_commit() {}
-pub fn cp_async_wait<const N: u32>() {}
+pub fn cp_async_commit() {
+    current().async_commit()
+}
+pub fn cp_async_wait<const N: u32>() {
+    current().async_wait(N as usize)
+}
 pub fn pack_f16x2(lo: f32, hi: f32) -> u32 {
     (lo as f16).to_bits() as u32 | ((hi as f16).to_bits() as u32) << 16
 }

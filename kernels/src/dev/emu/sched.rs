@@ -2,7 +2,7 @@
 //! the scheduler that runs the block's threads as coroutines.
 
 use super::{GlobalRegion, LaunchConfig};
-use core::cell::{Cell, UnsafeCell};
+use core::cell::{Cell, RefCell, UnsafeCell};
 use core::panic::Location;
 use corosensei::stack::DefaultStack;
 use corosensei::{Coroutine, CoroutineResult, Yielder};
@@ -70,10 +70,12 @@ struct Shadow {
     r_warp: u16,
     r_be: u32,
     r_we: u32,
+    /// Whether the last write is a `cp.async` its thread has not yet waited for.
+    pending: bool,
 }
 
 const UNWRITTEN: Shadow =
-    Shadow { w_tid: NONE, w_be: 0, w_we: 0, r_tid: NONE, r_warp: NONE, r_be: NO_EPOCH, r_we: 0 };
+    Shadow { w_tid: NONE, w_be: 0, w_we: 0, r_tid: NONE, r_warp: NONE, r_be: NO_EPOCH, r_we: 0, pending: false };
 
 /// Shared state of one running block; only its own OS thread touches it.
 pub(crate) struct BlockState<'a> {
@@ -94,6 +96,10 @@ pub(crate) struct ThreadCtx<'a> {
     pub(crate) tid: u32,
     pub(crate) block: &'a BlockState<'a>,
     yielder: Cell<*const Yielder<[u32; 4], Event>>,
+    /// This thread's cp.async copies: shadow units of the open group, then committed groups,
+    /// oldest first.
+    async_open: RefCell<Vec<usize>>,
+    async_groups: RefCell<Vec<Vec<usize>>>,
 }
 
 std::thread_local! {
@@ -130,6 +136,35 @@ impl ThreadCtx<'_> {
 
     /// Checks and records an access of `size` bytes at host address `addr` in shared memory.
     pub(crate) fn shared_access(&self, addr: usize, size: usize, write: bool, at: &Location<'_>) {
+        self.shared_access_as(addr, size, write, false, at)
+    }
+
+    /// Records a cp.async write: checked like a write, and unreadable until this thread's
+    /// `cp_async_wait` retires its group.
+    pub(crate) fn shared_async_write(&self, addr: usize, size: usize, at: &Location<'_>) {
+        self.shared_access_as(addr, size, true, true, at)
+    }
+
+    /// `cp.async.commit_group`: closes the open group.
+    pub(crate) fn async_commit(&self) {
+        let open = core::mem::take(&mut *self.async_open.borrow_mut());
+        self.async_groups.borrow_mut().push(open);
+    }
+
+    /// `cp.async.wait_group n`: retires all but the newest `n` committed groups.
+    pub(crate) fn async_wait(&self, n: usize) {
+        let mut groups = self.async_groups.borrow_mut();
+        let shadow = unsafe { &mut *self.block.shadow.get() };
+        while groups.len() > n {
+            for unit in groups.remove(0) {
+                if shadow[unit].w_tid == self.tid as u16 {
+                    shadow[unit].pending = false;
+                }
+            }
+        }
+    }
+
+    fn shared_access_as(&self, addr: usize, size: usize, write: bool, is_async: bool, at: &Location<'_>) {
         let b = self.block;
         // SAFETY: only this OS thread touches the block's state, one coroutine at a time.
         let base = unsafe { (*b.smem.get()).as_ptr() as usize };
@@ -145,6 +180,12 @@ impl ThreadCtx<'_> {
         let shadow = unsafe { &mut *b.shadow.get() };
         for unit in off / 2..(off + size).div_ceil(2) {
             let s = &mut shadow[unit];
+            if s.pending {
+                fault(format!(
+                    "thread {} {kind}s shared offset {} while thread {}'s cp.async to it is still in flight (no cp_async_wait retired it), at {at}",
+                    self.tid, unit * 2, s.w_tid
+                ));
+            }
             if write {
                 if s.w_tid != NONE && !self.ordered_after(s.w_tid, s.w_be, s.w_we) {
                     fault(format!(
@@ -159,7 +200,10 @@ impl ThreadCtx<'_> {
                         self.tid, unit * 2
                     ));
                 }
-                *s = Shadow { w_tid: self.tid as u16, w_be: be, w_we: we, ..UNWRITTEN };
+                *s = Shadow { w_tid: self.tid as u16, w_be: be, w_we: we, pending: is_async, ..UNWRITTEN };
+                if is_async {
+                    self.async_open.borrow_mut().push(unit);
+                }
             } else {
                 if s.w_tid == NONE {
                     fault(format!(
@@ -278,7 +322,6 @@ fn panic_message(p: Box<dyn core::any::Any + Send>) -> String {
 
 /// Runs one block to completion, or to its first fault.
 pub(crate) fn run_block(
-    _kernel: &str,
     block: (u32, u32, u32),
     cfg: &LaunchConfig,
     regions: &[GlobalRegion],
@@ -299,8 +342,15 @@ pub(crate) fn run_block(
         block_epoch: Cell::new(0),
         warp_epoch: (0..warps).map(|_| Cell::new(0)).collect(),
     };
-    let ctxs: Vec<ThreadCtx> =
-        (0..n).map(|t| ThreadCtx { tid: t as u32, block: &state, yielder: Cell::new(core::ptr::null()) }).collect();
+    let ctxs: Vec<ThreadCtx> = (0..n)
+        .map(|t| ThreadCtx {
+            tid: t as u32,
+            block: &state,
+            yielder: Cell::new(core::ptr::null()),
+            async_open: RefCell::new(Vec::new()),
+            async_groups: RefCell::new(Vec::new()),
+        })
+        .collect();
     let mut cos = Vec::with_capacity(n);
     for ctx in &ctxs {
         let stack = stacks.take()?;
