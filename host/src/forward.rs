@@ -6,7 +6,7 @@ use crate::error::{Error, Result, cuda};
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use flashattn_kernels::dev::emu::{self, GlobalRegion};
 use flashattn_kernels::params::{FwdParams, Strides};
-use flashattn_kernels::registry::{FwdVariant, fwd_variant};
+use flashattn_kernels::registry::{FAMILIES, FwdVariant, fwd_variant};
 
 /// Options of the forward pass.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -123,9 +123,6 @@ pub struct FwdOutput<T> {
     /// (after scaling); -inf for rows that see no key.
     pub lse: Tensor<f32>,
 }
-
-/// Kernel families, best first: the tensor-core kernel where it applies, else SIMT.
-pub const FAMILIES: &[&str] = &["mma", "simt", "mma_br64"];
 
 /// The variant that will run for this dtype, head_dim and options: the named family's, or
 /// the first family (in [`FAMILIES`] order) that has one.

@@ -33,4 +33,5 @@ pub use device::{FlashAttn, Tensor, driver_present};
 pub use dtype::Dtype;
 pub use error::{Error, Result};
 pub use flashattn_kernels as kernels;
-pub use forward::{AttnShape, FAMILIES, FwdOptions, FwdOutput, MAX_GRID_YZ, MAX_SEQLEN, select_variant, validate};
+pub use flashattn_kernels::registry::FAMILIES;
+pub use forward::{AttnShape, FwdOptions, FwdOutput, MAX_GRID_YZ, MAX_SEQLEN, select_variant, validate};

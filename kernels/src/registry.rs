@@ -157,6 +157,12 @@ fwd_variants! {
     flash_fwd_simt_bf16_d256 => "simt", [simt!(Bf16, 256)], Bf16, (136, 256),  simt_tile(256).br(), 128, simt_smem;
 }
 
+/// Kernel families in the order automatic selection tries them (best first): the tensor-core
+/// kernel where it applies, else SIMT. `mma_br64` (the first tensor-core tile) is chosen only
+/// by name, for comparison.
+#[cfg(not(target_arch = "nvptx64"))]
+pub const FAMILIES: &[&str] = &["mma", "simt", "mma_br64"];
+
 /// The variant of `family` for `dtype` and `head_dim`, if there is one.
 #[cfg(not(target_arch = "nvptx64"))]
 pub fn fwd_variant(family: &str, dtype: DType, head_dim: u32) -> Option<&'static FwdVariant> {

@@ -149,6 +149,17 @@ fn no_driver_is_an_error_not_a_panic() {
 }
 
 #[test]
+fn every_family_has_variants_and_every_variant_a_family() {
+    use flashattn::kernels::registry::FWD_VARIANTS;
+    for f in flashattn::FAMILIES {
+        assert!(FWD_VARIANTS.iter().any(|v| v.family == *f), "family {f} has no variant");
+    }
+    for v in FWD_VARIANTS {
+        assert!(flashattn::FAMILIES.contains(&v.family), "{} has unlisted family {}", v.name, v.family);
+    }
+}
+
+#[test]
 fn registry_matches_tile_functions() {
     use flashattn::kernels::dtype::DType;
     use flashattn::kernels::tile::{mma_tile, simt_tile};
