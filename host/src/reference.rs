@@ -212,3 +212,64 @@ pub fn rel_l2(a: &[f64], b: &[f64]) -> f64 {
 pub fn tolerance<T: Dtype>(naive_err: f64) -> f64 {
     2.0 * naive_err + T::UNIT_ROUNDOFF
 }
+
+/// Gradients of attention with respect to Q, K and V, in their layouts.
+#[derive(Clone, Debug)]
+pub struct RefGrads {
+    pub dq: Vec<f64>,
+    pub dk: Vec<f64>,
+    pub dv: Vec<f64>,
+}
+
+/// The analytic gradients of [`attention_f64`] for an upstream gradient `d_o` (O's layout):
+/// with S = scale Q K^T (masked), P = softmax(S), O = P V, D_i = rowsum(dO_i * O_i):
+/// dV = P^T dO, dS = P * (dO V^T - D), dQ = scale dS K, dK = scale dS^T Q. With GQA, dK and
+/// dV of a KV head sum over the query heads that share it. Fully masked rows contribute
+/// nothing. The ground truth for the backward kernels.
+pub fn attention_backward_f64(q: &[f64], k: &[f64], v: &[f64], d_o: &[f64], s: &AttnShape, opts: &FwdOptions) -> RefGrads {
+    let d = s.head_dim;
+    let scale = opts.scale(d) as f64;
+    let fwd = attention_f64(q, k, v, s, opts);
+    let mut g = RefGrads { dq: vec![0.0; q.len()], dk: vec![0.0; k.len()], dv: vec![0.0; v.len()] };
+    let mut p = vec![0.0; s.seqlen_k];
+    for b in 0..s.batch {
+        for h in 0..s.heads_q {
+            let hk = h / (s.heads_q / s.heads_kv);
+            for i in 0..s.seqlen_q {
+                let lse = fwd.lse[(b * s.heads_q + h) * s.seqlen_q + i];
+                if lse == f64::NEG_INFINITY {
+                    continue;
+                }
+                let qi = ((b * s.seqlen_q + i) * s.heads_q + h) * d;
+                let (q_row, do_row, o_row) = (&q[qi..qi + d], &d_o[qi..qi + d], &fwd.o[qi..qi + d]);
+                // P_ij = exp(S_ij - LSE_i), recomputed from the saved LSE as the kernels do.
+                for (j, pj) in p.iter_mut().enumerate() {
+                    let kj = ((b * s.seqlen_k + j) * s.heads_kv + hk) * d;
+                    *pj = if opts.causal && causal_hides(i, j, s.seqlen_q, s.seqlen_k) {
+                        0.0
+                    } else {
+                        let dot: f64 = q_row.iter().zip(&k[kj..kj + d]).map(|(a, b)| a * b).sum();
+                        (dot * scale - lse).exp()
+                    };
+                }
+                // D_i = rowsum(dO_i * O_i).
+                let di: f64 = do_row.iter().zip(o_row).map(|(a, b)| a * b).sum();
+                for (j, &pj) in p.iter().enumerate() {
+                    if pj == 0.0 {
+                        continue;
+                    }
+                    let kj = ((b * s.seqlen_k + j) * s.heads_kv + hk) * d;
+                    // dP_ij = dO_i . V_j; dS_ij = P_ij (dP_ij - D_i).
+                    let dp: f64 = do_row.iter().zip(&v[kj..kj + d]).map(|(a, b)| a * b).sum();
+                    let ds = pj * (dp - di);
+                    for c in 0..d {
+                        g.dq[qi + c] += scale * ds * k[kj + c];
+                        g.dk[kj + c] += scale * ds * q_row[c];
+                        g.dv[kj + c] += pj * do_row[c];
+                    }
+                }
+            }
+        }
+    }
+    g
+}
