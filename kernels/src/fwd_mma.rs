@@ -66,11 +66,11 @@ impl<const D: usize> Layout<D> {
 /// Thread: the ldmatrix row addresses of one lane in a [`Layout`] tile, with the
 /// lane-dependent part computed once. The lane reads row `16 a + row16` (row16 < 16, its
 /// position inside a 16-row block) at 16-byte chunk `2 c + cbit`. Swizzled, since
-/// 16 a + row16 = row16 mod 8, (2c + cbit) ^ r splits into the 16-element offset of (c & !3)
-/// + x[c & 3] + 8 (cbit ^ (r & 1)); padded, it is plainly 16 c + 8 cbit. (Recomputing x at
-/// each use instead of keeping four registers raised pressure: ptxas spilled more.) With `a` and `c`
-/// unrolled constants the address is a register plus an immediate, so no address registers
-/// pile up across the KV loop.
+/// 16 a + row16 = row16 mod 8, (2c + cbit) ^ r splits into the 16-element offset of
+/// (c & !3), plus x[c & 3], plus 8 (cbit ^ (r & 1)); padded, it is plainly 16 c + 8 cbit.
+/// With `a` and `c` unrolled constants the address is a register plus an immediate, so no
+/// address registers pile up across the KV loop. (Recomputing x at each use instead of
+/// keeping four registers raised pressure: ptxas spilled more.)
 #[derive(Clone, Copy)]
 struct LaneAddr {
     base: usize,

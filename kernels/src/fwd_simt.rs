@@ -91,10 +91,10 @@ unsafe fn fwd<T: Element, M: Mask, const ROWS: usize, const DCH: usize, const SC
     let mut rows = [RowState::INIT; ROWS];
     let ctx = Step { p, tile, q_s, k_s, v_s, p_s, k_g, v_g, row0 };
     for j in 0..n_unmasked {
-        unsafe { ctx.kv_step::<T, M, false, ROWS, DCH, SC>(j, &mut acc_o, &mut rows) };
+        unsafe { ctx.kv_step::<M, false, ROWS, DCH, SC>(j, &mut acc_o, &mut rows) };
     }
     for j in n_unmasked..n_tiles {
-        unsafe { ctx.kv_step::<T, M, true, ROWS, DCH, SC>(j, &mut acc_o, &mut rows) };
+        unsafe { ctx.kv_step::<M, true, ROWS, DCH, SC>(j, &mut acc_o, &mut rows) };
     }
 
     // O_i = acc_o / l_i; LSE_i = m_i + log l_i. Rows past seqlen_q still join the warp's
@@ -136,7 +136,7 @@ impl<T: Element> Step<'_, T> {
     /// One iteration of the KV loop over key tile `j`; MASKED adds the mask and the seqlen_k
     /// bound to the scores.
     #[inline(always)]
-    unsafe fn kv_step<U: Element, M: Mask, const MASKED: bool, const ROWS: usize, const DCH: usize, const SC: usize>(
+    unsafe fn kv_step<M: Mask, const MASKED: bool, const ROWS: usize, const DCH: usize, const SC: usize>(
         &self,
         j: u32,
         acc_o: &mut [[f32; DCH]; ROWS],

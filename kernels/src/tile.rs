@@ -152,6 +152,7 @@ pub const fn mma_tile(head_dim: u32) -> Option<MmaTile> {
 
 /// The head_dim the tensor-core kernel is compiled for that serves `head_dim` (zero-padded
 /// up to it): 32, 64, 96, 128, 192 or 256.
+#[allow(clippy::match_overlapping_arm)] // 0 is taken by the guard first
 pub const fn mma_head_dim(head_dim: u32) -> Option<u32> {
     match head_dim {
         _ if head_dim == 0 || head_dim % 8 != 0 => None,
