@@ -144,7 +144,11 @@ impl FlashAttn {
     }
 
     pub(crate) fn check_owner<T>(&self, t: &Tensor<T>, name: &'static str) -> Result<()> {
-        if t.owner == self.id { Ok(()) } else { Err(Error::WrongDevice { tensor: name }) }
+        self.check_owner_id(t.owner, name)
+    }
+
+    pub(crate) fn check_owner_id(&self, owner: u64, name: &'static str) -> Result<()> {
+        if owner == self.id { Ok(()) } else { Err(Error::WrongDevice { tensor: name }) }
     }
 }
 
@@ -224,6 +228,10 @@ impl<T> Tensor<T> {
     /// Whether it has no elements.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+    /// The id of the [`FlashAttn`] that made it.
+    pub(crate) fn owner(&self) -> u64 {
+        self.owner
     }
     /// Bytes of storage.
     pub fn bytes(&self) -> usize {

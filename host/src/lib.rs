@@ -20,6 +20,7 @@
 //! # Ok(()) }
 //! ```
 
+mod backward;
 mod device;
 mod dtype;
 mod error;
@@ -29,6 +30,7 @@ pub mod ptx;
 pub mod reference;
 pub mod rng;
 
+pub use backward::BwdOutput;
 pub use device::{FlashAttn, Tensor, driver_present};
 pub use dtype::Dtype;
 pub use error::{Error, Result};

@@ -273,3 +273,57 @@ pub fn attention_backward_f64(q: &[f64], k: &[f64], v: &[f64], d_o: &[f64], s: &
     }
     g
 }
+
+/// The backward of [`naive_attention`] as autograd computes it in dtype `T`: P as the naive
+/// forward makes it (scores and P rounded to `T`), dV = P^T dO, dP = dO V^T, dS = P * (dP -
+/// rowsum(dP * P)), dQ = scale dS K, dK = scale dS^T Q, each product accumulated in f32 and
+/// rounded to `T`. Its error against [`attention_backward_f64`] calibrates the backward's
+/// tolerance, as the naive forward's does the forward's.
+pub fn naive_backward<T: Dtype>(q: &[T], k: &[T], v: &[T], d_o: &[T], s: &AttnShape, opts: &FwdOptions) -> RefGrads {
+    let d = s.head_dim;
+    let scale = opts.scale(d);
+    let rt = |x: f32| T::from_f32(x).to_f32();
+    let f = |x: &[T]| x.iter().map(|e| e.to_f32()).collect::<Vec<f32>>();
+    let (q, k, v, d_o) = (f(q), f(k), f(v), f(d_o));
+    let (mut dq, mut dk, mut dv) = (vec![0f32; q.len()], vec![0f32; k.len()], vec![0f32; v.len()]);
+    let mut p = vec![0f32; s.seqlen_k];
+    let mut dp = vec![0f32; s.seqlen_k];
+    for b in 0..s.batch {
+        for h in 0..s.heads_q {
+            let hk = h / (s.heads_q / s.heads_kv);
+            for i in 0..s.seqlen_q {
+                let qi = ((b * s.seqlen_q + i) * s.heads_q + h) * d;
+                let kj = |j: usize| ((b * s.seqlen_k + j) * s.heads_kv + hk) * d;
+                for (j, pj) in p.iter_mut().enumerate() {
+                    *pj = if opts.causal && causal_hides(i, j, s.seqlen_q, s.seqlen_k) {
+                        f32::NEG_INFINITY
+                    } else {
+                        rt((0..d).fold(0f32, |a, c| a + q[qi + c] * k[kj(j) + c])) * scale
+                    };
+                }
+                let m = p.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+                if m == f32::NEG_INFINITY {
+                    continue;
+                }
+                let l: f32 = p.iter().map(|x| (x - m).exp()).sum();
+                for pj in p.iter_mut() {
+                    *pj = rt((*pj - m).exp() / l);
+                }
+                for (j, dpj) in dp.iter_mut().enumerate() {
+                    *dpj = rt((0..d).fold(0f32, |a, c| a + d_o[qi + c] * v[kj(j) + c]));
+                }
+                let dot: f32 = p.iter().zip(&dp).map(|(a, b)| a * b).sum();
+                for j in 0..s.seqlen_k {
+                    let ds = rt(p[j] * (dp[j] - dot));
+                    for c in 0..d {
+                        dq[qi + c] += scale * ds * k[kj(j) + c];
+                        dk[kj(j) + c] += scale * ds * q[qi + c];
+                        dv[kj(j) + c] += p[j] * d_o[qi + c];
+                    }
+                }
+            }
+        }
+    }
+    let out = |x: Vec<f32>| x.into_iter().map(|e| rt(e) as f64).collect();
+    RefGrads { dq: out(dq), dk: out(dk), dv: out(dv) }
+}

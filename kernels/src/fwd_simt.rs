@@ -31,7 +31,7 @@ pub unsafe fn entry<T: Element, const ROWS: usize, const DCH: usize, const SC: u
 /// Block: copies rows `row0..row0+rows` of a [seqlen, d] slice (row stride `src_stride`) into
 /// `dst` as f32 with row stride `dst_stride`; rows at or past `row_limit` become 0.
 #[inline(always)]
-unsafe fn load_tile<T: Element>(
+pub(crate) unsafe fn load_tile<T: Element>(
     dst: Shared<f32>,
     dst_stride: u32,
     src: *const T,

@@ -56,3 +56,38 @@ pub struct FwdParams {
     /// 1 for causal masking (bottom-right aligned), 0 for none.
     pub causal: u32,
 }
+
+/// Parameters of the backward kernels (all three: D = rowsum(dO * O), dK/dV, dQ).
+///
+/// Q, O, dO, dQ are laid out like Q; K, V, dK, dV like K; LSE is f32 [batch, heads_q,
+/// seqlen_q]; `stats` is the workspace f32 [3][batch, heads_q, seqlen_q] of each row's
+/// softmax max m_i, 1 / l_i and D_i (written by the dQ kernel, read by the dK/dV kernel).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct BwdParams {
+    /// Device addresses of the tensors.
+    pub q: u64,
+    pub k: u64,
+    pub v: u64,
+    pub o: u64,
+    pub d_o: u64,
+    pub lse: u64,
+    pub stats: u64,
+    pub dq: u64,
+    pub dk: u64,
+    pub dv: u64,
+    /// Strides of Q, O, dO and dQ (one layout).
+    pub q_strides: Strides,
+    /// Strides of K, V, dK and dV (one layout).
+    pub k_strides: Strides,
+    pub batch: u32,
+    pub heads_q: u32,
+    pub heads_kv: u32,
+    pub seqlen_q: u32,
+    pub seqlen_k: u32,
+    pub head_dim: u32,
+    /// softmax_scale.
+    pub scale: f32,
+    /// 1 for causal masking (bottom-right aligned), 0 for none.
+    pub causal: u32,
+}

@@ -5,8 +5,8 @@
 use crate::dtype::Bf16;
 #[cfg(not(target_arch = "nvptx64"))]
 use crate::dtype::{DType, Element};
-use crate::params::FwdParams;
-use crate::tile::{MmaTile, mma_tile, mma_tile_br64, simt_tile};
+use crate::params::{BwdParams, FwdParams};
+use crate::tile::{MmaTile, mma_tile, mma_tile_br64, simt_dq_smem_bytes, simt_kv_tile, simt_tile};
 
 /// A forward kernel variant, as the host launches it.
 #[cfg(not(target_arch = "nvptx64"))]
@@ -167,4 +167,106 @@ pub const FAMILIES: &[&str] = &["mma", "simt", "mma_br64"];
 #[cfg(not(target_arch = "nvptx64"))]
 pub fn fwd_variant(family: &str, dtype: DType, head_dim: u32) -> Option<&'static FwdVariant> {
     FWD_VARIANTS.iter().find(|v| v.family == family && v.dtype == dtype && v.serves(head_dim))
+}
+
+/// A backward kernel variant, as the host launches it.
+#[cfg(not(target_arch = "nvptx64"))]
+#[derive(Clone, Copy, Debug)]
+pub struct BwdVariant {
+    /// PTX entry name.
+    pub name: &'static str,
+    /// Which pass: "dq" (also writes D) or "dkdv".
+    pub pass: &'static str,
+    /// Element type of Q, K, V, O, dO and the gradients.
+    pub dtype: DType,
+    /// Smallest and largest head_dim served.
+    pub head_dims: (u32, u32),
+    /// Rows per block along the grid's x (query rows for dq, key rows for dkdv).
+    pub rows: u32,
+    /// Threads per block.
+    pub threads: u32,
+    /// Dynamic shared memory in bytes, for a head_dim.
+    pub smem_bytes: fn(u32) -> u32,
+    /// The same kernel body, for the emulator.
+    pub emulate: unsafe fn(&BwdParams),
+}
+
+#[cfg(not(target_arch = "nvptx64"))]
+impl BwdVariant {
+    /// Whether this variant serves `head_dim`.
+    pub fn serves(&self, head_dim: u32) -> bool {
+        self.head_dims.0 <= head_dim && head_dim <= self.head_dims.1
+    }
+}
+
+/// As `fwd_variants!`, for the backward kernels.
+macro_rules! bwd_variants {
+    ($( $name:ident => $pass:literal, [$($body:tt)*], $dt:ty, ($lo:expr, $hi:expr), $rows:expr, $threads:expr, $smem:expr; )*) => {
+        $(
+            #[cfg(target_arch = "nvptx64")]
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn $name(p: BwdParams) {
+                unsafe { $($body)*(&p) }
+            }
+        )*
+        /// All backward variants.
+        #[cfg(not(target_arch = "nvptx64"))]
+        pub const BWD_VARIANTS: &[BwdVariant] = &[$(
+            BwdVariant {
+                name: stringify!($name),
+                pass: $pass,
+                dtype: <$dt as Element>::DTYPE,
+                head_dims: ($lo, $hi),
+                rows: $rows,
+                threads: $threads,
+                smem_bytes: $smem,
+                emulate: $($body)*,
+            },
+        )*];
+    };
+}
+
+/// The dK/dV variant for the head dims sharing `simt_kv_tile(D)`.
+macro_rules! bwd_kv {
+    ($ty:ty, $d:literal) => {
+        crate::bwd_simt::dkdv::<$ty, { simt_kv_tile($d).keys_per_warp as usize }, { simt_kv_tile($d).d_chunks as usize }>
+    };
+}
+
+/// The dQ variant for the head dims sharing `simt_tile(D)`.
+macro_rules! bwd_q {
+    ($ty:ty, $d:literal) => {
+        crate::bwd_simt::dq::<$ty, { simt_tile($d).rows_per_warp as usize }, { simt_tile($d).d_chunks as usize }, { simt_tile($d).s_cols as usize }>
+    };
+}
+
+const fn kv_smem(d: u32) -> u32 {
+    simt_kv_tile(d).smem_bytes(d)
+}
+
+bwd_variants! {
+    flash_bwd_dkdv_f32_d64   => "dkdv", [bwd_kv!(f32, 64)],    f32,  (8, 64),    simt_kv_tile(64).bn(),  128, kv_smem;
+    flash_bwd_dkdv_f32_d128  => "dkdv", [bwd_kv!(f32, 128)],   f32,  (72, 128),  simt_kv_tile(128).bn(), 128, kv_smem;
+    flash_bwd_dkdv_f32_d256  => "dkdv", [bwd_kv!(f32, 256)],   f32,  (136, 256), simt_kv_tile(256).bn(), 128, kv_smem;
+    flash_bwd_dkdv_f16_d64   => "dkdv", [bwd_kv!(f16, 64)],    f16,  (8, 64),    simt_kv_tile(64).bn(),  128, kv_smem;
+    flash_bwd_dkdv_f16_d128  => "dkdv", [bwd_kv!(f16, 128)],   f16,  (72, 128),  simt_kv_tile(128).bn(), 128, kv_smem;
+    flash_bwd_dkdv_f16_d256  => "dkdv", [bwd_kv!(f16, 256)],   f16,  (136, 256), simt_kv_tile(256).bn(), 128, kv_smem;
+    flash_bwd_dkdv_bf16_d64  => "dkdv", [bwd_kv!(Bf16, 64)],   Bf16, (8, 64),    simt_kv_tile(64).bn(),  128, kv_smem;
+    flash_bwd_dkdv_bf16_d128 => "dkdv", [bwd_kv!(Bf16, 128)],  Bf16, (72, 128),  simt_kv_tile(128).bn(), 128, kv_smem;
+    flash_bwd_dkdv_bf16_d256 => "dkdv", [bwd_kv!(Bf16, 256)],  Bf16, (136, 256), simt_kv_tile(256).bn(), 128, kv_smem;
+    flash_bwd_dq_f32_d64     => "dq",   [bwd_q!(f32, 64)],     f32,  (8, 64),    simt_tile(64).br(),  128, simt_dq_smem_bytes;
+    flash_bwd_dq_f32_d128    => "dq",   [bwd_q!(f32, 128)],    f32,  (72, 128),  simt_tile(128).br(), 128, simt_dq_smem_bytes;
+    flash_bwd_dq_f32_d256    => "dq",   [bwd_q!(f32, 256)],    f32,  (136, 256), simt_tile(256).br(), 128, simt_dq_smem_bytes;
+    flash_bwd_dq_f16_d64     => "dq",   [bwd_q!(f16, 64)],     f16,  (8, 64),    simt_tile(64).br(),  128, simt_dq_smem_bytes;
+    flash_bwd_dq_f16_d128    => "dq",   [bwd_q!(f16, 128)],    f16,  (72, 128),  simt_tile(128).br(), 128, simt_dq_smem_bytes;
+    flash_bwd_dq_f16_d256    => "dq",   [bwd_q!(f16, 256)],    f16,  (136, 256), simt_tile(256).br(), 128, simt_dq_smem_bytes;
+    flash_bwd_dq_bf16_d64    => "dq",   [bwd_q!(Bf16, 64)],    Bf16, (8, 64),    simt_tile(64).br(),  128, simt_dq_smem_bytes;
+    flash_bwd_dq_bf16_d128   => "dq",   [bwd_q!(Bf16, 128)],   Bf16, (72, 128),  simt_tile(128).br(), 128, simt_dq_smem_bytes;
+    flash_bwd_dq_bf16_d256   => "dq",   [bwd_q!(Bf16, 256)],   Bf16, (136, 256), simt_tile(256).br(), 128, simt_dq_smem_bytes;
+}
+
+/// The backward variant of `pass` for `dtype` and `head_dim`, if there is one.
+#[cfg(not(target_arch = "nvptx64"))]
+pub fn bwd_variant(pass: &str, dtype: DType, head_dim: u32) -> Option<&'static BwdVariant> {
+    BWD_VARIANTS.iter().find(|v| v.pass == pass && v.dtype == dtype && v.serves(head_dim))
 }

@@ -174,3 +174,54 @@ pub const fn mma_tile_br64(head_dim: u32) -> Option<MmaTile> {
         _ => None,
     }
 }
+
+/// Tile of the SIMT dK/dV backward kernel: each warp owns `keys_per_warp` key rows, each lane
+/// one query row of a 32-row query tile (for S, P, dP, dS) and output columns l + 32j of dK
+/// and dV (`d_chunks` of them), so the accumulators stay in registers: 2 * keys_per_warp *
+/// d_chunks = 64 per thread.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SimtKvTile {
+    /// Key rows per warp.
+    pub keys_per_warp: u32,
+    /// Output columns per lane, in chunks of 32.
+    pub d_chunks: u32,
+}
+
+impl SimtKvTile {
+    /// Query rows per inner tile: one per lane.
+    pub const BM: u32 = 32;
+    /// Key rows per block.
+    pub const fn bn(&self) -> u32 {
+        self.keys_per_warp * SIMT_WARPS
+    }
+    /// Threads per block.
+    pub const fn threads(&self) -> u32 {
+        SIMT_WARPS * 32
+    }
+    /// Shared memory in f32: K, V [bn][d+1], Q, dO [32][d+1], m, 1/l, D [32], P, dS [bn][32].
+    pub const fn smem_floats(&self, head_dim: u32) -> u32 {
+        2 * self.bn() * (head_dim + 1) + 2 * Self::BM * (head_dim + 1) + 3 * Self::BM + 2 * self.bn() * Self::BM
+    }
+    /// Shared memory per block, in bytes.
+    pub const fn smem_bytes(&self, head_dim: u32) -> u32 {
+        self.smem_floats(head_dim) * 4
+    }
+}
+
+/// The dK/dV backward tile for `head_dim` (correctness first: not yet timed).
+pub const fn simt_kv_tile(head_dim: u32) -> SimtKvTile {
+    if head_dim <= 64 {
+        SimtKvTile { keys_per_warp: 16, d_chunks: 2 }
+    } else if head_dim <= 128 {
+        SimtKvTile { keys_per_warp: 8, d_chunks: 4 }
+    } else {
+        SimtKvTile { keys_per_warp: 4, d_chunks: 8 }
+    }
+}
+
+/// The dQ backward kernel uses the forward's SIMT tile; its shared memory (f32) holds Q, dO
+/// [br][d], K, V [bc][d+1], dS [br][bc] and the rows' m, 1/l, D [br].
+pub const fn simt_dq_smem_bytes(head_dim: u32) -> u32 {
+    let t = simt_tile(head_dim);
+    (2 * t.br() * head_dim + 2 * t.bc() * SimtTile::k_stride(head_dim) + t.br() * t.bc() + 3 * t.br()) * 4
+}

@@ -169,3 +169,84 @@ pub fn case_strategy(max_seqlen: usize, max_d_units: usize, max_heads_kv: usize,
             Case { shape, causal, softmax_scale: scale, dtype, seed }
         })
 }
+
+/// Runs the forward and then the backward of `case` on `fa` and compares dQ, dK, dV with the
+/// f64 analytic gradients ([`flashattn::reference::attention_backward_f64`]), each within
+/// twice the error of naive autograd-style attention in the same dtype plus one unit roundoff.
+/// Gradient buffers are poisoned with NaN first. With `repeat`, runs the backward again and
+/// requires bitwise identical gradients (determinism).
+pub fn check_backward(fa: &FlashAttn, case: &Case, repeat: bool) -> Result<(), String> {
+    match case.dtype {
+        Dt::F32 => check_backward_typed::<f32>(fa, case, repeat),
+        Dt::F16 => check_backward_typed::<half::f16>(fa, case, repeat),
+        Dt::Bf16 => check_backward_typed::<half::bf16>(fa, case, repeat),
+    }
+}
+
+fn check_backward_typed<T: Dtype>(fa: &FlashAttn, case: &Case, repeat: bool) -> Result<(), String> {
+    use flashattn::BwdOutput;
+    use flashattn::reference::{attention_backward_f64, naive_backward};
+    let s = case.shape;
+    let opts = FwdOptions { causal: case.causal, softmax_scale: case.softmax_scale, kernel: None };
+    let mut rng = Rng::new(case.seed);
+    let (nq, nk) = (s.batch * s.seqlen_q * s.heads_q * s.head_dim, s.batch * s.seqlen_k * s.heads_kv * s.head_dim);
+    let (q, k, v, d_o): (Vec<T>, Vec<T>, Vec<T>, Vec<T>) = (rng.tensor(nq), rng.tensor(nk), rng.tensor(nk), rng.tensor(nq));
+    let e = |e: flashattn::Error| format!("{case}: {e}");
+    let (qd, kd, vd, dod) = (
+        fa.upload(&q, &s.q_shape()).map_err(e)?,
+        fa.upload(&k, &s.kv_shape()).map_err(e)?,
+        fa.upload(&v, &s.kv_shape()).map_err(e)?,
+        fa.upload(&d_o, &s.q_shape()).map_err(e)?,
+    );
+    let fwd = fa.forward(&qd, &kd, &vd, &opts).map_err(e)?;
+    let run = || -> Result<[Vec<f64>; 3], String> {
+        let mut g = BwdOutput {
+            dq: fa.full(T::nan(), &s.q_shape()).map_err(e)?,
+            dk: fa.full(T::nan(), &s.kv_shape()).map_err(e)?,
+            dv: fa.full(T::nan(), &s.kv_shape()).map_err(e)?,
+        };
+        fa.backward_into(&qd, &kd, &vd, &fwd.o, &dod, &fwd.lse, &mut g, &opts).map_err(e)?;
+        let w = |t: &flashattn::Tensor<T>| -> Result<Vec<f64>, String> { Ok(fa.download(t).map_err(e)?.iter().map(|x| x.to_f64()).collect()) };
+        Ok([w(&g.dq)?, w(&g.dk)?, w(&g.dv)?])
+    };
+    let got = run()?;
+    let w = |x: &[T]| x.iter().map(|e| e.to_f64()).collect::<Vec<_>>();
+    let exact = attention_backward_f64(&w(&q), &w(&k), &w(&v), &w(&d_o), &s, &opts);
+    let naive = naive_backward(&q, &k, &v, &d_o, &s, &opts);
+    for (name, g, ex, nv) in [("dQ", &got[0], &exact.dq, &naive.dq), ("dK", &got[1], &exact.dk, &naive.dk), ("dV", &got[2], &exact.dv, &naive.dv)] {
+        let unwritten = g.iter().filter(|x| x.is_nan()).count();
+        if unwritten > 0 {
+            return Err(format!("{case}: {name}: {unwritten} elements still NaN"));
+        }
+        if ex.iter().all(|&x| x == 0.0) {
+            // With a single key (seqlen_k = 1) P = 1, dS = dP - D = 0: dQ and dK vanish exactly
+            // and a relative error is undefined. The kernels compute dS as a difference of two
+            // terms of size |D| = |dO . O| each carrying one rounding to T, so the bar is
+            // absolute: 4 unit roundoffs of T times scale * max_i |dO_i| |V| * max |K|.
+            let amax = |x: &[T]| x.iter().fold(0f64, |m, e| m.max(e.to_f64().abs()));
+            let row = |x: &[T], r: usize| -> f64 { x[r * s.head_dim..(r + 1) * s.head_dim].iter().map(|e| e.to_f64().abs()).sum() };
+            let dov = (0..d_o.len() / s.head_dim).map(|r| row(&d_o, r)).fold(0f64, f64::max) * amax(&v);
+            let bound = 4.0 * T::UNIT_ROUNDOFF * opts.scale(s.head_dim) as f64 * dov * amax(&k).max(amax(&q));
+            let worst = g.iter().fold(0f64, |m, x| m.max(x.abs()));
+            if !(worst <= bound) {
+                return Err(format!("{case}: {name} is exactly 0; got max |{name}| {worst:.3e} (bound {bound:.3e})"));
+            }
+            continue;
+        }
+        let (err, tol) = (rel_l2(g, ex), tolerance::<T>(rel_l2(nv, ex)));
+        if !(err <= tol) {
+            return Err(format!("{case}: {name} rel err {err:.3e} (tol {tol:.3e})"));
+        }
+    }
+    if repeat {
+        for round in 0..3 {
+            let again = run()?;
+            for (name, a, b) in [("dQ", &got[0], &again[0]), ("dK", &got[1], &again[1]), ("dV", &got[2], &again[2])] {
+                if a.iter().zip(b.iter()).any(|(x, y)| x.to_bits() != y.to_bits()) {
+                    return Err(format!("{case}: {name} differs bitwise on repeat {round}"));
+                }
+            }
+        }
+    }
+    Ok(())
+}

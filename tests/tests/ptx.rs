@@ -5,7 +5,7 @@
 //! `PTXAS`, then PATH, then the Python package. `REQUIRE_PTXAS=1` (set by .ci/run) makes a
 //! missing ptxas a failure; otherwise the ptxas test says loudly that it did not run.
 
-use flashattn::kernels::registry::FWD_VARIANTS;
+use flashattn::kernels::registry::{BWD_VARIANTS, FWD_VARIANTS};
 use flashattn::ptx::{MODULES, entries, unresolved};
 use libtest_mimic::{Arguments, Failed, Trial};
 use std::path::PathBuf;
@@ -14,10 +14,11 @@ use std::process::Command;
 fn every_registered_kernel_is_an_entry() {
     for (target, ptx) in MODULES {
         let names = entries(ptx);
-        for v in FWD_VARIANTS {
-            assert!(names.contains(&v.name), "{target}: no entry {} in the PTX", v.name);
+        let registered: Vec<&str> = FWD_VARIANTS.iter().map(|v| v.name).chain(BWD_VARIANTS.iter().map(|v| v.name)).collect();
+        for name in &registered {
+            assert!(names.contains(name), "{target}: no entry {name} in the PTX");
         }
-        assert_eq!(names.len(), FWD_VARIANTS.len(), "{target}: entries {names:?}");
+        assert_eq!(names.len(), registered.len(), "{target}: entries {names:?}");
     }
 }
 

@@ -179,3 +179,22 @@ fn registry_matches_tile_functions() {
         }
     }
 }
+
+#[test]
+fn backward_rejects_bad_shapes_and_kernels_before_launch() {
+    let fa = FlashAttn::emulator();
+    let q = fa.upload(&vec![1.0f32; 4 * 2 * 8], &[1, 4, 2, 8]).unwrap();
+    let lse = fa.full(0.0f32, &[1, 2, 4]).unwrap();
+    let bad_do = fa.full(0.0f32, &[1, 4, 2, 16]).unwrap();
+    let e = fa.backward(&q, &q, &q, &q, &bad_do, &lse, &FwdOptions::default()).err().expect("d_o shape");
+    assert!(matches!(&e, Error::OutputShape { tensor: "d_o", .. }), "{e}");
+    let bad_lse = fa.full(0.0f32, &[1, 4, 2]).unwrap();
+    let e = fa.backward(&q, &q, &q, &q, &q, &bad_lse, &FwdOptions::default()).err().expect("lse shape");
+    assert!(matches!(&e, Error::OutputShape { tensor: "lse", .. }), "{e}");
+    let opts = FwdOptions { kernel: Some("mma"), ..Default::default() };
+    let e = fa.backward(&q, &q, &q, &q, &q, &lse, &opts).err().expect("no mma backward yet");
+    assert!(matches!(&e, Error::UnknownKernel { .. }), "{e}");
+    let k = fa.upload(&vec![1.0f32; 4 * 3 * 8], &[1, 4, 3, 8]).unwrap();
+    let e = fa.backward(&q, &k, &k, &q, &q, &lse, &FwdOptions::default()).err().expect("2 % 3");
+    assert!(matches!(e, Error::HeadsNotDivisible { heads_q: 2, heads_kv: 3 }), "{e}");
+}

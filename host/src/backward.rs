@@ -1,0 +1,166 @@
+//! The backward pass: dQ, dK, dV from Q, K, V and dO, in two launches (dQ, which also writes
+//! each row's softmax statistics and D = rowsum(P * dP), then dK/dV). Deterministic by
+//! construction: no atomics, every output element summed by one thread in a fixed order.
+//! O and LSE are validated but not read by this SIMT path: it recomputes D and the row
+//! statistics in f32 for accuracy (see `kernels/src/bwd_simt.rs`).
+
+use crate::device::{Backend, FlashAttn, Tensor};
+use crate::dtype::Dtype;
+use crate::error::{Error, Result, cuda};
+use crate::forward::{AttnShape, FwdOptions, validate};
+use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+use flashattn_kernels::dev::emu::{self, GlobalRegion};
+use flashattn_kernels::params::{BwdParams, Strides};
+use flashattn_kernels::registry::{BwdVariant, bwd_variant};
+
+/// What the backward pass returns, in the layouts of Q, K and V.
+pub struct BwdOutput<T> {
+    pub dq: Tensor<T>,
+    pub dk: Tensor<T>,
+    pub dv: Tensor<T>,
+}
+
+#[repr(transparent)]
+struct ParamsArg(BwdParams);
+// SAFETY: BwdParams is #[repr(C)] plain data (u64, u32, f32) with the same layout in PTX.
+unsafe impl DeviceRepr for ParamsArg {}
+
+/// The three passes' variants for this dtype and head_dim (the SIMT family, the only one so far).
+fn variants(dtype: flashattn_kernels::dtype::DType, shape: &AttnShape, opts: &FwdOptions) -> Result<[&'static BwdVariant; 2]> {
+    if let Some(k) = opts.kernel
+        && k != "simt"
+    {
+        return Err(Error::UnknownKernel { name: k.into(), available: vec!["simt"] });
+    }
+    let d = shape.head_dim as u32;
+    let get = |pass| bwd_variant(pass, dtype, d).ok_or(Error::NoVariant { family: "simt".into(), dtype: dtype.name(), head_dim: shape.head_dim });
+    Ok([get("dq")?, get("dkdv")?])
+}
+
+impl FlashAttn {
+    /// Gradients of attention: given Q, K, V, the forward's O and LSE, and dO (O's
+    /// gradient), returns dQ, dK, dV. With GQA, dK and dV of a KV head sum over the query
+    /// heads that share it. Options must be the forward's.
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward<T: Dtype>(
+        &self,
+        q: &Tensor<T>,
+        k: &Tensor<T>,
+        v: &Tensor<T>,
+        o: &Tensor<T>,
+        d_o: &Tensor<T>,
+        lse: &Tensor<f32>,
+        opts: &FwdOptions,
+    ) -> Result<BwdOutput<T>> {
+        let shape = validate(q.shape(), k.shape(), v.shape(), opts)?;
+        let mut out = BwdOutput { dq: self.alloc(&shape.q_shape())?, dk: self.alloc(&shape.kv_shape())?, dv: self.alloc(&shape.kv_shape())? };
+        self.backward_into(q, k, v, o, d_o, lse, &mut out, opts)?;
+        Ok(out)
+    }
+
+    /// As [`FlashAttn::backward`], writing into existing gradient buffers.
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward_into<T: Dtype>(
+        &self,
+        q: &Tensor<T>,
+        k: &Tensor<T>,
+        v: &Tensor<T>,
+        o: &Tensor<T>,
+        d_o: &Tensor<T>,
+        lse: &Tensor<f32>,
+        grads: &mut BwdOutput<T>,
+        opts: &FwdOptions,
+    ) -> Result<()> {
+        let shape = validate(q.shape(), k.shape(), v.shape(), opts)?;
+        let (qs, kvs, ls) = (shape.q_shape(), shape.kv_shape(), shape.lse_shape());
+        for (name, got, expected) in [
+            ("o", o.shape(), &qs[..]),
+            ("d_o", d_o.shape(), &qs[..]),
+            ("lse", lse.shape(), &ls[..]),
+            ("dq", grads.dq.shape(), &qs[..]),
+            ("dk", grads.dk.shape(), &kvs[..]),
+            ("dv", grads.dv.shape(), &kvs[..]),
+        ] {
+            if got != expected {
+                return Err(Error::OutputShape { tensor: name, expected: expected.to_vec(), got: got.to_vec() });
+            }
+        }
+        for (name, owner) in [("q", q.owner()), ("k", k.owner()), ("v", v.owner()), ("o", o.owner()), ("d_o", d_o.owner()), ("lse", lse.owner())] {
+            self.check_owner_id(owner, name)?;
+        }
+        for (name, owner) in [("dq", grads.dq.owner()), ("dk", grads.dk.owner()), ("dv", grads.dv.owner())] {
+            self.check_owner_id(owner, name)?;
+        }
+        let [dq, dkdv] = variants(T::DTYPE, &shape, opts)?;
+        let mut stats = self.alloc::<f32>(&[3, ls[0], ls[1], ls[2]])?;
+        let stream = match &self.backend {
+            Backend::Cuda(c) => Some(c.stream.as_ref()),
+            Backend::Emulator => None,
+        };
+        let d = shape.head_dim as u32;
+        let params = BwdParams {
+            q: q.addr(stream),
+            k: k.addr(stream),
+            v: v.addr(stream),
+            o: o.addr(stream),
+            d_o: d_o.addr(stream),
+            lse: lse.addr(stream),
+            stats: stats.addr_mut(stream),
+            dq: grads.dq.addr_mut(stream),
+            dk: grads.dk.addr_mut(stream),
+            dv: grads.dv.addr_mut(stream),
+            q_strides: Strides::contiguous(shape.seqlen_q as u64, shape.heads_q as u64, d as u64),
+            k_strides: Strides::contiguous(shape.seqlen_k as u64, shape.heads_kv as u64, d as u64),
+            batch: shape.batch as u32,
+            heads_q: shape.heads_q as u32,
+            heads_kv: shape.heads_kv as u32,
+            seqlen_q: shape.seqlen_q as u32,
+            seqlen_k: shape.seqlen_k as u32,
+            head_dim: d,
+            scale: opts.scale(shape.head_dim),
+            causal: opts.causal as u32,
+        };
+        let (sq, sk) = (shape.seqlen_q as u32, shape.seqlen_k as u32);
+        let (hq, hkv, b) = (shape.heads_q as u32, shape.heads_kv as u32, shape.batch as u32);
+        // (variant, grid): dQ (and D) over query tiles, then dK/dV over key tiles of each KV head.
+        let launches = [(dq, (sq.div_ceil(dq.rows), hq, b)), (dkdv, (sk.div_ceil(dkdv.rows), hkv, b))];
+        match &self.backend {
+            Backend::Cuda(c) => {
+                let arg = ParamsArg(params);
+                for (v, grid) in launches {
+                    let smem = (v.smem_bytes)(d) as usize;
+                    let f = c.function(v.name, smem)?;
+                    let cfg = LaunchConfig { grid_dim: grid, block_dim: (v.threads, 1, 1), shared_mem_bytes: smem as u32 };
+                    let mut launch = c.stream.launch_builder(&f);
+                    launch.arg(&arg);
+                    // SAFETY: parameters validated against the buffers above.
+                    cuda("launching a backward kernel", unsafe { launch.launch(cfg) })?;
+                }
+                // The workspace is freed in stream order (cudarc frees on the stream), after the launches.
+                drop(stats);
+                Ok(())
+            }
+            Backend::Emulator => {
+                let regions = [
+                    GlobalRegion { start: params.q as usize, len: q.bytes(), writable: false },
+                    GlobalRegion { start: params.k as usize, len: k.bytes(), writable: false },
+                    GlobalRegion { start: params.v as usize, len: v.bytes(), writable: false },
+                    GlobalRegion { start: params.o as usize, len: o.bytes(), writable: false },
+                    GlobalRegion { start: params.d_o as usize, len: d_o.bytes(), writable: false },
+                    GlobalRegion { start: params.lse as usize, len: lse.bytes(), writable: false },
+                    GlobalRegion { start: params.stats as usize, len: stats.bytes(), writable: true },
+                    GlobalRegion { start: params.dq as usize, len: grads.dq.bytes(), writable: true },
+                    GlobalRegion { start: params.dk as usize, len: grads.dk.bytes(), writable: true },
+                    GlobalRegion { start: params.dv as usize, len: grads.dv.bytes(), writable: true },
+                ];
+                for (v, grid) in launches {
+                    let cfg = emu::LaunchConfig { grid, block_threads: v.threads, dynamic_shared_bytes: (v.smem_bytes)(d) as usize };
+                    let body = v.emulate;
+                    // SAFETY: as for the GPU launch; the emulator also checks every access.
+                    emu::launch(v.name, &cfg, &regions, &|| unsafe { body(&params) })?;
+                }
+                Ok(())
+            }
+        }
+    }
+}

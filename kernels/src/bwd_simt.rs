@@ -1,0 +1,424 @@
+//! The SIMT backward kernels (FA2's backward, correctness first, no tensor cores, no atomics),
+//! launched in this order:
+//! 1. `dq`: one block per (query tile, head, batch) loops over the key tiles twice: first for
+//!    the row's softmax statistics m_i, l_i and D_i = sum_j P_ij dP_ij (written out), then
+//!    dS = P * (dP - D) and dQ += scale dS K, in registers. FA2 takes D = rowsum(dO * O) from
+//!    O rounded to the input dtype, and P from the saved LSE. Measured in the emulator against
+//!    the FA2 bar (twice naive attention's error): D from O made f16 dQ up to 1.8x worse than
+//!    naive, and P from LSE made f32 dQ up to 2x worse (LSE's absolute rounding, about
+//!    u |LSE|, becomes a relative error of every P of the row). So this path recomputes both
+//!    in f32, at one more pass over K and V; O and LSE are not read.
+//! 2. `dkdv`: one block per (key tile, KV head, batch) loops over every query row of the KV
+//!    head's query-head group, recomputing P from the saved LSE: dV += P^T dO,
+//!    dS = P * (dO V^T - D), dK += scale dS^T Q, in registers.
+//! Each output element is summed by one thread in a fixed order, so the results are bitwise
+//! deterministic (at the price of computing S and dP three times).
+
+use crate::dev::{self, Shared, block, global, math, thread, warp};
+use crate::dtype::Element;
+use crate::fwd_simt::load_tile;
+use crate::mask::{Causal, Mask, NoMask};
+use crate::params::BwdParams;
+use crate::tile::{SimtKvTile, SimtTile};
+use core::f32::consts::LOG2_E;
+
+/// P_ij = exp(S_ij * scale - m_i) / l_i, 0 where masked or where the row sees no key
+/// (inv_l = 0).
+#[inline(always)]
+fn prob(s: f32, scale: f32, m: f32, inv_l: f32, masked: bool) -> f32 {
+    if masked || inv_l == 0.0 { 0.0 } else { math::ex2((s * scale - m) * LOG2_E) * inv_l }
+}
+
+/// One lane's running softmax statistics of a row, with n = sum_j exp(x_j - m) dP_ij.
+#[derive(Clone, Copy)]
+struct RowStats {
+    m: f32,
+    l: f32,
+    n: f32,
+}
+
+impl RowStats {
+    const INIT: RowStats = RowStats { m: f32::NEG_INFINITY, l: 0.0, n: 0.0 };
+    /// Folds in one scaled score x (-inf: masked) with its dP.
+    #[inline(always)]
+    fn push(&mut self, x: f32, dp: f32) {
+        if x == f32::NEG_INFINITY {
+            return;
+        }
+        if x > self.m {
+            let alpha = math::ex2((self.m - x) * LOG2_E);
+            self.l = self.l * alpha + 1.0;
+            self.n = self.n * alpha + dp;
+            self.m = x;
+        } else {
+            let e = math::ex2((x - self.m) * LOG2_E);
+            self.l += e;
+            self.n += e * dp;
+        }
+    }
+    /// Warp: the row's (m_i, 1 / l_i, D_i = n / l), combining the lanes. A row that sees no
+    /// key gives (-inf, 0, 0).
+    #[inline(always)]
+    fn finish(&self) -> (f32, f32, f32) {
+        let m = warp::allreduce_max(self.m);
+        if m == f32::NEG_INFINITY {
+            // Every lane: the warp took the same branch, so the reductions below are skipped
+            // by all of it.
+            return (m, 0.0, 0.0);
+        }
+        let alpha = math::ex2((self.m - m) * LOG2_E);
+        let l = warp::allreduce_sum(self.l * alpha);
+        let n = warp::allreduce_sum(self.n * alpha);
+        (m, math::rcp(l), n / l)
+    }
+}
+
+/// The dK/dV kernel, one tile shape; causal or not at run time. Reads D from the dQ kernel.
+///
+/// # Safety
+/// `p` valid (host-checked); launch with `simt_kv_tile(d)`'s threads and shared memory.
+#[inline(always)]
+pub unsafe fn dkdv<T: Element, const RK: usize, const DCH: usize>(p: &BwdParams) {
+    unsafe {
+        if p.causal != 0 { dkdv_masked::<T, Causal, RK, DCH>(p) } else { dkdv_masked::<T, NoMask, RK, DCH>(p) }
+    }
+}
+
+#[inline(always)]
+unsafe fn dkdv_masked<T: Element, M: Mask, const RK: usize, const DCH: usize>(p: &BwdParams) {
+    let tile = SimtKvTile { keys_per_warp: RK as u32, d_chunks: DCH as u32 };
+    let (bn, bm, d) = (tile.bn(), SimtKvTile::BM, p.head_dim);
+    if d > 32 * DCH as u32 || block::dim() != tile.threads() {
+        thread::trap();
+    }
+    let (kv_blk, hk, b) = block::idx();
+    let (w, lane) = (warp::id(), warp::lane());
+    let (sq, sk) = (p.seqlen_q, p.seqlen_k);
+    let j0 = kv_blk * bn;
+    let ds = d + 1; // padded f32 rows: lanes reading one column of different rows hit different banks
+
+    // Shared memory: K, V [bn][d+1]; Q, dO [32][d+1]; m, 1/l, D [32]; P, dS [bn][32].
+    let k_s: Shared<f32> = unsafe { dev::dynamic_shared((bn * ds) as usize) };
+    let v_s: Shared<f32> = k_s.after((bn * ds) as usize);
+    let q_s: Shared<f32> = v_s.after((bm * ds) as usize);
+    let do_s: Shared<f32> = q_s.after((bm * ds) as usize);
+    let m_s: Shared<f32> = do_s.after(bm as usize);
+    let il_s: Shared<f32> = m_s.after(bm as usize);
+    let d_s: Shared<f32> = il_s.after(bm as usize);
+    let p_s: Shared<f32> = d_s.after((bn * bm) as usize);
+    let ds_s: Shared<f32> = p_s.after((bn * bm) as usize);
+
+    // K_j, V_j: this block's key rows, loaded once.
+    let kv_at = p.k_strides.offset(b, 0, hk) as usize;
+    unsafe {
+        load_tile(k_s, ds, (p.k as *const T).add(kv_at), p.k_strides.row, j0, bn, sk, d);
+        load_tile(v_s, ds, (p.v as *const T).add(kv_at), p.k_strides.row, j0, bn, sk, d);
+    }
+    let mut acc_dk = [[0f32; DCH]; RK];
+    let mut acc_dv = [[0f32; DCH]; RK];
+    let group = p.heads_q / p.heads_kv;
+    // Query rows that can see key j0 at all: i >= j0 - (sk - sq) under the causal mask.
+    let i_first = if M::hides(sq - 1, j0, sq, sk) { sq } else { (0..sq).find_first_visible::<M>(j0, sq, sk) };
+    for g in 0..group {
+        let h = hk * group + g;
+        let q_at = p.q_strides.offset(b, 0, h) as usize;
+        let (q_g, do_g) = unsafe { ((p.q as *const T).add(q_at), (p.d_o as *const T).add(q_at)) };
+        let stat = ((b as u64 * p.heads_q as u64 + h as u64) * sq as u64) as usize;
+        let mut i0 = i_first / bm * bm;
+        while i0 < sq {
+            // Block: Q_i, dO_i and the row statistics (m_i, 1/l_i, D_i) for query rows i0..i0+32.
+            block::sync();
+            unsafe {
+                load_tile(q_s, ds, q_g, p.q_strides.row, i0, bm, sq, d);
+                load_tile(do_s, ds, do_g, p.q_strides.row, i0, bm, sq, d);
+                let t = thread::idx();
+                if t < bm {
+                    let valid = i0 + t < sq;
+                    let at = stat + (i0 + t) as usize;
+                    let n = (p.batch * p.heads_q * sq) as usize;
+                    let ld = |k: usize, dflt: f32| if valid { global::load((p.stats as *const f32).add(k * n + at)) } else { dflt };
+                    m_s.st(t as usize, ld(0, f32::NEG_INFINITY));
+                    il_s.st(t as usize, ld(1, 0.0));
+                    d_s.st(t as usize, ld(2, 0.0));
+                }
+            }
+            block::sync();
+
+            // Thread (w, lane): query row i0 + lane against the warp's RK key rows.
+            let i = i0 + lane;
+            let (m_i, il_i, d_i) = (m_s.ld(lane as usize), il_s.ld(lane as usize), d_s.ld(lane as usize));
+            for r in 0..RK {
+                let jl = w * RK as u32 + r as u32;
+                let (mut s, mut dp) = (0.0, 0.0);
+                for c in 0..d {
+                    s += q_s.ld((lane * ds + c) as usize) * k_s.ld((jl * ds + c) as usize);
+                    dp += do_s.ld((lane * ds + c) as usize) * v_s.ld((jl * ds + c) as usize);
+                }
+                let j = j0 + jl;
+                let pij = prob(s, p.scale, m_i, il_i, i >= sq || j >= sk || M::hides(i, j, sq, sk));
+                p_s.st((jl * bm + lane) as usize, pij);
+                // dS_ij = P_ij (dP_ij - D_i).
+                ds_s.st((jl * bm + lane) as usize, pij * (dp - d_i));
+            }
+            warp::sync();
+            // dV_j += sum_i P_ij dO_i, dK_j += sum_i dS_ij Q_i (scale applied at the end).
+            for l in 0..bm {
+                let mut q_row = [0f32; DCH];
+                let mut do_row = [0f32; DCH];
+                for ch in 0..DCH {
+                    let c = lane + 32 * ch as u32;
+                    if c < d {
+                        q_row[ch] = q_s.ld((l * ds + c) as usize);
+                        do_row[ch] = do_s.ld((l * ds + c) as usize);
+                    }
+                }
+                for r in 0..RK {
+                    let jl = w * RK as u32 + r as u32;
+                    let (pv, dsv) = (p_s.ld((jl * bm + l) as usize), ds_s.ld((jl * bm + l) as usize));
+                    for ch in 0..DCH {
+                        acc_dv[r][ch] += pv * do_row[ch];
+                        acc_dk[r][ch] += dsv * q_row[ch];
+                    }
+                }
+            }
+            i0 += bm;
+        }
+    }
+
+    // dK = scale * sum dS^T Q, dV = sum P^T dO: through shared memory (K, V are done with),
+    // so the conversion to T runs in a plain block loop and the accumulators keep constant
+    // indices (a bf16 conversion inside the unrolled loops stopped the unroll and sent them to
+    // local memory).
+    block::sync();
+    for r in 0..RK {
+        let jl = w * RK as u32 + r as u32;
+        for ch in 0..DCH {
+            let c = lane + 32 * ch as u32;
+            if c < d {
+                k_s.st((jl * ds + c) as usize, acc_dk[r][ch] * p.scale);
+                v_s.st((jl * ds + c) as usize, acc_dv[r][ch]);
+            }
+        }
+    }
+    block::sync();
+    let (dk_g, dv_g) = unsafe { ((p.dk as *mut T).add(kv_at), (p.dv as *mut T).add(kv_at)) };
+    let mut e = thread::idx();
+    while e < bn * d {
+        let (jl, c) = (e / d, e % d);
+        if j0 + jl < sk {
+            let at = ((j0 + jl) as u64 * p.k_strides.row + c as u64) as usize;
+            unsafe {
+                global::store(dk_g.add(at), T::from_f32(k_s.ld((jl * ds + c) as usize)));
+                global::store(dv_g.add(at), T::from_f32(v_s.ld((jl * ds + c) as usize)));
+            }
+        }
+        e += block::dim();
+    }
+}
+
+/// The first query row that sees key `j` under mask `M` (`sq` if none).
+trait FirstVisible {
+    fn find_first_visible<M: Mask>(self, j: u32, sq: u32, sk: u32) -> u32;
+}
+
+impl FirstVisible for core::ops::Range<u32> {
+    #[inline(always)]
+    fn find_first_visible<M: Mask>(self, j: u32, sq: u32, sk: u32) -> u32 {
+        // Visibility grows with the row index (bottom-right causal), so bisect.
+        let (mut lo, mut hi) = (self.start, self.end);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if M::hides(mid, j, sq, sk) { lo = mid + 1 } else { hi = mid }
+        }
+        lo
+    }
+}
+
+/// The dQ kernel, one tile shape (the forward's SIMT tile); causal or not at run time. Also
+/// writes D for the dK/dV kernel.
+///
+/// # Safety
+/// `p` valid (host-checked); launch with `simt_tile(d)`'s threads and `simt_dq_smem_bytes(d)`.
+#[inline(always)]
+pub unsafe fn dq<T: Element, const ROWS: usize, const DCH: usize, const SC: usize>(p: &BwdParams) {
+    unsafe {
+        if p.causal != 0 { dq_masked::<T, Causal, ROWS, DCH, SC>(p) } else { dq_masked::<T, NoMask, ROWS, DCH, SC>(p) }
+    }
+}
+
+#[inline(always)]
+unsafe fn dq_masked<T: Element, M: Mask, const ROWS: usize, const DCH: usize, const SC: usize>(p: &BwdParams) {
+    let tile = SimtTile { rows_per_warp: ROWS as u32, d_chunks: DCH as u32, s_cols: SC as u32 };
+    let (br, bc, d) = (tile.br(), tile.bc(), p.head_dim);
+    if d > tile.max_head_dim() || block::dim() != tile.threads() {
+        thread::trap();
+    }
+    let (q_blk, h, b) = block::idx();
+    let (w, lane) = (warp::id(), warp::lane());
+    let (sq, sk) = (p.seqlen_q, p.seqlen_k);
+    let hk = h / (p.heads_q / p.heads_kv);
+    let row0 = q_blk * br;
+    let ks = SimtTile::k_stride(d);
+
+    // Shared memory: Q, dO [br][d]; K, V [bc][d+1]; dS [br][bc]; m, 1/l, D [br], all f32.
+    let q_s: Shared<f32> = unsafe { dev::dynamic_shared((br * d) as usize) };
+    let do_s: Shared<f32> = q_s.after((br * d) as usize);
+    let k_s: Shared<f32> = do_s.after((bc * ks) as usize);
+    let v_s: Shared<f32> = k_s.after((bc * ks) as usize);
+    let ds_s: Shared<f32> = v_s.after((br * bc) as usize);
+    let m_s: Shared<f32> = ds_s.after(br as usize);
+    let il_s: Shared<f32> = m_s.after(br as usize);
+    let d_s: Shared<f32> = il_s.after(br as usize);
+
+    let q_at = p.q_strides.offset(b, 0, h) as usize;
+    let kv_at = p.k_strides.offset(b, 0, hk) as usize;
+    unsafe {
+        load_tile(q_s, d, (p.q as *const T).add(q_at), p.q_strides.row, row0, br, sq, d);
+        load_tile(do_s, d, (p.d_o as *const T).add(q_at), p.q_strides.row, row0, br, sq, d);
+    }
+    let row_end = if row0 + br < sq { row0 + br } else { sq };
+    let n_tiles = M::visible_cols(row_end, sq, sk).div_ceil(bc);
+    let r_w = w * ROWS as u32;
+    let ctx = DqTile { p, q_s, do_s, k_s, v_s, k_g: unsafe { (p.k as *const T).add(kv_at) }, v_g: unsafe { (p.v as *const T).add(kv_at) }, bc, r_w, lane };
+    let hidden = |i: usize, c: usize, c0: u32| {
+        let (row, col) = (row0 + r_w + i as u32, c0 + lane + 32 * c as u32);
+        row >= sq || col >= sk || M::hides(row, col, sq, sk)
+    };
+
+    // Pass 0: the row's softmax statistics m_i, l_i and D_i = sum_j P_ij dP_ij, from f32
+    // scores and dP.
+    let mut part = [RowStats::INIT; ROWS];
+    for jt in 0..n_tiles {
+        let (s, dp) = unsafe { ctx.scores::<ROWS, SC>(jt) };
+        for i in 0..ROWS {
+            for c in 0..SC {
+                part[i].push(if hidden(i, c, jt * bc) { f32::NEG_INFINITY } else { s[i][c] * p.scale }, dp[i][c]);
+            }
+        }
+    }
+    // To shared memory for pass 1, and to the workspace for the dK/dV kernel.
+    let stat = ((b as u64 * p.heads_q as u64 + h as u64) * sq as u64) as usize;
+    let n = (p.batch * p.heads_q * sq) as usize;
+    for (i, rs) in part.iter().enumerate() {
+        let (m, il, dd) = rs.finish();
+        let r = r_w + i as u32;
+        if lane == 0 {
+            m_s.st(r as usize, m);
+            il_s.st(r as usize, il);
+            d_s.st(r as usize, dd);
+            if row0 + r < sq {
+                let st = p.stats as *mut f32;
+                let at = stat + (row0 + r) as usize;
+                unsafe {
+                    global::store(st.add(at), m);
+                    global::store(st.add(n + at), il);
+                    global::store(st.add(2 * n + at), dd);
+                }
+            }
+        }
+    }
+    warp::sync();
+
+    // Pass 1: dS_ij = P_ij (dP_ij - D_i), then dQ_i += sum_j dS_ij K_j (scale at the end).
+    let mut acc_dq = [[0f32; DCH]; ROWS];
+    for jt in 0..n_tiles {
+        let c0 = jt * bc;
+        let kv_len = if sk - c0 < bc { sk - c0 } else { bc };
+        let (s, dp) = unsafe { ctx.scores::<ROWS, SC>(jt) };
+        for i in 0..ROWS {
+            let r = (r_w + i as u32) as usize;
+            let (m, il, dd) = (m_s.ld(r), il_s.ld(r), d_s.ld(r));
+            for c in 0..SC {
+                let pij = prob(s[i][c], p.scale, m, il, hidden(i, c, c0));
+                ds_s.st(r * bc as usize + (lane + 32 * c as u32) as usize, pij * (dp[i][c] - dd));
+            }
+        }
+        warp::sync();
+        for kk in 0..kv_len {
+            let mut k_row = [0f32; DCH];
+            for ch in 0..DCH {
+                let c = lane + 32 * ch as u32;
+                if c < d {
+                    k_row[ch] = k_s.ld((kk * ks + c) as usize);
+                }
+            }
+            for i in 0..ROWS {
+                let dsv = ds_s.ld(((r_w + i as u32) * bc + kk) as usize);
+                for ch in 0..DCH {
+                    acc_dq[i][ch] += dsv * k_row[ch];
+                }
+            }
+        }
+    }
+
+    // dQ = scale * acc, through shared memory (Q is done with), as in `dkdv`.
+    block::sync();
+    for i in 0..ROWS {
+        for ch in 0..DCH {
+            let c = lane + 32 * ch as u32;
+            if c < d {
+                q_s.st(((r_w + i as u32) * d + c) as usize, acc_dq[i][ch] * p.scale);
+            }
+        }
+    }
+    block::sync();
+    let dq_g = unsafe { (p.dq as *mut T).add(q_at) };
+    let mut e = thread::idx();
+    while e < br * d {
+        let (r, c) = (e / d, e % d);
+        if row0 + r < sq {
+            let at = ((row0 + r) as u64 * p.q_strides.row + c as u64) as usize;
+            unsafe { global::store(dq_g.add(at), T::from_f32(q_s.ld((r * d + c) as usize))) };
+        }
+        e += block::dim();
+    }
+}
+
+/// What each key tile of the dQ kernel reads.
+struct DqTile<'a, T> {
+    p: &'a BwdParams,
+    q_s: Shared<f32>,
+    do_s: Shared<f32>,
+    k_s: Shared<f32>,
+    v_s: Shared<f32>,
+    k_g: *const T,
+    v_g: *const T,
+    bc: u32,
+    r_w: u32,
+    lane: u32,
+}
+
+impl<T: Element> DqTile<'_, T> {
+    /// Block: loads key tile `jt` (K, V) and returns this lane's S_ij and dP_ij = dO_i . V_j
+    /// for its rows and key columns.
+    #[inline(always)]
+    unsafe fn scores<const ROWS: usize, const SC: usize>(&self, jt: u32) -> ([[f32; SC]; ROWS], [[f32; SC]; ROWS]) {
+        let (p, d, lane) = (self.p, self.p.head_dim, self.lane);
+        let ks = SimtTile::k_stride(d);
+        block::sync();
+        unsafe {
+            load_tile(self.k_s, ks, self.k_g, p.k_strides.row, jt * self.bc, self.bc, p.seqlen_k, d);
+            load_tile(self.v_s, ks, self.v_g, p.k_strides.row, jt * self.bc, self.bc, p.seqlen_k, d);
+        }
+        block::sync();
+        let mut s = [[0f32; SC]; ROWS];
+        let mut dp = [[0f32; SC]; ROWS];
+        for kk in 0..d {
+            let mut kc = [0f32; SC];
+            let mut vc = [0f32; SC];
+            for c in 0..SC {
+                kc[c] = self.k_s.ld(((lane + 32 * c as u32) * ks + kk) as usize);
+                vc[c] = self.v_s.ld(((lane + 32 * c as u32) * ks + kk) as usize);
+            }
+            for i in 0..ROWS {
+                let qv = self.q_s.ld(((self.r_w + i as u32) * d + kk) as usize);
+                let dov = self.do_s.ld(((self.r_w + i as u32) * d + kk) as usize);
+                for c in 0..SC {
+                    s[i][c] += qv * kc[c];
+                    dp[i][c] += dov * vc[c];
+                }
+            }
+        }
+        (s, dp)
+    }
+}

@@ -1,0 +1,86 @@
+//! Backward pass against the f64 analytic gradients: property tests over random shapes,
+//! options and dtypes, named edge cases and a determinism check (bitwise identical gradients
+//! on repeated runs), on the CPU emulator always and on the GPU when there is one (ignored,
+//! loudly, when not; failed when REQUIRE_GPU=1).
+
+use flashattn::{AttnShape, FlashAttn};
+use flashattn_tests::{BackendKind, Case, Dt, Gpu, case_strategy, check_backward};
+use libtest_mimic::{Arguments, Failed, Trial};
+use proptest::strategy::Strategy;
+use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use std::sync::Arc;
+
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+fn shape(batch: usize, seqlen_q: usize, seqlen_k: usize, heads_q: usize, heads_kv: usize, head_dim: usize) -> AttnShape {
+    AttnShape { batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim }
+}
+
+fn fresh_seed() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
+}
+
+fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option<String>) -> Vec<Trial> {
+    let tag = if kind == BackendKind::Gpu { "gpu" } else { "emulator" };
+    let mk = |name: String, f: Box<dyn FnOnce(&FlashAttn) -> Result<(), Failed> + Send>| {
+        let (fa, unavailable) = (fa.clone(), unavailable.clone());
+        Trial::test(name, move || match (fa, unavailable) {
+            (Some(fa), _) => f(&fa),
+            (None, Some(why)) => Err(format!("REQUIRE_GPU=1 but no GPU: {why}").into()),
+            (None, None) => Err("no backend".into()),
+        })
+    };
+    let mut trials = Vec::new();
+    for dtype in [Dt::F32, Dt::F16, Dt::Bf16] {
+        let name = format!("{tag}::props::{dtype:?}").to_lowercase();
+        let (cases, strategy) = match kind {
+            BackendKind::Gpu => (env_usize("FLASHATTN_GPU_BWD_CASES", 60), case_strategy(200, 32, 4, 4, 2, 2_000_000)),
+            BackendKind::Emulator => (env_usize("FLASHATTN_EMU_BWD_CASES", 8), case_strategy(50, 32, 2, 2, 2, 60_000)),
+        };
+        trials.push(mk(name, Box::new(move |fa| {
+            let mut runner = TestRunner::new(Config { cases: cases as u32, failure_persistence: None, ..Config::default() });
+            let strategy = strategy.prop_map(move |c| Case { dtype, ..c });
+            runner.run(&strategy, |case| check_backward(fa, &case, false).map_err(TestCaseError::fail)).map_err(|e| Failed::from(format!("{e}")))
+        })));
+    }
+    let edges = [
+        ("single_query_single_key", shape(1, 1, 1, 1, 1, 8), false),
+        ("causal_more_queries_than_keys_fully_masked_rows", shape(1, 40, 17, 2, 1, 64), true),
+        ("causal_fewer_queries_than_keys", shape(1, 20, 70, 2, 2, 32), true),
+        ("gqa_4_to_1", shape(1, 33, 45, 4, 1, 64), false),
+        ("head_dim_136", shape(1, 21, 30, 2, 1, 136), true),
+        ("head_dim_256", shape(1, 19, 23, 1, 1, 256), false),
+    ];
+    for (name, s, causal) in edges {
+        for dtype in [Dt::F32, Dt::F16, Dt::Bf16] {
+            let case = Case { shape: s, causal, softmax_scale: None, dtype, seed: 0 };
+            trials.push(mk(format!("{tag}::edge::{name}::{dtype:?}").to_lowercase(), Box::new(move |fa| {
+                check_backward(fa, &Case { seed: fresh_seed(), ..case }, false).map_err(Failed::from)
+            })));
+        }
+    }
+    for dtype in [Dt::F32, Dt::F16, Dt::Bf16] {
+        let case = Case { shape: shape(2, 45, 70, 4, 2, 64), causal: true, softmax_scale: None, dtype, seed: 0 };
+        trials.push(mk(format!("{tag}::deterministic::{dtype:?}").to_lowercase(), Box::new(move |fa| {
+            check_backward(fa, &Case { seed: fresh_seed(), ..case }, true).map_err(Failed::from)
+        })));
+    }
+    trials
+}
+
+fn main() {
+    let args = Arguments::from_args();
+    let mut trials = trials_for(BackendKind::Emulator, Some(Arc::new(FlashAttn::emulator())), None);
+    match Gpu::detect() {
+        Gpu::Present(fa) => trials.extend(trials_for(BackendKind::Gpu, Some(Arc::new(fa)), None)),
+        Gpu::Required(why) => trials.extend(trials_for(BackendKind::Gpu, None, Some(why))),
+        Gpu::Absent(why) => {
+            let gpu = trials_for(BackendKind::Gpu, None, None);
+            eprintln!("\n*** NO GPU ({why}): {} GPU backward tests NOT RUN (reported as ignored). Set REQUIRE_GPU=1 to make this a failure. ***\n", gpu.len());
+            trials.extend(gpu.into_iter().map(|t| t.with_ignored_flag(true)));
+        }
+    }
+    libtest_mimic::run(&args, trials).exit();
+}
