@@ -4,13 +4,12 @@
 //! O and LSE are validated but not read by this SIMT path: it recomputes D and the row
 //! statistics in f32 for accuracy (see `kernels/src/bwd_simt.rs`).
 
-use crate::device::{Backend, FlashAttn, Tensor};
+use crate::device::{FlashAttn, Launch, Tensor};
 use crate::dtype::Dtype;
-use crate::error::{Error, Result, cuda};
+use crate::error::{Error, Result};
 use crate::forward::{AttnShape, FwdOptions, validate};
-use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
-use flashattn_kernels::dev::emu::{self, GlobalRegion};
-use flashattn_kernels::params::{BwdParams, Strides};
+use flashattn_kernels::dev::emu::GlobalRegion;
+use flashattn_kernels::params::BwdParams;
 use flashattn_kernels::registry::{BwdVariant, bwd_variant};
 
 /// What the backward pass returns, in the layouts of Q, K and V.
@@ -19,11 +18,6 @@ pub struct BwdOutput<T> {
     pub dk: Tensor<T>,
     pub dv: Tensor<T>,
 }
-
-#[repr(transparent)]
-struct ParamsArg(BwdParams);
-// SAFETY: BwdParams is #[repr(C)] plain data (u64, u32, f32) with the same layout in PTX.
-unsafe impl DeviceRepr for ParamsArg {}
 
 /// The three passes' variants for this dtype and head_dim (the SIMT family, the only one so far).
 fn variants(dtype: flashattn_kernels::dtype::DType, shape: &AttnShape, opts: &FwdOptions) -> Result<[&'static BwdVariant; 2]> {
@@ -93,10 +87,7 @@ impl FlashAttn {
         }
         let [dq, dkdv] = variants(T::DTYPE, &shape, opts)?;
         let mut stats = self.alloc::<f32>(&[3, ls[0], ls[1], ls[2]])?;
-        let stream = match &self.backend {
-            Backend::Cuda(c) => Some(c.stream.as_ref()),
-            Backend::Emulator => None,
-        };
+        let stream = self.stream();
         let d = shape.head_dim as u32;
         let params = BwdParams {
             q: q.addr(stream),
@@ -109,8 +100,8 @@ impl FlashAttn {
             dq: grads.dq.addr_mut(stream),
             dk: grads.dk.addr_mut(stream),
             dv: grads.dv.addr_mut(stream),
-            q_strides: Strides::contiguous(shape.seqlen_q as u64, shape.heads_q as u64, d as u64),
-            k_strides: Strides::contiguous(shape.seqlen_k as u64, shape.heads_kv as u64, d as u64),
+            q_strides: shape.q_strides(),
+            k_strides: shape.kv_strides(),
             batch: shape.batch as u32,
             heads_q: shape.heads_q as u32,
             heads_kv: shape.heads_kv as u32,
@@ -120,47 +111,25 @@ impl FlashAttn {
             scale: opts.scale(shape.head_dim),
             causal: opts.causal as u32,
         };
+        let regions = [
+            GlobalRegion { start: params.q as usize, len: q.bytes(), writable: false },
+            GlobalRegion { start: params.k as usize, len: k.bytes(), writable: false },
+            GlobalRegion { start: params.v as usize, len: v.bytes(), writable: false },
+            GlobalRegion { start: params.o as usize, len: o.bytes(), writable: false },
+            GlobalRegion { start: params.d_o as usize, len: d_o.bytes(), writable: false },
+            GlobalRegion { start: params.lse as usize, len: lse.bytes(), writable: false },
+            GlobalRegion { start: params.stats as usize, len: stats.bytes(), writable: true },
+            GlobalRegion { start: params.dq as usize, len: grads.dq.bytes(), writable: true },
+            GlobalRegion { start: params.dk as usize, len: grads.dk.bytes(), writable: true },
+            GlobalRegion { start: params.dv as usize, len: grads.dv.bytes(), writable: true },
+        ];
+        // dQ (and the row statistics) over query tiles, then dK/dV over key tiles of each KV head.
         let (sq, sk) = (shape.seqlen_q as u32, shape.seqlen_k as u32);
         let (hq, hkv, b) = (shape.heads_q as u32, shape.heads_kv as u32, shape.batch as u32);
-        // (variant, grid): dQ (and D) over query tiles, then dK/dV over key tiles of each KV head.
-        let launches = [(dq, (sq.div_ceil(dq.rows), hq, b)), (dkdv, (sk.div_ceil(dkdv.rows), hkv, b))];
-        match &self.backend {
-            Backend::Cuda(c) => {
-                let arg = ParamsArg(params);
-                for (v, grid) in launches {
-                    let smem = (v.smem_bytes)(d) as usize;
-                    let f = c.function(v.name, smem)?;
-                    let cfg = LaunchConfig { grid_dim: grid, block_dim: (v.threads, 1, 1), shared_mem_bytes: smem as u32 };
-                    let mut launch = c.stream.launch_builder(&f);
-                    launch.arg(&arg);
-                    // SAFETY: parameters validated against the buffers above.
-                    cuda("launching a backward kernel", unsafe { launch.launch(cfg) })?;
-                }
-                // The workspace is freed in stream order (cudarc frees on the stream), after the launches.
-                drop(stats);
-                Ok(())
-            }
-            Backend::Emulator => {
-                let regions = [
-                    GlobalRegion { start: params.q as usize, len: q.bytes(), writable: false },
-                    GlobalRegion { start: params.k as usize, len: k.bytes(), writable: false },
-                    GlobalRegion { start: params.v as usize, len: v.bytes(), writable: false },
-                    GlobalRegion { start: params.o as usize, len: o.bytes(), writable: false },
-                    GlobalRegion { start: params.d_o as usize, len: d_o.bytes(), writable: false },
-                    GlobalRegion { start: params.lse as usize, len: lse.bytes(), writable: false },
-                    GlobalRegion { start: params.stats as usize, len: stats.bytes(), writable: true },
-                    GlobalRegion { start: params.dq as usize, len: grads.dq.bytes(), writable: true },
-                    GlobalRegion { start: params.dk as usize, len: grads.dk.bytes(), writable: true },
-                    GlobalRegion { start: params.dv as usize, len: grads.dv.bytes(), writable: true },
-                ];
-                for (v, grid) in launches {
-                    let cfg = emu::LaunchConfig { grid, block_threads: v.threads, dynamic_shared_bytes: (v.smem_bytes)(d) as usize };
-                    let body = v.emulate;
-                    // SAFETY: as for the GPU launch; the emulator also checks every access.
-                    emu::launch(v.name, &cfg, &regions, &|| unsafe { body(&params) })?;
-                }
-                Ok(())
-            }
-        }
+        let launch = |v: &BwdVariant, grid| Launch { name: v.name, grid, threads: v.threads, smem: (v.smem_bytes)(d) as usize, emulate: v.emulate };
+        let launches = [launch(dq, (sq.div_ceil(dq.rows), hq, b)), launch(dkdv, (sk.div_ceil(dkdv.rows), hkv, b))];
+        // SAFETY: parameters validated against the buffers above. The workspace is dropped
+        // after the launches are queued; cudarc frees it in stream order, after them.
+        unsafe { self.launch("launching a backward kernel", &launches, params, &regions) }
     }
 }

@@ -260,3 +260,73 @@ impl<T> Tensor<T> {
         }
     }
 }
+
+/// A kernel parameter struct the kernels take by value: `#[repr(C)]` plain data defined in
+/// `flashattn-kernels`, with the same layout in PTX.
+pub(crate) trait KernelParams: Copy + Sync {}
+impl KernelParams for flashattn_kernels::params::FwdParams {}
+impl KernelParams for flashattn_kernels::params::BwdParams {}
+
+#[repr(transparent)]
+struct ParamsArg<P>(P);
+// SAFETY: only KernelParams (#[repr(C)] structs of u64, u32 and f32) are wrapped.
+unsafe impl<P: KernelParams> cudarc::driver::DeviceRepr for ParamsArg<P> {}
+
+/// One launch: which kernel, its geometry, and its body for the emulator.
+pub(crate) struct Launch<P> {
+    pub(crate) name: &'static str,
+    pub(crate) grid: (u32, u32, u32),
+    pub(crate) threads: u32,
+    pub(crate) smem: usize,
+    pub(crate) emulate: unsafe fn(&P),
+}
+
+impl FlashAttn {
+    /// The stream kernels are queued on (None on the emulator), for tensor addresses.
+    pub(crate) fn stream(&self) -> Option<&CudaStream> {
+        match &self.backend {
+            Backend::Cuda(c) => Some(c.stream.as_ref()),
+            Backend::Emulator => None,
+        }
+    }
+
+    /// Runs `launches` in order with `params`, on the GPU or in the emulator (where `regions`
+    /// are the global buffers they may touch).
+    ///
+    /// # Safety
+    /// `params` must describe buffers, validated by the caller, that the kernels may read and
+    /// write within their shapes; `regions` must cover them.
+    pub(crate) unsafe fn launch<P: KernelParams>(
+        &self,
+        what: &'static str,
+        launches: &[Launch<P>],
+        params: P,
+        regions: &[flashattn_kernels::dev::emu::GlobalRegion],
+    ) -> Result<()> {
+        use cudarc::driver::{LaunchConfig, PushKernelArg};
+        use flashattn_kernels::dev::emu;
+        match &self.backend {
+            Backend::Cuda(c) => {
+                let arg = ParamsArg(params);
+                for l in launches {
+                    let f = c.function(l.name, l.smem)?;
+                    let cfg = LaunchConfig { grid_dim: l.grid, block_dim: (l.threads, 1, 1), shared_mem_bytes: l.smem as u32 };
+                    let mut builder = c.stream.launch_builder(&f);
+                    builder.arg(&arg);
+                    // SAFETY: the caller's contract.
+                    cuda(what, unsafe { builder.launch(cfg) })?;
+                }
+                Ok(())
+            }
+            Backend::Emulator => {
+                for l in launches {
+                    let cfg = emu::LaunchConfig { grid: l.grid, block_threads: l.threads, dynamic_shared_bytes: l.smem };
+                    let body = l.emulate;
+                    // SAFETY: the caller's contract; the emulator also checks every access.
+                    emu::launch(l.name, &cfg, regions, &|| unsafe { body(&params) })?;
+                }
+                Ok(())
+            }
+        }
+    }
+}

@@ -1,10 +1,9 @@
 //! The forward pass: validation, launch parameters, and the launch on either backend.
 
-use crate::device::{Backend, FlashAttn, Tensor};
+use crate::device::{FlashAttn, Launch, Tensor};
 use crate::dtype::Dtype;
-use crate::error::{Error, Result, cuda};
-use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
-use flashattn_kernels::dev::emu::{self, GlobalRegion};
+use crate::error::{Error, Result};
+use flashattn_kernels::dev::emu::GlobalRegion;
 use flashattn_kernels::params::{FwdParams, Strides};
 use flashattn_kernels::registry::{FAMILIES, FwdVariant, fwd_variant};
 
@@ -50,6 +49,14 @@ impl AttnShape {
     /// Shape of LSE: [batch, heads_q, seqlen_q].
     pub fn lse_shape(&self) -> [usize; 3] {
         [self.batch, self.heads_q, self.seqlen_q]
+    }
+    /// Element strides of Q, O, dO and dQ (contiguous).
+    pub fn q_strides(&self) -> Strides {
+        Strides::contiguous(self.seqlen_q as u64, self.heads_q as u64, self.head_dim as u64)
+    }
+    /// Element strides of K, V, dK and dV (contiguous).
+    pub fn kv_strides(&self) -> Strides {
+        Strides::contiguous(self.seqlen_k as u64, self.heads_kv as u64, self.head_dim as u64)
     }
     /// FLOPs of the forward pass: 4 * b * h * sq * sk * d, halved when causal (the FA papers' count).
     pub fn fwd_flops(&self, causal: bool) -> f64 {
@@ -141,11 +148,6 @@ pub fn select_variant(dtype: flashattn_kernels::dtype::DType, head_dim: usize, o
     }
 }
 
-#[repr(transparent)]
-struct ParamsArg(FwdParams);
-// SAFETY: FwdParams is #[repr(C)] plain data (u64, u32, f32) with the same layout in PTX.
-unsafe impl DeviceRepr for ParamsArg {}
-
 impl FlashAttn {
     /// Attention forward: O = softmax(scale * Q K^T [masked]) V, and its LSE.
     /// Q: [batch, seqlen_q, heads_q, head_dim]; K, V: [batch, seqlen_k, heads_kv, head_dim].
@@ -182,20 +184,17 @@ impl FlashAttn {
         let d = shape.head_dim as u32;
         let smem = (variant.smem_bytes)(d) as usize;
         let grid = ((shape.seqlen_q as u32).div_ceil(variant.br), shape.heads_q as u32, shape.batch as u32);
-        let stream = match &self.backend {
-            Backend::Cuda(c) => Some(c.stream.as_ref()),
-            Backend::Emulator => None,
-        };
+        let stream = self.stream();
         let params = FwdParams {
             q: q.addr(stream),
             k: k.addr(stream),
             v: v.addr(stream),
             o: o.addr_mut(stream),
             lse: lse.addr_mut(stream),
-            q_strides: Strides::contiguous(shape.seqlen_q as u64, shape.heads_q as u64, d as u64),
-            k_strides: Strides::contiguous(shape.seqlen_k as u64, shape.heads_kv as u64, d as u64),
-            v_strides: Strides::contiguous(shape.seqlen_k as u64, shape.heads_kv as u64, d as u64),
-            o_strides: Strides::contiguous(shape.seqlen_q as u64, shape.heads_q as u64, d as u64),
+            q_strides: shape.q_strides(),
+            k_strides: shape.kv_strides(),
+            v_strides: shape.kv_strides(),
+            o_strides: shape.q_strides(),
             batch: shape.batch as u32,
             heads_q: shape.heads_q as u32,
             heads_kv: shape.heads_kv as u32,
@@ -205,32 +204,16 @@ impl FlashAttn {
             scale: opts.scale(shape.head_dim),
             causal: opts.causal as u32,
         };
-        match &self.backend {
-            Backend::Cuda(c) => {
-                let f = c.function(variant.name, smem)?;
-                let cfg = LaunchConfig { grid_dim: grid, block_dim: (variant.threads, 1, 1), shared_mem_bytes: smem as u32 };
-                let arg = ParamsArg(params);
-                let mut launch = c.stream.launch_builder(&f);
-                launch.arg(&arg);
-                // SAFETY: the parameters were validated against the buffers above; the kernel
-                // reads q, k, v and writes o and lse within their shapes.
-                cuda("launching the forward kernel", unsafe { launch.launch(cfg) })?;
-                Ok(())
-            }
-            Backend::Emulator => {
-                let regions = [
-                    GlobalRegion { start: params.q as usize, len: q.bytes(), writable: false },
-                    GlobalRegion { start: params.k as usize, len: k.bytes(), writable: false },
-                    GlobalRegion { start: params.v as usize, len: v.bytes(), writable: false },
-                    GlobalRegion { start: params.o as usize, len: o.bytes(), writable: true },
-                    GlobalRegion { start: params.lse as usize, len: lse.bytes(), writable: true },
-                ];
-                let cfg = emu::LaunchConfig { grid, block_threads: variant.threads, dynamic_shared_bytes: smem };
-                let body = variant.emulate;
-                // SAFETY: as for the GPU launch; the emulator also checks every access.
-                emu::launch(variant.name, &cfg, &regions, &|| unsafe { body(&params) })?;
-                Ok(())
-            }
-        }
+        let regions = [
+            GlobalRegion { start: params.q as usize, len: q.bytes(), writable: false },
+            GlobalRegion { start: params.k as usize, len: k.bytes(), writable: false },
+            GlobalRegion { start: params.v as usize, len: v.bytes(), writable: false },
+            GlobalRegion { start: params.o as usize, len: o.bytes(), writable: true },
+            GlobalRegion { start: params.lse as usize, len: lse.bytes(), writable: true },
+        ];
+        let launch = Launch { name: variant.name, grid, threads: variant.threads, smem, emulate: variant.emulate };
+        // SAFETY: the parameters were validated against the buffers above; the kernel reads q,
+        // k, v and writes o and lse within their shapes.
+        unsafe { self.launch("launching the forward kernel", &[launch], params, &regions) }
     }
 }

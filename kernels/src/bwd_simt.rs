@@ -16,7 +16,7 @@
 
 use crate::dev::{self, Shared, block, global, math, thread, warp};
 use crate::dtype::Element;
-use crate::fwd_simt::load_tile;
+use crate::fwd_simt::{load_tile, store_tile};
 use crate::mask::{Causal, Mask, NoMask};
 use crate::params::BwdParams;
 use crate::tile::{SimtKvTile, SimtTile};
@@ -201,18 +201,9 @@ unsafe fn dkdv_masked<T: Element, M: Mask, const RK: usize, const DCH: usize>(p:
         }
     }
     block::sync();
-    let (dk_g, dv_g) = unsafe { ((p.dk as *mut T).add(kv_at), (p.dv as *mut T).add(kv_at)) };
-    let mut e = thread::idx();
-    while e < bn * d {
-        let (jl, c) = (e / d, e % d);
-        if j0 + jl < sk {
-            let at = ((j0 + jl) as u64 * p.k_strides.row + c as u64) as usize;
-            unsafe {
-                global::store(dk_g.add(at), T::from_f32(k_s.ld((jl * ds + c) as usize)));
-                global::store(dv_g.add(at), T::from_f32(v_s.ld((jl * ds + c) as usize)));
-            }
-        }
-        e += block::dim();
+    unsafe {
+        store_tile(k_s, ds, (p.dk as *mut T).add(kv_at), p.k_strides.row, j0, bn, sk, d);
+        store_tile(v_s, ds, (p.dv as *mut T).add(kv_at), p.k_strides.row, j0, bn, sk, d);
     }
 }
 
@@ -362,16 +353,7 @@ unsafe fn dq_masked<T: Element, M: Mask, const ROWS: usize, const DCH: usize, co
         }
     }
     block::sync();
-    let dq_g = unsafe { (p.dq as *mut T).add(q_at) };
-    let mut e = thread::idx();
-    while e < br * d {
-        let (r, c) = (e / d, e % d);
-        if row0 + r < sq {
-            let at = ((row0 + r) as u64 * p.q_strides.row + c as u64) as usize;
-            unsafe { global::store(dq_g.add(at), T::from_f32(q_s.ld((r * d + c) as usize))) };
-        }
-        e += block::dim();
-    }
+    unsafe { store_tile(q_s, d, (p.dq as *mut T).add(q_at), p.q_strides.row, row0, br, sq, d) };
 }
 
 /// What each key tile of the dQ kernel reads.

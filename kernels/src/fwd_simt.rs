@@ -55,6 +55,32 @@ pub(crate) unsafe fn load_tile<T: Element>(
     }
 }
 
+/// Block: the inverse of [`load_tile`]: writes rows `0..rows` of the f32 tile `src` (row
+/// stride `src_stride`) as `T` to rows `row0..` of a [seqlen, d] slice (row stride
+/// `dst_stride`), skipping rows at or past `row_limit`.
+#[inline(always)]
+pub(crate) unsafe fn store_tile<T: Element>(
+    src: Shared<f32>,
+    src_stride: u32,
+    dst: *mut T,
+    dst_stride: u64,
+    row0: u32,
+    rows: u32,
+    row_limit: u32,
+    d: u32,
+) {
+    let mut e = thread::idx();
+    while e < rows * d {
+        let (r, c) = (e / d, e % d);
+        let g = row0 + r;
+        if g < row_limit {
+            let x = T::from_f32(src.ld((r * src_stride + c) as usize));
+            unsafe { global::store(dst.add((g as u64 * dst_stride + c as u64) as usize), x) };
+        }
+        e += block::dim();
+    }
+}
+
 #[inline(always)]
 unsafe fn fwd<T: Element, M: Mask, const ROWS: usize, const DCH: usize, const SC: usize>(p: &FwdParams) {
     let tile = SimtTile { rows_per_warp: ROWS as u32, d_chunks: DCH as u32, s_cols: SC as u32 };
