@@ -1,16 +1,18 @@
 //! The backward pass: dQ, dK, dV from Q, K, V and dO, in two launches (dQ, which also writes
 //! each row's softmax statistics and D = rowsum(P * dP), then dK/dV). Deterministic by
 //! construction: no atomics, every output element summed by one thread in a fixed order.
-//! O and LSE are validated but not read by this SIMT path: it recomputes D and the row
-//! statistics in f32 for accuracy (see `kernels/src/bwd_simt.rs`).
+//! Two families: the tensor-core kernels (`mma`, f16 and bf16 up to head_dim 128; P from the
+//! saved LSE and D = rowsum(dO * O), as FA2, see `kernels/src/bwd_mma.rs`) and SIMT (every
+//! dtype and head_dim; O and LSE are validated but not read: it recomputes D and the row
+//! statistics in f32 for accuracy, see `kernels/src/bwd_simt.rs`).
 
 use crate::device::{FlashAttn, Launch, Tensor};
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
-use crate::forward::{AttnShape, FwdOptions, validate};
+use crate::forward::{FwdOptions, validate};
 use flashattn_kernels::dev::emu::GlobalRegion;
 use flashattn_kernels::params::BwdParams;
-use flashattn_kernels::registry::{BwdVariant, bwd_variant};
+use flashattn_kernels::registry::{BWD_FAMILIES, BwdVariant, bwd_variant};
 
 /// What the backward pass returns, in the layouts of Q, K and V.
 pub struct BwdOutput<T> {
@@ -19,16 +21,22 @@ pub struct BwdOutput<T> {
     pub dv: Tensor<T>,
 }
 
-/// The three passes' variants for this dtype and head_dim (the SIMT family, the only one so far).
-fn variants(dtype: flashattn_kernels::dtype::DType, shape: &AttnShape, opts: &FwdOptions) -> Result<[&'static BwdVariant; 2]> {
-    if let Some(k) = opts.kernel
-        && k != "simt"
-    {
-        return Err(Error::UnknownKernel { name: k.into(), available: vec!["simt"] });
+/// The two passes' variants for this dtype and head_dim: the named family's (`opts.kernel`,
+/// "mma" or "simt"), or the first family of [`BWD_FAMILIES`] that has both (the tensor-core
+/// kernels for f16 and bf16 up to head_dim 128, else SIMT).
+pub fn select_bwd_variants(dtype: flashattn_kernels::dtype::DType, head_dim: usize, opts: &FwdOptions) -> Result<[&'static BwdVariant; 2]> {
+    let d = head_dim as u32;
+    let get = |family: &str| Some([bwd_variant(family, "dq", dtype, d)?, bwd_variant(family, "dkdv", dtype, d)?]);
+    match opts.kernel {
+        Some(family) if !BWD_FAMILIES.contains(&family) => {
+            Err(Error::UnknownKernel { name: family.into(), available: BWD_FAMILIES.to_vec() })
+        }
+        Some(family) => get(family).ok_or_else(|| Error::NoVariant { family: family.into(), dtype: dtype.name(), head_dim }),
+        None => BWD_FAMILIES
+            .iter()
+            .find_map(|f| get(f))
+            .ok_or_else(|| Error::NoVariant { family: "any".into(), dtype: dtype.name(), head_dim }),
     }
-    let d = shape.head_dim as u32;
-    let get = |pass| bwd_variant(pass, dtype, d).ok_or(Error::NoVariant { family: "simt".into(), dtype: dtype.name(), head_dim: shape.head_dim });
-    Ok([get("dq")?, get("dkdv")?])
 }
 
 impl FlashAttn {
@@ -85,7 +93,7 @@ impl FlashAttn {
         for (name, owner) in [("dq", grads.dq.owner()), ("dk", grads.dk.owner()), ("dv", grads.dv.owner())] {
             self.check_owner_id(owner, name)?;
         }
-        let [dq, dkdv] = variants(T::DTYPE, &shape, opts)?;
+        let [dq, dkdv] = select_bwd_variants(T::DTYPE, shape.head_dim, opts)?;
         let mut stats = self.alloc::<f32>(&[3, ls[0], ls[1], ls[2]])?;
         let stream = self.stream();
         let d = shape.head_dim as u32;

@@ -30,10 +30,10 @@ pub mod ptx;
 pub mod reference;
 pub mod rng;
 
-pub use backward::BwdOutput;
+pub use backward::{BwdOutput, select_bwd_variants};
 pub use device::{FlashAttn, Tensor, driver_present};
 pub use dtype::Dtype;
 pub use error::{Error, Result};
 pub use flashattn_kernels as kernels;
-pub use flashattn_kernels::registry::FAMILIES;
+pub use flashattn_kernels::registry::{BWD_FAMILIES, FAMILIES};
 pub use forward::{AttnShape, FwdOptions, FwdOutput, MAX_GRID_YZ, MAX_SEQLEN, select_variant, validate};

@@ -49,16 +49,16 @@ pub unsafe fn entry<
 }
 
 /// The shared-memory layout of a [rows][D] 16-bit tile.
-struct Layout<const D: usize>;
+pub(crate) struct Layout<const D: usize>;
 
 impl<const D: usize> Layout<D> {
     /// Swizzled (D a multiple of 64, at least 8 chunks a row) or padded.
-    const SWIZZLED: bool = D % 64 == 0;
+    pub(crate) const SWIZZLED: bool = D % 64 == 0;
     /// Elements per row: D, or D plus one 16-byte chunk of padding.
-    const STRIDE: usize = if Self::SWIZZLED { D } else { D + 8 };
+    pub(crate) const STRIDE: usize = if Self::SWIZZLED { D } else { D + 8 };
     /// Element index of (row r, column c), c a multiple of 8 (chunk start) or inside one.
     #[inline(always)]
-    fn at(r: usize, c: usize) -> usize {
+    pub(crate) fn at(r: usize, c: usize) -> usize {
         if Self::SWIZZLED { r * D + (((c / 8) ^ (r % 8)) * 8) + c % 8 } else { r * Self::STRIDE + c }
     }
 }
@@ -72,14 +72,14 @@ impl<const D: usize> Layout<D> {
 /// address registers pile up across the KV loop. (Recomputing x at each use instead of
 /// keeping four registers raised pressure: ptxas spilled more.)
 #[derive(Clone, Copy)]
-struct LaneAddr {
+pub(crate) struct LaneAddr {
     base: usize,
     x: [usize; 4],
 }
 
 impl LaneAddr {
     #[inline(always)]
-    fn new<const D: usize>(row16: usize, cbit: usize) -> LaneAddr {
+    pub(crate) fn new<const D: usize>(row16: usize, cbit: usize) -> LaneAddr {
         let r = row16 % 8;
         if Layout::<D>::SWIZZLED {
             LaneAddr { base: row16 * D + 8 * (cbit ^ (r & 1)), x: [0, 1, 2, 3].map(|i| 8 * ((2 * i) ^ (r & 6))) }
@@ -89,7 +89,7 @@ impl LaneAddr {
     }
     /// Index of this lane's row in 16-row block `a`, chunk pair `c`.
     #[inline(always)]
-    fn at<const D: usize>(&self, a: usize, c: usize) -> usize {
+    pub(crate) fn at<const D: usize>(&self, a: usize, c: usize) -> usize {
         self.base + a * 16 * Layout::<D>::STRIDE + 16 * (c & !3) + self.x[c & 3]
     }
 }
@@ -98,7 +98,7 @@ impl LaneAddr {
 /// [`Layout`] tile of width D; rows at or past `limit` and columns at or past `d` are
 /// zero-filled.
 #[inline(always)]
-unsafe fn load_tile<T: MmaElement, const D: usize>(dst: Shared<T>, rows: usize, src: *const T, stride: u64, limit: u32, d: u32) {
+pub(crate) unsafe fn load_tile<T: MmaElement, const D: usize>(dst: Shared<T>, rows: usize, src: *const T, stride: u64, limit: u32, d: u32) {
     let chunks = rows * D / 8;
     let mut e = thread::idx() as usize;
     while e < chunks {

@@ -31,6 +31,7 @@
 #[cfg(not(target_arch = "nvptx64"))]
 extern crate std;
 
+pub mod bwd_mma;
 pub mod bwd_simt;
 pub mod dev;
 pub mod dtype;

@@ -10,6 +10,9 @@ pub trait Mask {
     fn visible_cols(row_end: u32, seqlen_q: u32, seqlen_k: u32) -> u32;
     /// Key columns `..n` are visible to every row from `row_start` on (tiles below need no mask).
     fn unmasked_cols(row_start: u32, seqlen_q: u32, seqlen_k: u32) -> u32;
+    /// The first query row that sees key column `col` (`seqlen_q` if none): rows from it on
+    /// see the column (the dK/dV loop's start).
+    fn first_visible_row(col: u32, seqlen_q: u32, seqlen_k: u32) -> u32;
 }
 
 /// No mask: every row sees every key.
@@ -31,6 +34,10 @@ impl Mask for NoMask {
     fn unmasked_cols(_row_start: u32, _sq: u32, sk: u32) -> u32 {
         sk
     }
+    #[inline(always)]
+    fn first_visible_row(_col: u32, _sq: u32, _sk: u32) -> u32 {
+        0
+    }
 }
 
 impl Mask for Causal {
@@ -47,5 +54,10 @@ impl Mask for Causal {
     #[inline(always)]
     fn unmasked_cols(row_start: u32, sq: u32, sk: u32) -> u32 {
         (row_start as i64 + 1 + sk as i64 - sq as i64).clamp(0, sk as i64) as u32
+    }
+    #[inline(always)]
+    fn first_visible_row(col: u32, sq: u32, sk: u32) -> u32 {
+        // col <= row + sk - sq  <=>  row >= col + sq - sk.
+        (col as i64 + sq as i64 - sk as i64).clamp(0, sq as i64) as u32
     }
 }

@@ -6,7 +6,7 @@ use crate::dtype::Bf16;
 #[cfg(not(target_arch = "nvptx64"))]
 use crate::dtype::{DType, Element};
 use crate::params::{BwdParams, FwdParams};
-use crate::tile::{MmaTile, mma_tile, mma_tile_br64, simt_dq_smem_bytes, simt_kv_tile, simt_tile};
+use crate::tile::{MmaBwdTile, MmaTile, mma_bwd_tile, mma_tile, mma_tile_br64, simt_dq_smem_bytes, simt_kv_tile, simt_tile};
 
 /// A forward kernel variant, as the host launches it.
 #[cfg(not(target_arch = "nvptx64"))]
@@ -175,6 +175,8 @@ pub fn fwd_variant(family: &str, dtype: DType, head_dim: u32) -> Option<&'static
 pub struct BwdVariant {
     /// PTX entry name.
     pub name: &'static str,
+    /// Kernel family ("mma", "simt").
+    pub family: &'static str,
     /// Which pass: "dq" (also writes D) or "dkdv".
     pub pass: &'static str,
     /// Element type of Q, K, V, O, dO and the gradients.
@@ -201,7 +203,7 @@ impl BwdVariant {
 
 /// As `fwd_variants!`, for the backward kernels.
 macro_rules! bwd_variants {
-    ($( $name:ident => $pass:literal, [$($body:tt)*], $dt:ty, ($lo:expr, $hi:expr), $rows:expr, $threads:expr, $smem:expr; )*) => {
+    ($( $name:ident => $family:literal, $pass:literal, [$($body:tt)*], $dt:ty, ($lo:expr, $hi:expr), $rows:expr, $threads:expr, $smem:expr; )*) => {
         $(
             #[cfg(target_arch = "nvptx64")]
             #[unsafe(no_mangle)]
@@ -214,6 +216,7 @@ macro_rules! bwd_variants {
         pub const BWD_VARIANTS: &[BwdVariant] = &[$(
             BwdVariant {
                 name: stringify!($name),
+                family: $family,
                 pass: $pass,
                 dtype: <$dt as Element>::DTYPE,
                 head_dims: ($lo, $hi),
@@ -240,33 +243,109 @@ macro_rules! bwd_q {
     };
 }
 
+/// The tensor-core dQ variant for the head dims sharing `mma_bwd_tile(D)`.
+macro_rules! bwd_mma_q {
+    ($ty:ty, $d:literal) => {
+        crate::bwd_mma::dq::<
+            $ty,
+            { bwd_field(mma_bwd_tile($d), 0) as usize },
+            { bwd_field(mma_bwd_tile($d), 0) as usize / 16 },
+            { bwd_field(mma_bwd_tile($d), 0) as usize / 8 },
+            { bwd_field(mma_bwd_tile($d), 1) as usize },
+            { bwd_field(mma_bwd_tile($d), 1) as usize / 8 },
+        >
+    };
+}
+
+/// The tensor-core dK/dV variant for the head dims sharing `mma_bwd_tile(D)`.
+macro_rules! bwd_mma_kv {
+    ($ty:ty, $d:literal) => {
+        crate::bwd_mma::dkdv::<
+            $ty,
+            { bwd_field(mma_bwd_tile($d), 0) as usize },
+            { bwd_field(mma_bwd_tile($d), 0) as usize / 16 },
+            { bwd_field(mma_bwd_tile($d), 0) as usize / 8 },
+            { bwd_field(mma_bwd_tile($d), 2) as usize },
+            { bwd_field(mma_bwd_tile($d), 2) as usize / 8 },
+            { bwd_field(mma_bwd_tile($d), 3) != 0 },
+        >
+    };
+}
+
+/// Field `i` of a backward tile (head_dim, dq_bc, kv_br, kv_in_regs), for const generic arguments.
+const fn bwd_field(t: Option<MmaBwdTile>, i: u32) -> u32 {
+    match t {
+        Some(t) => match i {
+            0 => t.head_dim,
+            1 => t.dq_bc,
+            2 => t.kv_br,
+            _ => t.kv_in_regs as u32,
+        },
+        None => 0,
+    }
+}
+const fn mma_dq_smem(d: u32) -> u32 {
+    match mma_bwd_tile(d) {
+        Some(t) => t.dq_smem_bytes(),
+        None => 0,
+    }
+}
+const fn mma_dkdv_smem(d: u32) -> u32 {
+    match mma_bwd_tile(d) {
+        Some(t) => t.dkdv_smem_bytes(),
+        None => 0,
+    }
+}
+const MMA_BWD_ROWS: u32 = MmaBwdTile::ROWS;
+
 const fn kv_smem(d: u32) -> u32 {
     simt_kv_tile(d).smem_bytes(d)
 }
 
 bwd_variants! {
-    flash_bwd_dkdv_f32_d64   => "dkdv", [bwd_kv!(f32, 64)],    f32,  (8, 64),    simt_kv_tile(64).bn(),  128, kv_smem;
-    flash_bwd_dkdv_f32_d128  => "dkdv", [bwd_kv!(f32, 128)],   f32,  (72, 128),  simt_kv_tile(128).bn(), 128, kv_smem;
-    flash_bwd_dkdv_f32_d256  => "dkdv", [bwd_kv!(f32, 256)],   f32,  (136, 256), simt_kv_tile(256).bn(), 128, kv_smem;
-    flash_bwd_dkdv_f16_d64   => "dkdv", [bwd_kv!(f16, 64)],    f16,  (8, 64),    simt_kv_tile(64).bn(),  128, kv_smem;
-    flash_bwd_dkdv_f16_d128  => "dkdv", [bwd_kv!(f16, 128)],   f16,  (72, 128),  simt_kv_tile(128).bn(), 128, kv_smem;
-    flash_bwd_dkdv_f16_d256  => "dkdv", [bwd_kv!(f16, 256)],   f16,  (136, 256), simt_kv_tile(256).bn(), 128, kv_smem;
-    flash_bwd_dkdv_bf16_d64  => "dkdv", [bwd_kv!(Bf16, 64)],   Bf16, (8, 64),    simt_kv_tile(64).bn(),  128, kv_smem;
-    flash_bwd_dkdv_bf16_d128 => "dkdv", [bwd_kv!(Bf16, 128)],  Bf16, (72, 128),  simt_kv_tile(128).bn(), 128, kv_smem;
-    flash_bwd_dkdv_bf16_d256 => "dkdv", [bwd_kv!(Bf16, 256)],  Bf16, (136, 256), simt_kv_tile(256).bn(), 128, kv_smem;
-    flash_bwd_dq_f32_d64     => "dq",   [bwd_q!(f32, 64)],     f32,  (8, 64),    simt_tile(64).br(),  128, simt_dq_smem_bytes;
-    flash_bwd_dq_f32_d128    => "dq",   [bwd_q!(f32, 128)],    f32,  (72, 128),  simt_tile(128).br(), 128, simt_dq_smem_bytes;
-    flash_bwd_dq_f32_d256    => "dq",   [bwd_q!(f32, 256)],    f32,  (136, 256), simt_tile(256).br(), 128, simt_dq_smem_bytes;
-    flash_bwd_dq_f16_d64     => "dq",   [bwd_q!(f16, 64)],     f16,  (8, 64),    simt_tile(64).br(),  128, simt_dq_smem_bytes;
-    flash_bwd_dq_f16_d128    => "dq",   [bwd_q!(f16, 128)],    f16,  (72, 128),  simt_tile(128).br(), 128, simt_dq_smem_bytes;
-    flash_bwd_dq_f16_d256    => "dq",   [bwd_q!(f16, 256)],    f16,  (136, 256), simt_tile(256).br(), 128, simt_dq_smem_bytes;
-    flash_bwd_dq_bf16_d64    => "dq",   [bwd_q!(Bf16, 64)],    Bf16, (8, 64),    simt_tile(64).br(),  128, simt_dq_smem_bytes;
-    flash_bwd_dq_bf16_d128   => "dq",   [bwd_q!(Bf16, 128)],   Bf16, (72, 128),  simt_tile(128).br(), 128, simt_dq_smem_bytes;
-    flash_bwd_dq_bf16_d256   => "dq",   [bwd_q!(Bf16, 256)],   Bf16, (136, 256), simt_tile(256).br(), 128, simt_dq_smem_bytes;
+    flash_bwd_mma_dq_f16_d32     => "mma", "dq",   [bwd_mma_q!(f16, 32)],    f16,  (8, 32),    MMA_BWD_ROWS, MMA_THREADS, mma_dq_smem;
+    flash_bwd_mma_dq_f16_d64     => "mma", "dq",   [bwd_mma_q!(f16, 64)],    f16,  (40, 64),   MMA_BWD_ROWS, MMA_THREADS, mma_dq_smem;
+    flash_bwd_mma_dq_f16_d96     => "mma", "dq",   [bwd_mma_q!(f16, 96)],    f16,  (72, 96),   MMA_BWD_ROWS, MMA_THREADS, mma_dq_smem;
+    flash_bwd_mma_dq_f16_d128    => "mma", "dq",   [bwd_mma_q!(f16, 128)],   f16,  (104, 128), MMA_BWD_ROWS, MMA_THREADS, mma_dq_smem;
+    flash_bwd_mma_dq_bf16_d32    => "mma", "dq",   [bwd_mma_q!(Bf16, 32)],   Bf16, (8, 32),    MMA_BWD_ROWS, MMA_THREADS, mma_dq_smem;
+    flash_bwd_mma_dq_bf16_d64    => "mma", "dq",   [bwd_mma_q!(Bf16, 64)],   Bf16, (40, 64),   MMA_BWD_ROWS, MMA_THREADS, mma_dq_smem;
+    flash_bwd_mma_dq_bf16_d96    => "mma", "dq",   [bwd_mma_q!(Bf16, 96)],   Bf16, (72, 96),   MMA_BWD_ROWS, MMA_THREADS, mma_dq_smem;
+    flash_bwd_mma_dq_bf16_d128   => "mma", "dq",   [bwd_mma_q!(Bf16, 128)],  Bf16, (104, 128), MMA_BWD_ROWS, MMA_THREADS, mma_dq_smem;
+    flash_bwd_mma_dkdv_f16_d32   => "mma", "dkdv", [bwd_mma_kv!(f16, 32)],   f16,  (8, 32),    MMA_BWD_ROWS, MMA_THREADS, mma_dkdv_smem;
+    flash_bwd_mma_dkdv_f16_d64   => "mma", "dkdv", [bwd_mma_kv!(f16, 64)],   f16,  (40, 64),   MMA_BWD_ROWS, MMA_THREADS, mma_dkdv_smem;
+    flash_bwd_mma_dkdv_f16_d96   => "mma", "dkdv", [bwd_mma_kv!(f16, 96)],   f16,  (72, 96),   MMA_BWD_ROWS, MMA_THREADS, mma_dkdv_smem;
+    flash_bwd_mma_dkdv_f16_d128  => "mma", "dkdv", [bwd_mma_kv!(f16, 128)],  f16,  (104, 128), MMA_BWD_ROWS, MMA_THREADS, mma_dkdv_smem;
+    flash_bwd_mma_dkdv_bf16_d32  => "mma", "dkdv", [bwd_mma_kv!(Bf16, 32)],  Bf16, (8, 32),    MMA_BWD_ROWS, MMA_THREADS, mma_dkdv_smem;
+    flash_bwd_mma_dkdv_bf16_d64  => "mma", "dkdv", [bwd_mma_kv!(Bf16, 64)],  Bf16, (40, 64),   MMA_BWD_ROWS, MMA_THREADS, mma_dkdv_smem;
+    flash_bwd_mma_dkdv_bf16_d96  => "mma", "dkdv", [bwd_mma_kv!(Bf16, 96)],  Bf16, (72, 96),   MMA_BWD_ROWS, MMA_THREADS, mma_dkdv_smem;
+    flash_bwd_mma_dkdv_bf16_d128 => "mma", "dkdv", [bwd_mma_kv!(Bf16, 128)], Bf16, (104, 128), MMA_BWD_ROWS, MMA_THREADS, mma_dkdv_smem;
+    flash_bwd_dkdv_f32_d64   => "simt", "dkdv", [bwd_kv!(f32, 64)],    f32,  (8, 64),    simt_kv_tile(64).bn(),  128, kv_smem;
+    flash_bwd_dkdv_f32_d128  => "simt", "dkdv", [bwd_kv!(f32, 128)],   f32,  (72, 128),  simt_kv_tile(128).bn(), 128, kv_smem;
+    flash_bwd_dkdv_f32_d256  => "simt", "dkdv", [bwd_kv!(f32, 256)],   f32,  (136, 256), simt_kv_tile(256).bn(), 128, kv_smem;
+    flash_bwd_dkdv_f16_d64   => "simt", "dkdv", [bwd_kv!(f16, 64)],    f16,  (8, 64),    simt_kv_tile(64).bn(),  128, kv_smem;
+    flash_bwd_dkdv_f16_d128  => "simt", "dkdv", [bwd_kv!(f16, 128)],   f16,  (72, 128),  simt_kv_tile(128).bn(), 128, kv_smem;
+    flash_bwd_dkdv_f16_d256  => "simt", "dkdv", [bwd_kv!(f16, 256)],   f16,  (136, 256), simt_kv_tile(256).bn(), 128, kv_smem;
+    flash_bwd_dkdv_bf16_d64  => "simt", "dkdv", [bwd_kv!(Bf16, 64)],   Bf16, (8, 64),    simt_kv_tile(64).bn(),  128, kv_smem;
+    flash_bwd_dkdv_bf16_d128 => "simt", "dkdv", [bwd_kv!(Bf16, 128)],  Bf16, (72, 128),  simt_kv_tile(128).bn(), 128, kv_smem;
+    flash_bwd_dkdv_bf16_d256 => "simt", "dkdv", [bwd_kv!(Bf16, 256)],  Bf16, (136, 256), simt_kv_tile(256).bn(), 128, kv_smem;
+    flash_bwd_dq_f32_d64     => "simt", "dq",   [bwd_q!(f32, 64)],     f32,  (8, 64),    simt_tile(64).br(),  128, simt_dq_smem_bytes;
+    flash_bwd_dq_f32_d128    => "simt", "dq",   [bwd_q!(f32, 128)],    f32,  (72, 128),  simt_tile(128).br(), 128, simt_dq_smem_bytes;
+    flash_bwd_dq_f32_d256    => "simt", "dq",   [bwd_q!(f32, 256)],    f32,  (136, 256), simt_tile(256).br(), 128, simt_dq_smem_bytes;
+    flash_bwd_dq_f16_d64     => "simt", "dq",   [bwd_q!(f16, 64)],     f16,  (8, 64),    simt_tile(64).br(),  128, simt_dq_smem_bytes;
+    flash_bwd_dq_f16_d128    => "simt", "dq",   [bwd_q!(f16, 128)],    f16,  (72, 128),  simt_tile(128).br(), 128, simt_dq_smem_bytes;
+    flash_bwd_dq_f16_d256    => "simt", "dq",   [bwd_q!(f16, 256)],    f16,  (136, 256), simt_tile(256).br(), 128, simt_dq_smem_bytes;
+    flash_bwd_dq_bf16_d64    => "simt", "dq",   [bwd_q!(Bf16, 64)],    Bf16, (8, 64),    simt_tile(64).br(),  128, simt_dq_smem_bytes;
+    flash_bwd_dq_bf16_d128   => "simt", "dq",   [bwd_q!(Bf16, 128)],   Bf16, (72, 128),  simt_tile(128).br(), 128, simt_dq_smem_bytes;
+    flash_bwd_dq_bf16_d256   => "simt", "dq",   [bwd_q!(Bf16, 256)],   Bf16, (136, 256), simt_tile(256).br(), 128, simt_dq_smem_bytes;
 }
 
-/// The backward variant of `pass` for `dtype` and `head_dim`, if there is one.
+/// Backward kernel families in the order automatic selection tries them (best first): the
+/// tensor-core kernels where they apply (f16, bf16, head_dim <= 128), else SIMT.
 #[cfg(not(target_arch = "nvptx64"))]
-pub fn bwd_variant(pass: &str, dtype: DType, head_dim: u32) -> Option<&'static BwdVariant> {
-    BWD_VARIANTS.iter().find(|v| v.pass == pass && v.dtype == dtype && v.serves(head_dim))
+pub const BWD_FAMILIES: &[&str] = &["mma", "simt"];
+
+/// The backward variant of `family` and `pass` for `dtype` and `head_dim`, if there is one.
+#[cfg(not(target_arch = "nvptx64"))]
+pub fn bwd_variant(family: &str, pass: &str, dtype: DType, head_dim: u32) -> Option<&'static BwdVariant> {
+    BWD_VARIANTS.iter().find(|v| v.family == family && v.pass == pass && v.dtype == dtype && v.serves(head_dim))
 }

@@ -225,3 +225,64 @@ pub const fn simt_dq_smem_bytes(head_dim: u32) -> u32 {
     let t = simt_tile(head_dim);
     (2 * t.br() * head_dim + 2 * t.bc() * SimtTile::k_stride(head_dim) + t.br() * t.bc() + 3 * t.br()) * 4
 }
+
+/// Tile of the tensor-core backward kernels (f16, bf16), 4 warps of 16 rows each: the dQ
+/// kernel's blocks own 64 query rows (Q, dO fragments in registers) and loop over K/V tiles
+/// of `dq_bc` keys; the dK/dV kernel's blocks own 64 keys and loop over query tiles of
+/// `kv_br` rows. Both double-buffer the streamed tiles with cp.async.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MmaBwdTile {
+    /// The head_dim the kernels are compiled for (smaller multiples of 8 are zero-padded).
+    pub head_dim: u32,
+    /// Keys per K/V tile of the dQ kernel.
+    pub dq_bc: u32,
+    /// Query rows per Q/dO tile of the dK/dV kernel.
+    pub kv_br: u32,
+    /// Whether the dK/dV kernel keeps each warp's K and V fragments in registers (else it
+    /// re-reads them from shared memory at every query tile).
+    pub kv_in_regs: bool,
+}
+
+impl MmaBwdTile {
+    /// Rows per block: query rows (dQ) or keys (dK/dV).
+    pub const ROWS: u32 = 16 * MMA_WARPS;
+    /// Threads per block.
+    pub const fn threads(&self) -> u32 {
+        MMA_WARPS * 32
+    }
+    /// Elements per shared-memory row (as [`MmaTile::row_stride`]).
+    pub const fn row_stride(&self) -> u32 {
+        if self.head_dim % 64 == 0 { self.head_dim } else { self.head_dim + 8 }
+    }
+    /// dQ kernel's shared memory in bytes: Q, dO [64] rows and two stages of K, V [dq_bc]
+    /// rows, 16-bit.
+    pub const fn dq_smem_bytes(&self) -> u32 {
+        (2 * Self::ROWS + 4 * self.dq_bc) * self.row_stride() * 2
+    }
+    /// dK/dV kernel's shared memory in bytes: K, V [64] rows and two stages of Q, dO [kv_br]
+    /// rows, 16-bit; two stages of LSE log2(e) and D [kv_br], f32.
+    pub const fn dkdv_smem_bytes(&self) -> u32 {
+        (2 * Self::ROWS + 4 * self.kv_br) * self.row_stride() * 2 + 4 * self.kv_br * 4
+    }
+}
+
+/// The tensor-core backward tile for `head_dim`, if there is one: head dims up to 128 (larger
+/// ones run the SIMT backward). Registers per thread, the binding constraint: dQ holds Q and
+/// dO fragments (8 D/16), the dQ accumulator (D/2) and S, dP (dq_bc/2 each);
+/// dK/dV holds two accumulators (D each), S^T, dP^T (kv_br/2 each) and, with kv_in_regs,
+/// K and V fragments (8 D/16).
+/// - D = 32, 64: Bc = Br = 64, K/V in registers (about 128-170 live values).
+/// - D = 96, 128: Bc = Br = 32, K/V re-read from shared memory (about 160-200).
+/// (Correctness first: not yet timed; ptxas numbers in the commit that adds this.)
+pub const fn mma_bwd_tile(head_dim: u32) -> Option<MmaBwdTile> {
+    const fn t(head_dim: u32, dq_bc: u32, kv_br: u32, kv_in_regs: bool) -> Option<MmaBwdTile> {
+        Some(MmaBwdTile { head_dim, dq_bc, kv_br, kv_in_regs })
+    }
+    match mma_head_dim(head_dim) {
+        Some(32) => t(32, 64, 64, true),
+        Some(64) => t(64, 64, 64, true),
+        Some(96) => t(96, 32, 32, false),
+        Some(128) => t(128, 32, 32, false),
+        _ => None,
+    }
+}
