@@ -267,13 +267,17 @@ impl MmaBwdTile {
 }
 
 /// The tensor-core backward tile for `head_dim`, if there is one: head dims up to 128 (larger
-/// ones run the SIMT backward). Registers per thread, the binding constraint: dQ holds Q and
-/// dO fragments (8 D/16), the dQ accumulator (D/2) and S, dP (dq_bc/2 each);
-/// dK/dV holds two accumulators (D each), S^T, dP^T (kv_br/2 each) and, with kv_in_regs,
-/// K and V fragments (8 D/16).
-/// - D = 32, 64: Bc = Br = 64, K/V in registers (about 128-170 live values).
-/// - D = 96, 128: Bc = Br = 32, K/V re-read from shared memory (about 160-200).
-/// (Correctness first: not yet timed; ptxas numbers in the commit that adds this.)
+/// ones run the SIMT backward). Registers per thread are the binding constraint: dQ holds Q
+/// and dO fragments (D/4), the dQ accumulator (D/2) and S, dP (dq_bc/2 each); dK/dV holds two
+/// accumulators (D/2 each), S^T, dP^T (kv_br/2 each) and, with kv_in_regs, K and V fragments
+/// (D/4); addresses and ptxas's scheduling take the rest. ptxas -v (sm_80 / sm_90, no spills,
+/// no stack, commit after 41d3697):
+/// - D = 32: Bc = Br = 64, K/V in registers: dq 156 / 158, dkdv 165 / 185 registers.
+/// - D = 64: Bc = Br = 64, K/V in registers: dq 240 / 243, dkdv 255 / 255.
+/// - D = 96: Bc = Br = 32, K/V re-read from shared memory: dq 222 / 248, dkdv 244 / 254.
+/// - D = 128: dq Bc = 32 (255 / 255); dkdv Br = 16, K/V from shared memory (249 / 255): with
+///   Br = 32 ptxas spilled 4 bytes on sm_90.
+/// Correctness first: none of these is timed yet.
 pub const fn mma_bwd_tile(head_dim: u32) -> Option<MmaBwdTile> {
     const fn t(head_dim: u32, dq_bc: u32, kv_br: u32, kv_in_regs: bool) -> Option<MmaBwdTile> {
         Some(MmaBwdTile { head_dim, dq_bc, kv_br, kv_in_regs })
@@ -282,7 +286,7 @@ pub const fn mma_bwd_tile(head_dim: u32) -> Option<MmaBwdTile> {
         Some(32) => t(32, 64, 64, true),
         Some(64) => t(64, 64, 64, true),
         Some(96) => t(96, 32, 32, false),
-        Some(128) => t(128, 32, 32, false),
+        Some(128) => t(128, 32, 16, false),
         _ => None,
     }
 }
