@@ -176,18 +176,28 @@ pub fn case_strategy(max_seqlen: usize, max_d_units: usize, max_heads_kv: usize,
 /// Gradient buffers are poisoned with NaN first. With `repeat`, runs the backward again and
 /// requires bitwise identical gradients (determinism).
 pub fn check_backward(fa: &FlashAttn, case: &Case, repeat: bool) -> Result<(), String> {
-    match case.dtype {
-        Dt::F32 => check_backward_typed::<f32>(fa, case, repeat),
-        Dt::F16 => check_backward_typed::<half::f16>(fa, case, repeat),
-        Dt::Bf16 => check_backward_typed::<half::bf16>(fa, case, repeat),
-    }
+    check_backward_with(fa, case, repeat, None)
 }
 
-fn check_backward_typed<T: Dtype>(fa: &FlashAttn, case: &Case, repeat: bool) -> Result<(), String> {
+/// As [`check_backward`], with the kernel family named (`Some("mma")`, `Some("simt")`: the
+/// forward and the backward both run that family) or chosen automatically (`None`).
+pub fn check_backward_with(fa: &FlashAttn, case: &Case, repeat: bool, kernel: Option<&'static str>) -> Result<(), String> {
+    let r = match case.dtype {
+        Dt::F32 => check_backward_typed::<f32>(fa, case, repeat, kernel),
+        Dt::F16 => check_backward_typed::<half::f16>(fa, case, repeat, kernel),
+        Dt::Bf16 => check_backward_typed::<half::bf16>(fa, case, repeat, kernel),
+    };
+    r.map_err(|e| match kernel {
+        Some(k) => format!("[kernel {k}] {e}"),
+        None => e,
+    })
+}
+
+fn check_backward_typed<T: Dtype>(fa: &FlashAttn, case: &Case, repeat: bool, kernel: Option<&'static str>) -> Result<(), String> {
     use flashattn::BwdOutput;
     use flashattn::reference::{attention_backward_f64, naive_backward};
     let s = case.shape;
-    let opts = FwdOptions { causal: case.causal, softmax_scale: case.softmax_scale, kernel: None };
+    let opts = FwdOptions { causal: case.causal, softmax_scale: case.softmax_scale, kernel };
     let mut rng = Rng::new(case.seed);
     let (nq, nk) = (s.batch * s.seqlen_q * s.heads_q * s.head_dim, s.batch * s.seqlen_k * s.heads_kv * s.head_dim);
     let (q, k, v, d_o): (Vec<T>, Vec<T>, Vec<T>, Vec<T>) = (rng.tensor(nq), rng.tensor(nk), rng.tensor(nk), rng.tensor(nq));

@@ -1,10 +1,14 @@
 //! Backward pass against the f64 analytic gradients: property tests over random shapes,
-//! options and dtypes, named edge cases and a determinism check (bitwise identical gradients
-//! on repeated runs), on the CPU emulator always and on the GPU when there is one (ignored,
-//! loudly, when not; failed when REQUIRE_GPU=1).
+//! options and dtypes (automatic selection: the tensor-core kernels for f16/bf16 up to
+//! head_dim 128, SIMT otherwise; plus a few SIMT-by-name cases for f16/bf16), every
+//! registered variant by name, named edge cases of both families and a determinism check
+//! (bitwise identical gradients on repeated runs), on the CPU emulator always and on the GPU
+//! when there is one (ignored, loudly, when not; failed when REQUIRE_GPU=1).
 
 use flashattn::{AttnShape, FlashAttn};
-use flashattn_tests::{BackendKind, Case, Dt, Gpu, case_strategy, check_backward};
+use flashattn::kernels::dtype::DType;
+use flashattn::kernels::registry::BWD_VARIANTS;
+use flashattn_tests::{BackendKind, Case, Dt, Gpu, case_strategy, check_backward, check_backward_with};
 use libtest_mimic::{Arguments, Failed, Trial};
 use proptest::strategy::Strategy;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
@@ -45,6 +49,40 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
             runner.run(&strategy, |case| check_backward(fa, &case, false).map_err(TestCaseError::fail)).map_err(|e| Failed::from(format!("{e}")))
         })));
     }
+    // SIMT by name for the 16-bit types, which select the tensor-core kernels automatically.
+    for dtype in [Dt::F16, Dt::Bf16] {
+        let name = format!("{tag}::props_simt::{dtype:?}").to_lowercase();
+        let (cases, strategy) = match kind {
+            BackendKind::Gpu => (env_usize("FLASHATTN_GPU_BWD_CASES", 60) / 2, case_strategy(200, 32, 4, 4, 2, 2_000_000)),
+            BackendKind::Emulator => (env_usize("FLASHATTN_EMU_BWD_CASES", 8) / 2, case_strategy(50, 32, 2, 2, 2, 60_000)),
+        };
+        trials.push(mk(name, Box::new(move |fa| {
+            let mut runner = TestRunner::new(Config { cases: cases as u32, failure_persistence: None, ..Config::default() });
+            let strategy = strategy.prop_map(move |c| Case { dtype, ..c });
+            runner
+                .run(&strategy, |case| check_backward_with(fa, &case, false, Some("simt")).map_err(TestCaseError::fail))
+                .map_err(|e| Failed::from(format!("{e}")))
+        })));
+    }
+    // Every registered variant pair (dq, dkdv), by family name, at the largest head_dim it serves.
+    for v in BWD_VARIANTS.iter().filter(|v| v.pass == "dq") {
+        let dtype = match v.dtype {
+            DType::F32 => Dt::F32,
+            DType::F16 => Dt::F16,
+            DType::Bf16 => Dt::Bf16,
+        };
+        let d = v.head_dims.1 as usize;
+        let case = Case { shape: shape(1, 37, 70, 2, 1, d), causal: true, softmax_scale: None, dtype, seed: 0 };
+        let (family, name) = (v.family, v.name);
+        trials.push(mk(format!("{tag}::variant::{name}"), Box::new(move |fa| {
+            let opts = flashattn::FwdOptions { kernel: Some(family), ..Default::default() };
+            let got = flashattn::select_bwd_variants(v.dtype, d, &opts).map_err(|e| Failed::from(e.to_string()))?;
+            if got[0].name != name || got[1].family != family {
+                return Err(format!("head_dim {d} selects {} and {} instead of {name}", got[0].name, got[1].name).into());
+            }
+            check_backward_with(fa, &Case { seed: fresh_seed(), ..case }, false, Some(family)).map_err(Failed::from)
+        })));
+    }
     let edges = [
         ("single_query_single_key", shape(1, 1, 1, 1, 1, 8), false),
         ("causal_more_queries_than_keys_fully_masked_rows", shape(1, 40, 17, 2, 1, 64), true),
@@ -52,6 +90,16 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
         ("gqa_4_to_1", shape(1, 33, 45, 4, 1, 64), false),
         ("head_dim_136", shape(1, 21, 30, 2, 1, 136), true),
         ("head_dim_256", shape(1, 19, 23, 1, 1, 256), false),
+        // Tensor-core path (f16, bf16): several query and key blocks, ragged ends, GQA.
+        ("ragged_several_blocks_gqa_2_to_1", shape(1, 131, 150, 4, 2, 64), true),
+        ("ragged_noncausal", shape(2, 70, 67, 2, 2, 32), false),
+        ("causal_more_queries_than_keys_several_blocks", shape(1, 150, 70, 2, 2, 64), true),
+        ("padded_head_dim_40", shape(1, 45, 38, 2, 1, 40), true),
+        ("padded_head_dim_72", shape(1, 30, 41, 2, 1, 72), false),
+        ("padded_head_dim_120", shape(1, 33, 29, 2, 2, 120), true),
+        ("head_dim_128_causal", shape(1, 40, 75, 2, 1, 128), true),
+        ("seqlen_q_1", shape(1, 1, 70, 2, 1, 64), true),
+        ("seqlen_k_1", shape(1, 70, 1, 2, 1, 64), false),
     ];
     for (name, s, causal) in edges {
         for dtype in [Dt::F32, Dt::F16, Dt::Bf16] {
@@ -64,6 +112,13 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
     for dtype in [Dt::F32, Dt::F16, Dt::Bf16] {
         let case = Case { shape: shape(2, 45, 70, 4, 2, 64), causal: true, softmax_scale: None, dtype, seed: 0 };
         trials.push(mk(format!("{tag}::deterministic::{dtype:?}").to_lowercase(), Box::new(move |fa| {
+            check_backward(fa, &Case { seed: fresh_seed(), ..case }, true).map_err(Failed::from)
+        })));
+    }
+    // The tensor-core path with K/V re-read from shared memory (head_dim 128), GQA 2:1.
+    for dtype in [Dt::F16, Dt::Bf16] {
+        let case = Case { shape: shape(1, 70, 45, 4, 2, 128), causal: false, softmax_scale: None, dtype, seed: 0 };
+        trials.push(mk(format!("{tag}::deterministic_d128::{dtype:?}").to_lowercase(), Box::new(move |fa| {
             check_backward(fa, &Case { seed: fresh_seed(), ..case }, true).map_err(Failed::from)
         })));
     }

@@ -181,6 +181,37 @@ fn registry_matches_tile_functions() {
 }
 
 #[test]
+fn backward_selection_and_registry_match_tile_functions() {
+    use flashattn::kernels::dtype::DType;
+    use flashattn::kernels::registry::BWD_VARIANTS;
+    use flashattn::kernels::tile::{MmaBwdTile, mma_bwd_tile};
+    for f in flashattn::BWD_FAMILIES {
+        assert!(BWD_VARIANTS.iter().any(|v| v.family == *f), "family {f} has no variant");
+    }
+    for v in BWD_VARIANTS {
+        assert!(flashattn::BWD_FAMILIES.contains(&v.family), "{} has unlisted family {}", v.name, v.family);
+    }
+    for d in (8..=256u32).step_by(8) {
+        for dtype in [DType::F32, DType::F16, DType::Bf16] {
+            let auto = flashattn::select_bwd_variants(dtype, d as usize, &FwdOptions::default()).unwrap_or_else(|e| panic!("d={d}: {e}"));
+            let want = if dtype != DType::F32 && d <= 128 { "mma" } else { "simt" };
+            assert!(auto.iter().all(|v| v.family == want && v.serves(d)), "d={d} {dtype:?}: {} {}", auto[0].name, auto[1].name);
+            let simt = FwdOptions { kernel: Some("simt"), ..Default::default() };
+            let s = flashattn::select_bwd_variants(dtype, d as usize, &simt).unwrap_or_else(|e| panic!("d={d}: {e}"));
+            assert!(s.iter().all(|v| v.family == "simt"), "d={d}");
+            if let Some(t) = mma_bwd_tile(d)
+                && dtype != DType::F32
+            {
+                assert!(t.head_dim >= d);
+                let [dq, kv] = auto;
+                assert_eq!((dq.pass, dq.rows, dq.threads, (dq.smem_bytes)(d)), ("dq", MmaBwdTile::ROWS, t.threads(), t.dq_smem_bytes()));
+                assert_eq!((kv.pass, kv.rows, kv.threads, (kv.smem_bytes)(d)), ("dkdv", MmaBwdTile::ROWS, t.threads(), t.dkdv_smem_bytes()));
+            }
+        }
+    }
+}
+
+#[test]
 fn backward_rejects_bad_shapes_and_kernels_before_launch() {
     let fa = FlashAttn::emulator();
     let q = fa.upload(&vec![1.0f32; 4 * 2 * 8], &[1, 4, 2, 8]).unwrap();
@@ -191,9 +222,13 @@ fn backward_rejects_bad_shapes_and_kernels_before_launch() {
     let bad_lse = fa.full(0.0f32, &[1, 4, 2]).unwrap();
     let e = fa.backward(&q, &q, &q, &q, &q, &bad_lse, &FwdOptions::default()).err().expect("lse shape");
     assert!(matches!(&e, Error::OutputShape { tensor: "lse", .. }), "{e}");
+    let opts = FwdOptions { kernel: Some("nope"), ..Default::default() };
+    let e = fa.backward(&q, &q, &q, &q, &q, &lse, &opts).err().expect("unknown family");
+    assert!(matches!(&e, Error::UnknownKernel { name, available } if name == "nope" && available == &["mma", "simt"]), "{e}");
+    // The tensor-core backward has no f32 variant.
     let opts = FwdOptions { kernel: Some("mma"), ..Default::default() };
-    let e = fa.backward(&q, &q, &q, &q, &q, &lse, &opts).err().expect("no mma backward yet");
-    assert!(matches!(&e, Error::UnknownKernel { .. }), "{e}");
+    let e = fa.backward(&q, &q, &q, &q, &q, &lse, &opts).err().expect("no f32 mma backward");
+    assert!(matches!(&e, Error::NoVariant { .. }), "{e}");
     let k = fa.upload(&vec![1.0f32; 4 * 3 * 8], &[1, 4, 3, 8]).unwrap();
     let e = fa.backward(&q, &k, &k, &q, &q, &lse, &FwdOptions::default()).err().expect("2 % 3");
     assert!(matches!(e, Error::HeadsNotDivisible { heads_q: 2, heads_kv: 3 }), "{e}");
