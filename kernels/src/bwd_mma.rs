@@ -2,11 +2,17 @@
 //! f32 accumulation, ldmatrix fragments, cp.async double buffering, no atomics. Launched in
 //! this order, on one stream:
 //! 1. `dq`: one block per (64 query rows, head, batch), as the forward: warp w owns query
-//!    rows 16w..16w+16, Q_i and dO_i fragments in registers. It first computes
-//!    D_i = rowsum(dO_i * O_i) in f32 (FA2) and writes D_i and LSE_i log2(e) to the `stats`
-//!    workspace for the dK/dV kernel, then loops over the key tiles:
-//!    P_ij = exp(S_ij scale - LSE_i) (from the forward's LSE), dP_ij = dO_i V_j^T,
+//!    rows 16w..16w+16, Q_i and dO_i fragments in registers. It loops over the key tiles
+//!    twice. Pass 0: each row's softmax statistics m_i, l_i and D_i = sum_j P_ij dP_ij, in
+//!    f32 from the same S_ij and dP_ij = dO_i V_j^T that pass 1 computes (written to the
+//!    `stats` workspace for the dK/dV kernel). Pass 1: P_ij = exp(S_ij scale - m_i) / l_i,
 //!    dS_ij = P_ij (dP_ij - D_i), dQ_i += dS_ij K_j; dQ_i = scale dQ_i at the end.
+//!    Not FA2's P from the saved LSE and D = rowsum(dO * O): with those, the emulator's
+//!    property tests failed FA2's own bar (twice naive attention's error) in about 1 case in
+//!    7 with few visible keys (causal, seqlen_k <= 3): D from O rounded to 16 bits, and P
+//!    not exactly 1 for a row's only key, so dS = dP - D is rounding noise where it should be
+//!    0. The extra pass (two of dQ's three products again) makes dS of such rows exactly 0
+//!    and D f32-accurate, as the SIMT backward does.
 //! 2. `dkdv`: one block per (64 keys, KV head, batch), warp w owns keys 16w..16w+16 and loops
 //!    over every query tile of every query head of the KV head's group. It computes in the
 //!    transposed orientation (keys as the mma's rows), so P^T and dS^T come out of the mma as
@@ -16,9 +22,9 @@
 //! A kernel compiled for D serves every head_dim d <= D that is a multiple of 8: columns d..D
 //! are zero-filled in shared memory (they add nothing to S or dP) and never stored.
 //!
-//! Fully masked query rows (causal, seqlen_q > seqlen_k) have LSE = -inf; they are stored as
-//! LSE log2(e) = +inf, so exp2(S - LSE) = 0 with no special case. Query rows past seqlen_q
-//! (zero-filled Q, dO) get the same, so their P and dS are 0.
+//! Fully masked query rows (causal, seqlen_q > seqlen_k) get m_i = +inf, 1 / l_i = 0, so
+//! exp2(S - m_i) / l_i = 0 with no special case. Query rows past seqlen_q (zero-filled Q, dO)
+//! get the same, so their P and dS are 0. The forward's O and LSE are not read.
 
 use crate::dev::{self, Shared, block, global, math, thread, warp};
 use crate::dtype::MmaElement;
@@ -31,7 +37,8 @@ use core::f32::consts::LOG2_E;
 /// Rows (queries for dq, keys for dkdv) per block: 16 per warp.
 const BLOCK_ROWS: usize = 16 * MMA_WARPS as usize;
 
-/// Index of workspace row `r` of statistic `k` (0: LSE log2 e, 2: D) in `stats`.
+/// Index of workspace row `r` of statistic `k` (0: m_i in the log2 domain, 1: 1 / l_i,
+/// 2: D_i) in `stats`.
 #[inline(always)]
 fn stat_at(p: &BwdParams, k: usize, b: u32, h: u32, r: u32) -> usize {
     let n = p.batch as usize * p.heads_q as usize * p.seqlen_q as usize;
@@ -65,21 +72,37 @@ unsafe fn store_rows<T: MmaElement, const DN: usize>(acc: &[[f32; 4]; DN], facto
     }
 }
 
-/// The dQ kernel for one tile: D = 16 DK = 8 DN, Bc = BC = 8 NS keys per K/V tile; causal
-/// or not at run time. Also writes D_i and LSE_i log2(e) to the workspace.
+/// The dQ kernel for one tile: D = 16 DK = 8 DN, Bc = BC = 8 NS keys per K/V tile; QREG
+/// keeps the warp's Q and dO fragments in registers (else they are re-read from shared memory
+/// at every key tile); causal or not at run time. Also writes m_i, 1 / l_i, D_i to the workspace.
 ///
 /// # Safety
 /// `p` valid (host-checked), `p.head_dim <= D`, 128 threads, `mma_bwd_tile(D).dq_smem_bytes()`
 /// bytes of dynamic shared memory.
 #[inline(always)]
-pub unsafe fn dq<T: MmaElement, const D: usize, const DK: usize, const DN: usize, const BC: usize, const NS: usize>(p: &BwdParams) {
+pub unsafe fn dq<T: MmaElement, const D: usize, const DK: usize, const DN: usize, const BC: usize, const NS: usize, const QREG: bool>(
+    p: &BwdParams,
+) {
     unsafe {
-        if p.causal != 0 { dq_masked::<T, Causal, D, DK, DN, BC, NS>(p) } else { dq_masked::<T, NoMask, D, DK, DN, BC, NS>(p) }
+        if p.causal != 0 {
+            dq_masked::<T, Causal, D, DK, DN, BC, NS, QREG>(p)
+        } else {
+            dq_masked::<T, NoMask, D, DK, DN, BC, NS, QREG>(p)
+        }
     }
 }
 
 #[inline(always)]
-unsafe fn dq_masked<T: MmaElement, M: Mask, const D: usize, const DK: usize, const DN: usize, const BC: usize, const NS: usize>(
+unsafe fn dq_masked<
+    T: MmaElement,
+    M: Mask,
+    const D: usize,
+    const DK: usize,
+    const DN: usize,
+    const BC: usize,
+    const NS: usize,
+    const QREG: bool,
+>(
     p: &BwdParams,
 ) {
     let br = BLOCK_ROWS;
@@ -104,7 +127,7 @@ unsafe fn dq_masked<T: MmaElement, M: Mask, const D: usize, const DK: usize, con
 
     let q_at = p.q_strides.offset(b, 0, h) as usize;
     let kv_at = p.k_strides.offset(b, 0, hk) as usize;
-    let (q_g, do_g, o_g) = unsafe { ((p.q as *const T).add(q_at), (p.d_o as *const T).add(q_at), (p.o as *const T).add(q_at)) };
+    let (q_g, do_g) = unsafe { ((p.q as *const T).add(q_at), (p.d_o as *const T).add(q_at)) };
     let (k_g, v_g) = unsafe { ((p.k as *const T).add(kv_at), (p.v as *const T).add(kv_at)) };
     let first = (row0.min(sq) as u64 * p.q_strides.row) as usize;
 
@@ -123,53 +146,45 @@ unsafe fn dq_masked<T: MmaElement, M: Mask, const D: usize, const DK: usize, con
     }
     thread::cp_async_commit();
 
-    // Lane quad: D_i = rowsum(dO_i * O_i) in f32 for rows g and g + 8 of the warp's m16 tile
-    // (lane 4g + t takes column pairs 2t + 8k), and LSE_i log2(e) (+inf for a row that sees no
-    // key, or past seqlen_q); both to the workspace for the dK/dV kernel.
-    let mut lse2 = [f32::INFINITY; 2];
-    let mut d_row = [0f32; 2];
-    for half in 0..2 {
-        let r = row0 + (w * 16 + g + 8 * half) as u32;
-        let mut acc = 0f32;
-        if r < sq {
-            let at = (r as u64 * p.q_strides.row) as usize;
-            let mut c = 2 * t as u32;
-            while c < d {
-                unsafe {
-                    let (x0, x1) = (global::load(do_g.add(at + c as usize)), global::load(do_g.add(at + c as usize + 1)));
-                    let (y0, y1) = (global::load(o_g.add(at + c as usize)), global::load(o_g.add(at + c as usize + 1)));
-                    acc += x0.to_f32() * y0.to_f32() + x1.to_f32() * y1.to_f32();
-                }
-                c += 8;
-            }
-        }
-        d_row[half] = warp::allreduce_sum_in::<4>(acc);
-        if r < sq {
-            let lse = unsafe { global::load((p.lse as *const f32).add(stat_at(p, 0, b, h, r))) };
-            lse2[half] = if lse == f32::NEG_INFINITY { f32::INFINITY } else { lse * LOG2_E };
-            if t == 0 {
-                unsafe {
-                    global::store((p.stats as *mut f32).add(stat_at(p, 0, b, h, r)), lse2[half]);
-                    global::store((p.stats as *mut f32).add(stat_at(p, 2, b, h, r)), d_row[half]);
-                }
-            }
-        }
-    }
-
     let mut acc_dq = [[0f32; 4]; DN];
     let mut q_frag = [[0u32; 4]; DK];
     let mut do_frag = [[0u32; 4]; DK];
+    // Rows g and g + 8 of the warp's m16 tile: running statistics (pass 0), then the final
+    // m_i, 1 / l_i, D_i (pass 1).
+    let mut rows = [QuadRow::INIT; 2];
+    let mut fin = [(f32::INFINITY, 0f32, 0f32); 2];
     // A fragments (rows of a 16-row block, chunk pairs) and transposed B fragments share
     // these addresses; non-transposed B fragments (rows as n) use `b_addr`.
     let a_addr = LaneAddr::new::<D>(lane % 8 + 8 * ((lane / 8) % 2), lane / 16);
     let b_addr = LaneAddr::new::<D>(lane % 8 + 8 * (lane / 16), (lane / 8) % 2);
-    for j in 0..n_tiles {
-        // Block: prefetch K_{j+1}, V_{j+1} into the other stage while tile j is computed.
-        if j + 1 < n_tiles {
-            let c1 = ((j + 1) * BC) as u32;
+    // Lane quad: the rows' final statistics, also to the workspace for the dK/dV kernel
+    // (every row below seqlen_q, fully masked ones too).
+    let publish = |rows: &[QuadRow; 2]| -> [(f32, f32, f32); 2] {
+        let fin = [rows[0].finish(), rows[1].finish()];
+        for (half, f) in fin.iter().enumerate() {
+            let r = row0 + (w * 16 + g + 8 * half) as u32;
+            if t == 0 && r < sq {
+                let st = p.stats as *mut f32;
+                unsafe {
+                    global::store(st.add(stat_at(p, 0, b, h, r)), f.0);
+                    global::store(st.add(stat_at(p, 1, b, h, r)), f.1);
+                    global::store(st.add(stat_at(p, 2, b, h, r)), f.2);
+                }
+            }
+        }
+        fin
+    };
+    // Two passes over the key tiles, one pipeline: iteration `it` reads tile it % n_tiles.
+    let n_iter = 2 * n_tiles;
+    for it in 0..n_iter {
+        let j = it % n_tiles;
+        // Block: prefetch the next iteration's K, V into the other stage while this one is
+        // computed.
+        if it + 1 < n_iter {
+            let c1 = (((it + 1) % n_tiles) * BC) as u32;
             unsafe {
-                load_tile::<T, D>(k_s((j + 1) % 2), BC, k_g.add((c1 as u64 * p.k_strides.row) as usize), p.k_strides.row, sk - c1, d);
-                load_tile::<T, D>(v_s((j + 1) % 2), BC, v_g.add((c1 as u64 * p.k_strides.row) as usize), p.k_strides.row, sk - c1, d);
+                load_tile::<T, D>(k_s((it + 1) % 2), BC, k_g.add((c1 as u64 * p.k_strides.row) as usize), p.k_strides.row, sk - c1, d);
+                load_tile::<T, D>(v_s((it + 1) % 2), BC, v_g.add((c1 as u64 * p.k_strides.row) as usize), p.k_strides.row, sk - c1, d);
             }
             thread::cp_async_commit();
             thread::cp_async_wait::<1>();
@@ -177,17 +192,23 @@ unsafe fn dq_masked<T: MmaElement, M: Mask, const D: usize, const DK: usize, con
             thread::cp_async_wait::<0>();
         }
         block::sync();
-        if j == 0 {
-            // Warp: Q_i and dO_i fragments of its 16 rows, kept for the whole loop.
+        if QREG && it == 0 {
+            // Warp: Q_i and dO_i fragments of its 16 rows, kept for both passes.
             for kk in 0..DK {
                 q_frag[kk] = warp::ldmatrix_x4(q_s, a_addr.at::<D>(w, kk));
                 do_frag[kk] = warp::ldmatrix_x4(do_s, a_addr.at::<D>(w, kk));
             }
         }
-        let ctx = DqStep::<T, D, DK> {
+        if it == n_tiles {
+            fin = publish(&rows);
+        }
+        let ctx = DqStep::<T, D, DK, QREG> {
             p,
-            k: k_s(j % 2),
-            v: v_s(j % 2),
+            q: q_s,
+            d_o: do_s,
+            w,
+            k: k_s(it % 2),
+            v: v_s(it % 2),
             q_frag: &q_frag,
             do_frag: &do_frag,
             a_addr,
@@ -195,19 +216,19 @@ unsafe fn dq_masked<T: MmaElement, M: Mask, const D: usize, const DK: usize, con
             row0: row0 + (w * 16) as u32,
             g,
             t,
-            lse2,
-            d_row,
         };
-        if j < n_unmasked {
-            ctx.step::<M, false, DN, BC, NS>(j, &mut acc_dq);
-        } else {
-            ctx.step::<M, true, DN, BC, NS>(j, &mut acc_dq);
+        match (it < n_tiles, j < n_unmasked) {
+            (true, true) => ctx.stats::<M, false, BC, NS>(j, &mut rows),
+            (true, false) => ctx.stats::<M, true, BC, NS>(j, &mut rows),
+            (false, true) => ctx.step::<M, false, DN, BC, NS>(j, &fin, &mut acc_dq),
+            (false, false) => ctx.step::<M, true, DN, BC, NS>(j, &fin, &mut acc_dq),
         }
-        // Everyone is done with stage j % 2 before iteration j + 1 refills it.
+        // Everyone is done with stage it % 2 before iteration it + 1 refills it.
         block::sync();
     }
     if n_tiles == 0 {
         thread::cp_async_wait::<0>();
+        publish(&rows);
     }
 
     // Warp: dQ_i = scale * acc, rows of its m16 tile, in T.
@@ -215,8 +236,12 @@ unsafe fn dq_masked<T: MmaElement, M: Mask, const D: usize, const DK: usize, con
 }
 
 /// What one key tile of the dQ kernel reads, per warp.
-struct DqStep<'a, T: Copy, const D: usize, const DK: usize> {
+struct DqStep<'a, T: Copy, const D: usize, const DK: usize, const QREG: bool> {
     p: &'a BwdParams,
+    /// Q_i, dO_i tiles and the warp (for re-reading fragments when not QREG).
+    q: Shared<T>,
+    d_o: Shared<T>,
+    w: usize,
     k: Shared<T>,
     v: Shared<T>,
     q_frag: &'a [[u32; 4]; DK],
@@ -227,48 +252,71 @@ struct DqStep<'a, T: Copy, const D: usize, const DK: usize> {
     row0: u32,
     g: usize,
     t: usize,
-    /// LSE_i log2(e) and D_i of rows g and g + 8.
-    lse2: [f32; 2],
-    d_row: [f32; 2],
 }
 
-impl<T: MmaElement, const D: usize, const DK: usize> DqStep<'_, T, D, DK> {
-    /// Warp: dQ_i += dS_ij K_j for key tile `j`; MASKED applies the mask and seqlen_k.
+impl<T: MmaElement, const D: usize, const DK: usize, const QREG: bool> DqStep<'_, T, D, DK, QREG> {
+    /// Warp: S_ij = Q_i K_j^T times scale log2(e) (-inf where masked, with MASKED) and
+    /// dP_ij = dO_i V_j^T for key tile `j`, as NS m16n8 C fragments each; k over D.
     #[inline(always)]
-    fn step<M: Mask, const MASKED: bool, const DN: usize, const BC: usize, const NS: usize>(&self, j: usize, acc_dq: &mut [[f32; 4]; DN]) {
+    fn scores<M: Mask, const MASKED: bool, const BC: usize, const NS: usize>(&self, j: usize) -> ([[f32; 4]; NS], [[f32; 4]; NS]) {
         let p = self.p;
         let (g, t) = (self.g, self.t);
         let c0 = (j * BC) as u32;
         let factor = p.scale * LOG2_E;
-
-        // S_ij = Q_i K_j^T and dP_ij = dO_i V_j^T: NS n-tiles of m16n8, k over D.
         let mut s = [[0f32; 4]; NS];
         let mut dp = [[0f32; 4]; NS];
         for kk in 0..DK {
+            let qf = if QREG { self.q_frag[kk] } else { warp::ldmatrix_x4(self.q, self.a_addr.at::<D>(self.w, kk)) };
+            let of = if QREG { self.do_frag[kk] } else { warp::ldmatrix_x4(self.d_o, self.a_addr.at::<D>(self.w, kk)) };
             for np in 0..NS / 2 {
                 let kb = warp::ldmatrix_x4(self.k, self.b_addr.at::<D>(np, kk));
-                s[2 * np] = T::mma(self.q_frag[kk], [kb[0], kb[1]], s[2 * np]);
-                s[2 * np + 1] = T::mma(self.q_frag[kk], [kb[2], kb[3]], s[2 * np + 1]);
+                s[2 * np] = T::mma(qf, [kb[0], kb[1]], s[2 * np]);
+                s[2 * np + 1] = T::mma(qf, [kb[2], kb[3]], s[2 * np + 1]);
                 let vb = warp::ldmatrix_x4(self.v, self.b_addr.at::<D>(np, kk));
-                dp[2 * np] = T::mma(self.do_frag[kk], [vb[0], vb[1]], dp[2 * np]);
-                dp[2 * np + 1] = T::mma(self.do_frag[kk], [vb[2], vb[3]], dp[2 * np + 1]);
+                dp[2 * np] = T::mma(of, [vb[0], vb[1]], dp[2 * np]);
+                dp[2 * np + 1] = T::mma(of, [vb[2], vb[3]], dp[2 * np + 1]);
             }
         }
+        for (n, x) in s.iter_mut().enumerate() {
+            for (e, x) in x.iter_mut().enumerate() {
+                *x *= factor;
+                if MASKED {
+                    let row = self.row0 + (g + 8 * (e / 2)) as u32;
+                    let col = c0 + (n * 8 + 2 * t + e % 2) as u32;
+                    if col >= p.seqlen_k || M::hides(row, col, p.seqlen_q, p.seqlen_k) {
+                        *x = f32::NEG_INFINITY;
+                    }
+                }
+            }
+        }
+        (s, dp)
+    }
 
-        // P_ij = exp2(S_ij scale log2(e) - LSE_i log2(e)), 0 where masked; then
+    /// Pass 0, warp: folds key tile `j` into the running statistics of rows g and g + 8.
+    #[inline(always)]
+    fn stats<M: Mask, const MASKED: bool, const BC: usize, const NS: usize>(&self, j: usize, rows: &mut [QuadRow; 2]) {
+        let (x, dp) = self.scores::<M, MASKED, BC, NS>(j);
+        for (half, row) in rows.iter_mut().enumerate() {
+            row.push(core::array::from_fn::<_, NS, _>(|n| [x[n][2 * half], x[n][2 * half + 1]]), core::array::from_fn(|n| [dp[n][2 * half], dp[n][2 * half + 1]]));
+        }
+    }
+
+    /// Pass 1, warp: dQ_i += dS_ij K_j for key tile `j`, with the rows' final (m_i, 1 / l_i,
+    /// D_i) in `fin`.
+    #[inline(always)]
+    fn step<M: Mask, const MASKED: bool, const DN: usize, const BC: usize, const NS: usize>(
+        &self,
+        j: usize,
+        fin: &[(f32, f32, f32); 2],
+        acc_dq: &mut [[f32; 4]; DN],
+    ) {
+        let (mut s, dp) = self.scores::<M, MASKED, BC, NS>(j);
+        // P_ij = exp2(S_ij - m_i) / l_i (0 where masked or where the row sees no key), then
         // dS_ij = P_ij (dP_ij - D_i), in place of S.
         for n in 0..NS {
             for e in 0..4 {
-                let half = e / 2;
-                let mut x = s[n][e] * factor - self.lse2[half];
-                if MASKED {
-                    let row = self.row0 + (g + 8 * half) as u32;
-                    let col = c0 + (n * 8 + 2 * t + e % 2) as u32;
-                    if col >= p.seqlen_k || M::hides(row, col, p.seqlen_q, p.seqlen_k) {
-                        x = f32::NEG_INFINITY;
-                    }
-                }
-                s[n][e] = math::ex2(x) * (dp[n][e] - self.d_row[half]);
+                let (m, inv_l, dd) = fin[e / 2];
+                s[n][e] = math::ex2(s[n][e] - m) * inv_l * (dp[n][e] - dd);
             }
         }
 
@@ -285,9 +333,57 @@ impl<T: MmaElement, const D: usize, const DK: usize> DqStep<'_, T, D, DK> {
     }
 }
 
+/// One lane's running softmax statistics of a query row held by a lane quad (scores in the
+/// log2 domain), with n = sum_j exp2(x_j - m) dP_ij, so that D_i = n / l_i.
+#[derive(Clone, Copy)]
+struct QuadRow {
+    /// Running max of the row, the same on the four lanes.
+    m: f32,
+    /// This lane's share of l_i and of n.
+    l: f32,
+    n: f32,
+}
+
+impl QuadRow {
+    const INIT: QuadRow = QuadRow { m: f32::NEG_INFINITY, l: 0.0, n: 0.0 };
+
+    /// Lane quad: folds this lane's scaled scores `x` (-inf: masked) and their dP in.
+    #[inline(always)]
+    fn push<const NS: usize>(&mut self, x: [[f32; 2]; NS], dp: [[f32; 2]; NS]) {
+        let mut mx = self.m;
+        for x in x.iter() {
+            mx = mx.max(x[0]).max(x[1]);
+        }
+        let m_new = warp::allreduce_max_in::<4>(mx);
+        // Everything masked so far: subtract 0, not -inf, so ex2 gives 0 rather than NaN.
+        let base = if m_new == f32::NEG_INFINITY { 0.0 } else { m_new };
+        let alpha = math::ex2(self.m - base);
+        let (mut l, mut n) = (0f32, 0f32);
+        for (x, dp) in x.iter().zip(dp.iter()) {
+            for e in 0..2 {
+                let pe = math::ex2(x[e] - base);
+                l += pe;
+                n += pe * dp[e];
+            }
+        }
+        self.l = self.l * alpha + l;
+        self.n = self.n * alpha + n;
+        self.m = m_new;
+    }
+
+    /// Lane quad: the row's (m_i, 1 / l_i, D_i); (+inf, 0, 0) for a row that sees no key, so
+    /// that exp2(x - m_i) / l_i is 0 without a special case.
+    #[inline(always)]
+    fn finish(&self) -> (f32, f32, f32) {
+        let l = warp::allreduce_sum_in::<4>(self.l);
+        let n = warp::allreduce_sum_in::<4>(self.n);
+        if l > 0.0 { (self.m, math::rcp(l), n / l) } else { (f32::INFINITY, 0.0, 0.0) }
+    }
+}
+
 /// The dK/dV kernel for one tile: D = 16 DK = 8 DN, query tiles of BR = 8 NQ rows; KVREG keeps
 /// the warp's K and V fragments in registers (else they are re-read from shared memory at
-/// every query tile). Causal or not at run time. Reads D_i and LSE_i log2(e) from the dQ
+/// every query tile). Causal or not at run time. Reads m_i, 1 / l_i, D_i from the dQ
 /// kernel's workspace.
 ///
 /// # Safety
@@ -331,16 +427,17 @@ unsafe fn dkdv_masked<
     let j0 = kv_blk * bc as u32;
 
     // Shared memory: K, V [bc][D]; Q stages 0, 1 and dO stages 0, 1 ([BR][D] each); then f32
-    // LSE_i log2(e) stages 0, 1 and D_i stages 0, 1 ([BR] each).
+    // m_i, 1 / l_i and D_i, stages 0, 1 each ([BR]).
     let rs = Layout::<D>::STRIDE;
     let smem: Shared<T> = unsafe { dev::dynamic_shared((2 * bc + 4 * BR) * rs) };
     let k_s = smem.slice(0, bc * rs);
     let v_s = smem.slice(bc * rs, bc * rs);
     let q_s = |stage: usize| smem.slice((2 * bc + stage * BR) * rs, BR * rs);
     let do_s = |stage: usize| smem.slice((2 * bc + (2 + stage) * BR) * rs, BR * rs);
-    let f_s: Shared<f32> = smem.after(4 * BR);
-    let lse_s = |stage: usize| f_s.slice(stage * BR, BR);
-    let dd_s = |stage: usize| f_s.slice((2 + stage) * BR, BR);
+    let f_s: Shared<f32> = smem.after(6 * BR);
+    let m_s = |stage: usize| f_s.slice(stage * BR, BR);
+    let il_s = |stage: usize| f_s.slice((2 + stage) * BR, BR);
+    let dd_s = |stage: usize| f_s.slice((4 + stage) * BR, BR);
 
     let kv_at = p.k_strides.offset(b, 0, hk) as usize;
     let first = (j0.min(sk) as u64 * p.k_strides.row) as usize;
@@ -359,8 +456,8 @@ unsafe fn dkdv_masked<
     // Iteration it: query head and first row of its tile.
     let tile_of = |it: usize| ((hk as usize * group + it / n_qt) as u32, ((qt_first + it % n_qt) * BR) as u32);
 
-    // Block: Q_i, dO_i (cp.async) and LSE_i log2(e), D_i (plain loads) of iteration `it` into
-    // stage `stage`; rows past seqlen_q get Q = dO = 0, LSE log2(e) = +inf, D = 0.
+    // Block: Q_i, dO_i (cp.async) and m_i, 1 / l_i, D_i (plain loads) of iteration `it` into
+    // stage `stage`; rows past seqlen_q get Q = dO = 0 and (+inf, 0, 0), so P = 0.
     let fetch = |it: usize, stage: usize| {
         let (h, i0) = tile_of(it);
         let q_at = (p.q_strides.offset(b, 0, h) + i0 as u64 * p.q_strides.row) as usize;
@@ -373,7 +470,8 @@ unsafe fn dkdv_masked<
             let r = i0 + tid as u32;
             let valid = r < sq;
             let ld = |k: usize, dflt: f32| if valid { unsafe { global::load((p.stats as *const f32).add(stat_at(p, k, b, h, r))) } } else { dflt };
-            lse_s(stage).st(tid, ld(0, f32::INFINITY));
+            m_s(stage).st(tid, ld(0, f32::INFINITY));
+            il_s(stage).st(tid, ld(1, 0.0));
             dd_s(stage).st(tid, ld(2, 0.0));
         }
     };
@@ -412,7 +510,8 @@ unsafe fn dkdv_masked<
             v: v_s,
             q: q_s(it % 2),
             d_o: do_s(it % 2),
-            lse2: lse_s(it % 2),
+            m_row: m_s(it % 2),
+            il_row: il_s(it % 2),
             d_row: dd_s(it % 2),
             k_frag: &k_frag,
             v_frag: &v_frag,
@@ -452,7 +551,9 @@ struct KvStep<'a, T: Copy, const D: usize, const DK: usize, const KVREG: bool> {
     v: Shared<T>,
     q: Shared<T>,
     d_o: Shared<T>,
-    lse2: Shared<f32>,
+    /// m_i, 1 / l_i and D_i of the tile's query rows.
+    m_row: Shared<f32>,
+    il_row: Shared<f32>,
     d_row: Shared<f32>,
     k_frag: &'a [[u32; 4]; DK],
     v_frag: &'a [[u32; 4]; DK],
@@ -495,22 +596,22 @@ impl<T: MmaElement, const D: usize, const DK: usize, const KVREG: bool> KvStep<'
             }
         }
 
-        // P^T = exp2(S^T scale log2(e) - LSE log2(e)) per query column, 0 where masked;
-        // dS^T = P^T (dP^T - D) per query column, in place of dP^T.
+        // P^T = exp2(S^T scale log2(e) - m) / l per query column (0 where masked or where the
+        // row sees no key); dS^T = P^T (dP^T - D) per query column, in place of dP^T.
         for n in 0..NQ {
             let c = n * 8 + 2 * t;
-            let (l0, l1) = (self.lse2.ld(c), self.lse2.ld(c + 1));
-            let (d0, d1) = (self.d_row.ld(c), self.d_row.ld(c + 1));
+            let stat = |i: usize| (self.m_row.ld(i), self.il_row.ld(i), self.d_row.ld(i));
+            let cols = [stat(c), stat(c + 1)];
             for e in 0..4 {
-                let (lse, dd) = if e % 2 == 0 { (l0, d0) } else { (l1, d1) };
-                let mut x = s[n][e] * factor - lse;
+                let (m, inv_l, dd) = cols[e % 2];
+                let mut x = s[n][e] * factor - m;
                 if MASKED {
                     let key = self.key0 + (g + 8 * (e / 2)) as u32;
                     if M::hides(self.i0 + (c + e % 2) as u32, key, p.seqlen_q, p.seqlen_k) {
                         x = f32::NEG_INFINITY;
                     }
                 }
-                let pe = math::ex2(x);
+                let pe = math::ex2(x) * inv_l;
                 s[n][e] = pe;
                 dp[n][e] = pe * (dp[n][e] - dd);
             }

@@ -253,6 +253,7 @@ macro_rules! bwd_mma_q {
             { bwd_field(mma_bwd_tile($d), 0) as usize / 8 },
             { bwd_field(mma_bwd_tile($d), 1) as usize },
             { bwd_field(mma_bwd_tile($d), 1) as usize / 8 },
+            { bwd_field(mma_bwd_tile($d), 4) != 0 },
         >
     };
 }
@@ -272,14 +273,16 @@ macro_rules! bwd_mma_kv {
     };
 }
 
-/// Field `i` of a backward tile (head_dim, dq_bc, kv_br, kv_in_regs), for const generic arguments.
+/// Field `i` of a backward tile (head_dim, dq_bc, kv_br, kv_in_regs, dq_q_in_regs), for const
+/// generic arguments.
 const fn bwd_field(t: Option<MmaBwdTile>, i: u32) -> u32 {
     match t {
         Some(t) => match i {
             0 => t.head_dim,
             1 => t.dq_bc,
             2 => t.kv_br,
-            _ => t.kv_in_regs as u32,
+            3 => t.kv_in_regs as u32,
+            _ => t.dq_q_in_regs as u32,
         },
         None => 0,
     }

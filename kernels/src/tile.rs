@@ -236,6 +236,9 @@ pub struct MmaBwdTile {
     pub head_dim: u32,
     /// Keys per K/V tile of the dQ kernel.
     pub dq_bc: u32,
+    /// Whether the dQ kernel keeps each warp's Q and dO fragments in registers (else it
+    /// re-reads them from shared memory at every key tile).
+    pub dq_q_in_regs: bool,
     /// Query rows per Q/dO tile of the dK/dV kernel.
     pub kv_br: u32,
     /// Whether the dK/dV kernel keeps each warp's K and V fragments in registers (else it
@@ -260,9 +263,9 @@ impl MmaBwdTile {
         (2 * Self::ROWS + 4 * self.dq_bc) * self.row_stride() * 2
     }
     /// dK/dV kernel's shared memory in bytes: K, V [64] rows and two stages of Q, dO [kv_br]
-    /// rows, 16-bit; two stages of LSE log2(e) and D [kv_br], f32.
+    /// rows, 16-bit; two stages of m, 1 / l and D [kv_br], f32.
     pub const fn dkdv_smem_bytes(&self) -> u32 {
-        (2 * Self::ROWS + 4 * self.kv_br) * self.row_stride() * 2 + 4 * self.kv_br * 4
+        (2 * Self::ROWS + 4 * self.kv_br) * self.row_stride() * 2 + 6 * self.kv_br * 4
     }
 }
 
@@ -279,14 +282,14 @@ impl MmaBwdTile {
 ///   Br = 32 ptxas spilled 4 bytes on sm_90.
 /// Correctness first: none of these is timed yet.
 pub const fn mma_bwd_tile(head_dim: u32) -> Option<MmaBwdTile> {
-    const fn t(head_dim: u32, dq_bc: u32, kv_br: u32, kv_in_regs: bool) -> Option<MmaBwdTile> {
-        Some(MmaBwdTile { head_dim, dq_bc, kv_br, kv_in_regs })
+    const fn t(head_dim: u32, dq_bc: u32, dq_q_in_regs: bool, kv_br: u32, kv_in_regs: bool) -> Option<MmaBwdTile> {
+        Some(MmaBwdTile { head_dim, dq_bc, dq_q_in_regs, kv_br, kv_in_regs })
     }
     match mma_head_dim(head_dim) {
-        Some(32) => t(32, 64, 64, true),
-        Some(64) => t(64, 64, 64, true),
-        Some(96) => t(96, 32, 32, false),
-        Some(128) => t(128, 32, 16, false),
+        Some(32) => t(32, 64, true, 64, true),
+        Some(64) => t(64, 64, true, 64, true),
+        Some(96) => t(96, 32, true, 16, false),
+        Some(128) => t(128, 32, false, 16, false),
         _ => None,
     }
 }
