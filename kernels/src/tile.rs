@@ -271,15 +271,18 @@ impl MmaBwdTile {
 
 /// The tensor-core backward tile for `head_dim`, if there is one: head dims up to 128 (larger
 /// ones run the SIMT backward). Registers per thread are the binding constraint: dQ holds Q
-/// and dO fragments (D/4), the dQ accumulator (D/2) and S, dP (dq_bc/2 each); dK/dV holds two
-/// accumulators (D/2 each), S^T, dP^T (kv_br/2 each) and, with kv_in_regs, K and V fragments
-/// (D/4); addresses and ptxas's scheduling take the rest. ptxas -v (sm_80 / sm_90, no spills,
-/// no stack, commit after 41d3697):
-/// - D = 32: Bc = Br = 64, K/V in registers: dq 156 / 158, dkdv 165 / 185 registers.
-/// - D = 64: Bc = Br = 64, K/V in registers: dq 240 / 243, dkdv 255 / 255.
-/// - D = 96: Bc = Br = 32, K/V re-read from shared memory: dq 222 / 248, dkdv 244 / 254.
-/// - D = 128: dq Bc = 32 (255 / 255); dkdv Br = 16, K/V from shared memory (249 / 255): with
-///   Br = 32 ptxas spilled 4 bytes on sm_90.
+/// and dO fragments (D/4, when dq_q_in_regs), the dQ accumulator (D/2), S and dP (dq_bc/2
+/// each) and its rows' statistics; dK/dV holds two accumulators (D/2 each), S^T, dP^T
+/// (kv_br/2 each) and, with kv_in_regs, K and V fragments (D/4); addresses and ptxas's
+/// hoisted ldmatrix loads take the rest (ptxas fills up to 255 where it can). ptxas -v,
+/// registers on sm_80 / sm_90, no spills, no stack (commit after 248eb98):
+/// - D = 32: Bc = Br = 64, fragments in registers: dq 202 / 209, dkdv 164 / 170.
+/// - D = 64: the same: dq 254 / 255, dkdv 251 / 255.
+/// - D = 96: dq Bc = 32, Q/dO in registers (249 / 255); dkdv Br = 16, K/V re-read from shared
+///   memory (182 / 204; Br = 32 spilled 12 bytes on sm_90).
+/// - D = 128: dq Bc = 32, Q/dO re-read from shared memory (255 / 255; in registers ptxas
+///   spilled 8 bytes on sm_90 even at Bc = 16, 144 at Bc = 32); dkdv Br = 16, K/V from shared
+///   memory (254 / 255; Br = 32 spilled 4 bytes on sm_90).
 /// Correctness first: none of these is timed yet.
 pub const fn mma_bwd_tile(head_dim: u32) -> Option<MmaBwdTile> {
     const fn t(head_dim: u32, dq_bc: u32, dq_q_in_regs: bool, kv_br: u32, kv_in_regs: bool) -> Option<MmaBwdTile> {

@@ -100,6 +100,9 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
         ("head_dim_128_causal", shape(1, 40, 75, 2, 1, 128), true),
         ("seqlen_q_1", shape(1, 1, 70, 2, 1, 64), true),
         ("seqlen_k_1", shape(1, 70, 1, 2, 1, 64), false),
+        // Rows that see one or two keys: dS of a row's only key must come out exactly 0.
+        ("causal_two_keys", shape(1, 26, 2, 2, 1, 112), true),
+        ("causal_three_keys", shape(1, 39, 3, 2, 1, 40), true),
     ];
     for (name, s, causal) in edges {
         for dtype in [Dt::F32, Dt::F16, Dt::Bf16] {
