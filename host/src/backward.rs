@@ -1,10 +1,10 @@
 //! The backward pass: dQ, dK, dV from Q, K, V and dO, in two launches (dQ, which also writes
 //! each row's softmax statistics and D = rowsum(P * dP), then dK/dV). Deterministic by
 //! construction: no atomics, every output element summed by one thread in a fixed order.
-//! Two families: the tensor-core kernels (`mma`, f16 and bf16 up to head_dim 128; P from the
-//! saved LSE and D = rowsum(dO * O), as FA2, see `kernels/src/bwd_mma.rs`) and SIMT (every
-//! dtype and head_dim; O and LSE are validated but not read: it recomputes D and the row
-//! statistics in f32 for accuracy, see `kernels/src/bwd_simt.rs`).
+//! Two families: the tensor-core kernels (`mma`, f16 and bf16 up to head_dim 128,
+//! `kernels/src/bwd_mma.rs`) and SIMT (every dtype and head_dim, `kernels/src/bwd_simt.rs`).
+//! Both recompute D and the row statistics in f32 in the dQ kernel, for accuracy, rather than
+//! take FA2's P from the saved LSE and D = rowsum(dO * O): O and LSE are validated but not read.
 
 use crate::device::{FlashAttn, Launch, Tensor};
 use crate::dtype::Dtype;
