@@ -46,3 +46,46 @@ impl FlashAttn {
         }
     }
 }
+
+impl FlashAttn {
+    /// Mean milliseconds per backward pass (its two launches, and the allocation of its
+    /// statistics workspace) over `iters` passes, after `warmup` passes.
+    #[allow(clippy::too_many_arguments)]
+    pub fn time_backward<T: Dtype>(
+        &self,
+        q: &Tensor<T>,
+        k: &Tensor<T>,
+        v: &Tensor<T>,
+        o: &Tensor<T>,
+        d_o: &Tensor<T>,
+        lse: &Tensor<f32>,
+        grads: &mut crate::BwdOutput<T>,
+        opts: &FwdOptions,
+        warmup: usize,
+        iters: usize,
+    ) -> Result<f64> {
+        for _ in 0..warmup {
+            self.backward_into(q, k, v, o, d_o, lse, grads, opts)?;
+        }
+        let iters = iters.max(1);
+        match &self.backend {
+            Backend::Cuda(c) => {
+                let flags = Some(CUevent_flags::CU_EVENT_DEFAULT);
+                let start = cuda("recording an event", c.stream.record_event(flags))?;
+                for _ in 0..iters {
+                    self.backward_into(q, k, v, o, d_o, lse, grads, opts)?;
+                }
+                let end = cuda("recording an event", c.stream.record_event(flags))?;
+                let ms = cuda("reading event time", start.elapsed_ms(&end))?;
+                Ok(ms as f64 / iters as f64)
+            }
+            Backend::Emulator => {
+                let t = std::time::Instant::now();
+                for _ in 0..iters {
+                    self.backward_into(q, k, v, o, d_o, lse, grads, opts)?;
+                }
+                Ok(t.elapsed().as_secs_f64() * 1e3 / iters as f64)
+            }
+        }
+    }
+}
