@@ -18,6 +18,7 @@
 //!    transposed orientation (keys as the mma's rows), so P^T and dS^T come out of the mma as
 //!    C fragments that are already the A fragments of dV += P^T dO and dK += dS^T Q, with no
 //!    shared-memory transpose: S^T = K Q^T, dP^T = V dO^T.
+//!
 //! Every output element is summed by one lane in a fixed order: bitwise deterministic.
 //! A kernel compiled for D serves every head_dim d <= D that is a multiple of 8: columns d..D
 //! are zero-filled in shared memory (they add nothing to S or dP) and never stored.
@@ -107,7 +108,7 @@ unsafe fn dq_masked<
 ) {
     let br = BLOCK_ROWS;
     let d = p.head_dim;
-    if d > D as u32 || d % 8 != 0 || DK * 16 != D || DN * 8 != D || NS * 8 != BC || block::dim() != MMA_WARPS * 32 {
+    if d > D as u32 || !d.is_multiple_of(8) || DK * 16 != D || DN * 8 != D || NS * 8 != BC || block::dim() != MMA_WARPS * 32 {
         thread::trap();
     }
     let (q_blk, h, b) = block::idx();
@@ -417,7 +418,7 @@ unsafe fn dkdv_masked<
 ) {
     let bc = BLOCK_ROWS;
     let d = p.head_dim;
-    if d > D as u32 || d % 8 != 0 || DK * 16 != D || DN * 8 != D || NQ * 8 != BR || block::dim() != MMA_WARPS * 32 {
+    if d > D as u32 || !d.is_multiple_of(8) || DK * 16 != D || DN * 8 != D || NQ * 8 != BR || block::dim() != MMA_WARPS * 32 {
         thread::trap();
     }
     let (kv_blk, hk, b) = block::idx();

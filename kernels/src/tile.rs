@@ -255,7 +255,7 @@ impl MmaBwdTile {
     }
     /// Elements per shared-memory row (as [`MmaTile::row_stride`]).
     pub const fn row_stride(&self) -> u32 {
-        if self.head_dim % 64 == 0 { self.head_dim } else { self.head_dim + 8 }
+        if self.head_dim.is_multiple_of(64) { self.head_dim } else { self.head_dim + 8 }
     }
     /// dQ kernel's shared memory in bytes: Q, dO [64] rows and two stages of K, V [dq_bc]
     /// rows, 16-bit.
@@ -283,6 +283,7 @@ impl MmaBwdTile {
 /// - D = 128: dq Bc = 32, Q/dO re-read from shared memory (255 / 255; in registers ptxas
 ///   spilled 8 bytes on sm_90 even at Bc = 16, 144 at Bc = 32); dkdv Br = 16, K/V from shared
 ///   memory (254 / 255; Br = 32 spilled 4 bytes on sm_90).
+///
 /// Correctness first: none of these is timed yet.
 pub const fn mma_bwd_tile(head_dim: u32) -> Option<MmaBwdTile> {
     const fn t(head_dim: u32, dq_bc: u32, dq_q_in_regs: bool, kv_br: u32, kv_in_regs: bool) -> Option<MmaBwdTile> {
