@@ -94,19 +94,71 @@ impl LaneAddr {
     }
 }
 
-/// Block: cp.async of `rows` rows of a [seqlen, d] slice (row stride `stride`) into a
-/// [`Layout`] tile of width D; rows at or past `limit` and columns at or past `d` are
-/// zero-filled.
+/// Block: cp.async of ROWS rows of a [seqlen, d] slice (row stride `stride`) into a
+/// [`Layout`] tile of width D; with BOUNDS, rows at or past `limit` and columns at or past `d`
+/// are zero-filled (without it every row and column must be valid). Thread `x` copies the
+/// 16-byte chunks x + 128 i: a fixed trip count, so the loop unrolls and, when a row's chunks
+/// divide the block, the thread's column and swizzle are the same for every i and each copy
+/// is a pointer increment (a loop with a thread-dependent trip count cost 27 instructions per
+/// 16 bytes, a third of the KV loop's instructions at d=128: SASS of 27ff2b2).
 #[inline(always)]
-unsafe fn load_tile<T: MmaElement, const D: usize>(dst: Shared<T>, rows: usize, src: *const T, stride: u64, limit: u32, d: u32) {
-    let chunks = rows * D / 8;
-    let mut e = thread::idx() as usize;
-    while e < chunks {
-        let (r, c) = (e / (D / 8), (e % (D / 8)) * 8);
-        let valid = (r as u32) < limit && (c as u32) < d;
+pub(crate) unsafe fn load_tile<T: MmaElement, const D: usize, const ROWS: usize, const BOUNDS: bool>(
+    dst: Shared<T>,
+    src: *const T,
+    stride: u64,
+    limit: u32,
+    d: u32,
+) {
+    const THREADS: usize = (MMA_WARPS * 32) as usize;
+    let cpr = D / 8; // chunks per row
+    let stride = thread::opaque(stride);
+    let x = thread::opaque(thread::idx() as u64) as usize;
+    for i in 0..(ROWS * cpr).div_ceil(THREADS) {
+        let e = x + THREADS * i;
+        // Whole-block chunks: row x / cpr + i * THREADS / cpr, column fixed per thread.
+        let (r, c) = if THREADS % cpr == 0 { (x / cpr + i * (THREADS / cpr), (x % cpr) * 8) } else { (e / cpr, (e % cpr) * 8) };
+        if (ROWS * cpr) % THREADS != 0 && e >= ROWS * cpr {
+            continue;
+        }
+        let valid = !BOUNDS || ((r as u32) < limit && (c as u32) < d);
         let at = if valid { r as u64 * stride + c as u64 } else { 0 };
         unsafe { thread::cp_async_16(dst, Layout::<D>::at(r, c), src.add(at as usize), valid) };
-        e += (MMA_WARPS * 32) as usize;
+    }
+}
+
+/// Block: the Q tile (MT m16 tiles per warp), rows past `limit` zero-filled.
+#[inline(always)]
+unsafe fn load_q<T: MmaElement, const D: usize, const MT: usize>(dst: Shared<T>, src: *const T, stride: u64, limit: u32, d: u32) {
+    // Br = 64 MT rows; ROWS must be a constant, so one arm per m-tile count.
+    unsafe {
+        match MT {
+            1 => load_tile::<T, D, 64, true>(dst, src, stride, limit, d),
+            2 => load_tile::<T, D, 128, true>(dst, src, stride, limit, d),
+            _ => thread::trap(),
+        }
+    }
+}
+
+/// Block: one K and one V tile of BC keys; the bounds checks only where the tile reaches past
+/// seqlen_k (`limit` < BC) or head_dim is padded.
+#[inline(always)]
+unsafe fn load_kv<T: MmaElement, const D: usize, const BC: usize, const PAD: bool>(
+    k_dst: Shared<T>,
+    v_dst: Shared<T>,
+    k: *const T,
+    v: *const T,
+    p: &FwdParams,
+    limit: u32,
+    d: u32,
+) {
+    unsafe {
+        if PAD || limit < BC as u32 {
+            load_tile::<T, D, BC, true>(k_dst, k, p.k_strides.row, limit, d);
+            load_tile::<T, D, BC, true>(v_dst, v, p.v_strides.row, limit, d);
+        } else {
+            load_tile::<T, D, BC, false>(k_dst, k, p.k_strides.row, limit, d);
+            load_tile::<T, D, BC, false>(v_dst, v, p.v_strides.row, limit, d);
+        }
     }
 }
 
@@ -156,10 +208,9 @@ unsafe fn fwd<
 
     // Prologue: Q and the first K, V tile in flight.
     unsafe {
-        load_tile::<T, D>(q_s, br, q_g, p.q_strides.row, sq - row0.min(sq), d);
+        load_q::<T, D, MT>(q_s, q_g, p.q_strides.row, sq - row0.min(sq), d);
         if n_tiles > 0 {
-            load_tile::<T, D>(k_s(0), BC, k_g, p.k_strides.row, sk, d);
-            load_tile::<T, D>(v_s(0), BC, v_g, p.v_strides.row, sk, d);
+            load_kv::<T, D, BC, PAD>(k_s(0), v_s(0), k_g, v_g, p, sk, d);
         }
     }
     thread::cp_async_commit();
@@ -178,8 +229,8 @@ unsafe fn fwd<
         if j + 1 < n_tiles {
             let c1 = ((j + 1) * BC) as u32;
             unsafe {
-                load_tile::<T, D>(k_s((j + 1) % 2), BC, k_g.add((c1 as u64 * p.k_strides.row) as usize), p.k_strides.row, sk - c1, d);
-                load_tile::<T, D>(v_s((j + 1) % 2), BC, v_g.add((c1 as u64 * p.v_strides.row) as usize), p.v_strides.row, sk - c1, d);
+                let (k1, v1) = (k_g.add((c1 as u64 * p.k_strides.row) as usize), v_g.add((c1 as u64 * p.v_strides.row) as usize));
+                load_kv::<T, D, BC, PAD>(k_s((j + 1) % 2), v_s((j + 1) % 2), k1, v1, p, sk - c1, d);
             }
             thread::cp_async_commit();
             thread::cp_async_wait::<1>();
@@ -298,6 +349,8 @@ impl<T: MmaElement, const D: usize, const DK: usize, const MT: usize, const QREG
             }
         }
 
+        let mut alpha = [[1f32; 2]; MT];
+        let mut p_16 = [[[0u32; 2]; NS]; MT];
         for mt in 0..MT {
             // Scores to the softmax domain, masked where MASKED; split by row (g, g + 8).
             let mut s = [[[0f32; 2]; NS]; 2];
@@ -315,27 +368,36 @@ impl<T: MmaElement, const D: usize, const DK: usize, const MT: usize, const QREG
                     s[half][n][e % 2] = x;
                 }
             }
-            // Online softmax per row over the lane quad; rescale acc_o by alpha.
+            // Online softmax per row over the lane quad; alpha rescales acc_o below.
             for half in 0..2 {
-                let alpha = rows[mt][half].update::<T::Dm, 4>(s[half].as_flattened_mut());
-                for a in acc_o[mt].iter_mut() {
-                    a[2 * half] *= alpha;
-                    a[2 * half + 1] *= alpha;
-                }
+                alpha[mt][half] = rows[mt][half].update::<T::Dm, 4>(s[half].as_flattened_mut());
             }
-            // P's C-fragment layout is the A-fragment layout of the P V mma.
-            for (n, a) in acc_s[mt].iter_mut().enumerate() {
-                *a = [s[0][n][0], s[0][n][1], s[1][n][0], s[1][n][1]];
+            // P's C-fragment layout is the A-fragment layout of the P V mma; rounded to 16 bits
+            // now, so P holds half the registers through the P V loop.
+            for (n, pn) in p_16[mt].iter_mut().enumerate() {
+                *pn = [T::pack2(s[0][n][0], s[0][n][1]), T::pack2(s[1][n][0], s[1][n][1])];
+            }
+        }
+
+        // acc_o *= alpha, skipped when no row of the warp got a new max (alpha = 1 exactly:
+        // ex2(0)), which after the first few tiles is nearly every tile: 4 DN FMUL per m-tile.
+        if warp::any(alpha.as_flattened().iter().any(|&a| a != 1.0)) {
+            for (acc, al) in acc_o.iter_mut().zip(alpha.iter()) {
+                for a in acc.iter_mut() {
+                    a[0] *= al[0];
+                    a[1] *= al[0];
+                    a[2] *= al[1];
+                    a[3] *= al[1];
+                }
             }
         }
 
         // O += P_ij V_j: each V fragment feeds every m-tile.
         for kc in 0..NS / 2 {
-            let mut pa = [[0u32; 4]; MT];
-            for (mt, pa) in pa.iter_mut().enumerate() {
-                let (lo, hi) = (acc_s[mt][2 * kc], acc_s[mt][2 * kc + 1]);
-                *pa = [T::pack2(lo[0], lo[1]), T::pack2(lo[2], lo[3]), T::pack2(hi[0], hi[1]), T::pack2(hi[2], hi[3])];
-            }
+            let pa: [[u32; 4]; MT] = core::array::from_fn(|mt| {
+                let (lo, hi) = (p_16[mt][2 * kc], p_16[mt][2 * kc + 1]);
+                [lo[0], lo[1], hi[0], hi[1]]
+            });
             for dp in 0..DN / 2 {
                 let b = warp::ldmatrix_x4_trans(self.v, self.v_addr.at::<D>(kc, dp));
                 for mt in 0..MT {

@@ -143,6 +143,7 @@ pub const fn mma_tile(head_dim: u32) -> Option<MmaTile> {
         Some(64) if head_dim == 64 => t(2, 64, false, 64, false),
         Some(64) => t(1, 64, true, 64, true),
         Some(96) => t(1, 64, true, 96, true),
+        Some(128) if head_dim == 128 => t(2, 32, false, 128, false),
         Some(128) => t(1, 64, true, 128, true),
         Some(192) => t(1, 32, false, 192, true),
         Some(256) => t(1, 32, false, 256, true),

@@ -30,6 +30,13 @@ pub fn shfl_xor_f32(v: f32, lane_mask: u32) -> f32 {
     let r = current().wait(Event::ShflXor { v: v.to_bits(), lane_mask, at: Location::caller() });
     f32::from_bits(r[0])
 }
+pub fn opaque(x: u64) -> u64 {
+    x
+}
+#[track_caller]
+pub fn vote_any(v: bool) -> bool {
+    current().wait(Event::VoteAny { v, at: Location::caller() })[0] != 0
+}
 
 #[track_caller]
 fn check_global(addr: usize, size: usize, write: bool) {
