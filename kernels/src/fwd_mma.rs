@@ -126,6 +126,24 @@ pub(crate) unsafe fn load_tile<T: MmaElement, const D: usize, const ROWS: usize,
     }
 }
 
+/// Thread: flips the sign of every element of the 16-byte chunks this thread copied into the
+/// Q tile (the chunks [`load_tile`] gives it), after its copies completed. The block barrier
+/// at the top of the KV loop orders these writes before any warp reads Q.
+#[inline(always)]
+fn negate_own_chunks<T: MmaElement, const D: usize>(q: Shared<T>, rows: usize) {
+    const THREADS: usize = (MMA_WARPS * 32) as usize;
+    let (cpr, x) = (D / 8, thread::idx() as usize);
+    let words: Shared<u32> = q.cast();
+    let mut e = x;
+    while e < rows * cpr {
+        let at = Layout::<D>::at(e / cpr, (e % cpr) * 8) / 2;
+        for k in 0..4 {
+            words.st(at + k, words.ld(at + k) ^ 0x8000_8000); // both 16-bit sign bits
+        }
+        e += THREADS;
+    }
+}
+
 /// Block: the Q tile (MT m16 tiles per warp), rows past `limit` zero-filled.
 #[inline(always)]
 unsafe fn load_q<T: MmaElement, const D: usize, const MT: usize>(dst: Shared<T>, src: *const T, stride: u64, limit: u32, d: u32) {
@@ -185,6 +203,9 @@ unsafe fn fwd<
         thread::trap();
     }
     let (q_blk, h, b) = block::idx();
+    // Causal: blocks of a head run last-row-tile first. Later row tiles see more keys, so
+    // the heaviest blocks start first and the grid's tail is made of light ones.
+    let q_blk = if M::CAUSAL { p.seqlen_q.div_ceil(br as u32) - 1 - q_blk } else { q_blk };
     let (w, lane) = (warp::id() as usize, warp::lane() as usize);
     let (g, t) = (lane / 4, lane % 4);
     let (sq, sk) = (p.seqlen_q, p.seqlen_k);
@@ -223,7 +244,15 @@ unsafe fn fwd<
     let q_addr = LaneAddr::new::<D>(lane % 8 + 8 * ((lane / 8) % 2), lane / 16);
     let k_addr = LaneAddr::new::<D>(lane % 8 + 8 * (lane / 16), (lane / 8) % 2);
     let v_addr = LaneAddr::new::<D>(lane % 8 + 8 * ((lane / 8) % 2), lane / 16);
-    let scale = T::Dm::factor(p.scale);
+    // Scores stay raw (Q K^T); c = |softmax_scale| log2 e turns them into the exponent with
+    // one FFMA. A negative scale is a positive one on -Q: Q's sign bits are flipped in shared
+    // memory once. (c is at least the smallest normal, so a zero scale gives uniform weights
+    // rather than 0 * -inf = NaN at masked keys.)
+    let c = T::Dm::factor(p.scale.abs()).max(f32::MIN_POSITIVE);
+    if p.scale < 0.0 {
+        thread::cp_async_wait::<0>();
+        negate_own_chunks::<T, D>(q_s, br);
+    }
     for j in 0..n_tiles {
         // Prefetch K_{j+1}, V_{j+1} into the other stage while tile j is computed.
         if j + 1 < n_tiles {
@@ -258,7 +287,7 @@ unsafe fn fwd<
             t,
             k_addr,
             v_addr,
-            scale,
+            c,
         };
         if j < n_unmasked {
             ctx.step::<M, false, DN, BC, NS>(j, &mut acc_o, &mut rows);
@@ -277,7 +306,7 @@ unsafe fn fwd<
     let lse_g = unsafe { (p.lse as *mut f32).add(((b as u64 * p.heads_q as u64 + h as u64) * sq as u64) as usize) };
     for mt in 0..MT {
         for half in 0..2 {
-            let (inv_l, lse) = rows[mt][half].finish::<T::Dm, 4>();
+            let (inv_l, lse) = rows[mt][half].finish_raw::<4>(c);
             let r = row0 + ((w * MT + mt) * 16 + g + 8 * half) as u32;
             if r < sq {
                 for (n, acc) in acc_o[mt].iter().enumerate() {
@@ -315,8 +344,8 @@ struct Step<'a, T: Copy, const D: usize, const DK: usize, const MT: usize, const
     t: usize,
     k_addr: LaneAddr,
     v_addr: LaneAddr,
-    /// Factor from raw scores to the softmax domain.
-    scale: f32,
+    /// Factor from raw scores to the log2 domain (positive).
+    c: f32,
 }
 
 impl<T: MmaElement, const D: usize, const DK: usize, const MT: usize, const QREG: bool> Step<'_, T, D, DK, MT, QREG> {
@@ -352,12 +381,12 @@ impl<T: MmaElement, const D: usize, const DK: usize, const MT: usize, const QREG
         let mut alpha = [[1f32; 2]; MT];
         let mut p_16 = [[[0u32; 2]; NS]; MT];
         for mt in 0..MT {
-            // Scores to the softmax domain, masked where MASKED; split by row (g, g + 8).
+            // Raw scores, masked (-inf) where MASKED; split by row (g, g + 8).
             let mut s = [[[0f32; 2]; NS]; 2];
             for (n, a) in acc_s[mt].iter().enumerate() {
                 for e in 0..4 {
                     let half = e / 2;
-                    let mut x = a[e] * self.scale;
+                    let mut x = a[e];
                     if MASKED {
                         let row = self.row0 + (mt * 16 + g + 8 * half) as u32;
                         let col = c0 + (n * 8 + 2 * t + e % 2) as u32;
@@ -370,7 +399,7 @@ impl<T: MmaElement, const D: usize, const DK: usize, const MT: usize, const QREG
             }
             // Online softmax per row over the lane quad; alpha rescales acc_o below.
             for half in 0..2 {
-                alpha[mt][half] = rows[mt][half].update::<T::Dm, 4>(s[half].as_flattened_mut());
+                alpha[mt][half] = rows[mt][half].update_raw::<4>(s[half].as_flattened_mut(), self.c);
             }
             // P's C-fragment layout is the A-fragment layout of the P V mma; rounded to 16 bits
             // now, so P holds half the registers through the P V loop.

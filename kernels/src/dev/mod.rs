@@ -238,6 +238,12 @@ pub mod math {
     pub fn pack_bf16x2(lo: f32, hi: f32) -> u32 {
         imp::pack_bf16x2(lo, hi)
     }
+    /// a * b + c with one rounding (`fma.rn.f32`; LLVM does not contract a separate multiply
+    /// and add on its own here, and ptxas does not fuse `mul.rn`/`add.rn`).
+    #[inline(always)]
+    pub fn fma(a: f32, b: f32, c: f32) -> f32 {
+        imp::fma(a, b, c)
+    }
     /// 1/x, correctly rounded.
     #[inline(always)]
     pub fn rcp(x: f32) -> f32 {

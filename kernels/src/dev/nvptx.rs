@@ -79,6 +79,10 @@ pub fn ex2(x: f32) -> f32 {
     unsafe { nvvm_ex2(x) }
 }
 #[inline(always)]
+pub fn fma(a: f32, b: f32, c: f32) -> f32 {
+    core::intrinsics::fmaf32(a, b, c)
+}
+#[inline(always)]
 pub fn lg2(x: f32) -> f32 {
     unsafe { nvvm_lg2(x) }
 }

@@ -38,6 +38,11 @@ impl<T: Copy> Shared<T> {
     pub fn after<U: Copy>(&self, len: usize) -> Shared<U> {
         Shared { ptr: self.ptr.wrapping_add(self.len) as *mut U, len }
     }
+    /// The same bytes viewed as `U` (sizes in whole `U`s; alignment is the caller's).
+    #[inline(always)]
+    pub fn cast<U: Copy>(&self) -> Shared<U> {
+        Shared { ptr: self.ptr as *mut U, len: self.len * size_of::<T>() / size_of::<U>() }
+    }
     /// Address of element `i` (for the matrix and async-copy instructions in [`super`]).
     #[inline(always)]
     pub(crate) fn ptr_at(&self, i: usize) -> *mut T {

@@ -82,6 +82,9 @@ pub unsafe fn shared_store<T: Copy>(ptr: *mut T, v: T) {
 pub fn ex2(x: f32) -> f32 {
     x.exp2()
 }
+pub fn fma(a: f32, b: f32, c: f32) -> f32 {
+    a.mul_add(b, c)
+}
 pub fn lg2(x: f32) -> f32 {
     x.log2()
 }
