@@ -36,14 +36,15 @@ pub unsafe fn entry<
     const NS: usize,
     const QREG: bool,
     const PAD: bool,
+    const FUSED: bool,
 >(
     p: &FwdParams,
 ) {
     unsafe {
         if p.causal != 0 {
-            fwd::<T, Causal, D, DK, DN, MT, BC, NS, QREG, PAD>(p)
+            fwd::<T, Causal, D, DK, DN, MT, BC, NS, QREG, PAD, FUSED>(p)
         } else {
-            fwd::<T, NoMask, D, DK, DN, MT, BC, NS, QREG, PAD>(p)
+            fwd::<T, NoMask, D, DK, DN, MT, BC, NS, QREG, PAD, FUSED>(p)
         }
     }
 }
@@ -192,10 +193,11 @@ unsafe fn fwd<
     const NS: usize,
     const QREG: bool,
     const PAD: bool,
+    const FUSED: bool,
 >(
     p: &FwdParams,
 ) {
-    let tile = MmaTile { m_tiles: MT as u32, bc: BC as u32, q_in_regs: QREG, head_dim: D as u32, padded: PAD };
+    let tile = MmaTile { m_tiles: MT as u32, bc: BC as u32, q_in_regs: QREG, head_dim: D as u32, padded: PAD, fused_exp: FUSED };
     let br = tile.br() as usize;
     // Without PAD, head_dim is exactly D and the padding checks compile away.
     let d = if PAD { p.head_dim } else { D as u32 };
@@ -248,8 +250,9 @@ unsafe fn fwd<
     // one FFMA. A negative scale is a positive one on -Q: Q's sign bits are flipped in shared
     // memory once. (c is at least the smallest normal, so a zero scale gives uniform weights
     // rather than 0 * -inf = NaN at masked keys.)
-    let c = T::Dm::factor(p.scale.abs()).max(f32::MIN_POSITIVE);
-    if p.scale < 0.0 {
+    // Without FUSED, c is the signed factor and the scores are scaled before the softmax.
+    let c = if FUSED { T::Dm::factor(p.scale.abs()).max(f32::MIN_POSITIVE) } else { T::Dm::factor(p.scale) };
+    if FUSED && p.scale < 0.0 {
         thread::cp_async_wait::<0>();
         negate_own_chunks::<T, D>(q_s, br);
     }
@@ -274,7 +277,7 @@ unsafe fn fwd<
                 }
             }
         }
-        let ctx = Step::<T, D, DK, MT, QREG> {
+        let ctx = Step::<T, D, DK, MT, QREG, FUSED> {
             p,
             q: q_s,
             q_addr,
@@ -301,34 +304,45 @@ unsafe fn fwd<
         thread::cp_async_wait::<0>();
     }
 
-    // O = acc_o / l_i, LSE = m_i + log l_i, rows g and g + 8 of each m16 tile.
+    // O = acc_o / l_i, LSE = m_i + log l_i, rows g and g + 8 of each m16 tile. The warp
+    // stages its rows of O in the Q tile's shared memory (its own rows only, free since the
+    // loop's last barrier), then writes whole 16-byte chunks: a lane's 4-byte fragments would
+    // fill half of each 32-byte sector (ncu, 27ff2b2).
     let o_g = unsafe { (p.o as *mut T).add(p.o_strides.offset(b, 0, h) as usize) };
     let lse_g = unsafe { (p.lse as *mut f32).add(((b as u64 * p.heads_q as u64 + h as u64) * sq as u64) as usize) };
+    let o_words: Shared<u32> = q_s.cast();
     for mt in 0..MT {
         for half in 0..2 {
-            let (inv_l, lse) = rows[mt][half].finish_raw::<4>(c);
-            let r = row0 + ((w * MT + mt) * 16 + g + 8 * half) as u32;
-            if r < sq {
-                for (n, acc) in acc_o[mt].iter().enumerate() {
-                    // Columns d..D are zero padding: not stored. (A guard, not a `break`: an
-                    // early exit keeps LLVM from unrolling and sends acc_o to local memory.)
-                    let col = n * 8 + 2 * t;
-                    if (col as u32) < d {
-                        let packed = T::pack2(acc[2 * half] * inv_l, acc[2 * half + 1] * inv_l);
-                        let at = r as u64 * p.o_strides.row + col as u64;
-                        unsafe { global::store(o_g.add(at as usize) as *mut u32, packed) };
-                    }
-                }
-                if t == 0 {
-                    unsafe { global::store(lse_g.add(r as usize), lse) };
-                }
+            let (inv_l, lse) = if FUSED { rows[mt][half].finish_raw::<4>(c) } else { rows[mt][half].finish::<T::Dm, 4>() };
+            let r_tile = (w * MT + mt) * 16 + g + 8 * half;
+            for (n, acc) in acc_o[mt].iter().enumerate() {
+                let packed = T::pack2(acc[2 * half] * inv_l, acc[2 * half + 1] * inv_l);
+                o_words.st(Layout::<D>::at(r_tile, n * 8 + 2 * t) / 2, packed);
             }
+            let r = row0 + r_tile as u32;
+            if r < sq && t == 0 {
+                unsafe { global::store(lse_g.add(r as usize), lse) };
+            }
+        }
+    }
+    warp::sync();
+    // Warp: its MT * 16 rows, D / 8 chunks each, lane l taking chunks l + 32 i; columns d..D
+    // are zero padding, not stored.
+    let cpr = D / 8;
+    for i in 0..MT * 16 * cpr / 32 {
+        let e = lane + 32 * i;
+        let (r_tile, col) = (w * MT * 16 + e / cpr, (e % cpr) * 8);
+        let r = row0 + r_tile as u32;
+        if r < sq && (col as u32) < d {
+            let v = q_s.ld_16(Layout::<D>::at(r_tile, col));
+            let at = r as u64 * p.o_strides.row + col as u64;
+            unsafe { global::store_16(o_g.add(at as usize) as *mut dev::Chunk16, v) };
         }
     }
 }
 
 /// What one KV step of one warp reads.
-struct Step<'a, T: Copy, const D: usize, const DK: usize, const MT: usize, const QREG: bool> {
+struct Step<'a, T: Copy, const D: usize, const DK: usize, const MT: usize, const QREG: bool, const FUSED: bool> {
     p: &'a FwdParams,
     /// Q tile, its A-fragment addresses and the warp (for reloading Q when not QREG).
     q: Shared<T>,
@@ -344,11 +358,11 @@ struct Step<'a, T: Copy, const D: usize, const DK: usize, const MT: usize, const
     t: usize,
     k_addr: LaneAddr,
     v_addr: LaneAddr,
-    /// Factor from raw scores to the log2 domain (positive).
+    /// Factor from raw scores to the log2 domain (positive when FUSED).
     c: f32,
 }
 
-impl<T: MmaElement, const D: usize, const DK: usize, const MT: usize, const QREG: bool> Step<'_, T, D, DK, MT, QREG> {
+impl<T: MmaElement, const D: usize, const DK: usize, const MT: usize, const QREG: bool, const FUSED: bool> Step<'_, T, D, DK, MT, QREG, FUSED> {
     /// One iteration of the KV loop over key tile `j`, for this warp's MT m16 tiles;
     /// MASKED adds the mask and the seqlen_k bound to the scores.
     #[inline(always)]
@@ -381,12 +395,12 @@ impl<T: MmaElement, const D: usize, const DK: usize, const MT: usize, const QREG
         let mut alpha = [[1f32; 2]; MT];
         let mut p_16 = [[[0u32; 2]; NS]; MT];
         for mt in 0..MT {
-            // Raw scores, masked (-inf) where MASKED; split by row (g, g + 8).
+            // Raw scores (FUSED) or scaled ones, -inf where MASKED; split by row (g, g + 8).
             let mut s = [[[0f32; 2]; NS]; 2];
             for (n, a) in acc_s[mt].iter().enumerate() {
                 for e in 0..4 {
                     let half = e / 2;
-                    let mut x = a[e];
+                    let mut x = if FUSED { a[e] } else { a[e] * self.c };
                     if MASKED {
                         let row = self.row0 + (mt * 16 + g + 8 * half) as u32;
                         let col = c0 + (n * 8 + 2 * t + e % 2) as u32;
@@ -399,7 +413,8 @@ impl<T: MmaElement, const D: usize, const DK: usize, const MT: usize, const QREG
             }
             // Online softmax per row over the lane quad; alpha rescales acc_o below.
             for half in 0..2 {
-                alpha[mt][half] = rows[mt][half].update_raw::<4>(s[half].as_flattened_mut(), self.c);
+                let s = s[half].as_flattened_mut();
+                alpha[mt][half] = if FUSED { rows[mt][half].update_raw::<4>(s, self.c) } else { rows[mt][half].update::<T::Dm, 4>(s) };
             }
             // P's C-fragment layout is the A-fragment layout of the P V mma; rounded to 16 bits
             // now, so P holds half the registers through the P V loop.

@@ -91,6 +91,9 @@ pub struct MmaTile {
     /// Whether the kernel takes any head_dim up to `head_dim` (zero-padded), at the cost of
     /// a few registers, or exactly `head_dim`.
     pub padded: bool,
+    /// Softmax on raw scores, P = 2^(S c - m c) as one FFMA per score (FA2's form), or on
+    /// scores scaled first (an FMUL and an FADD per score).
+    pub fused_exp: bool,
 }
 
 impl MmaTile {
@@ -139,7 +142,7 @@ impl MmaTile {
 ///   checks); d=40..56 and d=104..120 take one-m-tile tiles with Q in registers (not yet timed).
 pub const fn mma_tile(head_dim: u32) -> Option<MmaTile> {
     const fn t(m_tiles: u32, bc: u32, q_in_regs: bool, head_dim: u32, padded: bool) -> Option<MmaTile> {
-        Some(MmaTile { m_tiles, bc, q_in_regs, head_dim, padded })
+        Some(MmaTile { m_tiles, bc, q_in_regs, head_dim, padded, fused_exp: true })
     }
     match mma_head_dim(head_dim) {
         Some(32) => t(2, 64, true, 32, true),
@@ -174,8 +177,17 @@ pub const fn mma_head_dim(head_dim: u32) -> Option<u32> {
 /// `mma_br64` family for comparison.
 pub const fn mma_tile_br64(head_dim: u32) -> Option<MmaTile> {
     match head_dim {
-        64 | 128 => Some(MmaTile { m_tiles: 1, bc: 64, q_in_regs: true, head_dim, padded: false }),
+        64 | 128 => Some(MmaTile { m_tiles: 1, bc: 64, q_in_regs: true, head_dim, padded: false, fused_exp: true }),
         _ => None,
+    }
+}
+
+/// [`mma_tile`] with the softmax on scaled scores (`fused_exp: false`), for comparison
+/// (family `mma_unfused`).
+pub const fn mma_tile_unfused(head_dim: u32) -> Option<MmaTile> {
+    match mma_tile(head_dim) {
+        Some(t) => Some(MmaTile { fused_exp: false, ..t }),
+        None => None,
     }
 }
 

@@ -190,6 +190,11 @@ pub mod warp {
     }
 }
 
+/// 16 bytes, 16-byte aligned: the unit of vector loads and stores (`ld/st.v4.b32`).
+#[repr(C, align(16))]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Chunk16(pub [u32; 4]);
+
 /// Global (device) memory, reached through raw addresses from the launch parameters.
 pub mod global {
     use super::imp;
@@ -210,6 +215,16 @@ pub mod global {
     #[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
     pub unsafe fn store<T: Copy>(ptr: *mut T, v: T) {
         unsafe { imp::global_store(ptr, v) }
+    }
+    /// Writes 16 bytes with one `st.global.v4.b32` (a plain store of a [`super::Chunk16`]
+    /// became two 8-byte generic stores).
+    ///
+    /// # Safety
+    /// As [`store`]; `ptr` 16-byte aligned.
+    #[inline(always)]
+    #[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
+    pub unsafe fn store_16(ptr: *mut super::Chunk16, v: super::Chunk16) {
+        unsafe { imp::global_store_16(ptr, v) }
     }
 }
 

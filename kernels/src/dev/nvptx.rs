@@ -114,6 +114,21 @@ fn smem_addr<T>(p: *const T) -> u32 {
 }
 
 #[inline(always)]
+pub unsafe fn shared_load_16(p: *const super::Chunk16) -> super::Chunk16 {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    unsafe {
+        asm!("ld.shared.v4.b32 {{{a}, {b}, {c}, {d}}}, [{p}];", a = out(reg32) a, b = out(reg32) b, c = out(reg32) c, d = out(reg32) d, p = in(reg32) smem_addr(p), options(nostack, readonly));
+    }
+    super::Chunk16([a, b, c, d])
+}
+#[inline(always)]
+pub unsafe fn global_store_16(p: *mut super::Chunk16, v: super::Chunk16) {
+    let [a, b, c, d] = v.0;
+    unsafe {
+        asm!("st.global.v4.b32 [{p}], {{{a}, {b}, {c}, {d}}};", p = in(reg64) p, a = in(reg32) a, b = in(reg32) b, c = in(reg32) c, d = in(reg32) d, options(nostack));
+    }
+}
+#[inline(always)]
 pub unsafe fn ldmatrix_x4<T>(row: *const T) -> [u32; 4] {
     let (a, b, c, d): (u32, u32, u32, u32);
     unsafe {

@@ -55,6 +55,12 @@ impl<T: Copy> Shared<T> {
     pub fn ld(&self, i: usize) -> T {
         unsafe { imp::shared_load(self.ptr.wrapping_add(i)) }
     }
+    /// Reads 16 bytes at element `i` (16-byte aligned) with one `ld.shared.v4.b32`.
+    #[inline(always)]
+    #[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
+    pub fn ld_16(&self, i: usize) -> super::Chunk16 {
+        unsafe { imp::shared_load_16(self.ptr.wrapping_add(i) as *const super::Chunk16) }
+    }
     /// Writes element `i`.
     #[inline(always)]
     #[cfg_attr(not(target_arch = "nvptx64"), track_caller)]

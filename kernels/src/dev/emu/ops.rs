@@ -70,6 +70,14 @@ pub unsafe fn global_store<T: Copy>(ptr: *mut T, v: T) {
     unsafe { ptr.write(v) }
 }
 #[track_caller]
+pub unsafe fn global_store_16(ptr: *mut crate::dev::Chunk16, v: crate::dev::Chunk16) {
+    unsafe { global_store(ptr, v) }
+}
+#[track_caller]
+pub unsafe fn shared_load_16(ptr: *const crate::dev::Chunk16) -> crate::dev::Chunk16 {
+    unsafe { shared_load(ptr) }
+}
+#[track_caller]
 pub unsafe fn shared_load<T: Copy>(ptr: *const T) -> T {
     current().shared_access(ptr as usize, size_of::<T>(), false, Location::caller());
     unsafe { ptr.read() }
