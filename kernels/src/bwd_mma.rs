@@ -138,11 +138,11 @@ unsafe fn dq_masked<
 
     // Block: Q_i, dO_i and the first K, V tile in flight.
     unsafe {
-        load_tile::<T, D>(q_s, br, q_g.add(first), p.q_strides.row, sq - row0.min(sq), d);
-        load_tile::<T, D>(do_s, br, do_g.add(first), p.q_strides.row, sq - row0.min(sq), d);
+        load_tile::<T, D, BLOCK_ROWS, true>(q_s, q_g.add(first), p.q_strides.row, sq - row0.min(sq), d);
+        load_tile::<T, D, BLOCK_ROWS, true>(do_s, do_g.add(first), p.q_strides.row, sq - row0.min(sq), d);
         if n_tiles > 0 {
-            load_tile::<T, D>(k_s(0), BC, k_g, p.k_strides.row, sk, d);
-            load_tile::<T, D>(v_s(0), BC, v_g, p.k_strides.row, sk, d);
+            load_tile::<T, D, BC, true>(k_s(0), k_g, p.k_strides.row, sk, d);
+            load_tile::<T, D, BC, true>(v_s(0), v_g, p.k_strides.row, sk, d);
         }
     }
     thread::cp_async_commit();
@@ -184,8 +184,8 @@ unsafe fn dq_masked<
         if it + 1 < n_iter {
             let c1 = (((it + 1) % n_tiles) * BC) as u32;
             unsafe {
-                load_tile::<T, D>(k_s((it + 1) % 2), BC, k_g.add((c1 as u64 * p.k_strides.row) as usize), p.k_strides.row, sk - c1, d);
-                load_tile::<T, D>(v_s((it + 1) % 2), BC, v_g.add((c1 as u64 * p.k_strides.row) as usize), p.k_strides.row, sk - c1, d);
+                load_tile::<T, D, BC, true>(k_s((it + 1) % 2), k_g.add((c1 as u64 * p.k_strides.row) as usize), p.k_strides.row, sk - c1, d);
+                load_tile::<T, D, BC, true>(v_s((it + 1) % 2), v_g.add((c1 as u64 * p.k_strides.row) as usize), p.k_strides.row, sk - c1, d);
             }
             thread::cp_async_commit();
             thread::cp_async_wait::<1>();
@@ -443,8 +443,8 @@ unsafe fn dkdv_masked<
     let kv_at = p.k_strides.offset(b, 0, hk) as usize;
     let first = (j0.min(sk) as u64 * p.k_strides.row) as usize;
     unsafe {
-        load_tile::<T, D>(k_s, bc, (p.k as *const T).add(kv_at + first), p.k_strides.row, sk - j0.min(sk), d);
-        load_tile::<T, D>(v_s, bc, (p.v as *const T).add(kv_at + first), p.k_strides.row, sk - j0.min(sk), d);
+        load_tile::<T, D, BLOCK_ROWS, true>(k_s, (p.k as *const T).add(kv_at + first), p.k_strides.row, sk - j0.min(sk), d);
+        load_tile::<T, D, BLOCK_ROWS, true>(v_s, (p.v as *const T).add(kv_at + first), p.k_strides.row, sk - j0.min(sk), d);
     }
 
     // The query tiles that see any key of this block: from the first row that sees key j0
@@ -463,8 +463,8 @@ unsafe fn dkdv_masked<
         let (h, i0) = tile_of(it);
         let q_at = (p.q_strides.offset(b, 0, h) + i0 as u64 * p.q_strides.row) as usize;
         unsafe {
-            load_tile::<T, D>(q_s(stage), BR, (p.q as *const T).add(q_at), p.q_strides.row, sq - i0, d);
-            load_tile::<T, D>(do_s(stage), BR, (p.d_o as *const T).add(q_at), p.q_strides.row, sq - i0, d);
+            load_tile::<T, D, BR, true>(q_s(stage), (p.q as *const T).add(q_at), p.q_strides.row, sq - i0, d);
+            load_tile::<T, D, BR, true>(do_s(stage), (p.d_o as *const T).add(q_at), p.q_strides.row, sq - i0, d);
         }
         let tid = thread::idx() as usize;
         if tid < BR {

@@ -36,14 +36,15 @@ pub unsafe fn entry<
     const NS: usize,
     const QREG: bool,
     const PAD: bool,
+    const FUSED: bool,
 >(
     p: &FwdParams,
 ) {
     unsafe {
         if p.causal != 0 {
-            fwd::<T, Causal, D, DK, DN, MT, BC, NS, QREG, PAD>(p)
+            fwd::<T, Causal, D, DK, DN, MT, BC, NS, QREG, PAD, FUSED>(p)
         } else {
-            fwd::<T, NoMask, D, DK, DN, MT, BC, NS, QREG, PAD>(p)
+            fwd::<T, NoMask, D, DK, DN, MT, BC, NS, QREG, PAD, FUSED>(p)
         }
     }
 }
@@ -94,19 +95,89 @@ impl LaneAddr {
     }
 }
 
-/// Block: cp.async of `rows` rows of a [seqlen, d] slice (row stride `stride`) into a
-/// [`Layout`] tile of width D; rows at or past `limit` and columns at or past `d` are
-/// zero-filled.
+/// Block: cp.async of ROWS rows of a [seqlen, d] slice (row stride `stride`) into a
+/// [`Layout`] tile of width D; with BOUNDS, rows at or past `limit` and columns at or past `d`
+/// are zero-filled (without it every row and column must be valid). Thread `x` copies the
+/// 16-byte chunks x + 128 i: a fixed trip count, so the loop unrolls and, when a row's chunks
+/// divide the block, the thread's column and swizzle are the same for every i and each copy
+/// is a pointer increment (a loop with a thread-dependent trip count cost 27 instructions per
+/// 16 bytes, a third of the KV loop's instructions at d=128: SASS of 27ff2b2).
 #[inline(always)]
-pub(crate) unsafe fn load_tile<T: MmaElement, const D: usize>(dst: Shared<T>, rows: usize, src: *const T, stride: u64, limit: u32, d: u32) {
-    let chunks = rows * D / 8;
-    let mut e = thread::idx() as usize;
-    while e < chunks {
-        let (r, c) = (e / (D / 8), (e % (D / 8)) * 8);
-        let valid = (r as u32) < limit && (c as u32) < d;
+pub(crate) unsafe fn load_tile<T: MmaElement, const D: usize, const ROWS: usize, const BOUNDS: bool>(
+    dst: Shared<T>,
+    src: *const T,
+    stride: u64,
+    limit: u32,
+    d: u32,
+) {
+    const THREADS: usize = (MMA_WARPS * 32) as usize;
+    let cpr = D / 8; // chunks per row
+    let stride = thread::opaque(stride);
+    let x = thread::opaque(thread::idx() as u64) as usize;
+    for i in 0..(ROWS * cpr).div_ceil(THREADS) {
+        let e = x + THREADS * i;
+        // Whole-block chunks: row x / cpr + i * THREADS / cpr, column fixed per thread.
+        let (r, c) = if THREADS % cpr == 0 { (x / cpr + i * (THREADS / cpr), (x % cpr) * 8) } else { (e / cpr, (e % cpr) * 8) };
+        if (ROWS * cpr) % THREADS != 0 && e >= ROWS * cpr {
+            continue;
+        }
+        let valid = !BOUNDS || ((r as u32) < limit && (c as u32) < d);
         let at = if valid { r as u64 * stride + c as u64 } else { 0 };
         unsafe { thread::cp_async_16(dst, Layout::<D>::at(r, c), src.add(at as usize), valid) };
-        e += (MMA_WARPS * 32) as usize;
+    }
+}
+
+/// Thread: flips the sign of every element of the 16-byte chunks this thread copied into the
+/// Q tile (the chunks [`load_tile`] gives it), after its copies completed. The block barrier
+/// at the top of the KV loop orders these writes before any warp reads Q.
+#[inline(always)]
+fn negate_own_chunks<T: MmaElement, const D: usize>(q: Shared<T>, rows: usize) {
+    const THREADS: usize = (MMA_WARPS * 32) as usize;
+    let (cpr, x) = (D / 8, thread::idx() as usize);
+    let words: Shared<u32> = q.cast();
+    let mut e = x;
+    while e < rows * cpr {
+        let at = Layout::<D>::at(e / cpr, (e % cpr) * 8) / 2;
+        for k in 0..4 {
+            words.st(at + k, words.ld(at + k) ^ 0x8000_8000); // both 16-bit sign bits
+        }
+        e += THREADS;
+    }
+}
+
+/// Block: the Q tile (MT m16 tiles per warp), rows past `limit` zero-filled.
+#[inline(always)]
+unsafe fn load_q<T: MmaElement, const D: usize, const MT: usize>(dst: Shared<T>, src: *const T, stride: u64, limit: u32, d: u32) {
+    // Br = 64 MT rows; ROWS must be a constant, so one arm per m-tile count.
+    unsafe {
+        match MT {
+            1 => load_tile::<T, D, 64, true>(dst, src, stride, limit, d),
+            2 => load_tile::<T, D, 128, true>(dst, src, stride, limit, d),
+            _ => thread::trap(),
+        }
+    }
+}
+
+/// Block: one K and one V tile of BC keys; the bounds checks only where the tile reaches past
+/// seqlen_k (`limit` < BC) or head_dim is padded.
+#[inline(always)]
+unsafe fn load_kv<T: MmaElement, const D: usize, const BC: usize, const PAD: bool>(
+    k_dst: Shared<T>,
+    v_dst: Shared<T>,
+    k: *const T,
+    v: *const T,
+    p: &FwdParams,
+    limit: u32,
+    d: u32,
+) {
+    unsafe {
+        if PAD || limit < BC as u32 {
+            load_tile::<T, D, BC, true>(k_dst, k, p.k_strides.row, limit, d);
+            load_tile::<T, D, BC, true>(v_dst, v, p.v_strides.row, limit, d);
+        } else {
+            load_tile::<T, D, BC, false>(k_dst, k, p.k_strides.row, limit, d);
+            load_tile::<T, D, BC, false>(v_dst, v, p.v_strides.row, limit, d);
+        }
     }
 }
 
@@ -122,10 +193,11 @@ unsafe fn fwd<
     const NS: usize,
     const QREG: bool,
     const PAD: bool,
+    const FUSED: bool,
 >(
     p: &FwdParams,
 ) {
-    let tile = MmaTile { m_tiles: MT as u32, bc: BC as u32, q_in_regs: QREG, head_dim: D as u32, padded: PAD };
+    let tile = MmaTile { m_tiles: MT as u32, bc: BC as u32, q_in_regs: QREG, head_dim: D as u32, padded: PAD, fused_exp: FUSED };
     let br = tile.br() as usize;
     // Without PAD, head_dim is exactly D and the padding checks compile away.
     let d = if PAD { p.head_dim } else { D as u32 };
@@ -133,6 +205,9 @@ unsafe fn fwd<
         thread::trap();
     }
     let (q_blk, h, b) = block::idx();
+    // Causal: blocks of a head run last-row-tile first. Later row tiles see more keys, so
+    // the heaviest blocks start first and the grid's tail is made of light ones.
+    let q_blk = if M::CAUSAL { p.seqlen_q.div_ceil(br as u32) - 1 - q_blk } else { q_blk };
     let (w, lane) = (warp::id() as usize, warp::lane() as usize);
     let (g, t) = (lane / 4, lane % 4);
     let (sq, sk) = (p.seqlen_q, p.seqlen_k);
@@ -156,10 +231,9 @@ unsafe fn fwd<
 
     // Prologue: Q and the first K, V tile in flight.
     unsafe {
-        load_tile::<T, D>(q_s, br, q_g, p.q_strides.row, sq - row0.min(sq), d);
+        load_q::<T, D, MT>(q_s, q_g, p.q_strides.row, sq - row0.min(sq), d);
         if n_tiles > 0 {
-            load_tile::<T, D>(k_s(0), BC, k_g, p.k_strides.row, sk, d);
-            load_tile::<T, D>(v_s(0), BC, v_g, p.v_strides.row, sk, d);
+            load_kv::<T, D, BC, PAD>(k_s(0), v_s(0), k_g, v_g, p, sk, d);
         }
     }
     thread::cp_async_commit();
@@ -172,14 +246,23 @@ unsafe fn fwd<
     let q_addr = LaneAddr::new::<D>(lane % 8 + 8 * ((lane / 8) % 2), lane / 16);
     let k_addr = LaneAddr::new::<D>(lane % 8 + 8 * (lane / 16), (lane / 8) % 2);
     let v_addr = LaneAddr::new::<D>(lane % 8 + 8 * ((lane / 8) % 2), lane / 16);
-    let scale = T::Dm::factor(p.scale);
+    // Scores stay raw (Q K^T); c = |softmax_scale| log2 e turns them into the exponent with
+    // one FFMA. A negative scale is a positive one on -Q: Q's sign bits are flipped in shared
+    // memory once. (c is at least the smallest normal, so a zero scale gives uniform weights
+    // rather than 0 * -inf = NaN at masked keys.)
+    // Without FUSED, c is the signed factor and the scores are scaled before the softmax.
+    let c = if FUSED { T::Dm::factor(p.scale.abs()).max(f32::MIN_POSITIVE) } else { T::Dm::factor(p.scale) };
+    if FUSED && p.scale < 0.0 {
+        thread::cp_async_wait::<0>();
+        negate_own_chunks::<T, D>(q_s, br);
+    }
     for j in 0..n_tiles {
         // Prefetch K_{j+1}, V_{j+1} into the other stage while tile j is computed.
         if j + 1 < n_tiles {
             let c1 = ((j + 1) * BC) as u32;
             unsafe {
-                load_tile::<T, D>(k_s((j + 1) % 2), BC, k_g.add((c1 as u64 * p.k_strides.row) as usize), p.k_strides.row, sk - c1, d);
-                load_tile::<T, D>(v_s((j + 1) % 2), BC, v_g.add((c1 as u64 * p.v_strides.row) as usize), p.v_strides.row, sk - c1, d);
+                let (k1, v1) = (k_g.add((c1 as u64 * p.k_strides.row) as usize), v_g.add((c1 as u64 * p.v_strides.row) as usize));
+                load_kv::<T, D, BC, PAD>(k_s((j + 1) % 2), v_s((j + 1) % 2), k1, v1, p, sk - c1, d);
             }
             thread::cp_async_commit();
             thread::cp_async_wait::<1>();
@@ -194,7 +277,7 @@ unsafe fn fwd<
                 }
             }
         }
-        let ctx = Step::<T, D, DK, MT, QREG> {
+        let ctx = Step::<T, D, DK, MT, QREG, FUSED> {
             p,
             q: q_s,
             q_addr,
@@ -207,7 +290,7 @@ unsafe fn fwd<
             t,
             k_addr,
             v_addr,
-            scale,
+            c,
         };
         if j < n_unmasked {
             ctx.step::<M, false, DN, BC, NS>(j, &mut acc_o, &mut rows);
@@ -221,34 +304,45 @@ unsafe fn fwd<
         thread::cp_async_wait::<0>();
     }
 
-    // O = acc_o / l_i, LSE = m_i + log l_i, rows g and g + 8 of each m16 tile.
+    // O = acc_o / l_i, LSE = m_i + log l_i, rows g and g + 8 of each m16 tile. The warp
+    // stages its rows of O in the Q tile's shared memory (its own rows only, free since the
+    // loop's last barrier), then writes whole 16-byte chunks: a lane's 4-byte fragments would
+    // fill half of each 32-byte sector (ncu, 27ff2b2).
     let o_g = unsafe { (p.o as *mut T).add(p.o_strides.offset(b, 0, h) as usize) };
     let lse_g = unsafe { (p.lse as *mut f32).add(((b as u64 * p.heads_q as u64 + h as u64) * sq as u64) as usize) };
+    let o_words: Shared<u32> = q_s.cast();
     for mt in 0..MT {
         for half in 0..2 {
-            let (inv_l, lse) = rows[mt][half].finish::<T::Dm, 4>();
-            let r = row0 + ((w * MT + mt) * 16 + g + 8 * half) as u32;
-            if r < sq {
-                for (n, acc) in acc_o[mt].iter().enumerate() {
-                    // Columns d..D are zero padding: not stored. (A guard, not a `break`: an
-                    // early exit keeps LLVM from unrolling and sends acc_o to local memory.)
-                    let col = n * 8 + 2 * t;
-                    if (col as u32) < d {
-                        let packed = T::pack2(acc[2 * half] * inv_l, acc[2 * half + 1] * inv_l);
-                        let at = r as u64 * p.o_strides.row + col as u64;
-                        unsafe { global::store(o_g.add(at as usize) as *mut u32, packed) };
-                    }
-                }
-                if t == 0 {
-                    unsafe { global::store(lse_g.add(r as usize), lse) };
-                }
+            let (inv_l, lse) = if FUSED { rows[mt][half].finish_raw::<4>(c) } else { rows[mt][half].finish::<T::Dm, 4>() };
+            let r_tile = (w * MT + mt) * 16 + g + 8 * half;
+            for (n, acc) in acc_o[mt].iter().enumerate() {
+                let packed = T::pack2(acc[2 * half] * inv_l, acc[2 * half + 1] * inv_l);
+                o_words.st(Layout::<D>::at(r_tile, n * 8 + 2 * t) / 2, packed);
             }
+            let r = row0 + r_tile as u32;
+            if r < sq && t == 0 {
+                unsafe { global::store(lse_g.add(r as usize), lse) };
+            }
+        }
+    }
+    warp::sync();
+    // Warp: its MT * 16 rows, D / 8 chunks each, lane l taking chunks l + 32 i; columns d..D
+    // are zero padding, not stored.
+    let cpr = D / 8;
+    for i in 0..MT * 16 * cpr / 32 {
+        let e = lane + 32 * i;
+        let (r_tile, col) = (w * MT * 16 + e / cpr, (e % cpr) * 8);
+        let r = row0 + r_tile as u32;
+        if r < sq && (col as u32) < d {
+            let v = q_s.ld_16(Layout::<D>::at(r_tile, col));
+            let at = r as u64 * p.o_strides.row + col as u64;
+            unsafe { global::store_16(o_g.add(at as usize) as *mut dev::Chunk16, v) };
         }
     }
 }
 
 /// What one KV step of one warp reads.
-struct Step<'a, T: Copy, const D: usize, const DK: usize, const MT: usize, const QREG: bool> {
+struct Step<'a, T: Copy, const D: usize, const DK: usize, const MT: usize, const QREG: bool, const FUSED: bool> {
     p: &'a FwdParams,
     /// Q tile, its A-fragment addresses and the warp (for reloading Q when not QREG).
     q: Shared<T>,
@@ -264,11 +358,11 @@ struct Step<'a, T: Copy, const D: usize, const DK: usize, const MT: usize, const
     t: usize,
     k_addr: LaneAddr,
     v_addr: LaneAddr,
-    /// Factor from raw scores to the softmax domain.
-    scale: f32,
+    /// Factor from raw scores to the log2 domain (positive when FUSED).
+    c: f32,
 }
 
-impl<T: MmaElement, const D: usize, const DK: usize, const MT: usize, const QREG: bool> Step<'_, T, D, DK, MT, QREG> {
+impl<T: MmaElement, const D: usize, const DK: usize, const MT: usize, const QREG: bool, const FUSED: bool> Step<'_, T, D, DK, MT, QREG, FUSED> {
     /// One iteration of the KV loop over key tile `j`, for this warp's MT m16 tiles;
     /// MASKED adds the mask and the seqlen_k bound to the scores.
     #[inline(always)]
@@ -298,13 +392,15 @@ impl<T: MmaElement, const D: usize, const DK: usize, const MT: usize, const QREG
             }
         }
 
+        let mut alpha = [[1f32; 2]; MT];
+        let mut p_16 = [[[0u32; 2]; NS]; MT];
         for mt in 0..MT {
-            // Scores to the softmax domain, masked where MASKED; split by row (g, g + 8).
+            // Raw scores (FUSED) or scaled ones, -inf where MASKED; split by row (g, g + 8).
             let mut s = [[[0f32; 2]; NS]; 2];
             for (n, a) in acc_s[mt].iter().enumerate() {
                 for e in 0..4 {
                     let half = e / 2;
-                    let mut x = a[e] * self.scale;
+                    let mut x = if FUSED { a[e] } else { a[e] * self.c };
                     if MASKED {
                         let row = self.row0 + (mt * 16 + g + 8 * half) as u32;
                         let col = c0 + (n * 8 + 2 * t + e % 2) as u32;
@@ -315,27 +411,37 @@ impl<T: MmaElement, const D: usize, const DK: usize, const MT: usize, const QREG
                     s[half][n][e % 2] = x;
                 }
             }
-            // Online softmax per row over the lane quad; rescale acc_o by alpha.
+            // Online softmax per row over the lane quad; alpha rescales acc_o below.
             for half in 0..2 {
-                let alpha = rows[mt][half].update::<T::Dm, 4>(s[half].as_flattened_mut());
-                for a in acc_o[mt].iter_mut() {
-                    a[2 * half] *= alpha;
-                    a[2 * half + 1] *= alpha;
-                }
+                let s = s[half].as_flattened_mut();
+                alpha[mt][half] = if FUSED { rows[mt][half].update_raw::<4>(s, self.c) } else { rows[mt][half].update::<T::Dm, 4>(s) };
             }
-            // P's C-fragment layout is the A-fragment layout of the P V mma.
-            for (n, a) in acc_s[mt].iter_mut().enumerate() {
-                *a = [s[0][n][0], s[0][n][1], s[1][n][0], s[1][n][1]];
+            // P's C-fragment layout is the A-fragment layout of the P V mma; rounded to 16 bits
+            // now, so P holds half the registers through the P V loop.
+            for (n, pn) in p_16[mt].iter_mut().enumerate() {
+                *pn = [T::pack2(s[0][n][0], s[0][n][1]), T::pack2(s[1][n][0], s[1][n][1])];
+            }
+        }
+
+        // acc_o *= alpha, skipped when no row of the warp got a new max (alpha = 1 exactly:
+        // ex2(0)), which after the first few tiles is nearly every tile: 4 DN FMUL per m-tile.
+        if warp::any(alpha.as_flattened().iter().any(|&a| a != 1.0)) {
+            for (acc, al) in acc_o.iter_mut().zip(alpha.iter()) {
+                for a in acc.iter_mut() {
+                    a[0] *= al[0];
+                    a[1] *= al[0];
+                    a[2] *= al[1];
+                    a[3] *= al[1];
+                }
             }
         }
 
         // O += P_ij V_j: each V fragment feeds every m-tile.
         for kc in 0..NS / 2 {
-            let mut pa = [[0u32; 4]; MT];
-            for (mt, pa) in pa.iter_mut().enumerate() {
-                let (lo, hi) = (acc_s[mt][2 * kc], acc_s[mt][2 * kc + 1]);
-                *pa = [T::pack2(lo[0], lo[1]), T::pack2(lo[2], lo[3]), T::pack2(hi[0], hi[1]), T::pack2(hi[2], hi[3])];
-            }
+            let pa: [[u32; 4]; MT] = core::array::from_fn(|mt| {
+                let (lo, hi) = (p_16[mt][2 * kc], p_16[mt][2 * kc + 1]);
+                [lo[0], lo[1], hi[0], hi[1]]
+            });
             for dp in 0..DN / 2 {
                 let b = warp::ldmatrix_x4_trans(self.v, self.v_addr.at::<D>(kc, dp));
                 for mt in 0..MT {

@@ -4,6 +4,8 @@
 
 /// A mask over the score matrix; also the bounds of the key/value loop.
 pub trait Mask {
+    /// Whether later query rows see more keys (the work per row tile grows with the row).
+    const CAUSAL: bool;
     /// Whether key column `col` is hidden from query row `row`.
     fn hides(row: u32, col: u32, seqlen_q: u32, seqlen_k: u32) -> bool;
     /// Number of key columns query rows `..row_end` can see at most (the KV loop's end).
@@ -22,6 +24,7 @@ pub struct NoMask;
 pub struct Causal;
 
 impl Mask for NoMask {
+    const CAUSAL: bool = false;
     #[inline(always)]
     fn hides(_row: u32, _col: u32, _sq: u32, _sk: u32) -> bool {
         false
@@ -41,6 +44,7 @@ impl Mask for NoMask {
 }
 
 impl Mask for Causal {
+    const CAUSAL: bool = true;
     #[inline(always)]
     fn hides(row: u32, col: u32, sq: u32, sk: u32) -> bool {
         // col > row + sk - sq, in i64 so that sq > sk cannot wrap.

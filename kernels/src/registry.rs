@@ -6,7 +6,7 @@ use crate::dtype::Bf16;
 #[cfg(not(target_arch = "nvptx64"))]
 use crate::dtype::{DType, Element};
 use crate::params::{BwdParams, FwdParams};
-use crate::tile::{MmaBwdTile, MmaTile, mma_bwd_tile, mma_tile, mma_tile_br64, simt_dq_smem_bytes, simt_kv_tile, simt_tile};
+use crate::tile::{MmaBwdTile, MmaTile, mma_bwd_tile, mma_tile, mma_tile_br64, mma_tile_unfused, simt_dq_smem_bytes, simt_kv_tile, simt_tile};
 
 /// A forward kernel variant, as the host launches it.
 #[cfg(not(target_arch = "nvptx64"))]
@@ -87,11 +87,13 @@ macro_rules! mma {
             { mma_field($tile($d), 1) as usize / 8 },
             { mma_field($tile($d), 2) != 0 },
             { mma_field($tile($d), 4) != 0 },
+            { mma_field($tile($d), 5) != 0 },
         >
     };
 }
 
-/// Field `i` of a tile (m_tiles, bc, q_in_regs, head_dim, padded), for const generic arguments.
+/// Field `i` of a tile (m_tiles, bc, q_in_regs, head_dim, padded, fused_exp), for const
+/// generic arguments.
 const fn mma_field(t: Option<MmaTile>, i: u32) -> u32 {
     match t {
         Some(t) => match i {
@@ -99,7 +101,8 @@ const fn mma_field(t: Option<MmaTile>, i: u32) -> u32 {
             1 => t.bc,
             2 => t.q_in_regs as u32,
             3 => t.head_dim,
-            _ => t.padded as u32,
+            4 => t.padded as u32,
+            _ => t.fused_exp as u32,
         },
         None => 0,
     }
@@ -132,20 +135,26 @@ fwd_variants! {
     flash_fwd_mma_f16_d64p       => "mma",      [mma!(f16, mma_tile, 56)],        f16,  (40, 56),   mma_br(56),  MMA_THREADS, mma_smem;
     flash_fwd_mma_f16_d64        => "mma",      [mma!(f16, mma_tile, 64)],        f16,  (64, 64),   mma_br(64),  MMA_THREADS, mma_smem;
     flash_fwd_mma_f16_d96        => "mma",      [mma!(f16, mma_tile, 96)],        f16,  (72, 96),   mma_br(96),  MMA_THREADS, mma_smem;
-    flash_fwd_mma_f16_d128       => "mma",      [mma!(f16, mma_tile, 128)],       f16,  (104, 128), mma_br(128), MMA_THREADS, mma_smem;
+    flash_fwd_mma_f16_d128p      => "mma",      [mma!(f16, mma_tile, 120)],       f16,  (104, 120), mma_br(120), MMA_THREADS, mma_smem;
+    flash_fwd_mma_f16_d128       => "mma",      [mma!(f16, mma_tile, 128)],       f16,  (128, 128), mma_br(128), MMA_THREADS, mma_smem;
     flash_fwd_mma_f16_d192       => "mma",      [mma!(f16, mma_tile, 192)],       f16,  (136, 192), mma_br(192), MMA_THREADS, mma_smem;
     flash_fwd_mma_f16_d256       => "mma",      [mma!(f16, mma_tile, 256)],       f16,  (200, 256), mma_br(256), MMA_THREADS, mma_smem;
     flash_fwd_mma_bf16_d32       => "mma",      [mma!(Bf16, mma_tile, 32)],       Bf16, (8, 32),    mma_br(32),  MMA_THREADS, mma_smem;
     flash_fwd_mma_bf16_d64p      => "mma",      [mma!(Bf16, mma_tile, 56)],       Bf16, (40, 56),   mma_br(56),  MMA_THREADS, mma_smem;
     flash_fwd_mma_bf16_d64       => "mma",      [mma!(Bf16, mma_tile, 64)],       Bf16, (64, 64),   mma_br(64),  MMA_THREADS, mma_smem;
     flash_fwd_mma_bf16_d96       => "mma",      [mma!(Bf16, mma_tile, 96)],       Bf16, (72, 96),   mma_br(96),  MMA_THREADS, mma_smem;
-    flash_fwd_mma_bf16_d128      => "mma",      [mma!(Bf16, mma_tile, 128)],      Bf16, (104, 128), mma_br(128), MMA_THREADS, mma_smem;
+    flash_fwd_mma_bf16_d128p     => "mma",      [mma!(Bf16, mma_tile, 120)],      Bf16, (104, 120), mma_br(120), MMA_THREADS, mma_smem;
+    flash_fwd_mma_bf16_d128      => "mma",      [mma!(Bf16, mma_tile, 128)],      Bf16, (128, 128), mma_br(128), MMA_THREADS, mma_smem;
     flash_fwd_mma_bf16_d192      => "mma",      [mma!(Bf16, mma_tile, 192)],      Bf16, (136, 192), mma_br(192), MMA_THREADS, mma_smem;
     flash_fwd_mma_bf16_d256      => "mma",      [mma!(Bf16, mma_tile, 256)],      Bf16, (200, 256), mma_br(256), MMA_THREADS, mma_smem;
     flash_fwd_mma_br64_f16_d64   => "mma_br64", [mma!(f16, mma_tile_br64, 64)],   f16,  (64, 64),   64,          MMA_THREADS, mma_br64_smem;
     flash_fwd_mma_br64_f16_d128  => "mma_br64", [mma!(f16, mma_tile_br64, 128)],  f16,  (128, 128), 64,          MMA_THREADS, mma_br64_smem;
     flash_fwd_mma_br64_bf16_d64  => "mma_br64", [mma!(Bf16, mma_tile_br64, 64)],  Bf16, (64, 64),   64,          MMA_THREADS, mma_br64_smem;
     flash_fwd_mma_br64_bf16_d128 => "mma_br64", [mma!(Bf16, mma_tile_br64, 128)], Bf16, (128, 128), 64,          MMA_THREADS, mma_br64_smem;
+    flash_fwd_mma_unfused_f16_d64   => "mma_unfused", [mma!(f16, mma_tile_unfused, 64)],   f16,  (64, 64),   mma_br(64),  MMA_THREADS, mma_smem;
+    flash_fwd_mma_unfused_f16_d128  => "mma_unfused", [mma!(f16, mma_tile_unfused, 128)],  f16,  (128, 128), mma_br(128), MMA_THREADS, mma_smem;
+    flash_fwd_mma_unfused_bf16_d64  => "mma_unfused", [mma!(Bf16, mma_tile_unfused, 64)],  Bf16, (64, 64),   mma_br(64),  MMA_THREADS, mma_smem;
+    flash_fwd_mma_unfused_bf16_d128 => "mma_unfused", [mma!(Bf16, mma_tile_unfused, 128)], Bf16, (128, 128), mma_br(128), MMA_THREADS, mma_smem;
     flash_fwd_simt_f32_d64   => "simt", [simt!(f32, 64)],     f32,  (8, 64),     simt_tile(64).br(), 128, simt_smem;
     flash_fwd_simt_f32_d128  => "simt", [simt!(f32, 128)],   f32,  (72, 128),   simt_tile(128).br(), 128, simt_smem;
     flash_fwd_simt_f32_d256  => "simt", [simt!(f32, 256)],  f32,  (136, 256),  simt_tile(256).br(), 128, simt_smem;
@@ -158,10 +167,11 @@ fwd_variants! {
 }
 
 /// Kernel families in the order automatic selection tries them (best first): the tensor-core
-/// kernel where it applies, else SIMT. `mma_br64` (the first tensor-core tile) is chosen only
+/// kernel where it applies, else SIMT. `mma_br64` (the first tensor-core tile) and
+/// `mma_unfused` (the softmax on scaled scores) are chosen only
 /// by name, for comparison.
 #[cfg(not(target_arch = "nvptx64"))]
-pub const FAMILIES: &[&str] = &["mma", "simt", "mma_br64"];
+pub const FAMILIES: &[&str] = &["mma", "simt", "mma_br64", "mma_unfused"];
 
 /// The variant of `family` for `dtype` and `head_dim`, if there is one.
 #[cfg(not(target_arch = "nvptx64"))]

@@ -99,6 +99,38 @@ impl RowState {
         alpha
     }
 
+    /// As [`RowState::update`] for raw scores S = Q K^T and a positive factor `c` to the
+    /// log2 domain (softmax_scale * log2 e): m_i is kept in raw units and each
+    /// P = 2^(S c - m_i c) is one FFMA and one ex2, FA2's form (the scaled update spends an
+    /// FMUL and an FADD per score). Pair with [`RowState::finish_raw`].
+    #[inline(always)]
+    pub fn update_raw<const W: u32>(&mut self, s: &mut [f32], c: f32) -> f32 {
+        // m_new = max(m_old, rowmax(S_ij)), raw.
+        let mut mx = self.m;
+        for x in s.iter() {
+            mx = mx.max(*x);
+        }
+        let m_new = warp::allreduce_max_in::<W>(mx);
+        // m_new c, or 0 while every score so far is masked (-inf), so ex2 gives 0, not NaN.
+        let m_c = if m_new == f32::NEG_INFINITY { 0.0 } else { m_new * c };
+        // alpha = 2^(m_old c - m_new c); P_ij = 2^(S_ij c - m_new c); l_i = alpha l_i + rowsum(P_ij).
+        let alpha = math::ex2(math::fma(self.m, c, -m_c));
+        let mut sum = 0.0;
+        for x in s.iter_mut() {
+            *x = math::ex2(math::fma(*x, c, -m_c));
+            sum += *x;
+        }
+        self.l = self.l * alpha + sum;
+        self.m = m_new;
+        alpha
+    }
+
+    /// [`RowState::finish`] for a row kept by [`RowState::update_raw`] with factor `c`.
+    #[inline(always)]
+    pub fn finish_raw<const W: u32>(&self, c: f32) -> (f32, f32) {
+        RowState { m: self.m * c, l: self.l }.finish::<Log2, W>()
+    }
+
     /// Lane group: the row's final 1 / l_i (0 for a fully masked row) and its log-sum-exp in the
     /// natural log (-inf for a fully masked row).
     #[inline(always)]

@@ -91,6 +91,9 @@ pub struct MmaTile {
     /// Whether the kernel takes any head_dim up to `head_dim` (zero-padded), at the cost of
     /// a few registers, or exactly `head_dim`.
     pub padded: bool,
+    /// Softmax on raw scores, P = 2^(S c - m c) as one FFMA per score (FA2's form), or on
+    /// scores scaled first (an FMUL and an FADD per score).
+    pub fused_exp: bool,
 }
 
 impl MmaTile {
@@ -124,25 +127,29 @@ impl MmaTile {
 ///   fragment feeds four mma. d=64: 228 / 243 (commit 295875a), 220 / 235 with the mma and
 ///   ldmatrix asm kept in program order (commit 1967868, needed so ptxas does not spill
 ///   elsewhere) -> chosen for d=64 (0.78x FA2 at 16k).
-/// - d=128 with two m-tiles: Bc = 32 spills (ptxas: 52 bytes even in program order);
-///   Bc = 16 fits (255 registers) but runs 189 / 202 against one m-tile's 209 / 225 (the
-///   per-tile softmax, barriers and cp.async groups of 16-key tiles cost more than the
-///   halved fragment traffic saves) -> d=128 keeps one m-tile, Bc = 64, Q in registers.
+/// - d=128 with two m-tiles: Bc = 32 spilled (ptxas: 52 bytes even in program order) while
+///   LLVM hoisted the 16 per-thread cp.async addresses out of the KV loop and built every
+///   shared address in 64 bits; with those fixed (commit 2f46583: `thread::opaque`, 32-bit
+///   shared addresses, unrolled copies) it fits in 251 registers, no spills, and runs 305 / 351
+///   (0.91x / 0.99x FA2) against one m-tile's 256 / 283 (`mma_br64`, same run) -> chosen for
+///   d=128 exactly. Bc = 64 (FA2's Hopper tile) still spills 284-460 bytes. The same commit
+///   took d=64 (two m-tiles, Bc = 64) from 220 / 235 to 277 / 305 (0.96x / 1.00x).
 /// - head_dim 32, 96, 192, 256 (not yet timed): the largest tile ptxas fits in 255
 ///   registers with no spills; d=32 two m-tiles with Q in registers, d=96 one m-tile with Q in
 ///   registers, d=192 and 256 one m-tile, Bc = 32, Q reloaded.
 /// - Every other head_dim (a multiple of 8) runs in the next larger tile, zero-padded
-///   (`padded`). d=64 keeps an exact kernel (the measured one above, no padding checks);
-///   d=40..56 take the one-m-tile tile (not yet timed).
+///   (`padded`). d=64 and d=128 keep exact kernels (the measured ones above, no padding
+///   checks); d=40..56 and d=104..120 take one-m-tile tiles with Q in registers (not yet timed).
 pub const fn mma_tile(head_dim: u32) -> Option<MmaTile> {
     const fn t(m_tiles: u32, bc: u32, q_in_regs: bool, head_dim: u32, padded: bool) -> Option<MmaTile> {
-        Some(MmaTile { m_tiles, bc, q_in_regs, head_dim, padded })
+        Some(MmaTile { m_tiles, bc, q_in_regs, head_dim, padded, fused_exp: true })
     }
     match mma_head_dim(head_dim) {
         Some(32) => t(2, 64, true, 32, true),
         Some(64) if head_dim == 64 => t(2, 64, false, 64, false),
         Some(64) => t(1, 64, true, 64, true),
         Some(96) => t(1, 64, true, 96, true),
+        Some(128) if head_dim == 128 => t(2, 32, false, 128, false),
         Some(128) => t(1, 64, true, 128, true),
         Some(192) => t(1, 32, false, 192, true),
         Some(256) => t(1, 32, false, 256, true),
@@ -170,8 +177,17 @@ pub const fn mma_head_dim(head_dim: u32) -> Option<u32> {
 /// `mma_br64` family for comparison.
 pub const fn mma_tile_br64(head_dim: u32) -> Option<MmaTile> {
     match head_dim {
-        64 | 128 => Some(MmaTile { m_tiles: 1, bc: 64, q_in_regs: true, head_dim, padded: false }),
+        64 | 128 => Some(MmaTile { m_tiles: 1, bc: 64, q_in_regs: true, head_dim, padded: false, fused_exp: true }),
         _ => None,
+    }
+}
+
+/// [`mma_tile`] with the softmax on scaled scores (`fused_exp: false`), for comparison
+/// (family `mma_unfused`).
+pub const fn mma_tile_unfused(head_dim: u32) -> Option<MmaTile> {
+    match mma_tile(head_dim) {
+        Some(t) => Some(MmaTile { fused_exp: false, ..t }),
+        None => None,
     }
 }
 

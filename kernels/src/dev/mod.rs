@@ -54,6 +54,14 @@ pub mod thread {
     pub fn cp_async_wait<const N: u32>() {
         imp::cp_async_wait::<N>()
     }
+    /// `x`, unknown to the compiler: what is computed from it inside a loop stays inside the
+    /// loop. LLVM hoists every loop-invariant value out of the KV loop whatever the register
+    /// cost (PTX registers are unlimited); 16 hoisted cp.async addresses made ptxas spill
+    /// (fwd_mma at d=128, two m-tiles). Recomputing them is one IMAD each.
+    #[inline(always)]
+    pub fn opaque(x: u64) -> u64 {
+        imp::opaque(x)
+    }
     /// Stops the whole kernel: the host sees a launch failure (device) or an error (emulator).
     #[inline(always)]
     #[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
@@ -110,6 +118,12 @@ pub mod warp {
     #[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
     pub fn shfl_xor(v: f32, lane_mask: u32) -> f32 {
         imp::shfl_xor_f32(v, lane_mask)
+    }
+    /// `vote.sync.any.pred`: whether `v` holds on any lane of the warp, to every lane.
+    #[inline(always)]
+    #[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
+    pub fn any(v: bool) -> bool {
+        imp::vote_any(v)
     }
     /// `ldmatrix.sync.aligned.m8n8.x4.shared.b16`: lane `8m + r` gives the 16-byte row `r`
     /// of 8x8 matrix `m` as element `i` of `s`; register `m` of lane `l` gets elements
@@ -176,6 +190,11 @@ pub mod warp {
     }
 }
 
+/// 16 bytes, 16-byte aligned: the unit of vector loads and stores (`ld/st.v4.b32`).
+#[repr(C, align(16))]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Chunk16(pub [u32; 4]);
+
 /// Global (device) memory, reached through raw addresses from the launch parameters.
 pub mod global {
     use super::imp;
@@ -197,12 +216,24 @@ pub mod global {
     pub unsafe fn store<T: Copy>(ptr: *mut T, v: T) {
         unsafe { imp::global_store(ptr, v) }
     }
+    /// Writes 16 bytes with one `st.global.v4.b32` (a plain store of a [`super::Chunk16`]
+    /// became two 8-byte generic stores).
+    ///
+    /// # Safety
+    /// As [`store`]; `ptr` 16-byte aligned.
+    #[inline(always)]
+    #[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
+    pub unsafe fn store_16(ptr: *mut super::Chunk16, v: super::Chunk16) {
+        unsafe { imp::global_store_16(ptr, v) }
+    }
 }
 
 /// Math the kernels need in a fast hardware form.
 pub mod math {
     use super::imp;
-    /// 2^x (`ex2.approx.f32`; exact `exp2` in the emulator). `ex2(-inf) == 0`.
+    /// 2^x (`ex2.approx.ftz.f32`: one MUFU.EX2; results below 2^-126 flush to 0, which no
+    /// softmax weight notices next to the row max's 1; without .ftz ptxas wraps each in a
+    /// range check and two multiplies. Exact `exp2` in the emulator). `ex2(-inf) == 0`.
     #[inline(always)]
     pub fn ex2(x: f32) -> f32 {
         imp::ex2(x)
@@ -221,6 +252,12 @@ pub mod math {
     #[inline(always)]
     pub fn pack_bf16x2(lo: f32, hi: f32) -> u32 {
         imp::pack_bf16x2(lo, hi)
+    }
+    /// a * b + c with one rounding (`fma.rn.f32`; LLVM does not contract a separate multiply
+    /// and add on its own here, and ptxas does not fuse `mul.rn`/`add.rn`).
+    #[inline(always)]
+    pub fn fma(a: f32, b: f32, c: f32) -> f32 {
+        imp::fma(a, b, c)
     }
     /// 1/x, correctly rounded.
     #[inline(always)]

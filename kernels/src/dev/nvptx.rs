@@ -5,7 +5,7 @@ use core::arch::nvptx;
 
 #[allow(improper_ctypes)]
 unsafe extern "C" {
-    #[link_name = "llvm.nvvm.ex2.approx.f"]
+    #[link_name = "llvm.nvvm.ex2.approx.ftz.f"]
     fn nvvm_ex2(x: f32) -> f32;
     #[link_name = "llvm.nvvm.lg2.approx.f"]
     fn nvvm_lg2(x: f32) -> f32;
@@ -43,6 +43,21 @@ pub fn sync_warp() {
 pub fn shfl_xor_f32(v: f32, lane_mask: u32) -> f32 {
     unsafe { nvvm_shfl_bfly(0xffff_ffff, v, lane_mask, 0x1f) }
 }
+/// Not `pure`: LLVM must assume it changes, so it is neither hoisted nor merged.
+#[inline(always)]
+pub fn opaque(x: u64) -> u64 {
+    let r: u64;
+    unsafe { asm!("mov.b64 {r}, {x};", r = out(reg64) r, x = in(reg64) x, options(nomem, nostack)) }
+    r
+}
+#[inline(always)]
+pub fn vote_any(v: bool) -> bool {
+    let r: u32;
+    unsafe {
+        asm!("{{ .reg .pred p, q; setp.ne.u32 p, {v}, 0; vote.sync.any.pred q, p, 0xffffffff; selp.u32 {r}, 1, 0, q; }}", v = in(reg32) v as u32, r = out(reg32) r, options(nomem, nostack));
+    }
+    r != 0
+}
 #[inline(always)]
 pub unsafe fn global_load<T: Copy>(ptr: *const T) -> T {
     unsafe { *ptr }
@@ -64,6 +79,10 @@ pub fn ex2(x: f32) -> f32 {
     unsafe { nvvm_ex2(x) }
 }
 #[inline(always)]
+pub fn fma(a: f32, b: f32, c: f32) -> f32 {
+    core::intrinsics::fmaf32(a, b, c)
+}
+#[inline(always)]
 pub fn lg2(x: f32) -> f32 {
     unsafe { nvvm_lg2(x) }
 }
@@ -77,16 +96,38 @@ pub fn dynamic_shared_base() -> *mut u8 {
     core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<Align16>() as *mut u8
 }
 
-/// 32-bit shared-state-space address of a generic pointer into shared memory.
+/// 32-bit shared-state-space address of a generic pointer into the dynamic shared memory:
+/// the base's address (one `cvta`, the same for every call) plus the byte offset, so the
+/// offset arithmetic stays 32-bit and constant offsets become instruction immediates.
+/// (A `cvta` of each pointer made ptxas do every ldmatrix and cp.async address in 64 bits and
+/// rebuild the generic pointer with the shared window's high word: about one IADD3, one
+/// IMAD.X and two MOV per ldmatrix at 27ff2b2.) Every shared view of the kernels is carved
+/// from [`dynamic_shared_base`].
 #[inline(always)]
 fn smem_addr<T>(p: *const T) -> u32 {
+    let base = dynamic_shared_base();
     let a: u32;
     unsafe {
-        asm!("{{ .reg .u64 t; cvta.to.shared.u64 t, {p}; cvt.u32.u64 {a}, t; }}", p = in(reg64) p, a = out(reg32) a, options(pure, nomem, nostack));
+        asm!("{{ .reg .u64 t; cvta.to.shared.u64 t, {p}; cvt.u32.u64 {a}, t; }}", p = in(reg64) base, a = out(reg32) a, options(pure, nomem, nostack));
     }
-    a
+    a.wrapping_add((p as usize).wrapping_sub(base as usize) as u32)
 }
 
+#[inline(always)]
+pub unsafe fn shared_load_16(p: *const super::Chunk16) -> super::Chunk16 {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    unsafe {
+        asm!("ld.shared.v4.b32 {{{a}, {b}, {c}, {d}}}, [{p}];", a = out(reg32) a, b = out(reg32) b, c = out(reg32) c, d = out(reg32) d, p = in(reg32) smem_addr(p), options(nostack, readonly));
+    }
+    super::Chunk16([a, b, c, d])
+}
+#[inline(always)]
+pub unsafe fn global_store_16(p: *mut super::Chunk16, v: super::Chunk16) {
+    let [a, b, c, d] = v.0;
+    unsafe {
+        asm!("st.global.v4.b32 [{p}], {{{a}, {b}, {c}, {d}}};", p = in(reg64) p, a = in(reg32) a, b = in(reg32) b, c = in(reg32) c, d = in(reg32) d, options(nostack));
+    }
+}
 #[inline(always)]
 pub unsafe fn ldmatrix_x4<T>(row: *const T) -> [u32; 4] {
     let (a, b, c, d): (u32, u32, u32, u32);

@@ -38,6 +38,11 @@ impl<T: Copy> Shared<T> {
     pub fn after<U: Copy>(&self, len: usize) -> Shared<U> {
         Shared { ptr: self.ptr.wrapping_add(self.len) as *mut U, len }
     }
+    /// The same bytes viewed as `U` (sizes in whole `U`s; alignment is the caller's).
+    #[inline(always)]
+    pub fn cast<U: Copy>(&self) -> Shared<U> {
+        Shared { ptr: self.ptr as *mut U, len: self.len * size_of::<T>() / size_of::<U>() }
+    }
     /// Address of element `i` (for the matrix and async-copy instructions in [`super`]).
     #[inline(always)]
     pub(crate) fn ptr_at(&self, i: usize) -> *mut T {
@@ -49,6 +54,12 @@ impl<T: Copy> Shared<T> {
     #[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
     pub fn ld(&self, i: usize) -> T {
         unsafe { imp::shared_load(self.ptr.wrapping_add(i)) }
+    }
+    /// Reads 16 bytes at element `i` (16-byte aligned) with one `ld.shared.v4.b32`.
+    #[inline(always)]
+    #[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
+    pub fn ld_16(&self, i: usize) -> super::Chunk16 {
+        unsafe { imp::shared_load_16(self.ptr.wrapping_add(i) as *const super::Chunk16) }
     }
     /// Writes element `i`.
     #[inline(always)]

@@ -30,6 +30,13 @@ pub fn shfl_xor_f32(v: f32, lane_mask: u32) -> f32 {
     let r = current().wait(Event::ShflXor { v: v.to_bits(), lane_mask, at: Location::caller() });
     f32::from_bits(r[0])
 }
+pub fn opaque(x: u64) -> u64 {
+    x
+}
+#[track_caller]
+pub fn vote_any(v: bool) -> bool {
+    current().wait(Event::VoteAny { v, at: Location::caller() })[0] != 0
+}
 
 #[track_caller]
 fn check_global(addr: usize, size: usize, write: bool) {
@@ -63,6 +70,14 @@ pub unsafe fn global_store<T: Copy>(ptr: *mut T, v: T) {
     unsafe { ptr.write(v) }
 }
 #[track_caller]
+pub unsafe fn global_store_16(ptr: *mut crate::dev::Chunk16, v: crate::dev::Chunk16) {
+    unsafe { global_store(ptr, v) }
+}
+#[track_caller]
+pub unsafe fn shared_load_16(ptr: *const crate::dev::Chunk16) -> crate::dev::Chunk16 {
+    unsafe { shared_load(ptr) }
+}
+#[track_caller]
 pub unsafe fn shared_load<T: Copy>(ptr: *const T) -> T {
     current().shared_access(ptr as usize, size_of::<T>(), false, Location::caller());
     unsafe { ptr.read() }
@@ -74,6 +89,9 @@ pub unsafe fn shared_store<T: Copy>(ptr: *mut T, v: T) {
 }
 pub fn ex2(x: f32) -> f32 {
     x.exp2()
+}
+pub fn fma(a: f32, b: f32, c: f32) -> f32 {
+    a.mul_add(b, c)
 }
 pub fn lg2(x: f32) -> f32 {
     x.log2()

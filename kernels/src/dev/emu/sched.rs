@@ -20,6 +20,8 @@ pub(crate) enum Event {
     WarpSync(&'static Location<'static>),
     /// `warp::shfl_xor`: this lane's value and lane mask.
     ShflXor { v: u32, lane_mask: u32, at: &'static Location<'static> },
+    /// `warp::any`: this lane's predicate.
+    VoteAny { v: bool, at: &'static Location<'static> },
     /// `warp::ldmatrix_x4[_trans]`: the address of the 16-byte row this lane supplies.
     Ldmatrix { addr: usize, trans: bool, at: &'static Location<'static> },
     /// `warp::mma_*`: this lane's A, B, C fragments (m16n8k16, row.col, f32 accumulate).
@@ -30,7 +32,7 @@ impl Event {
     fn at(&self) -> &'static Location<'static> {
         match *self {
             Event::Barrier(at) | Event::WarpSync(at) => at,
-            Event::ShflXor { at, .. } | Event::Ldmatrix { at, .. } | Event::Mma { at, .. } => at,
+            Event::ShflXor { at, .. } | Event::VoteAny { at, .. } | Event::Ldmatrix { at, .. } | Event::Mma { at, .. } => at,
         }
     }
     fn what(&self) -> &'static str {
@@ -38,6 +40,7 @@ impl Event {
             Event::Barrier(_) => "block barrier",
             Event::WarpSync(_) => "warp barrier",
             Event::ShflXor { .. } => "warp shuffle",
+            Event::VoteAny { .. } => "warp vote",
             Event::Ldmatrix { .. } => "warp ldmatrix",
             Event::Mma { .. } => "warp mma",
         }
@@ -397,7 +400,7 @@ pub(crate) fn run_block(
                 let evs: Vec<Event> = lanes
                     .iter()
                     .filter_map(|s| match s {
-                        St::Wait(ev @ (Event::WarpSync(_) | Event::ShflXor { .. } | Event::Ldmatrix { .. } | Event::Mma { .. })) => {
+                        St::Wait(ev @ (Event::WarpSync(_) | Event::ShflXor { .. } | Event::VoteAny { .. } | Event::Ldmatrix { .. } | Event::Mma { .. })) => {
                             Some(*ev)
                         }
                         _ => None,
@@ -424,6 +427,10 @@ pub(crate) fn run_block(
                             _ => unreachable!(),
                         })
                         .collect(),
+                    Event::VoteAny { .. } => {
+                        let any = evs.iter().any(|e| matches!(e, Event::VoteAny { v: true, .. }));
+                        std::vec![[any as u32, 0, 0, 0]; 32]
+                    }
                     Event::Ldmatrix { .. } => super::warp_ops::ldmatrix(&evs, &ctxs[w * 32..w * 32 + 32]),
                     Event::Mma { .. } => super::warp_ops::mma(&evs),
                     Event::Barrier(_) => unreachable!(),
