@@ -71,6 +71,8 @@ def parse_args(argv=None):
     p.add_argument("--hidden", default=2048, type=int)
     p.add_argument("--tokens", default=16384, type=int)
     p.add_argument("--iters", default=10, type=int)
+    p.add_argument("--backward", action="store_true",
+                   help="time the backward pass (dQ, dK, dV from the forward's O, LSE and a random dO); FLOPs 2.5x the forward's")
     p.add_argument("--mock", action="store_true", help="fabricate PyTorch (and 'mock' ours) numbers")
     args = p.parse_args(argv)
     if args.ours == "mock" and not args.mock:
@@ -95,9 +97,14 @@ def make_shapes(args):
     return shapes
 
 
+BACKWARD = False  # set from --backward in main()
+
+
 def attn_flops(s):
+    """FA paper FLOPs: 4 b h s^2 d, halved when causal, times 2.5 for the backward pass."""
     flops = 4 * s["batch"] * s["heads"] * s["seqlen"] ** 2 * s["head_dim"]
-    return flops / 2 if s["causal"] else flops
+    flops = flops / 2 if s["causal"] else flops
+    return flops * 2.5 if BACKWARD else flops
 
 
 def key(row):
@@ -152,7 +159,7 @@ def run_ours(args, dtype, rng):
            "--head-dims", ",".join(map(str, args.head_dims)),
            "--seqlens", ",".join(map(str, args.seqlens)),
            "--hidden", str(args.hidden), "--tokens", str(args.tokens),
-           "--causal", "both", "--iters", str(args.iters), "--json"]
+           "--causal", "both", "--iters", str(args.iters), "--json"] + (["--backward"] if args.backward else [])
     log("  $ " + " ".join(cmd))
     try:
         proc = subprocess.run(cmd, check=False, capture_output=True, text=True)
@@ -176,13 +183,21 @@ def time_sdpa(torch, backend, q, k, v, causal, iters):
     with warnings.catch_warnings(record=True) as caught, sdpa_kernel(backend):
         warnings.simplefilter("always")
         try:
+            if BACKWARD:
+                # The backward alone: one forward, then autograd.grad of its output repeatedly.
+                q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
+                out = sdpa(q, k, v, is_causal=causal)
+                d_o = torch.randn_like(out)
+                call = lambda: torch.autograd.grad(out, (q, k, v), d_o, retain_graph=True)
+            else:
+                call = lambda: sdpa(q, k, v, is_causal=causal)
             for _ in range(WARMUP):
-                sdpa(q, k, v, is_causal=causal)
+                call()
             torch.cuda.synchronize()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             for _ in range(iters):
-                sdpa(q, k, v, is_causal=causal)
+                call()
             end.record()
             torch.cuda.synchronize()
         except Exception as e:
@@ -355,6 +370,12 @@ def memory_section(mem):
 
 
 def method_line(args):
+    if BACKWARD:
+        return (f"Method: backward only (dQ, dK, dV given the forward's output and a random dO; PyTorch: "
+                f"torch.autograd.grad of one SDPA output, retain_graph), CUDA events around {args.iters} back-to-back "
+                f"calls after {WARMUP} warm-up calls (mean ms/call), ours timed by `bench --backward --json` with "
+                f"--iters {args.iters}; hidden {args.hidden}, heads = hidden/d, batch = {args.tokens}/seqlen; "
+                f"FLOPs = 2.5 * 4*b*h*s^2*d, halved when causal.")
     return (f"Method: forward only; PyTorch SDPA timed with CUDA events around {args.iters} back-to-back "
             f"calls after {WARMUP} warm-up calls (mean ms/call), ours timed by `bench --json` with "
             f"--iters {args.iters}; hidden {args.hidden}, heads = hidden/d, batch = {args.tokens}/seqlen, "
@@ -398,7 +419,7 @@ def write_plot(path, args, gpu, rows):
             ax.grid(True, alpha=0.3)
             if ax.lines:
                 ax.legend(fontsize=8)
-    fig.suptitle(f"Attention forward, {gpu}, {args.commit} ({args.date})")
+    fig.suptitle(f"Attention {'backward' if BACKWARD else 'forward'}, {gpu}, {args.commit} ({args.date})")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -408,7 +429,9 @@ def write_plot(path, args, gpu, rows):
 # ---------------------------------------------------------------- main
 
 def main(argv=None):
+    global BACKWARD
     args = parse_args(argv)
+    BACKWARD = args.backward
     rng = random.Random(0)
     shapes = make_shapes(args)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -430,7 +453,7 @@ def main(argv=None):
         log(f"PyTorch {torch.__version__} SDPA on {gpu}")
         rows += run_torch(shapes, args.iters)
         log("peak memory (PyTorch flash)")
-        mem = torch_peak_memory(args.hidden)
+        mem = [] if args.backward else torch_peak_memory(args.hidden)
 
     table = markdown_table(table_rows(shapes, rows, ours_errors))
     note_text = notes(rows, ours_errors)

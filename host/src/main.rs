@@ -14,7 +14,7 @@ usage: flashattn [run] [--batch B] [--seqlen S] [--seqlen-k S] [--heads H] [--he
                        [--kernel NAME] [--iters N] [--emulator]
        flashattn bench [--dtype f16|bf16|f32] [--head-dims 64,128] [--seqlens 512,1024,...]
                        [--hidden 2048] [--tokens 16384] [--causal on|off|both] [--kernel NAME]
-                       [--iters N] [--json]
+                       [--iters N] [--json] [--backward]
 run:   one shape (GPU default: batch 8, seqlen 2048, 32 heads of 64, f16 -- the FA paper's
        hidden 2048 with 16k tokens; emulator default: batch 1, seqlen 128, 2 heads of 64),
        checked on sampled rows against the f64 reference, timed with CUDA events.
@@ -41,6 +41,7 @@ struct Args {
     hidden: usize,
     tokens: usize,
     json: bool,
+    backward: bool,
 }
 
 fn parse() -> Result<Args, String> {
@@ -64,6 +65,7 @@ fn parse() -> Result<Args, String> {
         hidden: 2048,
         tokens: 16384,
         json: false,
+        backward: false,
     };
     let mut it = std::env::args().skip(1).peekable();
     if let Some(c) = it.peek()
@@ -108,6 +110,7 @@ fn parse() -> Result<Args, String> {
             "--hidden" => a.hidden = val(&flag, it.next())?,
             "--tokens" => a.tokens = val(&flag, it.next())?,
             "--json" => a.json = true,
+            "--backward" => a.backward = true,
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown argument `{other}`")),
         }
@@ -304,21 +307,33 @@ fn bench<T: Dtype>(fa: &FlashAttn, a: &Args) -> flashattn::Result<bool> {
                     head_dim: d,
                 };
                 let opts = FwdOptions { causal, softmax_scale: None, kernel: a.kernel };
-                let variant = select_variant(T::DTYPE, d, &opts)?;
-                let (q, k, v, mut o, mut lse) = upload_problem::<T>(fa, &s)?;
                 let iters = a.iters.unwrap_or(10);
-                let ms = fa.time_forward(&q, &k, &v, &mut o, &mut lse, &opts, 2, iters)?;
-                let tflops = s.fwd_flops(causal) / (ms * 1e-3) / 1e12;
+                let (family, name, ms, flops) = if a.backward {
+                    // The forward's O and LSE (automatic kernel), a random dO; then dQ, dK, dV
+                    // timed with the requested backward family. FLOPs: 2.5x the forward's.
+                    let fwd_opts = FwdOptions { kernel: None, ..opts };
+                    let (q, k, v, _, _) = upload_problem::<T>(fa, &s)?;
+                    let out = fa.forward(&q, &k, &v, &fwd_opts)?;
+                    let d_o = fa.upload(&random_problem::<T>(&s, 0xd0).q, &s.q_shape())?;
+                    let mut grads = flashattn::BwdOutput { dq: fa.full(T::nan(), &s.q_shape())?, dk: fa.full(T::nan(), &s.kv_shape())?, dv: fa.full(T::nan(), &s.kv_shape())? };
+                    let ms = fa.time_backward(&q, &k, &v, &out.o, &d_o, &out.lse, &mut grads, &opts, 2, iters)?;
+                    let [dq, dkdv] = flashattn::select_bwd_variants(T::DTYPE, d, &opts)?;
+                    (dq.family.to_string(), format!("{}+{}", dq.name, dkdv.name), ms, 2.5 * s.fwd_flops(causal))
+                } else {
+                    let variant = select_variant(T::DTYPE, d, &opts)?;
+                    let (q, k, v, mut o, mut lse) = upload_problem::<T>(fa, &s)?;
+                    let ms = fa.time_forward(&q, &k, &v, &mut o, &mut lse, &opts, 2, iters)?;
+                    (variant.family.to_string(), variant.name.to_string(), ms, s.fwd_flops(causal))
+                };
+                let tflops = flops / (ms * 1e-3) / 1e12;
+                let pass = if a.backward { "bwd" } else { "fwd" };
                 if a.json {
                     println!(
-                        "{{\"impl\":\"flashattn-rs/{}\",\"kernel\":\"{}\",\"dtype\":\"{}\",\"head_dim\":{d},\"seqlen\":{seqlen},\"batch\":{},\"heads\":{heads},\"causal\":{causal},\"ms\":{ms:.5},\"tflops\":{tflops:.3}}}",
-                        variant.family, variant.name, a.dtype, s.batch
+                        "{{\"impl\":\"flashattn-rs/{family}\",\"pass\":\"{pass}\",\"kernel\":\"{name}\",\"dtype\":\"{}\",\"head_dim\":{d},\"seqlen\":{seqlen},\"batch\":{},\"heads\":{heads},\"causal\":{causal},\"ms\":{ms:.5},\"tflops\":{tflops:.3}}}",
+                        a.dtype, s.batch
                     );
                 } else {
-                    println!(
-                        "{:<28} {:>5} {d:>4} {seqlen:>6} {:>6} {heads:>4} {causal:>7} {ms:>10.3} {tflops:>9.2}",
-                        variant.name, a.dtype, s.batch
-                    );
+                    println!("{name:<28} {:>5} {d:>4} {seqlen:>6} {:>6} {heads:>4} {causal:>7} {ms:>10.3} {tflops:>9.2}", a.dtype, s.batch);
                 }
             }
         }
