@@ -94,7 +94,7 @@ impl FlashAttn {
             self.check_owner_id(owner, name)?;
         }
         let [dq, dkdv] = select_bwd_variants(T::DTYPE, shape.head_dim, opts)?;
-        let mut stats = self.alloc::<f32>(&[3, ls[0], ls[1], ls[2]])?;
+        let mut stats = self.alloc::<f32>(&[4, ls[0], ls[1], ls[2]])?;
         let stream = self.stream();
         let d = shape.head_dim as u32;
         let params = BwdParams {

@@ -222,16 +222,26 @@ pub struct RefGrads {
 }
 
 /// The analytic gradients of [`attention_f64`] for an upstream gradient `d_o` (O's layout):
-/// with S = scale Q K^T (masked), P = softmax(S), O = P V, D_i = rowsum(dO_i * O_i):
-/// dV = P^T dO, dS = P * (dO V^T - D), dQ = scale dS K, dK = scale dS^T Q. With GQA, dK and
-/// dV of a KV head sum over the query heads that share it. Fully masked rows contribute
-/// nothing. The ground truth for the backward kernels.
+/// with S = scale Q K^T (masked), P = softmax(S), O = P V, dP = dO V^T,
+/// D_i = rowsum(dO_i * O_i) = sum_j P_ij dP_ij: dV = P^T dO, dS = P * (dP - D),
+/// dQ = scale dS K, dK = scale dS^T Q. With GQA, dK and dV of a KV head sum over the query
+/// heads that share it. Fully masked rows contribute nothing. The ground truth for the
+/// backward kernels.
+///
+/// D_i is taken relative to a pivot c_i = dP of the row's largest P: D_i - c_i =
+/// sum_j P_ij (dP_ij - c_i) and dS_ij = P_ij ((dP_ij - c_i) - (D_i - c_i)). For a row dominated
+/// by one key, dP - D of that key is a sum of terms P_ik (dP_ij - dP_ik), far below |D_i|;
+/// D_i itself, even in f64, carries an absolute rounding of about 1e-16 |D_i|, which exceeds
+/// that key's whole dS once the other keys' P fall below about 1e-16 (scores 37 or more below
+/// the max). dS of that key then came out 0 here, as in naive attention, and a kernel that
+/// computes it right (the f32 SIMT kernel) was measured as wrong by up to 100%.
 pub fn attention_backward_f64(q: &[f64], k: &[f64], v: &[f64], d_o: &[f64], s: &AttnShape, opts: &FwdOptions) -> RefGrads {
     let d = s.head_dim;
     let scale = opts.scale(d) as f64;
     let fwd = attention_f64(q, k, v, s, opts);
     let mut g = RefGrads { dq: vec![0.0; q.len()], dk: vec![0.0; k.len()], dv: vec![0.0; v.len()] };
     let mut p = vec![0.0; s.seqlen_k];
+    let mut dp = vec![0.0; s.seqlen_k];
     for b in 0..s.batch {
         for h in 0..s.heads_q {
             let hk = h / (s.heads_q / s.heads_kv);
@@ -241,7 +251,7 @@ pub fn attention_backward_f64(q: &[f64], k: &[f64], v: &[f64], d_o: &[f64], s: &
                     continue;
                 }
                 let qi = ((b * s.seqlen_q + i) * s.heads_q + h) * d;
-                let (q_row, do_row, o_row) = (&q[qi..qi + d], &d_o[qi..qi + d], &fwd.o[qi..qi + d]);
+                let (q_row, do_row) = (&q[qi..qi + d], &d_o[qi..qi + d]);
                 // P_ij = exp(S_ij - LSE_i), recomputed from the saved LSE as the kernels do.
                 for (j, pj) in p.iter_mut().enumerate() {
                     let kj = ((b * s.seqlen_k + j) * s.heads_kv + hk) * d;
@@ -252,16 +262,22 @@ pub fn attention_backward_f64(q: &[f64], k: &[f64], v: &[f64], d_o: &[f64], s: &
                         (dot * scale - lse).exp()
                     };
                 }
-                // D_i = rowsum(dO_i * O_i).
-                let di: f64 = do_row.iter().zip(o_row).map(|(a, b)| a * b).sum();
+                // dP_ij = dO_i . V_j.
+                for (j, dpj) in dp.iter_mut().enumerate() {
+                    let kj = ((b * s.seqlen_k + j) * s.heads_kv + hk) * d;
+                    *dpj = do_row.iter().zip(&v[kj..kj + d]).map(|(a, b)| a * b).sum();
+                }
+                // Pivot c_i = dP of the largest P; D_i - c_i = sum_j P_ij (dP_ij - c_i).
+                let top = (0..p.len()).fold(0, |t, j| if p[j] > p[t] { j } else { t });
+                let ci = dp[top];
+                let dc: f64 = p.iter().zip(&dp).filter(|(pj, _)| **pj != 0.0).map(|(pj, dpj)| pj * (dpj - ci)).sum();
                 for (j, &pj) in p.iter().enumerate() {
                     if pj == 0.0 {
                         continue;
                     }
                     let kj = ((b * s.seqlen_k + j) * s.heads_kv + hk) * d;
-                    // dP_ij = dO_i . V_j; dS_ij = P_ij (dP_ij - D_i).
-                    let dp: f64 = do_row.iter().zip(&v[kj..kj + d]).map(|(a, b)| a * b).sum();
-                    let ds = pj * (dp - di);
+                    // dS_ij = P_ij ((dP_ij - c_i) - (D_i - c_i)).
+                    let ds = pj * ((dp[j] - ci) - dc);
                     for c in 0..d {
                         g.dq[qi + c] += scale * ds * k[kj + c];
                         g.dk[kj + c] += scale * ds * q_row[c];

@@ -29,16 +29,24 @@ fn prob(s: f32, scale: f32, m: f32, inv_l: f32, masked: bool) -> f32 {
     if masked || inv_l == 0.0 { 0.0 } else { math::ex2((s * scale - m) * LOG2_E) * inv_l }
 }
 
-/// One lane's running softmax statistics of a row, with n = sum_j exp(x_j - m) dP_ij.
+/// One lane's running softmax statistics of a row, with D_i taken relative to a pivot:
+/// c = dP_ij of the key that gives the running max m (its exp is exactly 1) and
+/// n = sum_j exp(x_j - m) (dP_ij - c), so D_i - c = n / l. dS_ij = P_ij ((dP_ij - c) - (D_i - c))
+/// then cancels in exact terms where dP_ij - D_i is a small difference of large numbers: a row
+/// dominated by one key has dP - D = -(D - c) for that key, and D - c (a sum of small terms)
+/// carries a relative rounding of a few units, where D itself (about dP_ij, large) would
+/// carry an absolute one of u |D_i| (the f32 dQ/dK error of rows that see 2-3 keys, up to
+/// 1.8x FA2's bar).
 #[derive(Clone, Copy)]
 struct RowStats {
     m: f32,
     l: f32,
     n: f32,
+    c: f32,
 }
 
 impl RowStats {
-    const INIT: RowStats = RowStats { m: f32::NEG_INFINITY, l: 0.0, n: 0.0 };
+    const INIT: RowStats = RowStats { m: f32::NEG_INFINITY, l: 0.0, n: 0.0, c: 0.0 };
     /// Folds in one scaled score x (-inf: masked) with its dP.
     #[inline(always)]
     fn push(&mut self, x: f32, dp: f32) {
@@ -46,30 +54,37 @@ impl RowStats {
             return;
         }
         if x > self.m {
+            // New max and pivot: alpha = exp(m_old - x), l = alpha l + 1,
+            // n = alpha (n + l_old (c_old - dP)) (the new key's own term dP - c is 0), c = dP.
             let alpha = math::ex2((self.m - x) * LOG2_E);
+            self.n = (self.n + self.l * (self.c - dp)) * alpha;
             self.l = self.l * alpha + 1.0;
-            self.n = self.n * alpha + dp;
+            self.c = dp;
             self.m = x;
         } else {
+            // e = exp(x - m): l += e, n += e (dP - c).
             let e = math::ex2((x - self.m) * LOG2_E);
             self.l += e;
-            self.n += e * dp;
+            self.n += e * (dp - self.c);
         }
     }
-    /// Warp: the row's (m_i, 1 / l_i, D_i = n / l), combining the lanes. A row that sees no
-    /// key gives (-inf, 0, 0).
+    /// Warp: the row's (m_i, 1 / l_i, D_i - c_i, c_i), combining the lanes on the pivot of a
+    /// lane that holds the row's max (the largest such pivot if several do: deterministic). A
+    /// row that sees no key gives (-inf, 0, 0, 0).
     #[inline(always)]
-    fn finish(&self) -> (f32, f32, f32) {
+    fn finish(&self) -> (f32, f32, f32, f32) {
         let m = warp::allreduce_max(self.m);
         if m == f32::NEG_INFINITY {
             // Every lane: the warp took the same branch, so the reductions below are skipped
             // by all of it.
-            return (m, 0.0, 0.0);
+            return (m, 0.0, 0.0, 0.0);
         }
+        let c = warp::allreduce_max(if self.m == m { self.c } else { f32::NEG_INFINITY });
+        // alpha = exp(m_lane - m); l = sum alpha l_lane; n = sum alpha (n_lane + l_lane (c_lane - c)).
         let alpha = math::ex2((self.m - m) * LOG2_E);
         let l = warp::allreduce_sum(self.l * alpha);
-        let n = warp::allreduce_sum(self.n * alpha);
-        (m, math::rcp(l), n / l)
+        let n = warp::allreduce_sum((self.n + self.l * (self.c - c)) * alpha);
+        (m, math::rcp(l), n / l, c)
     }
 }
 
@@ -97,7 +112,7 @@ unsafe fn dkdv_masked<T: Element, M: Mask, const RK: usize, const DCH: usize>(p:
     let j0 = kv_blk * bn;
     let ds = d + 1; // padded f32 rows: lanes reading one column of different rows hit different banks
 
-    // Shared memory: K, V [bn][d+1]; Q, dO [32][d+1]; m, 1/l, D [32]; P, dS [bn][32].
+    // Shared memory: K, V [bn][d+1]; Q, dO [32][d+1]; m, 1/l, D - c, c [32]; P, dS [bn][32].
     let k_s: Shared<f32> = unsafe { dev::dynamic_shared((bn * ds) as usize) };
     let v_s: Shared<f32> = k_s.after((bn * ds) as usize);
     let q_s: Shared<f32> = v_s.after((bm * ds) as usize);
@@ -105,7 +120,8 @@ unsafe fn dkdv_masked<T: Element, M: Mask, const RK: usize, const DCH: usize>(p:
     let m_s: Shared<f32> = do_s.after(bm as usize);
     let il_s: Shared<f32> = m_s.after(bm as usize);
     let d_s: Shared<f32> = il_s.after(bm as usize);
-    let p_s: Shared<f32> = d_s.after((bn * bm) as usize);
+    let c_s: Shared<f32> = d_s.after(bm as usize);
+    let p_s: Shared<f32> = c_s.after((bn * bm) as usize);
     let ds_s: Shared<f32> = p_s.after((bn * bm) as usize);
 
     // K_j, V_j: this block's key rows, loaded once.
@@ -126,7 +142,7 @@ unsafe fn dkdv_masked<T: Element, M: Mask, const RK: usize, const DCH: usize>(p:
         let stat = ((b as u64 * p.heads_q as u64 + h as u64) * sq as u64) as usize;
         let mut i0 = i_first / bm * bm;
         while i0 < sq {
-            // Block: Q_i, dO_i and the row statistics (m_i, 1/l_i, D_i) for query rows i0..i0+32.
+            // Block: Q_i, dO_i and the row statistics (m_i, 1/l_i, D_i - c_i, c_i) for query rows i0..i0+32.
             block::sync();
             unsafe {
                 load_tile(q_s, ds, q_g, p.q_strides.row, i0, bm, sq, d);
@@ -140,13 +156,14 @@ unsafe fn dkdv_masked<T: Element, M: Mask, const RK: usize, const DCH: usize>(p:
                     m_s.st(t as usize, ld(0, f32::NEG_INFINITY));
                     il_s.st(t as usize, ld(1, 0.0));
                     d_s.st(t as usize, ld(2, 0.0));
+                    c_s.st(t as usize, ld(3, 0.0));
                 }
             }
             block::sync();
 
             // Thread (w, lane): query row i0 + lane against the warp's RK key rows.
             let i = i0 + lane;
-            let (m_i, il_i, d_i) = (m_s.ld(lane as usize), il_s.ld(lane as usize), d_s.ld(lane as usize));
+            let (m_i, il_i, d_i, c_i) = (m_s.ld(lane as usize), il_s.ld(lane as usize), d_s.ld(lane as usize), c_s.ld(lane as usize));
             for r in 0..RK {
                 let jl = w * RK as u32 + r as u32;
                 let (mut s, mut dp) = (0.0, 0.0);
@@ -157,8 +174,8 @@ unsafe fn dkdv_masked<T: Element, M: Mask, const RK: usize, const DCH: usize>(p:
                 let j = j0 + jl;
                 let pij = prob(s, p.scale, m_i, il_i, i >= sq || j >= sk || M::hides(i, j, sq, sk));
                 p_s.st((jl * bm + lane) as usize, pij);
-                // dS_ij = P_ij (dP_ij - D_i).
-                ds_s.st((jl * bm + lane) as usize, pij * (dp - d_i));
+                // dS_ij = P_ij ((dP_ij - c_i) - (D_i - c_i)), c_i the row's pivot (see `RowStats`).
+                ds_s.st((jl * bm + lane) as usize, pij * ((dp - c_i) - d_i));
             }
             warp::sync();
             // dV_j += sum_i P_ij dO_i, dK_j += sum_i dS_ij Q_i (scale applied at the end).
@@ -251,7 +268,7 @@ unsafe fn dq_masked<T: Element, M: Mask, const ROWS: usize, const DCH: usize, co
     let row0 = q_blk * br;
     let ks = SimtTile::k_stride(d);
 
-    // Shared memory: Q, dO [br][d]; K, V [bc][d+1]; dS [br][bc]; m, 1/l, D [br], all f32.
+    // Shared memory: Q, dO [br][d]; K, V [bc][d+1]; dS [br][bc]; m, 1/l, D - c, c [br], all f32.
     let q_s: Shared<f32> = unsafe { dev::dynamic_shared((br * d) as usize) };
     let do_s: Shared<f32> = q_s.after((br * d) as usize);
     let k_s: Shared<f32> = do_s.after((bc * ks) as usize);
@@ -260,6 +277,7 @@ unsafe fn dq_masked<T: Element, M: Mask, const ROWS: usize, const DCH: usize, co
     let m_s: Shared<f32> = ds_s.after(br as usize);
     let il_s: Shared<f32> = m_s.after(br as usize);
     let d_s: Shared<f32> = il_s.after(br as usize);
+    let c_s: Shared<f32> = d_s.after(br as usize);
 
     let q_at = p.q_strides.offset(b, 0, h) as usize;
     let kv_at = p.k_strides.offset(b, 0, hk) as usize;
@@ -276,8 +294,8 @@ unsafe fn dq_masked<T: Element, M: Mask, const ROWS: usize, const DCH: usize, co
         row >= sq || col >= sk || M::hides(row, col, sq, sk)
     };
 
-    // Pass 0: the row's softmax statistics m_i, l_i and D_i = sum_j P_ij dP_ij, from f32
-    // scores and dP.
+    // Pass 0: the row's softmax statistics m_i, l_i and D_i = sum_j P_ij dP_ij (as D_i - c_i
+    // and the pivot c_i, see `RowStats`), from f32 scores and dP.
     let mut part = [RowStats::INIT; ROWS];
     for jt in 0..n_tiles {
         let (s, dp) = unsafe { ctx.scores::<ROWS, SC>(jt) };
@@ -291,12 +309,13 @@ unsafe fn dq_masked<T: Element, M: Mask, const ROWS: usize, const DCH: usize, co
     let stat = ((b as u64 * p.heads_q as u64 + h as u64) * sq as u64) as usize;
     let n = (p.batch * p.heads_q * sq) as usize;
     for (i, rs) in part.iter().enumerate() {
-        let (m, il, dd) = rs.finish();
+        let (m, il, dd, cc) = rs.finish();
         let r = r_w + i as u32;
         if lane == 0 {
             m_s.st(r as usize, m);
             il_s.st(r as usize, il);
             d_s.st(r as usize, dd);
+            c_s.st(r as usize, cc);
             if row0 + r < sq {
                 let st = p.stats as *mut f32;
                 let at = stat + (row0 + r) as usize;
@@ -304,13 +323,14 @@ unsafe fn dq_masked<T: Element, M: Mask, const ROWS: usize, const DCH: usize, co
                     global::store(st.add(at), m);
                     global::store(st.add(n + at), il);
                     global::store(st.add(2 * n + at), dd);
+                    global::store(st.add(3 * n + at), cc);
                 }
             }
         }
     }
     warp::sync();
 
-    // Pass 1: dS_ij = P_ij (dP_ij - D_i), then dQ_i += sum_j dS_ij K_j (scale at the end).
+    // Pass 1: dS_ij = P_ij ((dP_ij - c_i) - (D_i - c_i)), then dQ_i += sum_j dS_ij K_j (scale at the end).
     let mut acc_dq = [[0f32; DCH]; ROWS];
     for jt in 0..n_tiles {
         let c0 = jt * bc;
@@ -318,10 +338,10 @@ unsafe fn dq_masked<T: Element, M: Mask, const ROWS: usize, const DCH: usize, co
         let (s, dp) = unsafe { ctx.scores::<ROWS, SC>(jt) };
         for i in 0..ROWS {
             let r = (r_w + i as u32) as usize;
-            let (m, il, dd) = (m_s.ld(r), il_s.ld(r), d_s.ld(r));
+            let (m, il, dd, cc) = (m_s.ld(r), il_s.ld(r), d_s.ld(r), c_s.ld(r));
             for c in 0..SC {
                 let pij = prob(s[i][c], p.scale, m, il, hidden(i, c, c0));
-                ds_s.st(r * bc as usize + (lane + 32 * c as u32) as usize, pij * (dp[i][c] - dd));
+                ds_s.st(r * bc as usize + (lane + 32 * c as u32) as usize, pij * ((dp[i][c] - cc) - dd));
             }
         }
         warp::sync();

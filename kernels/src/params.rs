@@ -60,8 +60,10 @@ pub struct FwdParams {
 /// Parameters of the backward kernels (all three: D = rowsum(dO * O), dK/dV, dQ).
 ///
 /// Q, O, dO, dQ are laid out like Q; K, V, dK, dV like K; LSE is f32 [batch, heads_q,
-/// seqlen_q]; `stats` is the workspace f32 [3][batch, heads_q, seqlen_q] of each row's
-/// softmax max m_i, 1 / l_i and D_i (written by the dQ kernel, read by the dK/dV kernel).
+/// seqlen_q]; `stats` is the workspace f32 [4][batch, heads_q, seqlen_q] of each row's
+/// softmax max m_i, 1 / l_i and D_i (written by the dQ kernel, read by the dK/dV kernel of the
+/// same family). The tensor-core kernels use the first three; the SIMT kernels keep D_i as
+/// D_i - c_i in the third and the pivot c_i in the fourth (see `bwd_simt`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct BwdParams {

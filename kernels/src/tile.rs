@@ -214,9 +214,9 @@ impl SimtKvTile {
     pub const fn threads(&self) -> u32 {
         SIMT_WARPS * 32
     }
-    /// Shared memory in f32: K, V [bn][d+1], Q, dO [32][d+1], m, 1/l, D [32], P, dS [bn][32].
+    /// Shared memory in f32: K, V [bn][d+1], Q, dO [32][d+1], m, 1/l, D - c, c [32], P, dS [bn][32].
     pub const fn smem_floats(&self, head_dim: u32) -> u32 {
-        2 * self.bn() * (head_dim + 1) + 2 * Self::BM * (head_dim + 1) + 3 * Self::BM + 2 * self.bn() * Self::BM
+        2 * self.bn() * (head_dim + 1) + 2 * Self::BM * (head_dim + 1) + 4 * Self::BM + 2 * self.bn() * Self::BM
     }
     /// Shared memory per block, in bytes.
     pub const fn smem_bytes(&self, head_dim: u32) -> u32 {
@@ -236,10 +236,10 @@ pub const fn simt_kv_tile(head_dim: u32) -> SimtKvTile {
 }
 
 /// The dQ backward kernel uses the forward's SIMT tile; its shared memory (f32) holds Q, dO
-/// [br][d], K, V [bc][d+1], dS [br][bc] and the rows' m, 1/l, D [br].
+/// [br][d], K, V [bc][d+1], dS [br][bc] and the rows' m, 1/l, D - c, c [br] (see `bwd_simt`).
 pub const fn simt_dq_smem_bytes(head_dim: u32) -> u32 {
     let t = simt_tile(head_dim);
-    (2 * t.br() * head_dim + 2 * t.bc() * SimtTile::k_stride(head_dim) + t.br() * t.bc() + 3 * t.br()) * 4
+    (2 * t.br() * head_dim + 2 * t.bc() * SimtTile::k_stride(head_dim) + t.br() * t.bc() + 4 * t.br()) * 4
 }
 
 /// Tile of the tensor-core backward kernels (f16, bf16), 4 warps of 16 rows each: the dQ
