@@ -301,7 +301,10 @@ unsafe fn fwd<
         block::sync();
     }
     if n_tiles == 0 {
+        // No key visible: no loop, so no barrier has ordered the block's Q copies (and the
+        // sign flips of a negative scale) before the epilogue reuses the Q tile for O.
         thread::cp_async_wait::<0>();
+        block::sync();
     }
 
     // O = acc_o / l_i, LSE = m_i + log l_i, rows g and g + 8 of each m16 tile. The warp

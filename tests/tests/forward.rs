@@ -38,6 +38,10 @@ fn edge_cases(kind: BackendKind) -> Vec<(&'static str, AttnShape, bool, Option<f
         ("peaked_softmax_scale_4", shape(1, 64, 64, 2, 2, 64), false, Some(4.0)),
         ("flat_softmax_scale_0_001", shape(1, 64, 64, 2, 2, 64), false, Some(0.001)),
         ("negative_scale", shape(1, 30, 30, 1, 1, 32), true, Some(-0.2)),
+        // A whole row tile (128 rows at d=64/128) sees no key: the mma kernel skips its KV
+        // loop and reuses the Q tile for O; with a negative scale Q's sign was flipped first.
+        ("causal_row_tile_sees_no_key", shape(1, 300, 9, 2, 1, 64), true, None),
+        ("causal_row_tile_sees_no_key_negative_scale", shape(1, 300, 9, 1, 1, 128), true, Some(-0.3)),
     ];
     if kind == BackendKind::Gpu {
         v.push(("long_sequence_1024", shape(1, 1024, 1024, 2, 1, 128), true, None));
