@@ -21,33 +21,9 @@ impl FlashAttn {
         warmup: usize,
         iters: usize,
     ) -> Result<f64> {
-        for _ in 0..warmup {
-            self.forward_into(q, k, v, o, lse, opts)?;
-        }
-        let iters = iters.max(1);
-        match &self.backend {
-            Backend::Cuda(c) => {
-                let flags = Some(CUevent_flags::CU_EVENT_DEFAULT);
-                let start = cuda("recording an event", c.stream.record_event(flags))?;
-                for _ in 0..iters {
-                    self.forward_into(q, k, v, o, lse, opts)?;
-                }
-                let end = cuda("recording an event", c.stream.record_event(flags))?;
-                let ms = cuda("reading event time", start.elapsed_ms(&end))?;
-                Ok(ms as f64 / iters as f64)
-            }
-            Backend::Emulator => {
-                let t = std::time::Instant::now();
-                for _ in 0..iters {
-                    self.forward_into(q, k, v, o, lse, opts)?;
-                }
-                Ok(t.elapsed().as_secs_f64() * 1e3 / iters as f64)
-            }
-        }
+        self.time_calls(warmup, iters, || self.forward_into(q, k, v, o, lse, opts))
     }
-}
 
-impl FlashAttn {
     /// Mean milliseconds per backward pass (its two launches, and the allocation of its
     /// statistics workspace) over `iters` passes, after `warmup` passes.
     #[allow(clippy::too_many_arguments)]
@@ -64,8 +40,14 @@ impl FlashAttn {
         warmup: usize,
         iters: usize,
     ) -> Result<f64> {
+        self.time_calls(warmup, iters, || self.backward_into(q, k, v, o, d_o, lse, grads, opts))
+    }
+
+    /// Mean milliseconds per `call` over `iters` back-to-back calls after `warmup` calls: CUDA
+    /// events on this handle's stream, wall clock on the emulator.
+    fn time_calls(&self, warmup: usize, iters: usize, mut call: impl FnMut() -> Result<()>) -> Result<f64> {
         for _ in 0..warmup {
-            self.backward_into(q, k, v, o, d_o, lse, grads, opts)?;
+            call()?;
         }
         let iters = iters.max(1);
         match &self.backend {
@@ -73,7 +55,7 @@ impl FlashAttn {
                 let flags = Some(CUevent_flags::CU_EVENT_DEFAULT);
                 let start = cuda("recording an event", c.stream.record_event(flags))?;
                 for _ in 0..iters {
-                    self.backward_into(q, k, v, o, d_o, lse, grads, opts)?;
+                    call()?;
                 }
                 let end = cuda("recording an event", c.stream.record_event(flags))?;
                 let ms = cuda("reading event time", start.elapsed_ms(&end))?;
@@ -82,7 +64,7 @@ impl FlashAttn {
             Backend::Emulator => {
                 let t = std::time::Instant::now();
                 for _ in 0..iters {
-                    self.backward_into(q, k, v, o, d_o, lse, grads, opts)?;
+                    call()?;
                 }
                 Ok(t.elapsed().as_secs_f64() * 1e3 / iters as f64)
             }
