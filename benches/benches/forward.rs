@@ -23,7 +23,7 @@ fn bench_forward(c: &mut Criterion) {
             for causal in [false, true] {
                 let heads = if why.is_some() { 2 } else { 2048 / d };
                 let s = AttnShape { batch: (16384 / seqlen).max(1).min(if why.is_some() { 1 } else { usize::MAX }), seqlen_q: seqlen, seqlen_k: seqlen, heads_q: heads, heads_kv: heads, head_dim: d };
-                let opts = FwdOptions { causal, softmax_scale: None, kernel: Some(family) };
+                let opts = FwdOptions { causal, softmax_scale: None, kernel: Some(family), ..Default::default() };
                 let n_q = s.batch * s.seqlen_q * s.heads_q * d;
                 let data: Vec<half::f16> = flashattn::rng::Rng::new(d as u64 * seqlen as u64).tensor(n_q);
                 let (Ok(q), Ok(mut o), Ok(mut lse)) =

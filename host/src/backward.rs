@@ -1,10 +1,14 @@
-//! The backward pass: dQ, dK, dV from Q, K, V and dO, in two launches (dQ, which also writes
-//! each row's softmax statistics and D = rowsum(P * dP), then dK/dV). Deterministic by
-//! construction: no atomics, every output element summed by one thread in a fixed order.
-//! Two families: the tensor-core kernels (`mma`, f16 and bf16 up to head_dim 128,
-//! `kernels/src/bwd_mma.rs`) and SIMT (every dtype and head_dim, `kernels/src/bwd_simt.rs`).
-//! Both recompute D and the row statistics in f32 in the dQ kernel, for accuracy, rather than
-//! take FA2's P from the saved LSE and D = rowsum(dO * O): O and LSE are validated but not read.
+//! The backward pass: dQ, dK, dV from Q, K, V and dO. Three families (`kernels/src/bwd_*.rs`):
+//! - `mma_atomic` (f16, bf16, head_dim up to 128; the default there): FA2's structure, one
+//!   dK/dV kernel over key tiles that also adds dQ_i += dS_ij K_j into an f32 accumulator with
+//!   atomics, after a statistics kernel (each row's m_i, l_i and D_i = sum P dP in f32), then
+//!   dQ's conversion to T. Not bitwise deterministic (the atomics' order varies).
+//! - `mma` (the same dtypes and head dims) and `simt` (every dtype and head_dim): a dQ kernel
+//!   (which also writes the row statistics), then a dK/dV kernel; no atomics, every output
+//!   element summed by one thread in a fixed order: bitwise deterministic
+//!   (`FwdOptions::deterministic` picks them).
+//! All recompute D and the row statistics in f32 rather than take FA2's P from the saved LSE
+//! and D = rowsum(dO * O): O and LSE are validated but not read.
 
 use crate::device::{FlashAttn, Launch, Tensor};
 use crate::dtype::Dtype;
@@ -12,7 +16,7 @@ use crate::error::{Error, Result};
 use crate::forward::{FwdOptions, validate};
 use flashattn_kernels::dev::emu::GlobalRegion;
 use flashattn_kernels::params::BwdParams;
-use flashattn_kernels::registry::{BWD_FAMILIES, BwdVariant, bwd_variant};
+use flashattn_kernels::registry::{BWD_FAMILIES, BWD_NONDETERMINISTIC, BwdVariant, bwd_passes, bwd_variant};
 
 /// What the backward pass returns, in the layouts of Q, K and V.
 pub struct BwdOutput<T> {
@@ -21,19 +25,23 @@ pub struct BwdOutput<T> {
     pub dv: Tensor<T>,
 }
 
-/// The two passes' variants for this dtype and head_dim: the named family's (`opts.kernel`,
-/// "mma" or "simt"), or the first family of [`BWD_FAMILIES`] that has both (the tensor-core
-/// kernels for f16 and bf16 up to head_dim 128, else SIMT).
-pub fn select_bwd_variants(dtype: flashattn_kernels::dtype::DType, head_dim: usize, opts: &FwdOptions) -> Result<[&'static BwdVariant; 2]> {
+/// The backward's kernels for this dtype and head_dim, in launch order ([`bwd_passes`]): the
+/// named family's (`opts.kernel`), or those of the first family of [`BWD_FAMILIES`] that has
+/// every pass (the atomic tensor-core kernels for f16 and bf16 up to head_dim 128, or the
+/// deterministic ones when `opts.deterministic`, else SIMT).
+pub fn select_bwd_variants(dtype: flashattn_kernels::dtype::DType, head_dim: usize, opts: &FwdOptions) -> Result<Vec<&'static BwdVariant>> {
     let d = head_dim as u32;
-    let get = |family: &str| Some([bwd_variant(family, "dq", dtype, d)?, bwd_variant(family, "dkdv", dtype, d)?]);
+    let get = |family: &str| bwd_passes(family).iter().map(|pass| bwd_variant(family, pass, dtype, d)).collect::<Option<Vec<_>>>();
+    let allowed = |family: &str| !(opts.deterministic && BWD_NONDETERMINISTIC.contains(&family));
     match opts.kernel {
         Some(family) if !BWD_FAMILIES.contains(&family) => {
             Err(Error::UnknownKernel { name: family.into(), available: BWD_FAMILIES.to_vec() })
         }
+        Some(family) if !allowed(family) => Err(Error::NotDeterministic { family: family.into() }),
         Some(family) => get(family).ok_or_else(|| Error::NoVariant { family: family.into(), dtype: dtype.name(), head_dim }),
         None => BWD_FAMILIES
             .iter()
+            .filter(|f| allowed(f))
             .find_map(|f| get(f))
             .ok_or_else(|| Error::NoVariant { family: "any".into(), dtype: dtype.name(), head_dim }),
     }
@@ -93,8 +101,11 @@ impl FlashAttn {
         for (name, owner) in [("dq", grads.dq.owner()), ("dk", grads.dk.owner()), ("dv", grads.dv.owner())] {
             self.check_owner_id(owner, name)?;
         }
-        let [dq, dkdv] = select_bwd_variants(T::DTYPE, shape.head_dim, opts)?;
+        let passes = select_bwd_variants(T::DTYPE, shape.head_dim, opts)?;
         let mut stats = self.alloc::<f32>(&[4, ls[0], ls[1], ls[2]])?;
+        // The atomic path's dQ accumulator, zeroed on the stream; a dummy otherwise.
+        let atomic = passes.iter().any(|v| v.pass == "dkdvq");
+        let mut dq_accum = if atomic { Some(self.zeros::<f32>(&[ls[0], ls[1], ls[2], shape.head_dim])?) } else { None };
         let stream = self.stream();
         let d = shape.head_dim as u32;
         let params = BwdParams {
@@ -108,6 +119,7 @@ impl FlashAttn {
             dq: grads.dq.addr_mut(stream),
             dk: grads.dk.addr_mut(stream),
             dv: grads.dv.addr_mut(stream),
+            dq_accum: dq_accum.as_mut().map_or(0, |t| t.addr_mut(stream)),
             q_strides: shape.q_strides(),
             k_strides: shape.kv_strides(),
             batch: shape.batch as u32,
@@ -130,14 +142,21 @@ impl FlashAttn {
             GlobalRegion { start: params.dq as usize, len: grads.dq.bytes(), writable: true },
             GlobalRegion { start: params.dk as usize, len: grads.dk.bytes(), writable: true },
             GlobalRegion { start: params.dv as usize, len: grads.dv.bytes(), writable: true },
+            GlobalRegion { start: params.dq_accum as usize, len: dq_accum.as_ref().map_or(0, |t| t.bytes()), writable: true },
         ];
-        // dQ (and the row statistics) over query tiles, then dK/dV over key tiles of each KV head.
+        // Query-side passes over query tiles of each query head; dK/dV over key tiles of each
+        // KV head.
         let (sq, sk) = (shape.seqlen_q as u32, shape.seqlen_k as u32);
         let (hq, hkv, b) = (shape.heads_q as u32, shape.heads_kv as u32, shape.batch as u32);
-        let launch = |v: &BwdVariant, grid| Launch { name: v.name, grid, threads: v.threads, smem: (v.smem_bytes)(d) as usize, emulate: v.emulate };
-        let launches = [launch(dq, (sq.div_ceil(dq.rows), hq, b)), launch(dkdv, (sk.div_ceil(dkdv.rows), hkv, b))];
-        // SAFETY: parameters validated against the buffers above. The workspace is dropped
-        // after the launches are queued; cudarc frees it in stream order, after them.
+        let launches: Vec<Launch<BwdParams>> = passes
+            .iter()
+            .map(|v| {
+                let grid = if v.pass.starts_with("dkdv") { (sk.div_ceil(v.rows), hkv, b) } else { (sq.div_ceil(v.rows), hq, b) };
+                Launch { name: v.name, grid, threads: v.threads, smem: (v.smem_bytes)(d) as usize, emulate: v.emulate }
+            })
+            .collect();
+        // SAFETY: parameters validated against the buffers above. The workspaces are dropped
+        // after the launches are queued; cudarc frees them in stream order, after them.
         unsafe { self.launch("launching a backward kernel", &launches, params, &regions) }
     }
 }

@@ -133,6 +133,16 @@ impl FlashAttn {
         Ok(Tensor { storage, shape: shape.to_vec(), owner: self.id })
     }
 
+    /// A zero-filled tensor (a memset queued on the stream: nothing copied from the host).
+    pub(crate) fn zeros<T: Dtype + cudarc::driver::ValidAsZeroBits>(&self, shape: &[usize]) -> Result<Tensor<T>> {
+        let n: usize = shape.iter().product();
+        let storage = match &self.backend {
+            Backend::Cuda(c) => Storage::Cuda(cuda("allocating zeroed device memory", c.stream.alloc_zeros::<T>(n))?),
+            Backend::Emulator => Storage::Host(HostBuf::from_slice(&vec![T::from_f64(0.0); n])),
+        };
+        Ok(Tensor { storage, shape: shape.to_vec(), owner: self.id })
+    }
+
     /// Copies a tensor back to the host (waits for the work that writes it).
     pub fn download<T: Dtype>(&self, t: &Tensor<T>) -> Result<Vec<T>> {
         self.check_owner(t, "tensor")?;

@@ -117,6 +117,12 @@ pub enum Error {
         /// The head_dim.
         head_dim: usize,
     },
+    /// A backward kernel family that is not bitwise deterministic was named with
+    /// `deterministic: true`.
+    NotDeterministic {
+        /// The family.
+        family: String,
+    },
     /// The launch needs more shared memory per block than the device allows.
     SharedMemory {
         /// The kernel.
@@ -161,6 +167,9 @@ impl std::fmt::Display for Error {
             }
             Error::NoVariant { family, dtype, head_dim } => {
                 write!(f, "kernel family `{family}` has no variant for {dtype} with head_dim {head_dim}")
+            }
+            Error::NotDeterministic { family } => {
+                write!(f, "backward kernel family `{family}` is not bitwise deterministic (atomic adds), but deterministic was requested")
             }
             Error::SharedMemory { kernel, needed, available } => write!(
                 f,

@@ -14,11 +14,13 @@ usage: flashattn [run] [--batch B] [--seqlen S] [--seqlen-k S] [--heads H] [--he
                        [--kernel NAME] [--iters N] [--emulator]
        flashattn bench [--dtype f16|bf16|f32] [--head-dims 64,128] [--seqlens 512,1024,...]
                        [--hidden 2048] [--tokens 16384] [--causal on|off|both] [--kernel NAME]
-                       [--iters N] [--json] [--backward]
+                       [--iters N] [--json] [--backward [--deterministic]]
 run:   one shape (GPU default: batch 8, seqlen 2048, 32 heads of 64, f16 -- the FA paper's
        hidden 2048 with 16k tokens; emulator default: batch 1, seqlen 128, 2 heads of 64),
        checked on sampled rows against the f64 reference, timed with CUDA events.
-bench: the FA paper's settings (hidden 2048, batch * seqlen = 16k), TFLOP/s per shape.";
+bench: the FA paper's settings (hidden 2048, batch * seqlen = 16k), TFLOP/s per shape;
+       --backward times dQ, dK, dV instead (--deterministic: only bitwise-deterministic
+       kernels).";
 
 #[derive(Clone, Debug)]
 struct Args {
@@ -42,6 +44,7 @@ struct Args {
     tokens: usize,
     json: bool,
     backward: bool,
+    deterministic: bool,
 }
 
 fn parse() -> Result<Args, String> {
@@ -66,6 +69,7 @@ fn parse() -> Result<Args, String> {
         tokens: 16384,
         json: false,
         backward: false,
+        deterministic: false,
     };
     let mut it = std::env::args().skip(1).peekable();
     if let Some(c) = it.peek()
@@ -95,13 +99,14 @@ fn parse() -> Result<Args, String> {
             "--scale" => a.scale = Some(val(&flag, it.next())?),
             "--kernel" => {
                 let k: String = val(&flag, it.next())?;
-                a.kernel = Some(
-                    flashattn::FAMILIES
-                        .iter()
-                        .find(|f| **f == k)
-                        .copied()
-                        .ok_or_else(|| format!("--kernel: no kernel family `{k}` (have {})", flashattn::FAMILIES.join(", ")))?,
-                );
+                let all = || flashattn::FAMILIES.iter().chain(flashattn::BWD_FAMILIES);
+                a.kernel = Some(all().find(|f| **f == k).copied().ok_or_else(|| {
+                    format!(
+                        "--kernel: no kernel family `{k}` (forward: {}; backward: {})",
+                        flashattn::FAMILIES.join(", "),
+                        flashattn::BWD_FAMILIES.join(", ")
+                    )
+                })?);
             }
             "--iters" => a.iters = Some(val(&flag, it.next())?),
             "--emulator" => a.emulator = true,
@@ -111,6 +116,7 @@ fn parse() -> Result<Args, String> {
             "--tokens" => a.tokens = val(&flag, it.next())?,
             "--json" => a.json = true,
             "--backward" => a.backward = true,
+            "--deterministic" => a.deterministic = true,
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown argument `{other}`")),
         }
@@ -201,7 +207,7 @@ fn run<T: Dtype>(fa: &FlashAttn, a: &Args) -> flashattn::Result<bool> {
         heads_kv: a.heads_kv.unwrap_or(heads),
         head_dim,
     };
-    let opts = FwdOptions { causal: a.causal, softmax_scale: a.scale, kernel: a.kernel };
+    let opts = FwdOptions { causal: a.causal, softmax_scale: a.scale, kernel: a.kernel, deterministic: false };
     let variant = select_variant(T::DTYPE, s.head_dim, &opts)?;
     println!("device:  {}", fa.device_name());
     println!(
@@ -306,7 +312,7 @@ fn bench<T: Dtype>(fa: &FlashAttn, a: &Args) -> flashattn::Result<bool> {
                     heads_kv: heads,
                     head_dim: d,
                 };
-                let opts = FwdOptions { causal, softmax_scale: None, kernel: a.kernel };
+                let opts = FwdOptions { causal, softmax_scale: None, kernel: a.kernel, deterministic: a.deterministic };
                 let iters = a.iters.unwrap_or(10);
                 let (family, name, ms, flops) = if a.backward {
                     // The forward's O and LSE (automatic kernel), a random dO; then dQ, dK, dV
@@ -317,8 +323,9 @@ fn bench<T: Dtype>(fa: &FlashAttn, a: &Args) -> flashattn::Result<bool> {
                     let d_o = fa.upload(&random_problem::<T>(&s, 0xd0).q, &s.q_shape())?;
                     let mut grads = flashattn::BwdOutput { dq: fa.full(T::nan(), &s.q_shape())?, dk: fa.full(T::nan(), &s.kv_shape())?, dv: fa.full(T::nan(), &s.kv_shape())? };
                     let ms = fa.time_backward(&q, &k, &v, &out.o, &d_o, &out.lse, &mut grads, &opts, 2, iters)?;
-                    let [dq, dkdv] = flashattn::select_bwd_variants(T::DTYPE, d, &opts)?;
-                    (dq.family.to_string(), format!("{}+{}", dq.name, dkdv.name), ms, 2.5 * s.fwd_flops(causal))
+                    let passes = flashattn::select_bwd_variants(T::DTYPE, d, &opts)?;
+                    let names = passes.iter().map(|v| v.name).collect::<Vec<_>>().join("+");
+                    (passes[0].family.to_string(), names, ms, 2.5 * s.fwd_flops(causal))
                 } else {
                     let variant = select_variant(T::DTYPE, d, &opts)?;
                     let (q, k, v, mut o, mut lse) = upload_problem::<T>(fa, &s)?;

@@ -81,14 +81,23 @@ unsafe fn store_rows<T: MmaElement, const DN: usize>(acc: &[[f32; 4]; DN], facto
 /// `p` valid (host-checked), `p.head_dim <= D`, 128 threads, `mma_bwd_tile(D).dq_smem_bytes()`
 /// bytes of dynamic shared memory.
 #[inline(always)]
-pub unsafe fn dq<T: MmaElement, const D: usize, const DK: usize, const DN: usize, const BC: usize, const NS: usize, const QREG: bool>(
+pub unsafe fn dq<
+    T: MmaElement,
+    const D: usize,
+    const DK: usize,
+    const DN: usize,
+    const BC: usize,
+    const NS: usize,
+    const QREG: bool,
+    const STATS_ONLY: bool,
+>(
     p: &BwdParams,
 ) {
     unsafe {
         if p.causal != 0 {
-            dq_masked::<T, Causal, D, DK, DN, BC, NS, QREG>(p)
+            dq_masked::<T, Causal, D, DK, DN, BC, NS, QREG, STATS_ONLY>(p)
         } else {
-            dq_masked::<T, NoMask, D, DK, DN, BC, NS, QREG>(p)
+            dq_masked::<T, NoMask, D, DK, DN, BC, NS, QREG, STATS_ONLY>(p)
         }
     }
 }
@@ -103,6 +112,7 @@ unsafe fn dq_masked<
     const BC: usize,
     const NS: usize,
     const QREG: bool,
+    const STATS_ONLY: bool,
 >(
     p: &BwdParams,
 ) {
@@ -176,7 +186,8 @@ unsafe fn dq_masked<
         fin
     };
     // Two passes over the key tiles, one pipeline: iteration `it` reads tile it % n_tiles.
-    let n_iter = 2 * n_tiles;
+    // STATS_ONLY (the atomic backward's first kernel): pass 0 alone.
+    let n_iter = if STATS_ONLY { n_tiles } else { 2 * n_tiles };
     for it in 0..n_iter {
         let j = it % n_tiles;
         // Block: prefetch the next iteration's K, V into the other stage while this one is
@@ -200,7 +211,7 @@ unsafe fn dq_masked<
                 do_frag[kk] = warp::ldmatrix_x4(do_s, a_addr.at::<D>(w, kk));
             }
         }
-        if it == n_tiles {
+        if !STATS_ONLY && it == n_tiles {
             fin = publish(&rows);
         }
         let ctx = DqStep::<T, D, DK, QREG> {
@@ -218,7 +229,7 @@ unsafe fn dq_masked<
             g,
             t,
         };
-        match (it < n_tiles, j < n_unmasked) {
+        match (STATS_ONLY || it < n_tiles, j < n_unmasked) {
             (true, true) => ctx.stats::<M, false, BC, NS>(j, &mut rows),
             (true, false) => ctx.stats::<M, true, BC, NS>(j, &mut rows),
             (false, true) => ctx.step::<M, false, DN, BC, NS>(j, &fin, &mut acc_dq),
@@ -230,10 +241,14 @@ unsafe fn dq_masked<
     if n_tiles == 0 {
         thread::cp_async_wait::<0>();
         publish(&rows);
+    } else if STATS_ONLY {
+        publish(&rows);
     }
 
     // Warp: dQ_i = scale * acc, rows of its m16 tile, in T.
-    unsafe { store_rows::<T, DN>(&acc_dq, p.scale, (p.dq as *mut T).add(q_at), p.q_strides.row, row0 + (w * 16) as u32, sq, d) };
+    if !STATS_ONLY {
+        unsafe { store_rows::<T, DN>(&acc_dq, p.scale, (p.dq as *mut T).add(q_at), p.q_strides.row, row0 + (w * 16) as u32, sq, d) };
+    }
 }
 
 /// What one key tile of the dQ kernel reads, per warp.
@@ -391,14 +406,23 @@ impl QuadRow {
 /// `p` valid (host-checked), `p.head_dim <= D`, 128 threads,
 /// `mma_bwd_tile(D).dkdv_smem_bytes()` bytes of dynamic shared memory; the dQ kernel has run.
 #[inline(always)]
-pub unsafe fn dkdv<T: MmaElement, const D: usize, const DK: usize, const DN: usize, const BR: usize, const NQ: usize, const KVREG: bool>(
+pub unsafe fn dkdv<
+    T: MmaElement,
+    const D: usize,
+    const DK: usize,
+    const DN: usize,
+    const BR: usize,
+    const NQ: usize,
+    const KVREG: bool,
+    const DQ: bool,
+>(
     p: &BwdParams,
 ) {
     unsafe {
         if p.causal != 0 {
-            dkdv_masked::<T, Causal, D, DK, DN, BR, NQ, KVREG>(p)
+            dkdv_masked::<T, Causal, D, DK, DN, BR, NQ, KVREG, DQ>(p)
         } else {
-            dkdv_masked::<T, NoMask, D, DK, DN, BR, NQ, KVREG>(p)
+            dkdv_masked::<T, NoMask, D, DK, DN, BR, NQ, KVREG, DQ>(p)
         }
     }
 }
@@ -413,6 +437,7 @@ unsafe fn dkdv_masked<
     const BR: usize,
     const NQ: usize,
     const KVREG: bool,
+    const DQ: bool,
 >(
     p: &BwdParams,
 ) {
@@ -439,6 +464,8 @@ unsafe fn dkdv_masked<
     let m_s = |stage: usize| f_s.slice(stage * BR, BR);
     let il_s = |stage: usize| f_s.slice((2 + stage) * BR, BR);
     let dd_s = |stage: usize| f_s.slice((4 + stage) * BR, BR);
+    // With DQ: dS of the current query tile, [BR][bc] 16-bit, swizzled as a Layout<64> tile.
+    let ds_s: Shared<u16> = f_s.after(if DQ { BR * BLOCK_ROWS } else { 0 });
 
     let kv_at = p.k_strides.offset(b, 0, hk) as usize;
     let first = (j0.min(sk) as u64 * p.k_strides.row) as usize;
@@ -523,12 +550,20 @@ unsafe fn dkdv_masked<
             i0,
             g,
             t,
+            ds: ds_s,
         };
         // Diagonal tiles: the tile's first row hides the block's last key.
         if M::hides(i0, j0 + bc as u32 - 1, sq, sk) {
-            ctx.step::<M, true, DN, BR, NQ>(&mut acc_dk, &mut acc_dv);
+            ctx.step::<M, true, DN, BR, NQ, DQ>(&mut acc_dk, &mut acc_dv);
         } else {
-            ctx.step::<M, false, DN, BR, NQ>(&mut acc_dk, &mut acc_dv);
+            ctx.step::<M, false, DN, BR, NQ, DQ>(&mut acc_dk, &mut acc_dv);
+        }
+        if DQ {
+            // Block: every warp's slice of dS is in shared memory; then dQ_i += dS_ij K_j.
+            block::sync();
+            let (h, _) = tile_of(it);
+            let base = (b as u64 * p.heads_q as u64 + h as u64) * sq as u64 * d as u64;
+            ctx.dq_atomic::<BR>(unsafe { (p.dq_accum as *mut f32).add(base as usize) });
         }
         // Everyone is done with stage it % 2 before iteration it + 1 refills it.
         block::sync();
@@ -566,13 +601,15 @@ struct KvStep<'a, T: Copy, const D: usize, const DK: usize, const KVREG: bool> {
     i0: u32,
     g: usize,
     t: usize,
+    /// dS of the tile, [BR][64] as a `Layout<64>` tile (only with DQ).
+    ds: Shared<u16>,
 }
 
 impl<T: MmaElement, const D: usize, const DK: usize, const KVREG: bool> KvStep<'_, T, D, DK, KVREG> {
     /// Warp: dV_j += P_ij^T dO_i and dK_j += dS_ij^T Q_i for this query tile; MASKED applies
     /// the causal mask.
     #[inline(always)]
-    fn step<M: Mask, const MASKED: bool, const DN: usize, const BR: usize, const NQ: usize>(
+    fn step<M: Mask, const MASKED: bool, const DN: usize, const BR: usize, const NQ: usize, const DQ: bool>(
         &self,
         acc_dk: &mut [[f32; 4]; DN],
         acc_dv: &mut [[f32; 4]; DN],
@@ -618,6 +655,24 @@ impl<T: MmaElement, const D: usize, const DK: usize, const KVREG: bool> KvStep<'
             }
         }
 
+        // With DQ, thread: dS (rounded to T, as the mma sees it) into shared memory, transposed
+        // to [query][key] for the block's dQ product. A-fragment register r of k-step kc holds
+        // key g + 8 (r % 2), queries 16 kc + 8 (r / 2) + 2 t and + 1 (low, high half).
+        if DQ {
+            // The lane's part of the indices, rebuilt here each time (`opaque`): hoisted out of
+            // the loop as eight live offsets it made ptxas spill at head_dim 128.
+            let (gw, t2) = (thread::opaque((self.w * 16 + g) as u64) as usize, 2 * t);
+            for kc in 0..NQ / 2 {
+                let da = to_a::<T>(dp[2 * kc], dp[2 * kc + 1]);
+                for (r, &pk) in da.iter().enumerate() {
+                    let key = gw + 8 * (r % 2);
+                    let query = 16 * kc + 8 * (r / 2) + t2;
+                    self.ds.st(Layout::<64>::at(query, key), pk as u16);
+                    self.ds.st(Layout::<64>::at(query + 1, key), (pk >> 16) as u16);
+                }
+            }
+        }
+
         // dV_j += P^T dO_i and dK_j += dS^T Q_i: P^T and dS^T C fragments are A fragments;
         // dO and Q are B operands with queries as the reduction dimension (ldmatrix .trans).
         for kc in 0..NQ / 2 {
@@ -632,5 +687,70 @@ impl<T: MmaElement, const D: usize, const DK: usize, const KVREG: bool> KvStep<'
                 acc_dk[2 * dn + 1] = T::mma(da, [qb[2], qb[3]], acc_dk[2 * dn + 1]);
             }
         }
+    }
+
+    /// Warp: its share of dQ_i += dS_ij K_j for this query tile (BR rows, all 64 keys of the
+    /// block), added to the f32 accumulator `acc` ([seqlen_q][head_dim] of the tile's query
+    /// head) with `red.global.add`. The BR/16 x D/16 units (16 query rows, 16 columns) go to
+    /// the warps round robin; a unit's k-loop reads dS (A, ldmatrix) and K (B, keys as the
+    /// reduction dimension, ldmatrix .trans) from shared memory.
+    #[inline(always)]
+    fn dq_atomic<const BR: usize>(&self, acc: *mut f32) {
+        let p = self.p;
+        let (g, t, lane) = (self.g, self.t, warp::lane() as usize);
+        let ds_addr = LaneAddr::new::<64>(lane % 8 + 8 * ((lane / 8) % 2), lane / 16);
+        let pairs = D / 16;
+        for mt in 0..BR / 16 {
+            for cp in 0..pairs {
+                // A warp-uniform guard on unrolled indices keeps every address an immediate
+                // (a guard, not a `continue`: an early exit stops the unroll).
+                if (mt * pairs + cp) % MMA_WARPS as usize == self.w {
+                    let mut c = [[0f32; 4]; 2];
+                    for kc in 0..BLOCK_ROWS / 16 {
+                        let a = warp::ldmatrix_x4(self.ds, ds_addr.at::<64>(mt, kc));
+                        let kb = warp::ldmatrix_x4_trans(self.k, self.a_addr.at::<D>(kc, cp));
+                        c[0] = T::mma(a, [kb[0], kb[1]], c[0]);
+                        c[1] = T::mma(a, [kb[2], kb[3]], c[1]);
+                    }
+                    for (n, c) in c.iter().enumerate() {
+                        for (e, &x) in c.iter().enumerate() {
+                            let row = self.i0 + (mt * 16 + g + 8 * (e / 2)) as u32;
+                            let col = (cp * 16 + n * 8 + 2 * t + e % 2) as u32;
+                            if row < p.seqlen_q && col < p.head_dim {
+                                unsafe { global::red_add(acc.add((row as u64 * p.head_dim as u64 + col as u64) as usize), x) };
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Rows per block of [`dq_convert`].
+pub const CONVERT_ROWS: usize = 64;
+
+/// The atomic backward's last kernel: dQ = scale * dq_accum, rounded to T, into dQ's layout.
+/// One block per (64 query rows, query head, batch); thread x converts column pairs x + 128 i.
+///
+/// # Safety
+/// `p` valid (host-checked), `p.dq_accum` written by the dK/dV/dQ kernel, 128 threads.
+#[inline(always)]
+pub unsafe fn dq_convert<T: MmaElement>(p: &BwdParams) {
+    let (blk, h, b) = block::idx();
+    let (sq, d) = (p.seqlen_q, p.head_dim);
+    let r0 = blk * CONVERT_ROWS as u32;
+    let rows = (sq - r0.min(sq)).min(CONVERT_ROWS as u32);
+    let src = ((b as u64 * p.heads_q as u64 + h as u64) * sq as u64 + r0 as u64) * d as u64;
+    let pairs = rows * d / 2;
+    let mut i = thread::idx();
+    while i < pairs {
+        let (r, c) = ((2 * i) / d, (2 * i) % d);
+        unsafe {
+            let x: [f32; 2] = global::load((p.dq_accum as *const f32).add((src + 2 * i as u64) as usize) as *const [f32; 2]);
+            let dst = (p.dq as *mut T).add((p.q_strides.offset(b, r0 + r, h) + c as u64) as usize);
+            global::store(dst as *mut u32, T::pack2(x[0] * p.scale, x[1] * p.scale));
+        }
+        i += block::dim();
     }
 }

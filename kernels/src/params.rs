@@ -57,7 +57,7 @@ pub struct FwdParams {
     pub causal: u32,
 }
 
-/// Parameters of the backward kernels (all three: D = rowsum(dO * O), dK/dV, dQ).
+/// Parameters of the backward kernels.
 ///
 /// Q, O, dO, dQ are laid out like Q; K, V, dK, dV like K; LSE is f32 [batch, heads_q,
 /// seqlen_q]; `stats` is the workspace f32 [4][batch, heads_q, seqlen_q] of each row's
@@ -78,6 +78,9 @@ pub struct BwdParams {
     pub dq: u64,
     pub dk: u64,
     pub dv: u64,
+    /// The atomic path's f32 dQ accumulator [batch, heads_q, seqlen_q, head_dim] (contiguous,
+    /// zeroed before the launch; unscaled); 0 for the deterministic kernels.
+    pub dq_accum: u64,
     /// Strides of Q, O, dO and dQ (one layout).
     pub q_strides: Strides,
     /// Strides of K, V, dK and dV (one layout).

@@ -253,9 +253,13 @@ macro_rules! bwd_q {
     };
 }
 
-/// The tensor-core dQ variant for the head dims sharing `mma_bwd_tile(D)`.
+/// The tensor-core dQ variant for the head dims sharing `mma_bwd_tile(D)`; with `stats`, its
+/// first pass alone (the atomic backward's statistics kernel).
 macro_rules! bwd_mma_q {
     ($ty:ty, $d:literal) => {
+        bwd_mma_q!($ty, $d, false)
+    };
+    ($ty:ty, $d:literal, $stats:literal) => {
         crate::bwd_mma::dq::<
             $ty,
             { bwd_field(mma_bwd_tile($d), 0) as usize },
@@ -264,26 +268,33 @@ macro_rules! bwd_mma_q {
             { bwd_field(mma_bwd_tile($d), 1) as usize },
             { bwd_field(mma_bwd_tile($d), 1) as usize / 8 },
             { bwd_field(mma_bwd_tile($d), 4) != 0 },
+            $stats,
         >
     };
 }
 
-/// The tensor-core dK/dV variant for the head dims sharing `mma_bwd_tile(D)`.
+/// The tensor-core dK/dV variant for the head dims sharing `mma_bwd_tile(D)`; with `dq`, it
+/// also adds dQ to the f32 accumulator with atomics (the atomic backward's main kernel).
 macro_rules! bwd_mma_kv {
     ($ty:ty, $d:literal) => {
+        bwd_mma_kv!($ty, $d, false)
+    };
+    ($ty:ty, $d:literal, $dq:literal) => {
         crate::bwd_mma::dkdv::<
             $ty,
             { bwd_field(mma_bwd_tile($d), 0) as usize },
             { bwd_field(mma_bwd_tile($d), 0) as usize / 16 },
             { bwd_field(mma_bwd_tile($d), 0) as usize / 8 },
-            { bwd_field(mma_bwd_tile($d), 2) as usize },
-            { bwd_field(mma_bwd_tile($d), 2) as usize / 8 },
-            { bwd_field(mma_bwd_tile($d), 3) != 0 },
+            { bwd_field(mma_bwd_tile($d), if $dq { 5 } else { 2 }) as usize },
+            { bwd_field(mma_bwd_tile($d), if $dq { 5 } else { 2 }) as usize / 8 },
+            { bwd_field(mma_bwd_tile($d), if $dq { 6 } else { 3 }) != 0 },
+            $dq,
         >
     };
 }
 
-/// Field `i` of a backward tile (head_dim, dq_bc, kv_br, kv_in_regs, dq_q_in_regs), for const
+/// Field `i` of a backward tile (head_dim, dq_bc, kv_br, kv_in_regs, dq_q_in_regs, atomic_kv_br,
+/// atomic_kv_in_regs), for const
 /// generic arguments.
 const fn bwd_field(t: Option<MmaBwdTile>, i: u32) -> u32 {
     match t {
@@ -292,6 +303,8 @@ const fn bwd_field(t: Option<MmaBwdTile>, i: u32) -> u32 {
             1 => t.dq_bc,
             2 => t.kv_br,
             3 => t.kv_in_regs as u32,
+            5 => t.atomic_kv_br,
+            6 => t.atomic_kv_in_regs as u32,
             _ => t.dq_q_in_regs as u32,
         },
         None => 0,
@@ -309,7 +322,17 @@ const fn mma_dkdv_smem(d: u32) -> u32 {
         None => 0,
     }
 }
+const fn mma_dkdvq_smem(d: u32) -> u32 {
+    match mma_bwd_tile(d) {
+        Some(t) => t.dkdvq_smem_bytes(),
+        None => 0,
+    }
+}
+const fn no_smem(_: u32) -> u32 {
+    0
+}
 const MMA_BWD_ROWS: u32 = MmaBwdTile::ROWS;
+const CONVERT_ROWS: u32 = crate::bwd_mma::CONVERT_ROWS as u32;
 
 const fn kv_smem(d: u32) -> u32 {
     simt_kv_tile(d).smem_bytes(d)
@@ -332,6 +355,24 @@ bwd_variants! {
     flash_bwd_mma_dkdv_bf16_d64  => "mma", "dkdv", [bwd_mma_kv!(Bf16, 64)],  Bf16, (40, 64),   MMA_BWD_ROWS, MMA_THREADS, mma_dkdv_smem;
     flash_bwd_mma_dkdv_bf16_d96  => "mma", "dkdv", [bwd_mma_kv!(Bf16, 96)],  Bf16, (72, 96),   MMA_BWD_ROWS, MMA_THREADS, mma_dkdv_smem;
     flash_bwd_mma_dkdv_bf16_d128 => "mma", "dkdv", [bwd_mma_kv!(Bf16, 128)], Bf16, (104, 128), MMA_BWD_ROWS, MMA_THREADS, mma_dkdv_smem;
+    flash_bwd_mma_atomic_stats_f16_d32    => "mma_atomic", "stats", [bwd_mma_q!(f16, 32, true)],    f16,  (8, 32),    MMA_BWD_ROWS, MMA_THREADS, mma_dq_smem;
+    flash_bwd_mma_atomic_stats_f16_d64    => "mma_atomic", "stats", [bwd_mma_q!(f16, 64, true)],    f16,  (40, 64),   MMA_BWD_ROWS, MMA_THREADS, mma_dq_smem;
+    flash_bwd_mma_atomic_stats_f16_d96    => "mma_atomic", "stats", [bwd_mma_q!(f16, 96, true)],    f16,  (72, 96),   MMA_BWD_ROWS, MMA_THREADS, mma_dq_smem;
+    flash_bwd_mma_atomic_stats_f16_d128   => "mma_atomic", "stats", [bwd_mma_q!(f16, 128, true)],   f16,  (104, 128), MMA_BWD_ROWS, MMA_THREADS, mma_dq_smem;
+    flash_bwd_mma_atomic_stats_bf16_d32   => "mma_atomic", "stats", [bwd_mma_q!(Bf16, 32, true)],   Bf16, (8, 32),    MMA_BWD_ROWS, MMA_THREADS, mma_dq_smem;
+    flash_bwd_mma_atomic_stats_bf16_d64   => "mma_atomic", "stats", [bwd_mma_q!(Bf16, 64, true)],   Bf16, (40, 64),   MMA_BWD_ROWS, MMA_THREADS, mma_dq_smem;
+    flash_bwd_mma_atomic_stats_bf16_d96   => "mma_atomic", "stats", [bwd_mma_q!(Bf16, 96, true)],   Bf16, (72, 96),   MMA_BWD_ROWS, MMA_THREADS, mma_dq_smem;
+    flash_bwd_mma_atomic_stats_bf16_d128  => "mma_atomic", "stats", [bwd_mma_q!(Bf16, 128, true)],  Bf16, (104, 128), MMA_BWD_ROWS, MMA_THREADS, mma_dq_smem;
+    flash_bwd_mma_atomic_dkdvq_f16_d32    => "mma_atomic", "dkdvq", [bwd_mma_kv!(f16, 32, true)],   f16,  (8, 32),    MMA_BWD_ROWS, MMA_THREADS, mma_dkdvq_smem;
+    flash_bwd_mma_atomic_dkdvq_f16_d64    => "mma_atomic", "dkdvq", [bwd_mma_kv!(f16, 64, true)],   f16,  (40, 64),   MMA_BWD_ROWS, MMA_THREADS, mma_dkdvq_smem;
+    flash_bwd_mma_atomic_dkdvq_f16_d96    => "mma_atomic", "dkdvq", [bwd_mma_kv!(f16, 96, true)],   f16,  (72, 96),   MMA_BWD_ROWS, MMA_THREADS, mma_dkdvq_smem;
+    flash_bwd_mma_atomic_dkdvq_f16_d128   => "mma_atomic", "dkdvq", [bwd_mma_kv!(f16, 128, true)],  f16,  (104, 128), MMA_BWD_ROWS, MMA_THREADS, mma_dkdvq_smem;
+    flash_bwd_mma_atomic_dkdvq_bf16_d32   => "mma_atomic", "dkdvq", [bwd_mma_kv!(Bf16, 32, true)],  Bf16, (8, 32),    MMA_BWD_ROWS, MMA_THREADS, mma_dkdvq_smem;
+    flash_bwd_mma_atomic_dkdvq_bf16_d64   => "mma_atomic", "dkdvq", [bwd_mma_kv!(Bf16, 64, true)],  Bf16, (40, 64),   MMA_BWD_ROWS, MMA_THREADS, mma_dkdvq_smem;
+    flash_bwd_mma_atomic_dkdvq_bf16_d96   => "mma_atomic", "dkdvq", [bwd_mma_kv!(Bf16, 96, true)],  Bf16, (72, 96),   MMA_BWD_ROWS, MMA_THREADS, mma_dkdvq_smem;
+    flash_bwd_mma_atomic_dkdvq_bf16_d128  => "mma_atomic", "dkdvq", [bwd_mma_kv!(Bf16, 128, true)], Bf16, (104, 128), MMA_BWD_ROWS, MMA_THREADS, mma_dkdvq_smem;
+    flash_bwd_mma_atomic_convert_f16      => "mma_atomic", "dq_convert", [crate::bwd_mma::dq_convert::<f16>],  f16,  (8, 128), CONVERT_ROWS, MMA_THREADS, no_smem;
+    flash_bwd_mma_atomic_convert_bf16     => "mma_atomic", "dq_convert", [crate::bwd_mma::dq_convert::<Bf16>], Bf16, (8, 128), CONVERT_ROWS, MMA_THREADS, no_smem;
     flash_bwd_dkdv_f32_d64   => "simt", "dkdv", [bwd_kv!(f32, 64)],    f32,  (8, 64),    simt_kv_tile(64).bn(),  128, kv_smem;
     flash_bwd_dkdv_f32_d128  => "simt", "dkdv", [bwd_kv!(f32, 128)],   f32,  (72, 128),  simt_kv_tile(128).bn(), 128, kv_smem;
     flash_bwd_dkdv_f32_d256  => "simt", "dkdv", [bwd_kv!(f32, 256)],   f32,  (136, 256), simt_kv_tile(256).bn(), 128, kv_smem;
@@ -355,7 +396,23 @@ bwd_variants! {
 /// Backward kernel families in the order automatic selection tries them (best first): the
 /// tensor-core kernels where they apply (f16, bf16, head_dim <= 128), else SIMT.
 #[cfg(not(target_arch = "nvptx64"))]
-pub const BWD_FAMILIES: &[&str] = &["mma", "simt"];
+pub const BWD_FAMILIES: &[&str] = &["mma_atomic", "mma", "simt"];
+
+/// Backward families that are not bitwise deterministic (atomic f32 adds in a run-dependent
+/// order); `deterministic` backward options skip them.
+#[cfg(not(target_arch = "nvptx64"))]
+pub const BWD_NONDETERMINISTIC: &[&str] = &["mma_atomic"];
+
+/// The passes a backward family launches, in order: the deterministic families a dQ kernel
+/// (which also writes the row statistics) and a dK/dV kernel; `mma_atomic` a statistics kernel,
+/// a dK/dV kernel that also adds dQ into an f32 accumulator, and dQ's conversion.
+#[cfg(not(target_arch = "nvptx64"))]
+pub fn bwd_passes(family: &str) -> &'static [&'static str] {
+    match family {
+        "mma_atomic" => &["stats", "dkdvq", "dq_convert"],
+        _ => &["dq", "dkdv"],
+    }
+}
 
 /// The backward variant of `family` and `pass` for `dtype` and `head_dim`, if there is one.
 #[cfg(not(target_arch = "nvptx64"))]

@@ -260,6 +260,9 @@ pub struct MmaBwdTile {
     /// Whether the dK/dV kernel keeps each warp's K and V fragments in registers (else it
     /// re-reads them from shared memory at every query tile).
     pub kv_in_regs: bool,
+    /// kv_br and kv_in_regs of the atomic backward's dK/dV/dQ kernel (`mma_atomic`).
+    pub atomic_kv_br: u32,
+    pub atomic_kv_in_regs: bool,
 }
 
 impl MmaBwdTile {
@@ -283,6 +286,10 @@ impl MmaBwdTile {
     pub const fn dkdv_smem_bytes(&self) -> u32 {
         (2 * Self::ROWS + 4 * self.kv_br) * self.row_stride() * 2 + 6 * self.kv_br * 4
     }
+    /// The atomic backward's dK/dV/dQ kernel: the dK/dV kernel's, plus dS [kv_br][64] 16-bit.
+    pub const fn dkdvq_smem_bytes(&self) -> u32 {
+        (2 * Self::ROWS + 4 * self.atomic_kv_br) * self.row_stride() * 2 + 6 * self.atomic_kv_br * 4 + self.atomic_kv_br * Self::ROWS * 2
+    }
 }
 
 /// The tensor-core backward tile for `head_dim`, if there is one: head dims up to 128 (larger
@@ -302,14 +309,14 @@ impl MmaBwdTile {
 ///
 /// Correctness first: none of these is timed yet.
 pub const fn mma_bwd_tile(head_dim: u32) -> Option<MmaBwdTile> {
-    const fn t(head_dim: u32, dq_bc: u32, dq_q_in_regs: bool, kv_br: u32, kv_in_regs: bool) -> Option<MmaBwdTile> {
-        Some(MmaBwdTile { head_dim, dq_bc, dq_q_in_regs, kv_br, kv_in_regs })
+    const fn t(head_dim: u32, dq_bc: u32, dq_q_in_regs: bool, kv_br: u32, kv_in_regs: bool, atomic: (u32, bool)) -> Option<MmaBwdTile> {
+        Some(MmaBwdTile { head_dim, dq_bc, dq_q_in_regs, kv_br, kv_in_regs, atomic_kv_br: atomic.0, atomic_kv_in_regs: atomic.1 })
     }
     match mma_head_dim(head_dim) {
-        Some(32) => t(32, 64, true, 64, true),
-        Some(64) => t(64, 64, true, 64, true),
-        Some(96) => t(96, 32, true, 16, false),
-        Some(128) => t(128, 32, false, 16, false),
+        Some(32) => t(32, 64, true, 64, true, (64, true)),
+        Some(64) => t(64, 64, true, 64, true, (32, true)),
+        Some(96) => t(96, 32, true, 16, false, (16, false)),
+        Some(128) => t(128, 32, false, 16, false, (16, false)),
         _ => None,
     }
 }

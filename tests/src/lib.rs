@@ -73,7 +73,7 @@ pub fn check_case_with(fa: &FlashAttn, case: &Case, kernel: Option<&'static str>
 
 fn check_typed<T: Dtype>(fa: &FlashAttn, case: &Case, kernel: Option<&'static str>) -> Result<Measured, String> {
     let s = case.shape;
-    let opts = FwdOptions { causal: case.causal, softmax_scale: case.softmax_scale, kernel };
+    let opts = FwdOptions { causal: case.causal, softmax_scale: case.softmax_scale, kernel, ..Default::default() };
     let mut rng = Rng::new(case.seed);
     let q: Vec<T> = rng.tensor(s.batch * s.seqlen_q * s.heads_q * s.head_dim);
     let k: Vec<T> = rng.tensor(s.batch * s.seqlen_k * s.heads_kv * s.head_dim);
@@ -197,7 +197,10 @@ fn check_backward_typed<T: Dtype>(fa: &FlashAttn, case: &Case, repeat: bool, ker
     use flashattn::BwdOutput;
     use flashattn::reference::{attention_backward_f64, naive_backward};
     let s = case.shape;
-    let opts = FwdOptions { causal: case.causal, softmax_scale: case.softmax_scale, kernel };
+    // With `repeat`, determinism is asked for; a backward-only family (`mma_atomic`) runs
+    // after the automatically chosen forward.
+    let opts = FwdOptions { causal: case.causal, softmax_scale: case.softmax_scale, kernel, deterministic: repeat };
+    let fwd_opts = FwdOptions { kernel: kernel.filter(|k| flashattn::FAMILIES.contains(k)), ..opts };
     let mut rng = Rng::new(case.seed);
     let (nq, nk) = (s.batch * s.seqlen_q * s.heads_q * s.head_dim, s.batch * s.seqlen_k * s.heads_kv * s.head_dim);
     let (q, k, v, d_o): (Vec<T>, Vec<T>, Vec<T>, Vec<T>) = (rng.tensor(nq), rng.tensor(nk), rng.tensor(nk), rng.tensor(nq));
@@ -208,7 +211,7 @@ fn check_backward_typed<T: Dtype>(fa: &FlashAttn, case: &Case, repeat: bool, ker
         fa.upload(&v, &s.kv_shape()).map_err(e)?,
         fa.upload(&d_o, &s.q_shape()).map_err(e)?,
     );
-    let fwd = fa.forward(&qd, &kd, &vd, &opts).map_err(e)?;
+    let fwd = fa.forward(&qd, &kd, &vd, &fwd_opts).map_err(e)?;
     let run = || -> Result<[Vec<f64>; 3], String> {
         let mut g = BwdOutput {
             dq: fa.full(T::nan(), &s.q_shape()).map_err(e)?,

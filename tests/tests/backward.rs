@@ -1,13 +1,14 @@
 //! Backward pass against the f64 analytic gradients: property tests over random shapes,
-//! options and dtypes (automatic selection: the tensor-core kernels for f16/bf16 up to
-//! head_dim 128, SIMT otherwise; plus a few SIMT-by-name cases for f16/bf16), every
+//! options and dtypes (automatic selection: the atomic tensor-core kernels for f16/bf16 up to
+//! head_dim 128, SIMT otherwise; plus cases of the deterministic tensor-core kernels and of
+//! SIMT by name for f16/bf16), every
 //! registered variant by name, named edge cases of both families and a determinism check
 //! (bitwise identical gradients on repeated runs), on the CPU emulator always and on the GPU
 //! when there is one (ignored, loudly, when not; failed when REQUIRE_GPU=1).
 
 use flashattn::{AttnShape, FlashAttn};
 use flashattn::kernels::dtype::DType;
-use flashattn::kernels::registry::BWD_VARIANTS;
+use flashattn::kernels::registry::{BWD_VARIANTS, bwd_passes};
 use flashattn_tests::{BackendKind, Case, Dt, Gpu, case_strategy, check_backward, check_backward_with};
 use libtest_mimic::{Arguments, Failed, Trial};
 use proptest::strategy::Strategy;
@@ -49,18 +50,21 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
             runner.run(&strategy, |case| check_backward(fa, &case, false).map_err(TestCaseError::fail)).map_err(|e| Failed::from(format!("{e}")))
         })));
     }
-    // SIMT by name for the 16-bit types, which select the tensor-core kernels automatically.
-    for dtype in [Dt::F16, Dt::Bf16] {
-        let name = format!("{tag}::props_simt::{dtype:?}").to_lowercase();
+    // The other families by name for the 16-bit types, which select the atomic tensor-core
+    // kernels automatically: SIMT, and the deterministic tensor-core kernels.
+    for (family, dtype) in [("simt", Dt::F16), ("simt", Dt::Bf16), ("mma", Dt::F16), ("mma", Dt::Bf16)] {
+        let name = format!("{tag}::props_{family}::{dtype:?}").to_lowercase();
+        // The tensor-core kernels serve head_dim <= 128 (16 units of 8).
+        let d_units = if family == "mma" { 16 } else { 32 };
         let (cases, strategy) = match kind {
-            BackendKind::Gpu => (env_usize("FLASHATTN_GPU_BWD_CASES", 60) / 2, case_strategy(200, 32, 4, 4, 2, 2_000_000)),
-            BackendKind::Emulator => (env_usize("FLASHATTN_EMU_BWD_CASES", 8) / 2, case_strategy(50, 32, 2, 2, 2, 60_000)),
+            BackendKind::Gpu => (env_usize("FLASHATTN_GPU_BWD_CASES", 60) / 2, case_strategy(200, d_units, 4, 4, 2, 2_000_000)),
+            BackendKind::Emulator => (env_usize("FLASHATTN_EMU_BWD_CASES", 8) / 2, case_strategy(50, d_units, 2, 2, 2, 60_000)),
         };
         trials.push(mk(name, Box::new(move |fa| {
             let mut runner = TestRunner::new(Config { cases: cases as u32, failure_persistence: None, ..Config::default() });
             let strategy = strategy.prop_map(move |c| Case { dtype, ..c });
             runner
-                .run(&strategy, |case| check_backward_with(fa, &case, false, Some("simt")).map_err(TestCaseError::fail))
+                .run(&strategy, |case| check_backward_with(fa, &case, false, Some(family)).map_err(TestCaseError::fail))
                 .map_err(|e| Failed::from(format!("{e}")))
         })));
     }
@@ -88,8 +92,9 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
             runner.run(&strategy, |case| check_backward(fa, &case, false).map_err(TestCaseError::fail)).map_err(|e| Failed::from(format!("{e}")))
         })));
     }
-    // Every registered variant pair (dq, dkdv), by family name, at the largest head_dim it serves.
-    for v in BWD_VARIANTS.iter().filter(|v| v.pass == "dq") {
+    // Every registered variant set (a family's passes), by family name, at the largest head_dim
+    // its first pass serves.
+    for v in BWD_VARIANTS.iter().filter(|v| v.pass == bwd_passes(v.family)[0]) {
         let dtype = match v.dtype {
             DType::F32 => Dt::F32,
             DType::F16 => Dt::F16,
@@ -101,8 +106,9 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
         trials.push(mk(format!("{tag}::variant::{name}"), Box::new(move |fa| {
             let opts = flashattn::FwdOptions { kernel: Some(family), ..Default::default() };
             let got = flashattn::select_bwd_variants(v.dtype, d, &opts).map_err(|e| Failed::from(e.to_string()))?;
-            if got[0].name != name || got[1].family != family {
-                return Err(format!("head_dim {d} selects {} and {} instead of {name}", got[0].name, got[1].name).into());
+            if got[0].name != name || got.iter().any(|g| g.family != family) {
+                let names = got.iter().map(|g| g.name).collect::<Vec<_>>().join(", ");
+                return Err(format!("head_dim {d} selects {names} instead of {name}").into());
             }
             check_backward_with(fa, &Case { seed: fresh_seed(), ..case }, false, Some(family)).map_err(Failed::from)
         })));

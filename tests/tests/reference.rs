@@ -97,7 +97,7 @@ proptest! {
 fn causal_row0_equals_v_row0() {
     let s = shape(1, 9, 9, 2, 1, 16);
     let (q, k, v) = inputs(&s, 3);
-    let opts = FwdOptions { causal: true, softmax_scale: Some(0.5), kernel: None };
+    let opts = FwdOptions { causal: true, softmax_scale: Some(0.5), kernel: None, ..Default::default() };
     let r = attention_f64(&q, &k, &v, &s, &opts);
     for h in 0..2 {
         let o = &r.o[h * 16..h * 16 + 16];
@@ -205,7 +205,7 @@ fn backward_matches_finite_differences() {
         let (q, k, v) = inputs(&s, 21);
         let mut r = Rng::new(22);
         let g: Vec<f64> = (0..q.len()).map(|_| r.normal()).collect();
-        let opts = FwdOptions { causal, softmax_scale: Some(0.7), kernel: None };
+        let opts = FwdOptions { causal, softmax_scale: Some(0.7), kernel: None, ..Default::default() };
         let loss = |q: &[f64], k: &[f64], v: &[f64]| -> f64 {
             attention_f64(q, k, v, &s, &opts).o.iter().zip(&g).map(|(o, g)| o * g).sum()
         };

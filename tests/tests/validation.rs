@@ -193,9 +193,14 @@ fn backward_selection_and_registry_match_tile_functions() {
     }
     for d in (8..=256u32).step_by(8) {
         for dtype in [DType::F32, DType::F16, DType::Bf16] {
+            let tc = dtype != DType::F32 && d <= 128;
             let auto = flashattn::select_bwd_variants(dtype, d as usize, &FwdOptions::default()).unwrap_or_else(|e| panic!("d={d}: {e}"));
-            let want = if dtype != DType::F32 && d <= 128 { "mma" } else { "simt" };
-            assert!(auto.iter().all(|v| v.family == want && v.serves(d)), "d={d} {dtype:?}: {} {}", auto[0].name, auto[1].name);
+            let want = if tc { "mma_atomic" } else { "simt" };
+            assert!(auto.iter().all(|v| v.family == want && v.serves(d)), "d={d} {dtype:?}: {}", auto[0].name);
+            let det = FwdOptions { deterministic: true, ..Default::default() };
+            let auto_det = flashattn::select_bwd_variants(dtype, d as usize, &det).unwrap_or_else(|e| panic!("d={d}: {e}"));
+            let want_det = if tc { "mma" } else { "simt" };
+            assert!(auto_det.iter().all(|v| v.family == want_det && v.serves(d)), "d={d} {dtype:?}: {}", auto_det[0].name);
             let simt = FwdOptions { kernel: Some("simt"), ..Default::default() };
             let s = flashattn::select_bwd_variants(dtype, d as usize, &simt).unwrap_or_else(|e| panic!("d={d}: {e}"));
             assert!(s.iter().all(|v| v.family == "simt"), "d={d}");
@@ -203,11 +208,21 @@ fn backward_selection_and_registry_match_tile_functions() {
                 && dtype != DType::F32
             {
                 assert!(t.head_dim >= d);
-                let [dq, kv] = auto;
+                let [dq, kv] = [auto_det[0], auto_det[1]];
                 assert_eq!((dq.pass, dq.rows, dq.threads, (dq.smem_bytes)(d)), ("dq", MmaBwdTile::ROWS, t.threads(), t.dq_smem_bytes()));
                 assert_eq!((kv.pass, kv.rows, kv.threads, (kv.smem_bytes)(d)), ("dkdv", MmaBwdTile::ROWS, t.threads(), t.dkdv_smem_bytes()));
+                let passes: Vec<_> = auto.iter().map(|v| v.pass).collect();
+                assert_eq!(passes, ["stats", "dkdvq", "dq_convert"]);
+                assert_eq!((auto[0].rows, (auto[0].smem_bytes)(d)), (MmaBwdTile::ROWS, t.dq_smem_bytes()));
+                assert_eq!((auto[1].rows, (auto[1].smem_bytes)(d)), (MmaBwdTile::ROWS, t.dkdvq_smem_bytes()));
             }
         }
+    }
+    // Naming the atomic family with `deterministic` is a typed error, before any launch.
+    let bad = FwdOptions { kernel: Some("mma_atomic"), deterministic: true, ..Default::default() };
+    match flashattn::select_bwd_variants(DType::F16, 64, &bad) {
+        Err(flashattn::Error::NotDeterministic { family }) => assert_eq!(family, "mma_atomic"),
+        other => panic!("expected NotDeterministic, got {:?}", other.map(|v| v.len())),
     }
 }
 
@@ -224,11 +239,16 @@ fn backward_rejects_bad_shapes_and_kernels_before_launch() {
     assert!(matches!(&e, Error::OutputShape { tensor: "lse", .. }), "{e}");
     let opts = FwdOptions { kernel: Some("nope"), ..Default::default() };
     let e = fa.backward(&q, &q, &q, &q, &q, &lse, &opts).err().expect("unknown family");
-    assert!(matches!(&e, Error::UnknownKernel { name, available } if name == "nope" && available == &["mma", "simt"]), "{e}");
+    assert!(matches!(&e, Error::UnknownKernel { name, available } if name == "nope" && available == &["mma_atomic", "mma", "simt"]), "{e}");
     // The tensor-core backward has no f32 variant.
     let opts = FwdOptions { kernel: Some("mma"), ..Default::default() };
     let e = fa.backward(&q, &q, &q, &q, &q, &lse, &opts).err().expect("no f32 mma backward");
     assert!(matches!(&e, Error::NoVariant { .. }), "{e}");
+    // The atomic family is not deterministic: a typed error when determinism is asked for.
+    let q16 = fa.upload(&vec![half::f16::ONE; 4 * 2 * 8], &[1, 4, 2, 8]).unwrap();
+    let opts = FwdOptions { kernel: Some("mma_atomic"), deterministic: true, ..Default::default() };
+    let e = fa.backward(&q16, &q16, &q16, &q16, &q16, &lse, &opts).err().expect("not deterministic");
+    assert!(matches!(&e, Error::NotDeterministic { family } if family == "mma_atomic"), "{e}");
     let k = fa.upload(&vec![1.0f32; 4 * 3 * 8], &[1, 4, 3, 8]).unwrap();
     let e = fa.backward(&q, &k, &k, &q, &q, &lse, &FwdOptions::default()).err().expect("2 % 3");
     assert!(matches!(e, Error::HeadsNotDivisible { heads_q: 2, heads_kv: 3 }), "{e}");

@@ -226,6 +226,18 @@ pub mod global {
     pub unsafe fn store_16(ptr: *mut super::Chunk16, v: super::Chunk16) {
         unsafe { imp::global_store_16(ptr, v) }
     }
+    /// Thread: `*ptr += v`, atomically, returning nothing (`red.global.add.f32`): for sums
+    /// that several blocks add to. The order of additions from different threads is not
+    /// fixed, so the result is not bitwise reproducible.
+    ///
+    /// # Safety
+    /// `ptr` must point to a live, aligned f32 in global memory that only atomics touch
+    /// while the kernel runs.
+    #[inline(always)]
+    #[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
+    pub unsafe fn red_add(ptr: *mut f32, v: f32) {
+        unsafe { imp::global_red_add(ptr, v) }
+    }
 }
 
 /// Math the kernels need in a fast hardware form.

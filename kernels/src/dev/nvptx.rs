@@ -122,6 +122,10 @@ pub unsafe fn shared_load_16(p: *const super::Chunk16) -> super::Chunk16 {
     super::Chunk16([a, b, c, d])
 }
 #[inline(always)]
+pub unsafe fn global_red_add(p: *mut f32, v: f32) {
+    unsafe { asm!("red.global.add.f32 [{p}], {v};", p = in(reg64) p, v = in(reg32) v, options(nostack)) }
+}
+#[inline(always)]
 pub unsafe fn global_store_16(p: *mut super::Chunk16, v: super::Chunk16) {
     let [a, b, c, d] = v.0;
     unsafe {

@@ -70,6 +70,14 @@ pub unsafe fn global_store<T: Copy>(ptr: *mut T, v: T) {
     unsafe { ptr.write(v) }
 }
 #[track_caller]
+pub unsafe fn global_red_add(ptr: *mut f32, v: f32) {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    check_global(ptr as usize, 4, true);
+    // Blocks run on several OS threads: a real atomic, as on the GPU.
+    let a = unsafe { &*(ptr as *const AtomicU32) };
+    let _ = a.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |x| Some((f32::from_bits(x) + v).to_bits()));
+}
+#[track_caller]
 pub unsafe fn global_store_16(ptr: *mut crate::dev::Chunk16, v: crate::dev::Chunk16) {
     unsafe { global_store(ptr, v) }
 }
