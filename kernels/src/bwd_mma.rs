@@ -697,6 +697,8 @@ impl<T: MmaElement, const D: usize, const DK: usize, const KVREG: bool> KvStep<'
     #[inline(always)]
     fn dq_atomic<const BR: usize>(&self, acc: *mut f32) {
         let p = self.p;
+        // Rebuilt per query tile (`opaque`), not hoisted out of the loop as live registers.
+        let acc = thread::opaque(acc as u64) as *mut f32;
         let (g, t, lane) = (self.g, self.t, warp::lane() as usize);
         let ds_addr = LaneAddr::new::<64>(lane % 8 + 8 * ((lane / 8) % 2), lane / 16);
         let pairs = D / 16;

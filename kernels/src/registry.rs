@@ -394,9 +394,11 @@ bwd_variants! {
 }
 
 /// Backward kernel families in the order automatic selection tries them (best first): the
-/// tensor-core kernels where they apply (f16, bf16, head_dim <= 128), else SIMT.
+/// tensor-core kernels where they apply (f16, bf16, head_dim <= 128), else SIMT. `mma_atomic`
+/// (FA2's single dK/dV/dQ kernel with atomic dQ) is chosen only by name: on the H200 it ran
+/// 0.65-0.8x of `mma` (benches/RESULTS.md, 2026-11-29).
 #[cfg(not(target_arch = "nvptx64"))]
-pub const BWD_FAMILIES: &[&str] = &["mma_atomic", "mma", "simt"];
+pub const BWD_FAMILIES: &[&str] = &["mma", "simt", "mma_atomic"];
 
 /// Backward families that are not bitwise deterministic (atomic f32 adds in a run-dependent
 /// order); `deterministic` backward options skip them.

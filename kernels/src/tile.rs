@@ -315,8 +315,8 @@ pub const fn mma_bwd_tile(head_dim: u32) -> Option<MmaBwdTile> {
     match mma_head_dim(head_dim) {
         Some(32) => t(32, 64, true, 64, true, (64, true)),
         Some(64) => t(64, 64, true, 64, true, (32, true)),
-        Some(96) => t(96, 32, true, 16, false, (16, false)),
-        Some(128) => t(128, 32, false, 16, false, (16, false)),
+        Some(96) => t(96, 32, true, 32, false, (16, false)),
+        Some(128) => t(128, 32, false, 32, false, (16, false)),
         _ => None,
     }
 }

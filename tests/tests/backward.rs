@@ -50,12 +50,12 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
             runner.run(&strategy, |case| check_backward(fa, &case, false).map_err(TestCaseError::fail)).map_err(|e| Failed::from(format!("{e}")))
         })));
     }
-    // The other families by name for the 16-bit types, which select the atomic tensor-core
-    // kernels automatically: SIMT, and the deterministic tensor-core kernels.
-    for (family, dtype) in [("simt", Dt::F16), ("simt", Dt::Bf16), ("mma", Dt::F16), ("mma", Dt::Bf16)] {
+    // The other families by name for the 16-bit types, which select the deterministic
+    // tensor-core kernels automatically: SIMT, and the atomic tensor-core kernels.
+    for (family, dtype) in [("simt", Dt::F16), ("simt", Dt::Bf16), ("mma_atomic", Dt::F16), ("mma_atomic", Dt::Bf16)] {
         let name = format!("{tag}::props_{family}::{dtype:?}").to_lowercase();
         // The tensor-core kernels serve head_dim <= 128 (16 units of 8).
-        let d_units = if family == "mma" { 16 } else { 32 };
+        let d_units = if family == "simt" { 32 } else { 16 };
         let (cases, strategy) = match kind {
             BackendKind::Gpu => (env_usize("FLASHATTN_GPU_BWD_CASES", 60) / 2, case_strategy(200, d_units, 4, 4, 2, 2_000_000)),
             BackendKind::Emulator => (env_usize("FLASHATTN_EMU_BWD_CASES", 8) / 2, case_strategy(50, d_units, 2, 2, 2, 60_000)),
@@ -74,8 +74,13 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
     // from a single row of 2-3 dS values, naive's error is then now and then far below one
     // unit roundoff by luck (0.25 u seen), and the kernel's error of 1-3 u misses twice it in
     // about 1 case in 200; the two f32 edge cases below cover the cancellation.)
-    for dtype in [Dt::F16, Dt::Bf16] {
-        let name = format!("{tag}::props_few_keys::{dtype:?}").to_lowercase();
+    // Automatic selection (the deterministic tensor-core kernels) and the atomic ones by name.
+    for (family, dtype) in [(None, Dt::F16), (None, Dt::Bf16), (Some("mma_atomic"), Dt::F16), (Some("mma_atomic"), Dt::Bf16)] {
+        let name = match family {
+            None => format!("{tag}::props_few_keys::{dtype:?}"),
+            Some(f) => format!("{tag}::props_few_keys_{f}::{dtype:?}"),
+        }
+        .to_lowercase();
         let cases = match kind {
             BackendKind::Gpu => env_usize("FLASHATTN_GPU_BWD_CASES", 60),
             BackendKind::Emulator => 3 * env_usize("FLASHATTN_EMU_BWD_CASES", 8),
@@ -89,7 +94,9 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
                 shape: AttnShape { seqlen_k: 1 + c.shape.seqlen_k % 3, ..c.shape },
                 ..c
             });
-            runner.run(&strategy, |case| check_backward(fa, &case, false).map_err(TestCaseError::fail)).map_err(|e| Failed::from(format!("{e}")))
+            runner
+                .run(&strategy, |case| check_backward_with(fa, &case, false, family).map_err(TestCaseError::fail))
+                .map_err(|e| Failed::from(format!("{e}")))
         })));
     }
     // Every registered variant set (a family's passes), by family name, at the largest head_dim

@@ -195,7 +195,7 @@ fn backward_selection_and_registry_match_tile_functions() {
         for dtype in [DType::F32, DType::F16, DType::Bf16] {
             let tc = dtype != DType::F32 && d <= 128;
             let auto = flashattn::select_bwd_variants(dtype, d as usize, &FwdOptions::default()).unwrap_or_else(|e| panic!("d={d}: {e}"));
-            let want = if tc { "mma_atomic" } else { "simt" };
+            let want = if tc { "mma" } else { "simt" };
             assert!(auto.iter().all(|v| v.family == want && v.serves(d)), "d={d} {dtype:?}: {}", auto[0].name);
             let det = FwdOptions { deterministic: true, ..Default::default() };
             let auto_det = flashattn::select_bwd_variants(dtype, d as usize, &det).unwrap_or_else(|e| panic!("d={d}: {e}"));
@@ -211,10 +211,13 @@ fn backward_selection_and_registry_match_tile_functions() {
                 let [dq, kv] = [auto_det[0], auto_det[1]];
                 assert_eq!((dq.pass, dq.rows, dq.threads, (dq.smem_bytes)(d)), ("dq", MmaBwdTile::ROWS, t.threads(), t.dq_smem_bytes()));
                 assert_eq!((kv.pass, kv.rows, kv.threads, (kv.smem_bytes)(d)), ("dkdv", MmaBwdTile::ROWS, t.threads(), t.dkdv_smem_bytes()));
-                let passes: Vec<_> = auto.iter().map(|v| v.pass).collect();
+                let atomic = FwdOptions { kernel: Some("mma_atomic"), ..Default::default() };
+                let at = flashattn::select_bwd_variants(dtype, d as usize, &atomic).unwrap_or_else(|e| panic!("d={d}: {e}"));
+                let passes: Vec<_> = at.iter().map(|v| v.pass).collect();
                 assert_eq!(passes, ["stats", "dkdvq", "dq_convert"]);
-                assert_eq!((auto[0].rows, (auto[0].smem_bytes)(d)), (MmaBwdTile::ROWS, t.dq_smem_bytes()));
-                assert_eq!((auto[1].rows, (auto[1].smem_bytes)(d)), (MmaBwdTile::ROWS, t.dkdvq_smem_bytes()));
+                assert!(at.iter().all(|v| v.family == "mma_atomic" && v.serves(d)));
+                assert_eq!((at[0].rows, (at[0].smem_bytes)(d)), (MmaBwdTile::ROWS, t.dq_smem_bytes()));
+                assert_eq!((at[1].rows, (at[1].smem_bytes)(d)), (MmaBwdTile::ROWS, t.dkdvq_smem_bytes()));
             }
         }
     }
@@ -239,7 +242,7 @@ fn backward_rejects_bad_shapes_and_kernels_before_launch() {
     assert!(matches!(&e, Error::OutputShape { tensor: "lse", .. }), "{e}");
     let opts = FwdOptions { kernel: Some("nope"), ..Default::default() };
     let e = fa.backward(&q, &q, &q, &q, &q, &lse, &opts).err().expect("unknown family");
-    assert!(matches!(&e, Error::UnknownKernel { name, available } if name == "nope" && available == &["mma_atomic", "mma", "simt"]), "{e}");
+    assert!(matches!(&e, Error::UnknownKernel { name, available } if name == "nope" && available == &["mma", "simt", "mma_atomic"]), "{e}");
     // The tensor-core backward has no f32 variant.
     let opts = FwdOptions { kernel: Some("mma"), ..Default::default() };
     let e = fa.backward(&q, &q, &q, &q, &q, &lse, &opts).err().expect("no f32 mma backward");
