@@ -1,12 +1,14 @@
 //! The backward pass: dQ, dK, dV from Q, K, V and dO. Three families (`kernels/src/bwd_*.rs`):
-//! - `mma_atomic` (f16, bf16, head_dim up to 128; the default there): FA2's structure, one
-//!   dK/dV kernel over key tiles that also adds dQ_i += dS_ij K_j into an f32 accumulator with
-//!   atomics, after a statistics kernel (each row's m_i, l_i and D_i = sum P dP in f32), then
-//!   dQ's conversion to T. Not bitwise deterministic (the atomics' order varies).
-//! - `mma` (the same dtypes and head dims) and `simt` (every dtype and head_dim): a dQ kernel
-//!   (which also writes the row statistics), then a dK/dV kernel; no atomics, every output
-//!   element summed by one thread in a fixed order: bitwise deterministic
-//!   (`FwdOptions::deterministic` picks them).
+//! - `mma` (f16, bf16, head_dim up to 128; selected there) and `simt` (every dtype and
+//!   head_dim): a dQ kernel (which also writes the row statistics), then a dK/dV kernel; no
+//!   atomics, every output element summed by one thread in a fixed order: bitwise
+//!   deterministic.
+//! - `mma_atomic` (the same dtypes and head dims, by name only): FA2's structure, a statistics
+//!   kernel (each row's m_i, l_i and D_i = sum P dP in f32), then one dK/dV kernel over key
+//!   tiles that also adds dQ_i += dS_ij K_j into an f32 accumulator with atomics, then dQ's
+//!   conversion to T. Not bitwise deterministic (the atomics' order varies), and on the H200
+//!   0.69-0.76x of `mma` (benches/RESULTS.md, 6282a3e). `FwdOptions::deterministic` rules it
+//!   out.
 //! All recompute D and the row statistics in f32 rather than take FA2's P from the saved LSE
 //! and D = rowsum(dO * O): O and LSE are validated but not read.
 

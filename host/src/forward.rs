@@ -17,9 +17,9 @@ pub struct FwdOptions {
     pub softmax_scale: Option<f32>,
     /// Kernel family by name (`"simt"`); `None` picks the best one that applies.
     pub kernel: Option<&'static str>,
-    /// Backward only: bitwise identical gradients from identical inputs on every run. The
-    /// fastest backward (`mma_atomic`) adds dQ with f32 atomics in a run-dependent order;
-    /// this rules it out (automatic selection skips it, naming it is an error).
+    /// Backward only: bitwise identical gradients from identical inputs on every run. Every
+    /// automatically selected backward is; `mma_atomic` (by name) adds dQ with f32 atomics in
+    /// a run-dependent order, and naming it with this set is an error.
     pub deterministic: bool,
 }
 

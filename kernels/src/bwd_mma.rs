@@ -1,6 +1,6 @@
 //! The tensor-core backward kernels (FA2's backward, f16 and bf16): mma.sync m16n8k16 with
-//! f32 accumulation, ldmatrix fragments, cp.async double buffering, no atomics. Launched in
-//! this order, on one stream:
+//! f32 accumulation, ldmatrix fragments, cp.async double buffering. The deterministic family
+//! (`mma`, no atomics) launches, in this order, on one stream:
 //! 1. `dq`: one block per (64 query rows, head, batch), as the forward: warp w owns query
 //!    rows 16w..16w+16, Q_i and dO_i fragments in registers. It loops over the key tiles
 //!    twice. Pass 0: each row's softmax statistics m_i, l_i and D_i = sum_j P_ij dP_ij, in
@@ -20,6 +20,14 @@
 //!    shared-memory transpose: S^T = K Q^T, dP^T = V dO^T.
 //!
 //! Every output element is summed by one lane in a fixed order: bitwise deterministic.
+//!
+//! The atomic family (`mma_atomic`, FA2's single-kernel structure) launches `dq` with
+//! STATS_ONLY (pass 0 alone: the statistics), then `dkdv` with DQ: after dK/dV's products each
+//! warp also writes its dS^T slice to shared memory as dS [query][key], and after a barrier the
+//! warps split dQ_i += dS_ij K_j (16 query rows x 16 columns per unit) and add it into the f32
+//! accumulator `dq_accum` with `red.global.add.f32`; then [`dq_convert`] scales and rounds it
+//! into dQ. Each dQ element gets seqlen_k / 64 atomic adds in a run-dependent order: not
+//! bitwise deterministic, and slower than the deterministic pair on the H200 (tile.rs).
 //! A kernel compiled for D serves every head_dim d <= D that is a multiple of 8: columns d..D
 //! are zero-filled in shared memory (they add nothing to S or dP) and never stored.
 //!

@@ -297,17 +297,21 @@ impl MmaBwdTile {
 /// and dO fragments (D/4, when dq_q_in_regs), the dQ accumulator (D/2), S and dP (dq_bc/2
 /// each) and its rows' statistics; dK/dV holds two accumulators (D/2 each), S^T, dP^T
 /// (kv_br/2 each) and, with kv_in_regs, K and V fragments (D/4); addresses and ptxas's
-/// hoisted ldmatrix loads take the rest (ptxas fills up to 255 where it can). ptxas -v,
-/// registers on sm_80 / sm_90, no spills, no stack (commit after 248eb98):
-/// - D = 32: Bc = Br = 64, fragments in registers: dq 202 / 209, dkdv 164 / 170.
-/// - D = 64: the same: dq 254 / 255, dkdv 251 / 255.
-/// - D = 96: dq Bc = 32, Q/dO in registers (249 / 255); dkdv Br = 16, K/V re-read from shared
-///   memory (182 / 204; Br = 32 spilled 12 bytes on sm_90).
-/// - D = 128: dq Bc = 32, Q/dO re-read from shared memory (255 / 255; in registers ptxas
-///   spilled 8 bytes on sm_90 even at Bc = 16, 144 at Bc = 32); dkdv Br = 16, K/V from shared
-///   memory (254 / 255; Br = 32 spilled 4 bytes on sm_90).
-///
-/// Correctness first: none of these is timed yet.
+/// hoisted ldmatrix loads take the rest (ptxas fills up to 255 where it can). ptxas -v
+/// (13.0), registers on sm_80 / sm_90, no spills, no stack, at 6282a3e:
+/// - D = 32: Bc = Br = 64, fragments in registers: dq 168 / 168, dkdv 133 / 132.
+/// - D = 64: the same: dq 246 / 246, dkdv 244 / 243.
+/// - D = 96: dq Bc = 32, Q/dO in registers (224 / 222); dkdv Br = 32, K/V re-read from shared
+///   memory (233 / 227).
+/// - D = 128: dq Bc = 32, Q/dO re-read from shared memory (244 / 242; Bc = 64 spills 4 bytes on
+///   sm_90); dkdv Br = 32, K/V from shared memory (254 / 255). Br = 32 (16 before) spilled on
+///   sm_90 until the loads of 2f46583; measured at 6282a3e (H200, f16, s = 1k-16k): the
+///   backward went from 97-106 to 121-126 TFLOP/s non-causal, 88-100 to 105-120 causal.
+/// - The atomic family's dK/dV/dQ kernel (`atomic_kv_br`, `atomic_kv_in_regs`) also holds the
+///   dQ product's fragments: D = 32 (64, in registers) 236 / 233; D = 64 (32, in registers)
+///   254 / 254 (Br = 64 spilled 16-52 bytes either way); D = 96 and 128 (16, from shared
+///   memory) 246 / 243 and 255 / 255. Measured 0.69-0.76x of the deterministic kernels at
+///   6282a3e (benches/RESULTS.md): it is chosen only by name.
 pub const fn mma_bwd_tile(head_dim: u32) -> Option<MmaBwdTile> {
     const fn t(head_dim: u32, dq_bc: u32, dq_q_in_regs: bool, kv_br: u32, kv_in_regs: bool, atomic: (u32, bool)) -> Option<MmaBwdTile> {
         Some(MmaBwdTile { head_dim, dq_bc, dq_q_in_regs, kv_br, kv_in_regs, atomic_kv_br: atomic.0, atomic_kv_in_regs: atomic.1 })
