@@ -28,9 +28,9 @@ pub struct BwdOutput<T> {
 }
 
 /// The backward's kernels for this dtype and head_dim, in launch order ([`bwd_passes`]): the
-/// named family's (`opts.kernel`), or those of the first family of [`BWD_FAMILIES`] that has
-/// every pass (the atomic tensor-core kernels for f16 and bf16 up to head_dim 128, or the
-/// deterministic ones when `opts.deterministic`, else SIMT).
+/// named family's (`opts.kernel`; a non-deterministic one with `opts.deterministic` is an
+/// error), or those of the first family of [`BWD_FAMILIES`] that has every pass (the
+/// deterministic tensor-core kernels for f16 and bf16 up to head_dim 128, else SIMT).
 pub fn select_bwd_variants(dtype: flashattn_kernels::dtype::DType, head_dim: usize, opts: &FwdOptions) -> Result<Vec<&'static BwdVariant>> {
     let d = head_dim as u32;
     let get = |family: &str| bwd_passes(family).iter().map(|pass| bwd_variant(family, pass, dtype, d)).collect::<Option<Vec<_>>>();
@@ -105,7 +105,7 @@ impl FlashAttn {
         }
         let passes = select_bwd_variants(T::DTYPE, shape.head_dim, opts)?;
         let mut stats = self.alloc::<f32>(&[4, ls[0], ls[1], ls[2]])?;
-        // The atomic path's dQ accumulator, zeroed on the stream; a dummy otherwise.
+        // The atomic path's dQ accumulator, zeroed on the stream; none otherwise.
         let atomic = passes.iter().any(|v| v.pass == "dkdvq");
         let mut dq_accum = if atomic { Some(self.zeros::<f32>(&[ls[0], ls[1], ls[2], shape.head_dim])?) } else { None };
         let stream = self.stream();

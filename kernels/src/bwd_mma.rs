@@ -28,6 +28,7 @@
 //! accumulator `dq_accum` with `red.global.add.f32`; then [`dq_convert`] scales and rounds it
 //! into dQ. Each dQ element gets seqlen_k / 64 atomic adds in a run-dependent order: not
 //! bitwise deterministic, and slower than the deterministic pair on the H200 (tile.rs).
+//!
 //! A kernel compiled for D serves every head_dim d <= D that is a multiple of 8: columns d..D
 //! are zero-filled in shared memory (they add nothing to S or dP) and never stored.
 //!
@@ -412,7 +413,9 @@ impl QuadRow {
 ///
 /// # Safety
 /// `p` valid (host-checked), `p.head_dim <= D`, 128 threads,
-/// `mma_bwd_tile(D).dkdv_smem_bytes()` bytes of dynamic shared memory; the dQ kernel has run.
+/// `mma_bwd_tile(D).dkdv_smem_bytes()` (with DQ: `dkdvq_smem_bytes()`) bytes of dynamic shared
+/// memory; the dQ kernel (with DQ: the statistics kernel) has run, and with DQ `p.dq_accum` is
+/// zeroed.
 #[inline(always)]
 pub unsafe fn dkdv<
     T: MmaElement,
