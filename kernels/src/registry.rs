@@ -396,7 +396,7 @@ bwd_variants! {
 /// Backward kernel families in the order automatic selection tries them (best first): the
 /// tensor-core kernels where they apply (f16, bf16, head_dim <= 128), else SIMT. `mma_atomic`
 /// (FA2's single dK/dV/dQ kernel with atomic dQ) is chosen only by name: on the H200 it ran
-/// 0.65-0.8x of `mma` (benches/RESULTS.md, 2026-11-29).
+/// 0.69-0.76x of `mma` (benches/RESULTS.md, 6282a3e).
 #[cfg(not(target_arch = "nvptx64"))]
 pub const BWD_FAMILIES: &[&str] = &["mma", "simt", "mma_atomic"];
 
