@@ -281,14 +281,19 @@ impl MmaBwdTile {
     pub const fn dq_smem_bytes(&self) -> u32 {
         (2 * Self::ROWS + 4 * self.dq_bc) * self.row_stride() * 2
     }
-    /// dK/dV kernel's shared memory in bytes: K, V [64] rows and two stages of Q, dO [kv_br]
-    /// rows, 16-bit; two stages of m, 1 / l and D [kv_br], f32.
-    pub const fn dkdv_smem_bytes(&self) -> u32 {
-        (2 * Self::ROWS + 4 * self.kv_br) * self.row_stride() * 2 + 6 * self.kv_br * 4
+    /// dK/dV kernel's shared memory in bytes: K, V [64] rows and two stages of Q, dO [br]
+    /// rows, 16-bit; two stages of m, 1 / l and D [br], f32.
+    const fn kv_smem_bytes(&self, br: u32) -> u32 {
+        (2 * Self::ROWS + 4 * br) * self.row_stride() * 2 + 6 * br * 4
     }
-    /// The atomic backward's dK/dV/dQ kernel: the dK/dV kernel's, plus dS [kv_br][64] 16-bit.
+    /// The deterministic dK/dV kernel's, at kv_br query rows per tile.
+    pub const fn dkdv_smem_bytes(&self) -> u32 {
+        self.kv_smem_bytes(self.kv_br)
+    }
+    /// The atomic backward's dK/dV/dQ kernel: the dK/dV kernel's at atomic_kv_br query rows,
+    /// plus dS [atomic_kv_br][64] 16-bit.
     pub const fn dkdvq_smem_bytes(&self) -> u32 {
-        (2 * Self::ROWS + 4 * self.atomic_kv_br) * self.row_stride() * 2 + 6 * self.atomic_kv_br * 4 + self.atomic_kv_br * Self::ROWS * 2
+        self.kv_smem_bytes(self.atomic_kv_br) + self.atomic_kv_br * Self::ROWS * 2
     }
 }
 
