@@ -7,8 +7,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::{env, fs};
 
-/// (file stem, -Ctarget-cpu, extra target features): one PTX module each.
-const PTX_TARGETS: &[(&str, &str, &str)] = &[("flashattn_sm80", "sm_80", "")];
+/// (file stem, -Ctarget-cpu, extra target features): one PTX module each. The sm_90a module
+/// holds only the kernels that need Hopper's own instructions (wgmma); see
+/// `registry::in_module`.
+const PTX_TARGETS: &[(&str, &str, &str)] = &[("flashattn_sm80", "sm_80", ""), ("flashattn_sm90a", "sm_90a", "+ptx80")];
 
 fn main() {
     let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR"));

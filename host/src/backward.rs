@@ -154,7 +154,7 @@ impl FlashAttn {
             .iter()
             .map(|v| {
                 let grid = if v.pass.starts_with("dkdv") { (sk.div_ceil(v.rows), hkv, b) } else { (sq.div_ceil(v.rows), hq, b) };
-                Launch { name: v.name, grid, threads: v.threads, smem: (v.smem_bytes)(d) as usize, emulate: v.emulate }
+                Launch { name: v.name, arch: flashattn_kernels::registry::Arch::Sm80, grid, threads: v.threads, smem: (v.smem_bytes)(d) as usize, emulate: v.emulate }
             })
             .collect();
         // SAFETY: parameters validated against the buffers above. The workspaces are dropped

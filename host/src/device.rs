@@ -5,6 +5,7 @@ use crate::error::{Error, Result, cuda};
 use cudarc::driver::sys::CUdevice_attribute;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use cudarc::nvrtc::Ptx;
+use flashattn_kernels::registry::Arch;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -15,7 +16,8 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 pub(crate) struct CudaBackend {
     pub(crate) ctx: Arc<CudaContext>,
     pub(crate) stream: Arc<CudaStream>,
-    module: Arc<CudaModule>,
+    /// The PTX modules this device runs: sm_80 always, sm_90a on compute capability 9.0.
+    modules: Vec<(Arch, Arc<CudaModule>)>,
     /// Loaded functions, with the dynamic shared memory each is allowed so far.
     functions: Mutex<HashMap<&'static str, (CudaFunction, usize)>>,
     /// Largest dynamic shared memory a block may opt into.
@@ -49,13 +51,28 @@ impl FlashAttn {
         }
         let ctx = CudaContext::new(ordinal).map_err(|e| Error::NoDevice { reason: format!("device {ordinal}: {e:?}") })?;
         let stream = ctx.default_stream();
-        let module = cuda("loading the kernels' PTX", ctx.load_module(Ptx::from_src(crate::ptx::PTX_SM80)))?;
+        let cc = (
+            cuda("reading the compute capability", ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR))?,
+            cuda("reading the compute capability", ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR))?,
+        );
+        if cc < (8, 0) {
+            return Err(Error::NoDevice { reason: format!("device {ordinal} has compute capability {}.{}; the kernels need 8.0 or later", cc.0, cc.1) });
+        }
+        let mut archs = vec![Arch::Sm80];
+        if cc == (9, 0) {
+            archs.push(Arch::Sm90a);
+        }
+        let mut modules = Vec::new();
+        for arch in archs {
+            let m = cuda("loading the kernels' PTX", ctx.load_module(Ptx::from_src(crate::ptx::module(arch))))?;
+            modules.push((arch, m));
+        }
         let max_smem_optin = cuda(
             "reading the device's shared-memory limit",
             ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN),
         )? as usize;
         Ok(FlashAttn {
-            backend: Backend::Cuda(CudaBackend { ctx, stream, module, functions: Mutex::new(HashMap::new()), max_smem_optin }),
+            backend: Backend::Cuda(CudaBackend { ctx, stream, modules, functions: Mutex::new(HashMap::new()), max_smem_optin }),
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
         })
     }
@@ -71,6 +88,15 @@ impl FlashAttn {
         match FlashAttn::cuda(0) {
             Ok(fa) => (fa, None),
             Err(e) => (FlashAttn::emulator(), Some(e)),
+        }
+    }
+
+    /// The PTX modules (kernel architectures) this device runs. The emulator runs every
+    /// kernel, as an H100/H200 would (compute capability 9.0: sm_80 and sm_90a kernels).
+    pub fn archs(&self) -> Vec<Arch> {
+        match &self.backend {
+            Backend::Cuda(c) => c.modules.iter().map(|(a, _)| *a).collect(),
+            Backend::Emulator => vec![Arch::Sm80, Arch::Sm90a],
         }
     }
 
@@ -164,13 +190,17 @@ impl FlashAttn {
 
 impl CudaBackend {
     /// The function `name`, allowed `smem` bytes of dynamic shared memory.
-    pub(crate) fn function(&self, name: &'static str, smem: usize) -> Result<CudaFunction> {
+    pub(crate) fn function(&self, name: &'static str, arch: Arch, smem: usize) -> Result<CudaFunction> {
         if smem > self.max_smem_optin {
             return Err(Error::SharedMemory { kernel: name, needed: smem, available: self.max_smem_optin });
         }
         let mut fns = self.functions.lock().unwrap_or_else(|p| p.into_inner());
         if !fns.contains_key(name) {
-            let f = cuda("looking up a kernel", self.module.load_function(name))?;
+            let Some((_, module)) = self.modules.iter().find(|(a, _)| *a == arch) else {
+                let device = self.ctx.name().unwrap_or_else(|_| "this device".into());
+                return Err(Error::UnsupportedDevice { kernel: name, needs: arch, device });
+            };
+            let f = cuda("looking up a kernel", module.load_function(name))?;
             fns.insert(name, (f, 0));
         }
         let (f, allowed) = fns.get_mut(name).expect("inserted above");
@@ -285,6 +315,8 @@ unsafe impl<P: KernelParams> cudarc::driver::DeviceRepr for ParamsArg<P> {}
 /// One launch: which kernel, its geometry, and its body for the emulator.
 pub(crate) struct Launch<P> {
     pub(crate) name: &'static str,
+    /// The module that holds it.
+    pub(crate) arch: Arch,
     pub(crate) grid: (u32, u32, u32),
     pub(crate) threads: u32,
     pub(crate) smem: usize,
@@ -319,7 +351,7 @@ impl FlashAttn {
             Backend::Cuda(c) => {
                 let arg = ParamsArg(params);
                 for l in launches {
-                    let f = c.function(l.name, l.smem)?;
+                    let f = c.function(l.name, l.arch, l.smem)?;
                     let cfg = LaunchConfig { grid_dim: l.grid, block_dim: (l.threads, 1, 1), shared_mem_bytes: l.smem as u32 };
                     let mut builder = c.stream.launch_builder(&f);
                     builder.arg(&arg);

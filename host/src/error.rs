@@ -108,7 +108,16 @@ pub enum Error {
         /// The families there are.
         available: Vec<&'static str>,
     },
-    /// The kernel family has no variant for this dtype and head_dim.
+    /// The kernel asked for by name is compiled for an architecture this device lacks.
+    UnsupportedDevice {
+        /// The kernel's entry name.
+        kernel: &'static str,
+        /// The PTX module it is in.
+        needs: flashattn_kernels::registry::Arch,
+        /// The device's name.
+        device: String,
+    },
+    /// A kernel family has no variant for this dtype and head_dim.
     NoVariant {
         /// The family.
         family: String,
@@ -164,6 +173,9 @@ impl std::fmt::Display for Error {
             Error::WrongDevice { tensor } => write!(f, "{tensor} was created by another FlashAttn instance (device)"),
             Error::UnknownKernel { name, available } => {
                 write!(f, "no kernel family `{name}`; available: {}", available.join(", "))
+            }
+            Error::UnsupportedDevice { kernel, needs, device } => {
+                write!(f, "kernel {kernel} is built for {needs:?} (compute capability 9.0 for Sm90a), which {device} cannot run")
             }
             Error::NoVariant { family, dtype, head_dim } => {
                 write!(f, "kernel family `{family}` has no variant for {dtype} with head_dim {head_dim}")

@@ -5,7 +5,7 @@ use crate::dtype::Dtype;
 use crate::error::{Error, Result};
 use flashattn_kernels::dev::emu::GlobalRegion;
 use flashattn_kernels::params::{FwdParams, Strides};
-use flashattn_kernels::registry::{FAMILIES, FwdVariant, fwd_variant};
+use flashattn_kernels::registry::{Arch, FAMILIES, FwdVariant, fwd_variant};
 
 /// Options of the forward pass.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -135,9 +135,11 @@ pub struct FwdOutput<T> {
     pub lse: Tensor<f32>,
 }
 
-/// The variant that will run for this dtype, head_dim and options: the named family's, or
-/// the first family (in [`FAMILIES`] order) that has one.
-pub fn select_variant(dtype: flashattn_kernels::dtype::DType, head_dim: usize, opts: &FwdOptions) -> Result<&'static FwdVariant> {
+/// The variant that will run for this dtype, head_dim and options on a device that runs
+/// kernels of `archs` ([`FlashAttn::archs`]): the named family's (whatever its arch: launching
+/// it where it cannot run is [`Error::UnsupportedDevice`]), or the first family (in
+/// [`FAMILIES`] order) that has one for these archs.
+pub fn select_variant(dtype: flashattn_kernels::dtype::DType, head_dim: usize, opts: &FwdOptions, archs: &[Arch]) -> Result<&'static FwdVariant> {
     let d = head_dim as u32;
     match opts.kernel {
         Some(family) if !FAMILIES.contains(&family) => {
@@ -147,7 +149,8 @@ pub fn select_variant(dtype: flashattn_kernels::dtype::DType, head_dim: usize, o
             .ok_or_else(|| Error::NoVariant { family: family.into(), dtype: dtype.name(), head_dim }),
         None => FAMILIES
             .iter()
-            .find_map(|f| fwd_variant(f, dtype, d))
+            .filter_map(|f| fwd_variant(f, dtype, d))
+            .find(|v| archs.contains(&v.arch))
             .ok_or_else(|| Error::NoVariant { family: "any".into(), dtype: dtype.name(), head_dim }),
     }
 }
@@ -184,7 +187,7 @@ impl FlashAttn {
         self.check_owner(v, "v")?;
         self.check_owner(o, "o")?;
         self.check_owner(lse, "lse")?;
-        let variant = select_variant(T::DTYPE, shape.head_dim, opts)?;
+        let variant = select_variant(T::DTYPE, shape.head_dim, opts, &self.archs())?;
         let d = shape.head_dim as u32;
         let smem = (variant.smem_bytes)(d) as usize;
         let grid = ((shape.seqlen_q as u32).div_ceil(variant.br), shape.heads_q as u32, shape.batch as u32);
@@ -215,7 +218,7 @@ impl FlashAttn {
             GlobalRegion { start: params.o as usize, len: o.bytes(), writable: true },
             GlobalRegion { start: params.lse as usize, len: lse.bytes(), writable: true },
         ];
-        let launch = Launch { name: variant.name, grid, threads: variant.threads, smem, emulate: variant.emulate };
+        let launch = Launch { name: variant.name, arch: variant.arch, grid, threads: variant.threads, smem, emulate: variant.emulate };
         // SAFETY: the parameters were validated against the buffers above; the kernel reads q,
         // k, v and writes o and lse within their shapes.
         unsafe { self.launch("launching the forward kernel", &[launch], params, &regions) }

@@ -208,7 +208,7 @@ fn run<T: Dtype>(fa: &FlashAttn, a: &Args) -> flashattn::Result<bool> {
         head_dim,
     };
     let opts = FwdOptions { causal: a.causal, softmax_scale: a.scale, kernel: a.kernel, deterministic: false };
-    let variant = select_variant(T::DTYPE, s.head_dim, &opts)?;
+    let variant = select_variant(T::DTYPE, s.head_dim, &opts, &fa.archs())?;
     println!("device:  {}", fa.device_name());
     println!(
         "problem: batch {} seqlen_q {} seqlen_k {} heads_q {} heads_kv {} head_dim {} {} causal={}",
@@ -327,7 +327,7 @@ fn bench<T: Dtype>(fa: &FlashAttn, a: &Args) -> flashattn::Result<bool> {
                     let names = passes.iter().map(|v| v.name).collect::<Vec<_>>().join("+");
                     (passes[0].family.to_string(), names, ms, 2.5 * s.fwd_flops(causal))
                 } else {
-                    let variant = select_variant(T::DTYPE, d, &opts)?;
+                    let variant = select_variant(T::DTYPE, d, &opts, &fa.archs())?;
                     let (q, k, v, mut o, mut lse) = upload_problem::<T>(fa, &s)?;
                     let ms = fa.time_forward(&q, &k, &v, &mut o, &mut lse, &opts, 2, iters)?;
                     (variant.family.to_string(), variant.name.to_string(), ms, s.fwd_flops(causal))

@@ -3,8 +3,21 @@
 /// PTX for sm_80 and newer (the driver compiles it for the device at module load).
 pub const PTX_SM80: &str = include_str!(concat!(env!("OUT_DIR"), "/flashattn_sm80.ptx"));
 
-/// Every PTX module, with the target it was built for.
-pub const MODULES: &[(&str, &str)] = &[("sm_80", PTX_SM80)];
+/// PTX for sm_90a (compute capability 9.0 only): the kernels that use wgmma.
+pub const PTX_SM90A: &str = include_str!(concat!(env!("OUT_DIR"), "/flashattn_sm90a.ptx"));
+
+/// Every PTX module: the target it was built for, the variants' arch, the PTX.
+pub const MODULES: &[(&str, flashattn_kernels::registry::Arch, &str)] =
+    &[("sm_80", flashattn_kernels::registry::Arch::Sm80, PTX_SM80), ("sm_90a", flashattn_kernels::registry::Arch::Sm90a, PTX_SM90A)];
+
+/// The module that holds the variants of `arch`.
+pub fn module(arch: flashattn_kernels::registry::Arch) -> &'static str {
+    use flashattn_kernels::registry::Arch;
+    match arch {
+        Arch::Sm80 => PTX_SM80,
+        Arch::Sm90a => PTX_SM90A,
+    }
+}
 
 /// The `.entry` names in a PTX module.
 pub fn entries(ptx: &str) -> Vec<&str> {

@@ -92,6 +92,8 @@ impl Element for Bf16 {
 pub trait MmaElement: Element {
     /// The softmax domain of the 16-bit kernels (see [`crate::softmax`]).
     type Dm: crate::softmax::Domain;
+    /// Whether this is bf16 (the wgmma instruction's type suffix).
+    const BF16: bool;
     /// D = A B + C for the warp (see [`crate::dev::warp::mma_f16`]).
     fn mma(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4];
     /// Two f32 rounded to this type, packed into an operand register (lo in the low half).
@@ -100,6 +102,7 @@ pub trait MmaElement: Element {
 
 impl MmaElement for f16 {
     type Dm = crate::softmax::Log2;
+    const BF16: bool = false;
     #[inline(always)]
     fn mma(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
         crate::dev::warp::mma_f16(a, b, c)
@@ -112,6 +115,7 @@ impl MmaElement for f16 {
 
 impl MmaElement for Bf16 {
     type Dm = crate::softmax::Log2;
+    const BF16: bool = true;
     #[inline(always)]
     fn mma(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
         crate::dev::warp::mma_bf16(a, b, c)

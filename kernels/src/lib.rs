@@ -37,6 +37,7 @@ pub mod dev;
 pub mod dtype;
 pub mod fwd_mma;
 pub mod fwd_simt;
+pub mod fwd_wgmma;
 pub mod mask;
 pub mod params;
 pub mod registry;

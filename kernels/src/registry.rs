@@ -2,11 +2,38 @@
 //! (on nvptx64) and a row of [`FWD_VARIANTS`], which the host, the tests and the benches
 //! read to find, launch and emulate each variant.
 
+// Each PTX module compiles only its own kernels: the other module's helpers go unused there.
+#![cfg_attr(target_arch = "nvptx64", allow(unused_imports, unused_macros, dead_code))]
+
 use crate::dtype::Bf16;
 #[cfg(not(target_arch = "nvptx64"))]
 use crate::dtype::{DType, Element};
 use crate::params::{BwdParams, FwdParams};
-use crate::tile::{MmaBwdTile, MmaTile, mma_bwd_tile, mma_tile, mma_tile_br64, mma_tile_unfused, simt_dq_smem_bytes, simt_kv_tile, simt_tile};
+use crate::tile::{MmaBwdTile, MmaTile, mma_bwd_tile, wgmma_tile, mma_tile, mma_tile_br64, mma_tile_unfused, simt_dq_smem_bytes, simt_kv_tile, simt_tile};
+
+/// The PTX module a variant is compiled into, and so the devices it runs on.
+#[cfg(not(target_arch = "nvptx64"))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Arch {
+    /// `-Ctarget-cpu=sm_80`: every device of compute capability 8.0 and later.
+    Sm80,
+    /// `-Ctarget-cpu=sm_90a` (wgmma, setmaxnreg): compute capability 9.0 only (H100, H200);
+    /// architecture-specific code does not run on later GPUs.
+    Sm90a,
+}
+
+/// Emits `$item` into the PTX module of `$arch` only: the sm_80 module holds the portable
+/// kernels, the sm_90a module only the kernels that need it (so each is built once).
+macro_rules! in_module {
+    (Sm80, $item:item) => {
+        #[cfg(all(target_arch = "nvptx64", not(target_feature = "sm_90a")))]
+        $item
+    };
+    (Sm90a, $item:item) => {
+        #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
+        $item
+    };
+}
 
 /// A forward kernel variant, as the host launches it.
 #[cfg(not(target_arch = "nvptx64"))]
@@ -28,6 +55,8 @@ pub struct FwdVariant {
     pub smem_bytes: fn(u32) -> u32,
     /// The same kernel body, for the emulator.
     pub emulate: unsafe fn(&FwdParams),
+    /// The PTX module that holds it (the devices it runs on).
+    pub arch: Arch,
 }
 
 #[cfg(not(target_arch = "nvptx64"))]
@@ -41,13 +70,13 @@ impl FwdVariant {
 /// Emits one entry point and one registry row per line: `name => family, body, head dims,
 /// br, threads, smem_bytes(d)`.
 macro_rules! fwd_variants {
-    ($( $name:ident => $family:literal, [$($body:tt)*], $dt:ty, ($lo:expr, $hi:expr), $br:expr, $threads:expr, $smem:expr; )*) => {
+    ($( $name:ident => $family:literal @ $arch:ident, [$($body:tt)*], $dt:ty, ($lo:expr, $hi:expr), $br:expr, $threads:expr, $smem:expr; )*) => {
         $(
-            #[cfg(target_arch = "nvptx64")]
+            in_module!($arch,
             #[unsafe(no_mangle)]
             pub unsafe extern "ptx-kernel" fn $name(p: FwdParams) {
                 unsafe { $($body)*(&p) }
-            }
+            });
         )*
         /// All forward variants.
         #[cfg(not(target_arch = "nvptx64"))]
@@ -61,6 +90,7 @@ macro_rules! fwd_variants {
                 threads: $threads,
                 smem_bytes: $smem,
                 emulate: $($body)*,
+                arch: Arch::$arch,
             },
         )*];
     };
@@ -90,6 +120,42 @@ macro_rules! mma {
             { mma_field($tile($d), 5) != 0 },
         >
     };
+}
+
+/// One Hopper variant: the tile `wgmma_tile(d)` chooses; it serves every head_dim that maps
+/// to the same tile.
+macro_rules! wgmma {
+    ($ty:ty, $d:literal) => {
+        crate::fwd_wgmma::entry::<
+            $ty,
+            { wg_field($d, 2) as usize },
+            { wg_field($d, 0) as usize },
+            { wg_field($d, 1) as usize },
+            { wg_field($d, 1) as usize / 8 },
+            { wg_field($d, 2) as usize / 8 },
+            { wg_field($d, 1) as usize / 16 },
+            { wg_field($d, 3) != 0 },
+        >
+    };
+}
+
+/// Field `i` of `wgmma_tile(d)` (warpgroups, bc, head_dim, padded), for const generic arguments.
+const fn wg_field(d: u32, i: u32) -> u32 {
+    match wgmma_tile(d) {
+        Some(t) => match i {
+            0 => t.warpgroups,
+            1 => t.bc,
+            2 => t.head_dim,
+            _ => t.padded as u32,
+        },
+        None => 0,
+    }
+}
+const fn wg_smem(d: u32) -> u32 {
+    match wgmma_tile(d) {
+        Some(t) => t.smem_bytes(),
+        None => 0,
+    }
 }
 
 /// Field `i` of a tile (m_tiles, bc, q_in_regs, head_dim, padded, fused_exp), for const
@@ -131,39 +197,47 @@ const fn simt_smem(d: u32) -> u32 {
 const MMA_THREADS: u32 = crate::tile::MMA_WARPS * 32;
 
 fwd_variants! {
-    flash_fwd_mma_f16_d32        => "mma",      [mma!(f16, mma_tile, 32)],        f16,  (8, 32),    mma_br(32),  MMA_THREADS, mma_smem;
-    flash_fwd_mma_f16_d64p       => "mma",      [mma!(f16, mma_tile, 56)],        f16,  (40, 56),   mma_br(56),  MMA_THREADS, mma_smem;
-    flash_fwd_mma_f16_d64        => "mma",      [mma!(f16, mma_tile, 64)],        f16,  (64, 64),   mma_br(64),  MMA_THREADS, mma_smem;
-    flash_fwd_mma_f16_d96        => "mma",      [mma!(f16, mma_tile, 96)],        f16,  (72, 96),   mma_br(96),  MMA_THREADS, mma_smem;
-    flash_fwd_mma_f16_d128p      => "mma",      [mma!(f16, mma_tile, 120)],       f16,  (104, 120), mma_br(120), MMA_THREADS, mma_smem;
-    flash_fwd_mma_f16_d128       => "mma",      [mma!(f16, mma_tile, 128)],       f16,  (128, 128), mma_br(128), MMA_THREADS, mma_smem;
-    flash_fwd_mma_f16_d192       => "mma",      [mma!(f16, mma_tile, 192)],       f16,  (136, 192), mma_br(192), MMA_THREADS, mma_smem;
-    flash_fwd_mma_f16_d256       => "mma",      [mma!(f16, mma_tile, 256)],       f16,  (200, 256), mma_br(256), MMA_THREADS, mma_smem;
-    flash_fwd_mma_bf16_d32       => "mma",      [mma!(Bf16, mma_tile, 32)],       Bf16, (8, 32),    mma_br(32),  MMA_THREADS, mma_smem;
-    flash_fwd_mma_bf16_d64p      => "mma",      [mma!(Bf16, mma_tile, 56)],       Bf16, (40, 56),   mma_br(56),  MMA_THREADS, mma_smem;
-    flash_fwd_mma_bf16_d64       => "mma",      [mma!(Bf16, mma_tile, 64)],       Bf16, (64, 64),   mma_br(64),  MMA_THREADS, mma_smem;
-    flash_fwd_mma_bf16_d96       => "mma",      [mma!(Bf16, mma_tile, 96)],       Bf16, (72, 96),   mma_br(96),  MMA_THREADS, mma_smem;
-    flash_fwd_mma_bf16_d128p     => "mma",      [mma!(Bf16, mma_tile, 120)],      Bf16, (104, 120), mma_br(120), MMA_THREADS, mma_smem;
-    flash_fwd_mma_bf16_d128      => "mma",      [mma!(Bf16, mma_tile, 128)],      Bf16, (128, 128), mma_br(128), MMA_THREADS, mma_smem;
-    flash_fwd_mma_bf16_d192      => "mma",      [mma!(Bf16, mma_tile, 192)],      Bf16, (136, 192), mma_br(192), MMA_THREADS, mma_smem;
-    flash_fwd_mma_bf16_d256      => "mma",      [mma!(Bf16, mma_tile, 256)],      Bf16, (200, 256), mma_br(256), MMA_THREADS, mma_smem;
-    flash_fwd_mma_br64_f16_d64   => "mma_br64", [mma!(f16, mma_tile_br64, 64)],   f16,  (64, 64),   64,          MMA_THREADS, mma_br64_smem;
-    flash_fwd_mma_br64_f16_d128  => "mma_br64", [mma!(f16, mma_tile_br64, 128)],  f16,  (128, 128), 64,          MMA_THREADS, mma_br64_smem;
-    flash_fwd_mma_br64_bf16_d64  => "mma_br64", [mma!(Bf16, mma_tile_br64, 64)],  Bf16, (64, 64),   64,          MMA_THREADS, mma_br64_smem;
-    flash_fwd_mma_br64_bf16_d128 => "mma_br64", [mma!(Bf16, mma_tile_br64, 128)], Bf16, (128, 128), 64,          MMA_THREADS, mma_br64_smem;
-    flash_fwd_mma_unfused_f16_d64   => "mma_unfused", [mma!(f16, mma_tile_unfused, 64)],   f16,  (64, 64),   mma_br(64),  MMA_THREADS, mma_smem;
-    flash_fwd_mma_unfused_f16_d128  => "mma_unfused", [mma!(f16, mma_tile_unfused, 128)],  f16,  (128, 128), mma_br(128), MMA_THREADS, mma_smem;
-    flash_fwd_mma_unfused_bf16_d64  => "mma_unfused", [mma!(Bf16, mma_tile_unfused, 64)],  Bf16, (64, 64),   mma_br(64),  MMA_THREADS, mma_smem;
-    flash_fwd_mma_unfused_bf16_d128 => "mma_unfused", [mma!(Bf16, mma_tile_unfused, 128)], Bf16, (128, 128), mma_br(128), MMA_THREADS, mma_smem;
-    flash_fwd_simt_f32_d64   => "simt", [simt!(f32, 64)],     f32,  (8, 64),     simt_tile(64).br(), 128, simt_smem;
-    flash_fwd_simt_f32_d128  => "simt", [simt!(f32, 128)],   f32,  (72, 128),   simt_tile(128).br(), 128, simt_smem;
-    flash_fwd_simt_f32_d256  => "simt", [simt!(f32, 256)],  f32,  (136, 256),  simt_tile(256).br(), 128, simt_smem;
-    flash_fwd_simt_f16_d64   => "simt", [simt!(f16, 64)],     f16,  (8, 64),     simt_tile(64).br(), 128, simt_smem;
-    flash_fwd_simt_f16_d128  => "simt", [simt!(f16, 128)],   f16,  (72, 128),   simt_tile(128).br(), 128, simt_smem;
-    flash_fwd_simt_f16_d256  => "simt", [simt!(f16, 256)],  f16,  (136, 256),  simt_tile(256).br(), 128, simt_smem;
-    flash_fwd_simt_bf16_d64  => "simt", [simt!(Bf16, 64)],    Bf16, (8, 64),     simt_tile(64).br(), 128, simt_smem;
-    flash_fwd_simt_bf16_d128 => "simt", [simt!(Bf16, 128)],  Bf16, (72, 128),   simt_tile(128).br(), 128, simt_smem;
-    flash_fwd_simt_bf16_d256 => "simt", [simt!(Bf16, 256)], Bf16, (136, 256),  simt_tile(256).br(), 128, simt_smem;
+    flash_fwd_mma_f16_d32        => "mma" @ Sm80,      [mma!(f16, mma_tile, 32)],        f16,  (8, 32),    mma_br(32),  MMA_THREADS, mma_smem;
+    flash_fwd_mma_f16_d64p       => "mma" @ Sm80,      [mma!(f16, mma_tile, 56)],        f16,  (40, 56),   mma_br(56),  MMA_THREADS, mma_smem;
+    flash_fwd_mma_f16_d64        => "mma" @ Sm80,      [mma!(f16, mma_tile, 64)],        f16,  (64, 64),   mma_br(64),  MMA_THREADS, mma_smem;
+    flash_fwd_mma_f16_d96        => "mma" @ Sm80,      [mma!(f16, mma_tile, 96)],        f16,  (72, 96),   mma_br(96),  MMA_THREADS, mma_smem;
+    flash_fwd_mma_f16_d128p      => "mma" @ Sm80,      [mma!(f16, mma_tile, 120)],       f16,  (104, 120), mma_br(120), MMA_THREADS, mma_smem;
+    flash_fwd_mma_f16_d128       => "mma" @ Sm80,      [mma!(f16, mma_tile, 128)],       f16,  (128, 128), mma_br(128), MMA_THREADS, mma_smem;
+    flash_fwd_mma_f16_d192       => "mma" @ Sm80,      [mma!(f16, mma_tile, 192)],       f16,  (136, 192), mma_br(192), MMA_THREADS, mma_smem;
+    flash_fwd_mma_f16_d256       => "mma" @ Sm80,      [mma!(f16, mma_tile, 256)],       f16,  (200, 256), mma_br(256), MMA_THREADS, mma_smem;
+    flash_fwd_mma_bf16_d32       => "mma" @ Sm80,      [mma!(Bf16, mma_tile, 32)],       Bf16, (8, 32),    mma_br(32),  MMA_THREADS, mma_smem;
+    flash_fwd_mma_bf16_d64p      => "mma" @ Sm80,      [mma!(Bf16, mma_tile, 56)],       Bf16, (40, 56),   mma_br(56),  MMA_THREADS, mma_smem;
+    flash_fwd_mma_bf16_d64       => "mma" @ Sm80,      [mma!(Bf16, mma_tile, 64)],       Bf16, (64, 64),   mma_br(64),  MMA_THREADS, mma_smem;
+    flash_fwd_mma_bf16_d96       => "mma" @ Sm80,      [mma!(Bf16, mma_tile, 96)],       Bf16, (72, 96),   mma_br(96),  MMA_THREADS, mma_smem;
+    flash_fwd_mma_bf16_d128p     => "mma" @ Sm80,      [mma!(Bf16, mma_tile, 120)],      Bf16, (104, 120), mma_br(120), MMA_THREADS, mma_smem;
+    flash_fwd_mma_bf16_d128      => "mma" @ Sm80,      [mma!(Bf16, mma_tile, 128)],      Bf16, (128, 128), mma_br(128), MMA_THREADS, mma_smem;
+    flash_fwd_mma_bf16_d192      => "mma" @ Sm80,      [mma!(Bf16, mma_tile, 192)],      Bf16, (136, 192), mma_br(192), MMA_THREADS, mma_smem;
+    flash_fwd_mma_bf16_d256      => "mma" @ Sm80,      [mma!(Bf16, mma_tile, 256)],      Bf16, (200, 256), mma_br(256), MMA_THREADS, mma_smem;
+    flash_fwd_mma_br64_f16_d64   => "mma_br64" @ Sm80, [mma!(f16, mma_tile_br64, 64)],   f16,  (64, 64),   64,          MMA_THREADS, mma_br64_smem;
+    flash_fwd_mma_br64_f16_d128  => "mma_br64" @ Sm80, [mma!(f16, mma_tile_br64, 128)],  f16,  (128, 128), 64,          MMA_THREADS, mma_br64_smem;
+    flash_fwd_mma_br64_bf16_d64  => "mma_br64" @ Sm80, [mma!(Bf16, mma_tile_br64, 64)],  Bf16, (64, 64),   64,          MMA_THREADS, mma_br64_smem;
+    flash_fwd_mma_br64_bf16_d128 => "mma_br64" @ Sm80, [mma!(Bf16, mma_tile_br64, 128)], Bf16, (128, 128), 64,          MMA_THREADS, mma_br64_smem;
+    flash_fwd_mma_unfused_f16_d64   => "mma_unfused" @ Sm80, [mma!(f16, mma_tile_unfused, 64)],   f16,  (64, 64),   mma_br(64),  MMA_THREADS, mma_smem;
+    flash_fwd_mma_unfused_f16_d128  => "mma_unfused" @ Sm80, [mma!(f16, mma_tile_unfused, 128)],  f16,  (128, 128), mma_br(128), MMA_THREADS, mma_smem;
+    flash_fwd_mma_unfused_bf16_d64  => "mma_unfused" @ Sm80, [mma!(Bf16, mma_tile_unfused, 64)],  Bf16, (64, 64),   mma_br(64),  MMA_THREADS, mma_smem;
+    flash_fwd_mma_unfused_bf16_d128 => "mma_unfused" @ Sm80, [mma!(Bf16, mma_tile_unfused, 128)], Bf16, (128, 128), mma_br(128), MMA_THREADS, mma_smem;
+    flash_fwd_wgmma_f16_d64p   => "wgmma" @ Sm90a, [wgmma!(f16, 56)],   f16,  (8, 56),    wg_field(56, 0) * 64,  wg_field(56, 0) * 128,  wg_smem;
+    flash_fwd_wgmma_f16_d64    => "wgmma" @ Sm90a, [wgmma!(f16, 64)],   f16,  (64, 64),   wg_field(64, 0) * 64,  wg_field(64, 0) * 128,  wg_smem;
+    flash_fwd_wgmma_f16_d128p  => "wgmma" @ Sm90a, [wgmma!(f16, 120)],  f16,  (72, 120),  wg_field(120, 0) * 64, wg_field(120, 0) * 128, wg_smem;
+    flash_fwd_wgmma_f16_d128   => "wgmma" @ Sm90a, [wgmma!(f16, 128)],  f16,  (128, 128), wg_field(128, 0) * 64, wg_field(128, 0) * 128, wg_smem;
+    flash_fwd_wgmma_bf16_d64p  => "wgmma" @ Sm90a, [wgmma!(Bf16, 56)],  Bf16, (8, 56),    wg_field(56, 0) * 64,  wg_field(56, 0) * 128,  wg_smem;
+    flash_fwd_wgmma_bf16_d64   => "wgmma" @ Sm90a, [wgmma!(Bf16, 64)],  Bf16, (64, 64),   wg_field(64, 0) * 64,  wg_field(64, 0) * 128,  wg_smem;
+    flash_fwd_wgmma_bf16_d128p => "wgmma" @ Sm90a, [wgmma!(Bf16, 120)], Bf16, (72, 120),  wg_field(120, 0) * 64, wg_field(120, 0) * 128, wg_smem;
+    flash_fwd_wgmma_bf16_d128  => "wgmma" @ Sm90a, [wgmma!(Bf16, 128)], Bf16, (128, 128), wg_field(128, 0) * 64, wg_field(128, 0) * 128, wg_smem;
+    flash_fwd_simt_f32_d64   => "simt" @ Sm80, [simt!(f32, 64)],     f32,  (8, 64),     simt_tile(64).br(), 128, simt_smem;
+    flash_fwd_simt_f32_d128  => "simt" @ Sm80, [simt!(f32, 128)],   f32,  (72, 128),   simt_tile(128).br(), 128, simt_smem;
+    flash_fwd_simt_f32_d256  => "simt" @ Sm80, [simt!(f32, 256)],  f32,  (136, 256),  simt_tile(256).br(), 128, simt_smem;
+    flash_fwd_simt_f16_d64   => "simt" @ Sm80, [simt!(f16, 64)],     f16,  (8, 64),     simt_tile(64).br(), 128, simt_smem;
+    flash_fwd_simt_f16_d128  => "simt" @ Sm80, [simt!(f16, 128)],   f16,  (72, 128),   simt_tile(128).br(), 128, simt_smem;
+    flash_fwd_simt_f16_d256  => "simt" @ Sm80, [simt!(f16, 256)],  f16,  (136, 256),  simt_tile(256).br(), 128, simt_smem;
+    flash_fwd_simt_bf16_d64  => "simt" @ Sm80, [simt!(Bf16, 64)],    Bf16, (8, 64),     simt_tile(64).br(), 128, simt_smem;
+    flash_fwd_simt_bf16_d128 => "simt" @ Sm80, [simt!(Bf16, 128)],  Bf16, (72, 128),   simt_tile(128).br(), 128, simt_smem;
+    flash_fwd_simt_bf16_d256 => "simt" @ Sm80, [simt!(Bf16, 256)], Bf16, (136, 256),  simt_tile(256).br(), 128, simt_smem;
 }
 
 /// Kernel families in the order automatic selection tries them (best first): the tensor-core
@@ -171,7 +245,7 @@ fwd_variants! {
 /// `mma_unfused` (the softmax on scaled scores) are chosen only
 /// by name, for comparison.
 #[cfg(not(target_arch = "nvptx64"))]
-pub const FAMILIES: &[&str] = &["mma", "simt", "mma_br64", "mma_unfused"];
+pub const FAMILIES: &[&str] = &["wgmma", "mma", "simt", "mma_br64", "mma_unfused"];
 
 /// The variant of `family` for `dtype` and `head_dim`, if there is one.
 #[cfg(not(target_arch = "nvptx64"))]
@@ -215,11 +289,11 @@ impl BwdVariant {
 macro_rules! bwd_variants {
     ($( $name:ident => $family:literal, $pass:literal, [$($body:tt)*], $dt:ty, ($lo:expr, $hi:expr), $rows:expr, $threads:expr, $smem:expr; )*) => {
         $(
-            #[cfg(target_arch = "nvptx64")]
+            in_module!(Sm80,
             #[unsafe(no_mangle)]
             pub unsafe extern "ptx-kernel" fn $name(p: BwdParams) {
                 unsafe { $($body)*(&p) }
-            }
+            });
         )*
         /// All backward variants.
         #[cfg(not(target_arch = "nvptx64"))]

@@ -329,3 +329,50 @@ pub const fn mma_bwd_tile(head_dim: u32) -> Option<MmaBwdTile> {
         _ => None,
     }
 }
+
+/// Tile of the Hopper forward kernel (`fwd_wgmma`, sm_90a): `warpgroups` warpgroups of 4
+/// warps, each owning 64 query rows (Br = 64 * warpgroups), K/V tiles of `bc` keys,
+/// double-buffered. Shared tiles are 128-byte-swizzle canonical wgmma layouts, so the
+/// compiled head_dim is a multiple of 64.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WgmmaTile {
+    /// Warpgroups per block (64 query rows each).
+    pub warpgroups: u32,
+    /// Keys per K/V tile (the N of the S = Q K^T wgmma and the K of O += P V).
+    pub bc: u32,
+    /// The head_dim compiled for (64 or 128).
+    pub head_dim: u32,
+    /// Whether smaller head_dims (multiples of 8) are served, zero-padded in shared memory.
+    pub padded: bool,
+}
+
+impl WgmmaTile {
+    /// Query rows per block.
+    pub const fn br(&self) -> u32 {
+        self.warpgroups * 64
+    }
+    /// Threads per block.
+    pub const fn threads(&self) -> u32 {
+        self.warpgroups * 128
+    }
+    /// Shared memory per block, in bytes: Q [br] rows and two stages of K and V [bc] rows of
+    /// head_dim 16-bit elements, plus 1 KB for the 1024-byte alignment of the swizzle atoms.
+    pub const fn smem_bytes(&self) -> u32 {
+        (self.br() + 4 * self.bc) * self.head_dim * 2
+    }
+}
+
+/// The Hopper forward tile for `head_dim`, if there is one (f16 and bf16, sm_90a).
+///
+/// Reasons: two warpgroups of 64 rows (Br = 128) and Bc = 128 are FA3's tile for d=64 and
+/// d=128 non-causal; S is 64 f32 accumulators per thread, O 32 (d=64) or 64 (d=128), P 32
+/// registers, so the thread fits in 255 registers without the producer/consumer split.
+/// Shared memory: 80 KB (d=64), 160 KB (d=128). Not yet measured.
+pub const fn wgmma_tile(head_dim: u32) -> Option<WgmmaTile> {
+    match head_dim {
+        _ if head_dim == 0 || head_dim % 8 != 0 => None,
+        ..=64 => Some(WgmmaTile { warpgroups: 2, bc: 128, head_dim: 64, padded: head_dim != 64 }),
+        ..=128 => Some(WgmmaTile { warpgroups: 2, bc: 128, head_dim: 128, padded: head_dim != 128 }),
+        _ => None,
+    }
+}

@@ -1,20 +1,23 @@
 //! The embedded PTX: every registered kernel is an entry, nothing is unresolved, and (where
-//! ptxas is available) it assembles for sm_80 and sm_90 with no spills and no stack.
+//! ptxas is available) it assembles (the sm_80 module for sm_80 and sm_90, the sm_90a module
+//! for sm_90a) with no spills and no stack.
 //!
 //! ptxas comes from PyPI's `nvidia-cuda-nvcc` (no CUDA toolkit needed). It is found through
 //! `PTXAS`, then PATH, then the Python package. `REQUIRE_PTXAS=1` (set by .ci/run) makes a
 //! missing ptxas a failure; otherwise the ptxas test says loudly that it did not run.
 
-use flashattn::kernels::registry::{BWD_VARIANTS, FWD_VARIANTS};
+use flashattn::kernels::registry::{Arch, BWD_VARIANTS, FWD_VARIANTS};
 use flashattn::ptx::{MODULES, entries, unresolved};
 use libtest_mimic::{Arguments, Failed, Trial};
 use std::path::PathBuf;
 use std::process::Command;
 
 fn every_registered_kernel_is_an_entry() {
-    for (target, ptx) in MODULES {
+    for (target, arch, ptx) in MODULES {
         let names = entries(ptx);
-        let registered: Vec<&str> = FWD_VARIANTS.iter().map(|v| v.name).chain(BWD_VARIANTS.iter().map(|v| v.name)).collect();
+        // Backward kernels are all in the sm_80 module.
+        let bwd = BWD_VARIANTS.iter().filter(|_| *arch == Arch::Sm80).map(|v| v.name);
+        let registered: Vec<&str> = FWD_VARIANTS.iter().filter(|v| v.arch == *arch).map(|v| v.name).chain(bwd).collect();
         for name in &registered {
             assert!(names.contains(name), "{target}: no entry {name} in the PTX");
         }
@@ -23,7 +26,7 @@ fn every_registered_kernel_is_an_entry() {
 }
 
 fn nothing_unresolved() {
-    for (target, ptx) in MODULES {
+    for (target, _, ptx) in MODULES {
         assert!(unresolved(ptx).is_empty(), "{target}: unresolved {:?}", unresolved(ptx));
         // panic=immediate-abort turns panics into `trap`: no panic machinery may remain.
         assert!(!ptx.contains("panic"), "{target}: a panic path survived");
@@ -47,10 +50,12 @@ fn find_ptxas() -> Option<PathBuf> {
 fn ptxas_no_spills_no_stack(ptxas: PathBuf) {
     let dir = std::env::temp_dir().join(format!("flashattn-ptx-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    for (target, ptx) in MODULES {
+    for (target, arch, ptx) in MODULES {
         let file = dir.join(format!("{target}.ptx"));
         std::fs::write(&file, ptx).unwrap();
-        for arch in ["sm_80", "sm_90"] {
+        // The portable module on Ampere and Hopper; the sm_90a one where it runs.
+        let gpus: &[&str] = if *arch == Arch::Sm90a { &["sm_90a"] } else { &["sm_80", "sm_90"] };
+        for arch in gpus {
             let out = Command::new(&ptxas).arg(format!("-arch={arch}")).arg("-v").arg(&file).arg("-o").arg("/dev/null").output().unwrap();
             let report = String::from_utf8_lossy(&out.stderr);
             assert!(out.status.success(), "ptxas {arch} on {target} PTX failed:\n{report}");

@@ -162,20 +162,36 @@ fn every_family_has_variants_and_every_variant_a_family() {
 #[test]
 fn registry_matches_tile_functions() {
     use flashattn::kernels::dtype::DType;
-    use flashattn::kernels::tile::{mma_tile, simt_tile};
+    use flashattn::Arch;
+    use flashattn::kernels::tile::{mma_tile, simt_tile, wgmma_tile};
     for d in (8..=256u32).step_by(8) {
         for dtype in [DType::F16, DType::Bf16] {
             let opts = FwdOptions { kernel: Some("mma"), ..Default::default() };
-            let v = flashattn::select_variant(dtype, d as usize, &opts).unwrap_or_else(|e| panic!("d={d}: {e}"));
+            let v = flashattn::select_variant(dtype, d as usize, &opts, &[Arch::Sm80]).unwrap_or_else(|e| panic!("d={d}: {e}"));
             let t = mma_tile(d).expect("tile");
             assert!(v.serves(d) && t.head_dim >= d, "d={d}: {}", v.name);
             assert_eq!((v.br, (v.smem_bytes)(d), v.threads), (t.br(), t.smem_bytes(), t.threads()), "d={d}: {}", v.name);
         }
         for dtype in [DType::F32, DType::F16, DType::Bf16] {
             let opts = FwdOptions { kernel: Some("simt"), ..Default::default() };
-            let v = flashattn::select_variant(dtype, d as usize, &opts).unwrap_or_else(|e| panic!("d={d}: {e}"));
+            let v = flashattn::select_variant(dtype, d as usize, &opts, &[Arch::Sm80]).unwrap_or_else(|e| panic!("d={d}: {e}"));
             let t = simt_tile(d);
             assert_eq!((v.br, (v.smem_bytes)(d), v.threads), (t.br(), t.smem_bytes(d), t.threads()), "d={d}: {}", v.name);
+        }
+        // Hopper: wgmma where its tile applies (16-bit, head_dim <= 128), else the mma tile;
+        // without sm_90a, the mma tile.
+        for dtype in [DType::F16, DType::Bf16] {
+            let auto = |archs: &[Arch]| flashattn::select_variant(dtype, d as usize, &FwdOptions::default(), archs).unwrap_or_else(|e| panic!("d={d}: {e}"));
+            let hopper = auto(&[Arch::Sm80, Arch::Sm90a]);
+            match wgmma_tile(d) {
+                Some(t) => {
+                    assert_eq!((hopper.family, hopper.arch), ("wgmma", Arch::Sm90a), "d={d}");
+                    assert!(hopper.serves(d) && t.head_dim >= d, "d={d}: {}", hopper.name);
+                    assert_eq!((hopper.br, (hopper.smem_bytes)(d), hopper.threads), (t.br(), t.smem_bytes(), t.threads()), "d={d}: {}", hopper.name);
+                }
+                None => assert_eq!(hopper.family, "mma", "d={d}"),
+            }
+            assert_eq!(auto(&[Arch::Sm80]).family, "mma", "d={d}");
         }
     }
 }

@@ -54,6 +54,13 @@ pub mod thread {
     pub fn cp_async_wait<const N: u32>() {
         imp::cp_async_wait::<N>()
     }
+    /// `fence.proxy.async.shared::cta`: makes this thread's shared-memory writes (plain
+    /// stores and cp.async, after its wait) visible to the async proxy (wgmma, bulk copies);
+    /// a block barrier after it then orders them before other threads' wgmma.
+    #[inline(always)]
+    pub fn fence_proxy_async() {
+        imp::fence_proxy_async()
+    }
     /// `x`, unknown to the compiler: what is computed from it inside a loop stays inside the
     /// loop. LLVM hoists every loop-invariant value out of the KV loop whatever the register
     /// cost (PTX registers are unlimited); 16 hoisted cp.async addresses made ptxas spill
@@ -187,6 +194,93 @@ pub mod warp {
     #[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
     pub fn allreduce_sum(v: f32) -> f32 {
         allreduce_sum_in::<32>(v)
+    }
+}
+
+/// Collective operations of a warpgroup: 4 consecutive warps, the first a multiple of 4
+/// (128 threads), issuing Hopper's asynchronous matrix instructions (`wgmma`, sm_90a only:
+/// a kernel using these lives in the sm_90a PTX module).
+///
+/// The pattern, as in the PTX ISA: operands written ([`fence_operands`] orders register
+/// writes, [`thread::fence_proxy_async`] and a barrier order shared-memory writes), then
+/// [`fence`], one or more [`mma_ss`]/[`mma_rs`], [`commit`], and [`wait`] before the
+/// accumulators are read again.
+pub mod warpgroup {
+    use super::{Shared, imp};
+    /// Threads per warpgroup.
+    pub const SIZE: u32 = 128;
+    /// `threadIdx.x / 128`.
+    #[inline(always)]
+    pub fn id() -> u32 {
+        imp::thread_idx_x() / SIZE
+    }
+    /// A shared-memory matrix descriptor of wgmma.
+    #[derive(Clone, Copy, Debug)]
+    pub struct Desc(pub u64);
+    /// The descriptor of an operand at element `i` of `s` in the 128-byte-swizzle canonical
+    /// layout: rows of 64 16-bit elements (128 bytes), 8-row groups of 1024 bytes whose
+    /// 16-byte chunks are XOR-swizzled by row % 8, on 1024-byte-aligned atoms.
+    /// K-major (A, or B not transposed): `sbo` is the byte offset between 8-row groups along
+    /// M/N; `lbo` is unused (1). MN-major (B transposed): `lbo` is the byte offset between
+    /// 64-element blocks along N, `sbo` between 8-row groups along K.
+    #[inline(always)]
+    pub fn desc_sw128<T: Copy>(s: Shared<T>, i: usize, lbo: u32, sbo: u32) -> Desc {
+        let start = imp::shared_offset(s.ptr_at(i) as *const u8);
+        Desc(((start as u64 >> 4) & 0x3fff) | (((lbo as u64 >> 4) & 0x3fff) << 16) | (((sbo as u64 >> 4) & 0x3fff) << 32) | (1u64 << 62))
+    }
+    /// `wgmma.fence.sync.aligned`: orders this warpgroup's earlier register writes of
+    /// accumulators and A fragments before the wgmma that read them.
+    #[inline(always)]
+    #[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
+    pub fn fence() {
+        imp::wgmma_fence()
+    }
+    /// `wgmma.commit_group.sync.aligned`: closes the group of wgmma issued since the last.
+    #[inline(always)]
+    pub fn commit() {
+        imp::wgmma_commit()
+    }
+    /// `wgmma.wait_group.sync.aligned N`: waits until at most `N` groups are pending. The
+    /// accumulators of completed groups are tied to the wait, so the compiler reads them
+    /// only after it: pass every accumulator the waited groups write.
+    #[inline(always)]
+    pub fn wait<const N: u32, const NT: usize>(acc: &mut [[f32; 4]; NT]) {
+        imp::wgmma_wait::<N>();
+        fence_operands(acc);
+    }
+    /// Ties register values to this point of the program: LLVM knows nothing of wgmma's
+    /// asynchrony, so without it could move reads of an accumulator above a [`wait`], or
+    /// writes of an operand below a [`fence`] (no code is emitted).
+    #[inline(always)]
+    pub fn fence_operands<const NT: usize>(acc: &mut [[f32; 4]; NT]) {
+        for x in acc.as_flattened_mut() {
+            imp::pin_f32(x);
+        }
+    }
+    /// As [`fence_operands`], for A fragments (packed 16-bit pairs).
+    #[inline(always)]
+    pub fn fence_fragments<const KT: usize>(a: &mut [[u32; 4]; KT]) {
+        for x in a.as_flattened_mut() {
+            imp::pin_u32(x);
+        }
+    }
+    /// `wgmma.mma_async.sync.aligned.m64n{8 NT}k16.f32.{f16,bf16}` with A and B in shared
+    /// memory (both K-major): acc = A B (+ acc when `accumulate`). `bf16` picks the input
+    /// type (a constant after inlining). Warp w of the warpgroup
+    /// gets rows 16 w..16 w + 16 of the 64; lane 4g + t holds acc[n] = rows g, g + 8 at
+    /// columns 8n + 2t, 8n + 2t + 1 (the m16n8 C layout of mma.sync, n-tile by n-tile).
+    #[inline(always)]
+    #[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
+    pub fn mma_ss<const NT: usize>(a: Desc, b: Desc, acc: &mut [[f32; 4]; NT], accumulate: bool, bf16: bool) {
+        imp::wgmma_ss::<NT>(a.0, b.0, acc, accumulate, bf16)
+    }
+    /// As [`mma_ss`] with A from registers (lane 4g + t of warp w: rows 16w + g, 16w + g + 8
+    /// at k = 2t, 2t + 1, and + 8: the A layout of mma.sync m16n8k16) and B in shared memory,
+    /// MN-major (transposed) when `TRANS_B`.
+    #[inline(always)]
+    #[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
+    pub fn mma_rs<const NT: usize, const TRANS_B: bool>(a: [u32; 4], b: Desc, acc: &mut [[f32; 4]; NT], accumulate: bool, bf16: bool) {
+        imp::wgmma_rs::<NT, TRANS_B>(a, b.0, acc, accumulate, bf16)
     }
 }
 

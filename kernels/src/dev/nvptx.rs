@@ -86,14 +86,16 @@ pub fn fma(a: f32, b: f32, c: f32) -> f32 {
 pub fn lg2(x: f32) -> f32 {
     unsafe { nvvm_lg2(x) }
 }
-/// 16-byte aligned, so tiles carved from it can be read with 16-byte accesses.
-#[repr(C, align(16))]
+/// 1024-byte aligned: tiles carved from it can be read with 16-byte accesses, and wgmma's
+/// 128-byte swizzle, which XORs address bits 4-6 with bits 7-9, needs its 8-row atoms on
+/// 1024-byte boundaries.
+#[repr(C, align(1024))]
 #[derive(Clone, Copy)]
-struct Align16([u8; 16]);
+struct Align1024([u8; 1024]);
 
 #[inline(always)]
 pub fn dynamic_shared_base() -> *mut u8 {
-    core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<Align16>() as *mut u8
+    core::intrinsics::gpu::gpu_launch_sized_workgroup_mem::<Align1024>() as *mut u8
 }
 
 /// 32-bit shared-state-space address of a generic pointer into the dynamic shared memory:
@@ -200,4 +202,92 @@ pub fn pack_bf16x2(lo: f32, hi: f32) -> u32 {
     let r: u32;
     unsafe { asm!("cvt.rn.bf16x2.f32 {r}, {hi}, {lo};", r = out(reg32) r, hi = in(reg32) hi, lo = in(reg32) lo, options(pure, nomem, nostack)) }
     r
+}
+
+/// Shared-state-space address of a pointer into the dynamic shared memory (for wgmma
+/// descriptors).
+#[inline(always)]
+pub fn shared_offset(p: *const u8) -> u32 {
+    smem_addr(p)
+}
+#[inline(always)]
+pub fn fence_proxy_async() {
+    unsafe { asm!("fence.proxy.async.shared::cta;", options(nostack)) }
+}
+#[inline(always)]
+pub fn wgmma_fence() {
+    unsafe { asm!("wgmma.fence.sync.aligned;", options(nostack)) }
+}
+#[inline(always)]
+pub fn wgmma_commit() {
+    unsafe { asm!("wgmma.commit_group.sync.aligned;", options(nostack)) }
+}
+#[inline(always)]
+pub fn wgmma_wait<const N: u32>() {
+    unsafe { asm!("wgmma.wait_group.sync.aligned {n};", n = const N, options(nostack)) }
+}
+/// An empty asm with the value as input and output: emits nothing, orders the value
+/// against the (volatile) wgmma fence and wait around it.
+#[inline(always)]
+pub fn pin_f32(x: &mut f32) {
+    unsafe { asm!("// pin {0}", inout(reg32) *x, options(nostack, nomem)) }
+}
+#[inline(always)]
+pub fn pin_u32(x: &mut u32) {
+    unsafe { asm!("// pin {0}", inout(reg32) *x, options(nostack, nomem)) }
+}
+
+/// One wgmma.mma_async with `$len` accumulator registers: `ss` (A by descriptor) or `rs`
+/// (A in four registers). The accumulators are the positional operands {0}..; the scale-d
+/// predicate comes from `sd` (0: acc = A B); `$tb` is imm-trans-b.
+macro_rules! wgmma_asm {
+    (ss, $ty:literal, $n:literal, $acc:ident, $len:literal, [$($i:literal),*], $list:literal, $a:ident, $b:ident, $sd:ident, $tb:literal) => {{
+        let acc = unsafe { &mut *($acc.as_mut_ptr() as *mut [f32; $len]) };
+        unsafe {
+            asm!(concat!("{{ .reg .pred p; setp.ne.b32 p, {sd}, 0; wgmma.mma_async.sync.aligned.m64n", $n, "k16.f32.", $ty, ".", $ty, " {{", $list, "}}, {a}, {b}, p, 1, 1, 0, ", $tb, "; }}"),
+                $(inout(reg32) acc[$i],)*
+                a = in(reg64) $a, b = in(reg64) $b, sd = in(reg32) $sd, options(nostack));
+        }
+    }};
+    (rs, $ty:literal, $n:literal, $acc:ident, $len:literal, [$($i:literal),*], $list:literal, $a:ident, $b:ident, $sd:ident, $tb:literal) => {{
+        let acc = unsafe { &mut *($acc.as_mut_ptr() as *mut [f32; $len]) };
+        unsafe {
+            asm!(concat!("{{ .reg .pred p; setp.ne.b32 p, {sd}, 0; wgmma.mma_async.sync.aligned.m64n", $n, "k16.f32.", $ty, ".", $ty, " {{", $list, "}}, {{{a0}, {a1}, {a2}, {a3}}}, {b}, p, 1, 1, ", $tb, "; }}"),
+                $(inout(reg32) acc[$i],)*
+                a0 = in(reg32) $a[0], a1 = in(reg32) $a[1], a2 = in(reg32) $a[2], a3 = in(reg32) $a[3],
+                b = in(reg64) $b, sd = in(reg32) $sd, options(nostack));
+        }
+    }};
+}
+
+/// A and B by descriptor, both K-major. NT n-tiles of 8: the accumulator shapes compiled in.
+#[inline(always)]
+pub fn wgmma_ss<const NT: usize>(a: u64, b: u64, acc: &mut [[f32; 4]; NT], accumulate: bool, bf16: bool) {
+    let sd = accumulate as u32;
+    let acc = acc.as_flattened_mut();
+    match (bf16, NT) {
+        (false, 8) => wgmma_asm!(ss, "f16", "64", acc, 32, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31], "{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}, {8}, {9}, {10}, {11}, {12}, {13}, {14}, {15}, {16}, {17}, {18}, {19}, {20}, {21}, {22}, {23}, {24}, {25}, {26}, {27}, {28}, {29}, {30}, {31}", a, b, sd, "0"),
+        (true, 8) => wgmma_asm!(ss, "bf16", "64", acc, 32, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31], "{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}, {8}, {9}, {10}, {11}, {12}, {13}, {14}, {15}, {16}, {17}, {18}, {19}, {20}, {21}, {22}, {23}, {24}, {25}, {26}, {27}, {28}, {29}, {30}, {31}", a, b, sd, "0"),
+        (false, 16) => wgmma_asm!(ss, "f16", "128", acc, 64, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63], "{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}, {8}, {9}, {10}, {11}, {12}, {13}, {14}, {15}, {16}, {17}, {18}, {19}, {20}, {21}, {22}, {23}, {24}, {25}, {26}, {27}, {28}, {29}, {30}, {31}, {32}, {33}, {34}, {35}, {36}, {37}, {38}, {39}, {40}, {41}, {42}, {43}, {44}, {45}, {46}, {47}, {48}, {49}, {50}, {51}, {52}, {53}, {54}, {55}, {56}, {57}, {58}, {59}, {60}, {61}, {62}, {63}", a, b, sd, "0"),
+        (true, 16) => wgmma_asm!(ss, "bf16", "128", acc, 64, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63], "{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}, {8}, {9}, {10}, {11}, {12}, {13}, {14}, {15}, {16}, {17}, {18}, {19}, {20}, {21}, {22}, {23}, {24}, {25}, {26}, {27}, {28}, {29}, {30}, {31}, {32}, {33}, {34}, {35}, {36}, {37}, {38}, {39}, {40}, {41}, {42}, {43}, {44}, {45}, {46}, {47}, {48}, {49}, {50}, {51}, {52}, {53}, {54}, {55}, {56}, {57}, {58}, {59}, {60}, {61}, {62}, {63}", a, b, sd, "0"),
+        _ => trap(),
+    }
+}
+
+/// A from registers, B by descriptor.
+#[inline(always)]
+pub fn wgmma_rs<const NT: usize, const TRANS_B: bool>(a: [u32; 4], b: u64, acc: &mut [[f32; 4]; NT], accumulate: bool, bf16: bool) {
+    let sd = accumulate as u32;
+    let acc = acc.as_flattened_mut();
+    match (bf16, NT, TRANS_B) {
+        (false, 8, false) => wgmma_asm!(rs, "f16", "64", acc, 32, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31], "{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}, {8}, {9}, {10}, {11}, {12}, {13}, {14}, {15}, {16}, {17}, {18}, {19}, {20}, {21}, {22}, {23}, {24}, {25}, {26}, {27}, {28}, {29}, {30}, {31}", a, b, sd, "0"),
+        (false, 8, true) => wgmma_asm!(rs, "f16", "64", acc, 32, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31], "{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}, {8}, {9}, {10}, {11}, {12}, {13}, {14}, {15}, {16}, {17}, {18}, {19}, {20}, {21}, {22}, {23}, {24}, {25}, {26}, {27}, {28}, {29}, {30}, {31}", a, b, sd, "1"),
+        (true, 8, false) => wgmma_asm!(rs, "bf16", "64", acc, 32, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31], "{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}, {8}, {9}, {10}, {11}, {12}, {13}, {14}, {15}, {16}, {17}, {18}, {19}, {20}, {21}, {22}, {23}, {24}, {25}, {26}, {27}, {28}, {29}, {30}, {31}", a, b, sd, "0"),
+        (true, 8, true) => wgmma_asm!(rs, "bf16", "64", acc, 32, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31], "{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}, {8}, {9}, {10}, {11}, {12}, {13}, {14}, {15}, {16}, {17}, {18}, {19}, {20}, {21}, {22}, {23}, {24}, {25}, {26}, {27}, {28}, {29}, {30}, {31}", a, b, sd, "1"),
+        (false, 16, false) => wgmma_asm!(rs, "f16", "128", acc, 64, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63], "{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}, {8}, {9}, {10}, {11}, {12}, {13}, {14}, {15}, {16}, {17}, {18}, {19}, {20}, {21}, {22}, {23}, {24}, {25}, {26}, {27}, {28}, {29}, {30}, {31}, {32}, {33}, {34}, {35}, {36}, {37}, {38}, {39}, {40}, {41}, {42}, {43}, {44}, {45}, {46}, {47}, {48}, {49}, {50}, {51}, {52}, {53}, {54}, {55}, {56}, {57}, {58}, {59}, {60}, {61}, {62}, {63}", a, b, sd, "0"),
+        (false, 16, true) => wgmma_asm!(rs, "f16", "128", acc, 64, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63], "{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}, {8}, {9}, {10}, {11}, {12}, {13}, {14}, {15}, {16}, {17}, {18}, {19}, {20}, {21}, {22}, {23}, {24}, {25}, {26}, {27}, {28}, {29}, {30}, {31}, {32}, {33}, {34}, {35}, {36}, {37}, {38}, {39}, {40}, {41}, {42}, {43}, {44}, {45}, {46}, {47}, {48}, {49}, {50}, {51}, {52}, {53}, {54}, {55}, {56}, {57}, {58}, {59}, {60}, {61}, {62}, {63}", a, b, sd, "1"),
+        (true, 16, false) => wgmma_asm!(rs, "bf16", "128", acc, 64, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63], "{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}, {8}, {9}, {10}, {11}, {12}, {13}, {14}, {15}, {16}, {17}, {18}, {19}, {20}, {21}, {22}, {23}, {24}, {25}, {26}, {27}, {28}, {29}, {30}, {31}, {32}, {33}, {34}, {35}, {36}, {37}, {38}, {39}, {40}, {41}, {42}, {43}, {44}, {45}, {46}, {47}, {48}, {49}, {50}, {51}, {52}, {53}, {54}, {55}, {56}, {57}, {58}, {59}, {60}, {61}, {62}, {63}", a, b, sd, "0"),
+        (true, 16, true) => wgmma_asm!(rs, "bf16", "128", acc, 64, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63], "{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}, {8}, {9}, {10}, {11}, {12}, {13}, {14}, {15}, {16}, {17}, {18}, {19}, {20}, {21}, {22}, {23}, {24}, {25}, {26}, {27}, {28}, {29}, {30}, {31}, {32}, {33}, {34}, {35}, {36}, {37}, {38}, {39}, {40}, {41}, {42}, {43}, {44}, {45}, {46}, {47}, {48}, {49}, {50}, {51}, {52}, {53}, {54}, {55}, {56}, {57}, {58}, {59}, {60}, {61}, {62}, {63}", a, b, sd, "1"),
+        _ => trap(),
+    }
 }

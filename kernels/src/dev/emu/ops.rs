@@ -157,3 +157,27 @@ pub fn pack_bf16x2(lo: f32, hi: f32) -> u32 {
     use crate::dtype::{Bf16, Element};
     Bf16::from_f32(lo).0 as u32 | (Bf16::from_f32(hi).0 as u32) << 16
 }
+
+/// Byte offset from the block's shared-memory base: the emulator's shared address (the
+/// base stands for a 1024-byte-aligned one, as on the GPU).
+pub fn shared_offset(p: *const u8) -> u32 {
+    (p as usize).wrapping_sub(current().shared_base() as usize) as u32
+}
+pub fn fence_proxy_async() {}
+pub fn wgmma_fence() {}
+pub fn wgmma_commit() {}
+pub fn wgmma_wait<const N: u32>() {}
+pub fn pin_f32(_: &mut f32) {}
+pub fn pin_u32(_: &mut u32) {}
+/// wgmma completes at issue in the emulator: the warpgroup's 128 threads meet, and the
+/// scheduler writes each thread's accumulators through the pointer it passed.
+#[track_caller]
+pub fn wgmma_ss<const NT: usize>(a: u64, b: u64, acc: &mut [[f32; 4]; NT], accumulate: bool, bf16: bool) {
+    let ev = Event::Wgmma { a_desc: Some(a), a_regs: [0; 4], b, acc: acc.as_flattened_mut().as_mut_ptr(), nt: NT as u32, accumulate, trans_b: false, bf16, at: Location::caller() };
+    current().wait(ev);
+}
+#[track_caller]
+pub fn wgmma_rs<const NT: usize, const TRANS_B: bool>(a: [u32; 4], b: u64, acc: &mut [[f32; 4]; NT], accumulate: bool, bf16: bool) {
+    let ev = Event::Wgmma { a_desc: None, a_regs: a, b, acc: acc.as_flattened_mut().as_mut_ptr(), nt: NT as u32, accumulate, trans_b: TRANS_B, bf16, at: Location::caller() };
+    current().wait(ev);
+}

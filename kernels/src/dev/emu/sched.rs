@@ -26,13 +26,27 @@ pub(crate) enum Event {
     Ldmatrix { addr: usize, trans: bool, at: &'static Location<'static> },
     /// `warp::mma_*`: this lane's A, B, C fragments (m16n8k16, row.col, f32 accumulate).
     Mma { a: [u32; 4], b: [u32; 2], c: [u32; 4], bf16: bool, at: &'static Location<'static> },
+    /// `warpgroup::mma_*`: A by descriptor (`a_desc`) or this thread's A fragment, B's
+    /// descriptor, and this thread's `4 nt` accumulators (on its stack, written when the
+    /// warpgroup's 128 threads have met).
+    Wgmma {
+        a_desc: Option<u64>,
+        a_regs: [u32; 4],
+        b: u64,
+        acc: *mut f32,
+        nt: u32,
+        accumulate: bool,
+        trans_b: bool,
+        bf16: bool,
+        at: &'static Location<'static>,
+    },
 }
 
 impl Event {
     fn at(&self) -> &'static Location<'static> {
         match *self {
             Event::Barrier(at) | Event::WarpSync(at) => at,
-            Event::ShflXor { at, .. } | Event::VoteAny { at, .. } | Event::Ldmatrix { at, .. } | Event::Mma { at, .. } => at,
+            Event::ShflXor { at, .. } | Event::VoteAny { at, .. } | Event::Ldmatrix { at, .. } | Event::Mma { at, .. } | Event::Wgmma { at, .. } => at,
         }
     }
     fn what(&self) -> &'static str {
@@ -43,6 +57,7 @@ impl Event {
             Event::VoteAny { .. } => "warp vote",
             Event::Ldmatrix { .. } => "warp ldmatrix",
             Event::Mma { .. } => "warp mma",
+            Event::Wgmma { .. } => "warpgroup mma",
         }
     }
     fn same_op(&self, other: &Event) -> bool {
@@ -433,10 +448,32 @@ pub(crate) fn run_block(
                     }
                     Event::Ldmatrix { .. } => super::warp_ops::ldmatrix(&evs, &ctxs[w * 32..w * 32 + 32]),
                     Event::Mma { .. } => super::warp_ops::mma(&evs),
-                    Event::Barrier(_) => unreachable!(),
+                    Event::Barrier(_) | Event::Wgmma { .. } => unreachable!(),
                 };
                 for (l, r) in results.into_iter().enumerate() {
                     st[w * 32 + l] = St::Ready(r);
+                }
+                released = true;
+            }
+            // Warpgroup collectives (wgmma): resolved once all 128 threads wait at the same one.
+            for wg in 0..n / 128 {
+                let lanes = &st[wg * 128..wg * 128 + 128];
+                let evs: Vec<Event> = lanes
+                    .iter()
+                    .filter_map(|s| match s {
+                        St::Wait(ev @ Event::Wgmma { .. }) => Some(*ev),
+                        _ => None,
+                    })
+                    .collect();
+                if evs.len() != 128 {
+                    continue;
+                }
+                if !evs.iter().all(|e| e.same_op(&evs[0])) {
+                    return Err(format!("divergent warpgroup collective in warpgroup {wg}: {}", describe(lanes)));
+                }
+                super::warp_ops::wgmma(&evs, &ctxs[wg * 128..wg * 128 + 128], state.smem_len);
+                for s in &mut st[wg * 128..wg * 128 + 128] {
+                    *s = St::Ready([0; 4]);
                 }
                 released = true;
             }

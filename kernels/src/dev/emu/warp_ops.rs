@@ -69,3 +69,80 @@ pub(crate) fn mma(evs: &[Event]) -> Vec<[u32; 4]> {
         })
         .collect()
 }
+
+/// Byte offset of element (row r, column c) of a 128-byte-swizzle canonical layout: `r` is
+/// along the rows of 128 bytes (8-row groups `sbo` apart), `c` inside a 64-element row;
+/// blocks of 64 columns are `lbo` apart (MN-major only). The swizzle XORs the 16-byte chunk
+/// index (bits 4-6) with the row in its 1024-byte atom (bits 7-9) of the final address.
+fn sw128(start: usize, lbo: usize, sbo: usize, r: usize, c: usize) -> usize {
+    let a = start + (c / 64) * lbo + (r / 8) * sbo + (r % 8) * 128 + (c % 64) * 2;
+    a ^ (((a >> 7) & 7) << 4)
+}
+
+/// Decodes a wgmma descriptor: (start, lbo, sbo) in bytes; only the 128-byte swizzle with
+/// base offset 0 is emulated.
+fn desc_fields(d: u64) -> (usize, usize, usize) {
+    if d >> 62 != 1 || (d >> 49) & 7 != 0 {
+        super::sched::fault(format!("wgmma descriptor {d:#x}: only the 128-byte swizzle with base offset 0 is emulated"));
+    }
+    (((d & 0x3fff) << 4) as usize, (((d >> 16) & 0x3fff) << 4) as usize, (((d >> 32) & 0x3fff) << 4) as usize)
+}
+
+/// wgmma.mma_async m64nNk16 (N = 8 nt) with f32 accumulation, for one warpgroup. A: by
+/// descriptor (K-major) or from registers (warp w, lane 4g + t: rows 16w + g and + 8 at
+/// k = 2t, 2t + 1, and + 8); B by descriptor, K-major (B[k][n] at row n, column k) or
+/// MN-major when transposed (row k, column n). D: warp w, lane 4g + t, acc[4j..4j + 4] =
+/// rows 16w + g, + 8 at columns 8j + 2t, + 1. Shared memory is read as thread 0 of the
+/// warpgroup (for the emulator's initialisation and race checks).
+pub(crate) fn wgmma(evs: &[Event], lanes: &[ThreadCtx<'_>], smem_len: usize) {
+    let Event::Wgmma { a_desc, b, nt, accumulate, trans_b, bf16, at, .. } = evs[0] else { unreachable!() };
+    let n = nt as usize * 8;
+    let base = lanes[0].shared_base() as usize;
+    let read = |off: usize| -> f32 {
+        if off + 2 > smem_len {
+            super::sched::fault(format!("wgmma reads shared offset {off} outside the block's {smem_len} bytes, at {at}"));
+        }
+        lanes[0].shared_access(base + off, 2, false, at);
+        // SAFETY: inside the block's shared memory, checked just above.
+        half_to_f32(unsafe { core::ptr::read_unaligned((base + off) as *const u16) }, bf16)
+    };
+    let mut a = [[0f32; 16]; 64];
+    match a_desc {
+        Some(d) => {
+            let (start, _, sbo) = desc_fields(d);
+            for (m, row) in a.iter_mut().enumerate() {
+                for (k, x) in row.iter_mut().enumerate() {
+                    *x = read(sw128(start, 0, sbo, m, k));
+                }
+            }
+        }
+        None => {
+            for (l, ev) in evs.iter().enumerate() {
+                let Event::Wgmma { a_regs, .. } = *ev else { unreachable!() };
+                let (w, g, t) = (l / 32, (l % 32) / 4, l % 4);
+                let h = |x: u32, i: u32| half_to_f32((x >> (16 * i)) as u16, bf16);
+                for (r, k0, reg) in [(g, 0, a_regs[0]), (g + 8, 0, a_regs[1]), (g, 8, a_regs[2]), (g + 8, 8, a_regs[3])] {
+                    a[16 * w + r][k0 + 2 * t] = h(reg, 0);
+                    a[16 * w + r][k0 + 2 * t + 1] = h(reg, 1);
+                }
+            }
+        }
+    }
+    let (start, lbo, sbo) = desc_fields(b);
+    let bm: Vec<[f32; 16]> = (0..n)
+        .map(|col| core::array::from_fn(|k| if trans_b { read(sw128(start, lbo, sbo, k, col)) } else { read(sw128(start, 0, sbo, col, k)) }))
+        .collect();
+    for (l, ev) in evs.iter().enumerate() {
+        let Event::Wgmma { acc, .. } = *ev else { unreachable!() };
+        let (w, g, t) = (l / 32, (l % 32) / 4, l % 4);
+        for j in 0..nt as usize {
+            for (e, (r, c)) in [(g, 2 * t), (g, 2 * t + 1), (g + 8, 2 * t), (g + 8, 2 * t + 1)].into_iter().enumerate() {
+                let (row, col) = (16 * w + r, 8 * j + c);
+                // SAFETY: the thread passed a live array of 4 nt accumulators and is suspended.
+                let d = unsafe { &mut *acc.add(4 * j + e) };
+                let init = if accumulate { *d } else { 0.0 };
+                *d = (0..16).fold(init, |s, k| s + a[row][k] * bm[col][k]);
+            }
+        }
+    }
+}

@@ -1,0 +1,309 @@
+//! The Hopper forward kernel (sm_90a, FA3's instruction set without its warp
+//! specialisation): `wgmma.mma_async` with f32 accumulation for S = Q K^T (A and B from shared
+//! memory) and O += P V (P from registers, V from shared memory, transposed by the
+//! instruction), cp.async double-buffering of K and V.
+//!
+//! One block per (Br query rows, head, batch), `WG` warpgroups of 4 warps; warpgroup `wg`
+//! owns query rows 64 wg..64 wg + 64 of the block, warp w of it rows 16 w..16 w + 16, so
+//! lane 4g + t holds rows g and g + 8 and a row's softmax statistics live in one lane quad
+//! (the accumulator layout of wgmma is mma.sync's m16n8 C layout, n-tile by n-tile).
+//! Shared tiles are [rows][D] 16-bit in the 128-byte-swizzle canonical layout ([`Sw`]).
+//! A kernel compiled for D serves every head_dim d <= D that is a multiple of 8 (PAD):
+//! columns d..D are zero-filled in shared memory and never stored.
+
+use crate::dev::{self, Shared, block, global, thread, warp, warpgroup};
+use crate::dtype::MmaElement;
+use crate::mask::{Causal, Mask, NoMask};
+use crate::params::FwdParams;
+use crate::softmax::{Domain, RowState};
+use crate::tile::WgmmaTile;
+
+/// Entry body for one tile. The derived counts come in as parameters (stable Rust cannot
+/// size arrays from expressions of const parameters): NS = BC / 8 (n-tiles of S),
+/// DN = D / 8 (n-tiles of O), KS = BC / 16 (k-steps of P V).
+///
+/// # Safety
+/// `p` valid (host-checked), `p.head_dim <= D`, 128 WG threads and the tile's
+/// `smem_bytes()` bytes of dynamic shared memory; an sm_90a device.
+#[inline(always)]
+pub unsafe fn entry<T: MmaElement, const D: usize, const WG: usize, const BC: usize, const NS: usize, const DN: usize, const KS: usize, const PAD: bool>(
+    p: &FwdParams,
+) {
+    unsafe {
+        if p.causal != 0 {
+            fwd::<T, Causal, D, WG, BC, NS, DN, KS, PAD>(p)
+        } else {
+            fwd::<T, NoMask, D, WG, BC, NS, DN, KS, PAD>(p)
+        }
+    }
+}
+
+/// The 128-byte-swizzle canonical layout of a [ROWS][D] 16-bit tile (D a multiple of 64):
+/// D / 64 column blocks of [ROWS][64], each row 128 bytes, the 16-byte chunks of row r
+/// XOR-swizzled by r % 8 (wgmma reads it through a descriptor, 8-row groups 1024 bytes apart).
+struct Sw<const ROWS: usize, const D: usize>;
+
+impl<const ROWS: usize, const D: usize> Sw<ROWS, D> {
+    /// Element index of (row r, column c).
+    #[inline(always)]
+    fn at(r: usize, c: usize) -> usize {
+        (c / 64) * ROWS * 64 + r * 64 + ((((c % 64) / 8) ^ (r % 8)) * 8) + c % 8
+    }
+    /// Bytes between column blocks (the LBO of an MN-major operand).
+    const BLOCK_BYTES: u32 = (ROWS * 64 * 2) as u32;
+}
+
+/// Block: cp.async of ROWS rows of a [seqlen, d] slice (row stride `stride`) into an
+/// [`Sw`] tile; with BOUNDS, rows at or past `limit` and columns at or past `d` are
+/// zero-filled. Thread x copies chunks x + THREADS i: a fixed trip count, and with D / 8
+/// dividing THREADS each thread keeps one column (see `fwd_mma::load_tile`).
+#[inline(always)]
+unsafe fn load_tile<T: MmaElement, const D: usize, const ROWS: usize, const THREADS: usize, const BOUNDS: bool>(
+    dst: Shared<T>,
+    src: *const T,
+    stride: u64,
+    limit: u32,
+    d: u32,
+) {
+    let cpr = D / 8;
+    let stride = thread::opaque(stride);
+    let x = thread::opaque(thread::idx() as u64) as usize;
+    for i in 0..(ROWS * cpr).div_ceil(THREADS) {
+        let e = x + THREADS * i;
+        let (r, c) = if THREADS % cpr == 0 { (x / cpr + i * (THREADS / cpr), (x % cpr) * 8) } else { (e / cpr, (e % cpr) * 8) };
+        if (ROWS * cpr) % THREADS != 0 && e >= ROWS * cpr {
+            continue;
+        }
+        let valid = !BOUNDS || ((r as u32) < limit && (c as u32) < d);
+        let at = if valid { r as u64 * stride + c as u64 } else { 0 };
+        unsafe { thread::cp_async_16(dst, Sw::<ROWS, D>::at(r, c), src.add(at as usize), valid) };
+    }
+}
+
+/// Thread: flips the sign bits of the chunks this thread copied into the Q tile (the chunks
+/// [`load_tile`] gives it), after its copies completed: a negative softmax scale becomes a
+/// positive one on -Q.
+#[inline(always)]
+fn negate_own_chunks<const D: usize, const ROWS: usize, const THREADS: usize>(q: Shared<u32>) {
+    let (cpr, x) = (D / 8, thread::idx() as usize);
+    let mut e = x;
+    while e < ROWS * cpr {
+        let at = Sw::<ROWS, D>::at(e / cpr, (e % cpr) * 8) / 2;
+        for k in 0..4 {
+            q.st(at + k, q.ld(at + k) ^ 0x8000_8000);
+        }
+        e += THREADS;
+    }
+}
+
+#[inline(always)]
+unsafe fn fwd<T: MmaElement, M: Mask, const D: usize, const WG: usize, const BC: usize, const NS: usize, const DN: usize, const KS: usize, const PAD: bool>(
+    p: &FwdParams,
+) {
+    let tile = WgmmaTile { warpgroups: WG as u32, bc: BC as u32, head_dim: D as u32, padded: PAD };
+    const { assert!(D % 64 == 0 && BC % 16 == 0) };
+    let br = tile.br() as usize;
+    let threads = tile.threads() as usize;
+    let d = if PAD { p.head_dim } else { D as u32 };
+    if p.head_dim > D as u32 || (!PAD && p.head_dim != D as u32) || d % 8 != 0 || NS * 8 != BC || DN * 8 != D || KS * 16 != BC || block::dim() != tile.threads() {
+        thread::trap();
+    }
+    let (q_blk, h, b) = block::idx();
+    // Causal: the heaviest row tiles first (see fwd_mma).
+    let q_blk = if M::CAUSAL { p.seqlen_q.div_ceil(br as u32) - 1 - q_blk } else { q_blk };
+    let (wg, w, lane) = (warpgroup::id() as usize, (warp::id() % 4) as usize, warp::lane() as usize);
+    let (g, t) = (lane / 4, lane % 4);
+    let (sq, sk) = (p.seqlen_q, p.seqlen_k);
+    let h_kv = h / (p.heads_q / p.heads_kv);
+    let row0 = q_blk * br as u32;
+
+    // Shared memory: Q [br][D], K stages 0 and 1, V stages 0 and 1 ([BC][D] each).
+    let smem: Shared<T> = unsafe { dev::dynamic_shared((br + 4 * BC) * D) };
+    let q_s = smem.slice(0, br * D);
+    let k_s = |stage: usize| smem.slice((br + stage * BC) * D, BC * D);
+    let v_s = |stage: usize| smem.slice((br + (2 + stage) * BC) * D, BC * D);
+
+    let q_g = unsafe { (p.q as *const T).add(p.q_strides.offset(b, row0.min(sq), h) as usize) };
+    let k_g = unsafe { (p.k as *const T).add(p.k_strides.offset(b, 0, h_kv) as usize) };
+    let v_g = unsafe { (p.v as *const T).add(p.v_strides.offset(b, 0, h_kv) as usize) };
+
+    let row_end = (row0 + br as u32).min(sq);
+    let n_tiles = M::visible_cols(row_end, sq, sk).div_ceil(BC as u32) as usize;
+    let n_unmasked = ((M::unmasked_cols(row0, sq, sk) / BC as u32) as usize).min(n_tiles);
+
+    // Br is 64 WG rows; ROWS must be a constant, so one arm per warpgroup count.
+    let load_q = || unsafe {
+        match WG {
+            1 => load_tile::<T, D, 64, 128, true>(q_s, q_g, p.q_strides.row, sq - row0.min(sq), d),
+            2 => load_tile::<T, D, 128, 256, true>(q_s, q_g, p.q_strides.row, sq - row0.min(sq), d),
+            3 => load_tile::<T, D, 192, 384, true>(q_s, q_g, p.q_strides.row, sq - row0.min(sq), d),
+            _ => thread::trap(),
+        }
+    };
+    let load_kv = |stage: usize, c1: u32| unsafe {
+        let (k1, v1) = (k_g.add((c1 as u64 * p.k_strides.row) as usize), v_g.add((c1 as u64 * p.v_strides.row) as usize));
+        let limit = sk - c1;
+        macro_rules! kv {
+            ($threads:literal) => {
+                if PAD || limit < BC as u32 {
+                    load_tile::<T, D, BC, $threads, true>(k_s(stage), k1, p.k_strides.row, limit, d);
+                    load_tile::<T, D, BC, $threads, true>(v_s(stage), v1, p.v_strides.row, limit, d);
+                } else {
+                    load_tile::<T, D, BC, $threads, false>(k_s(stage), k1, p.k_strides.row, limit, d);
+                    load_tile::<T, D, BC, $threads, false>(v_s(stage), v1, p.v_strides.row, limit, d);
+                }
+            };
+        }
+        match WG {
+            1 => kv!(128),
+            2 => kv!(256),
+            3 => kv!(384),
+            _ => thread::trap(),
+        }
+    };
+
+    // Prologue: Q and the first K, V tile in flight.
+    load_q();
+    if n_tiles > 0 {
+        load_kv(0, 0);
+    }
+    thread::cp_async_commit();
+
+    // Raw scores; c = |scale| log2 e turns them into the exponent with one FFMA; a negative
+    // scale is a positive one on -Q (sign bits flipped once in shared memory).
+    let c = T::Dm::factor(p.scale.abs()).max(f32::MIN_POSITIVE);
+    if p.scale < 0.0 {
+        thread::cp_async_wait::<0>();
+        match WG {
+            1 => negate_own_chunks::<D, 64, 128>(q_s.cast()),
+            2 => negate_own_chunks::<D, 128, 256>(q_s.cast()),
+            3 => negate_own_chunks::<D, 192, 384>(q_s.cast()),
+            _ => thread::trap(),
+        }
+    }
+    let _ = threads;
+
+    let mut acc_o = [[0f32; 4]; DN];
+    let mut rows = [RowState::INIT; 2]; // rows g and g + 8 of this warp's 16
+    let row_w = row0 + (wg * 64 + w * 16) as u32; // first query row of this warp
+    for j in 0..n_tiles {
+        // Prefetch K_{j+1}, V_{j+1} into the other stage while tile j is computed.
+        if j + 1 < n_tiles {
+            load_kv((j + 1) % 2, ((j + 1) * BC) as u32);
+            thread::cp_async_commit();
+            thread::cp_async_wait::<1>();
+        } else {
+            thread::cp_async_wait::<0>();
+        }
+        // This thread's copies (and sign flips) visible to wgmma, then everyone's.
+        thread::fence_proxy_async();
+        block::sync();
+        let stage = j % 2;
+
+        // S_ij = Q_i K_j^T: D / 16 k-steps of m64n{BC}k16, both operands from shared memory.
+        let mut acc_s = [[0f32; 4]; NS];
+        warpgroup::fence();
+        for kk in 0..D / 16 {
+            let a = warpgroup::desc_sw128(q_s, (kk / 4) * br * 64 + wg * 64 * 64 + (kk % 4) * 16, 16, 1024);
+            let bk = warpgroup::desc_sw128(k_s(stage), (kk / 4) * BC * 64 + (kk % 4) * 16, 16, 1024);
+            warpgroup::mma_ss::<NS>(a, bk, &mut acc_s, kk > 0, T::BF16);
+        }
+        warpgroup::commit();
+        warpgroup::wait::<0, NS>(&mut acc_s);
+
+        // Mask (masked iterations only), then the online softmax per row over the lane quad.
+        let masked = j >= n_unmasked;
+        let c0 = (j * BC) as u32;
+        let mut s = [[[0f32; 2]; NS]; 2];
+        for (n, a) in acc_s.iter().enumerate() {
+            for e in 0..4 {
+                let half = e / 2;
+                let mut x = a[e];
+                if masked {
+                    let row = row_w + (g + 8 * half) as u32;
+                    let col = c0 + (n * 8 + 2 * t + e % 2) as u32;
+                    if col >= sk || M::hides(row, col, sq, sk) {
+                        x = f32::NEG_INFINITY;
+                    }
+                }
+                s[half][n][e % 2] = x;
+            }
+        }
+        let mut alpha = [1f32; 2];
+        for half in 0..2 {
+            alpha[half] = rows[half].update_raw::<4>(s[half].as_flattened_mut(), c);
+        }
+        // acc_o *= alpha, skipped when no row of the warp got a new max (alpha = 1 exactly).
+        if warp::any(alpha[0] != 1.0 || alpha[1] != 1.0) {
+            for a in acc_o.iter_mut() {
+                a[0] *= alpha[0];
+                a[1] *= alpha[0];
+                a[2] *= alpha[1];
+                a[3] *= alpha[1];
+            }
+        }
+        // P_ij to 16 bits in wgmma's A layout: k-step kv covers S n-tiles 2kv, 2kv + 1.
+        let mut pa = [[0u32; 4]; KS];
+        for (kv, f) in pa.iter_mut().enumerate() {
+            let (lo, hi) = (2 * kv, 2 * kv + 1);
+            *f = [T::pack2(s[0][lo][0], s[0][lo][1]), T::pack2(s[1][lo][0], s[1][lo][1]), T::pack2(s[0][hi][0], s[0][hi][1]), T::pack2(s[1][hi][0], s[1][hi][1])];
+        }
+
+        // O += P_ij V_j: BC / 16 k-steps of m64n{D}k16, V [keys][D] read MN-major.
+        warpgroup::fence_operands(&mut acc_o);
+        warpgroup::fence_fragments(&mut pa);
+        warpgroup::fence();
+        for (kv, f) in pa.iter().enumerate() {
+            let bv = warpgroup::desc_sw128(v_s(stage), kv * 16 * 64, Sw::<BC, D>::BLOCK_BYTES, 1024);
+            warpgroup::mma_rs::<DN, true>(*f, bv, &mut acc_o, true, T::BF16);
+        }
+        warpgroup::commit();
+        warpgroup::wait::<0, DN>(&mut acc_o);
+        // Everyone is done with stage j % 2 before iteration j + 1 refills it.
+        block::sync();
+    }
+    if n_tiles == 0 {
+        // No key visible: no barrier has ordered the block's Q copies (and sign flips)
+        // before the epilogue reuses the Q tile for O.
+        thread::cp_async_wait::<0>();
+        block::sync();
+    }
+
+    // O = acc_o / l_i, LSE = m_i + log l_i. The warp stages its 16 rows of O in its own rows
+    // of the Q tile, then writes whole 16-byte chunks.
+    let o_g = unsafe { (p.o as *mut T).add(p.o_strides.offset(b, 0, h) as usize) };
+    let lse_g = unsafe { (p.lse as *mut f32).add(((b as u64 * p.heads_q as u64 + h as u64) * sq as u64) as usize) };
+    let o_words: Shared<u32> = q_s.cast();
+    let r_warp = wg * 64 + w * 16; // first row of this warp in the tile
+    let at = |r: usize, c: usize| match WG {
+        1 => Sw::<64, D>::at(r, c),
+        2 => Sw::<128, D>::at(r, c),
+        _ => Sw::<192, D>::at(r, c),
+    };
+    for half in 0..2 {
+        let (inv_l, lse) = rows[half].finish_raw::<4>(c);
+        let r_tile = r_warp + g + 8 * half;
+        for (n, acc) in acc_o.iter().enumerate() {
+            let packed = T::pack2(acc[2 * half] * inv_l, acc[2 * half + 1] * inv_l);
+            o_words.st(at(r_tile, n * 8 + 2 * t) / 2, packed);
+        }
+        let r = row0 + r_tile as u32;
+        if r < sq && t == 0 {
+            unsafe { global::store(lse_g.add(r as usize), lse) };
+        }
+    }
+    warp::sync();
+    // Warp: its 16 rows, D / 8 chunks each, lane l taking chunks l + 32 i; columns d..D are
+    // zero padding, not stored.
+    let cpr = D / 8;
+    for i in 0..16 * cpr / 32 {
+        let e = lane + 32 * i;
+        let (r_tile, col) = (r_warp + e / cpr, (e % cpr) * 8);
+        let r = row0 + r_tile as u32;
+        if r < sq && (col as u32) < d {
+            let v = q_s.ld_16(at(r_tile, col));
+            let off = r as u64 * p.o_strides.row + col as u64;
+            unsafe { global::store_16(o_g.add(off as usize) as *mut dev::Chunk16, v) };
+        }
+    }
+}
