@@ -103,7 +103,6 @@ unsafe fn fwd<T: MmaElement, M: Mask, const D: usize, const WG: usize, const BC:
     let tile = WgmmaTile { warpgroups: WG as u32, bc: BC as u32, head_dim: D as u32, padded: PAD };
     const { assert!(D % 64 == 0 && BC % 16 == 0) };
     let br = tile.br() as usize;
-    let threads = tile.threads() as usize;
     let d = if PAD { p.head_dim } else { D as u32 };
     if p.head_dim > D as u32 || (!PAD && p.head_dim != D as u32) || d % 8 != 0 || NS * 8 != BC || DN * 8 != D || KS * 16 != BC || block::dim() != tile.threads() {
         thread::trap();
@@ -132,7 +131,7 @@ unsafe fn fwd<T: MmaElement, M: Mask, const D: usize, const WG: usize, const BC:
     let n_unmasked = ((M::unmasked_cols(row0, sq, sk) / BC as u32) as usize).min(n_tiles);
 
     // Br is 64 WG rows; ROWS must be a constant, so one arm per warpgroup count.
-    let load_q = || unsafe {
+    let load_q = #[inline(always)] || unsafe {
         match WG {
             1 => load_tile::<T, D, 64, 128, true>(q_s, q_g, p.q_strides.row, sq - row0.min(sq), d),
             2 => load_tile::<T, D, 128, 256, true>(q_s, q_g, p.q_strides.row, sq - row0.min(sq), d),
@@ -140,32 +139,42 @@ unsafe fn fwd<T: MmaElement, M: Mask, const D: usize, const WG: usize, const BC:
             _ => thread::trap(),
         }
     };
-    let load_kv = |stage: usize, c1: u32| unsafe {
-        let (k1, v1) = (k_g.add((c1 as u64 * p.k_strides.row) as usize), v_g.add((c1 as u64 * p.v_strides.row) as usize));
+    // Block: one K (or V) tile of BC keys from key c1 into `stage`; bounds checks only where
+    // the tile reaches past seqlen_k or head_dim is padded.
+    let load_one = #[inline(always)] |dst: Shared<T>, src: *const T, stride: u64, c1: u32| unsafe {
+        let src = src.add((c1 as u64 * stride) as usize);
         let limit = sk - c1;
-        macro_rules! kv {
+        macro_rules! one {
             ($threads:literal) => {
                 if PAD || limit < BC as u32 {
-                    load_tile::<T, D, BC, $threads, true>(k_s(stage), k1, p.k_strides.row, limit, d);
-                    load_tile::<T, D, BC, $threads, true>(v_s(stage), v1, p.v_strides.row, limit, d);
+                    load_tile::<T, D, BC, $threads, true>(dst, src, stride, limit, d)
                 } else {
-                    load_tile::<T, D, BC, $threads, false>(k_s(stage), k1, p.k_strides.row, limit, d);
-                    load_tile::<T, D, BC, $threads, false>(v_s(stage), v1, p.v_strides.row, limit, d);
+                    load_tile::<T, D, BC, $threads, false>(dst, src, stride, limit, d)
                 }
             };
         }
         match WG {
-            1 => kv!(128),
-            2 => kv!(256),
-            3 => kv!(384),
+            1 => one!(128),
+            2 => one!(256),
+            3 => one!(384),
             _ => thread::trap(),
         }
     };
+    let load_k = #[inline(always)] |stage: usize, c1: u32| load_one(k_s(stage), k_g, p.k_strides.row, c1);
+    let load_v = #[inline(always)] |stage: usize, c1: u32| load_one(v_s(stage), v_g, p.v_strides.row, c1);
 
-    // Prologue: Q and the first K, V tile in flight.
+    // Copy groups: G_0 = {Q, K_0}, then G_j = {K_j, V_(j-1)} for j >= 1 (K_n does not
+    // exist): iteration j needs G_j and issues G_(j+1) into the stages iteration j - 1 freed.
     load_q();
     if n_tiles > 0 {
-        load_kv(0, 0);
+        load_k(0, 0);
+    }
+    thread::cp_async_commit();
+    if n_tiles > 0 {
+        if n_tiles > 1 {
+            load_k(1, BC as u32);
+        }
+        load_v(0, 0);
     }
     thread::cp_async_commit();
 
@@ -181,45 +190,42 @@ unsafe fn fwd<T: MmaElement, M: Mask, const D: usize, const WG: usize, const BC:
             _ => thread::trap(),
         }
     }
-    let _ = threads;
 
     let mut acc_o = [[0f32; 4]; DN];
+    let mut acc_s = [[0f32; 4]; NS];
+    let mut pa = [[0u32; 4]; KS];
     let mut rows = [RowState::INIT; 2]; // rows g and g + 8 of this warp's 16
     let row_w = row0 + (wg * 64 + w * 16) as u32; // first query row of this warp
-    for j in 0..n_tiles {
-        // Prefetch K_{j+1}, V_{j+1} into the other stage while tile j is computed.
-        if j + 1 < n_tiles {
-            load_kv((j + 1) % 2, ((j + 1) * BC) as u32);
-            thread::cp_async_commit();
-            thread::cp_async_wait::<1>();
-        } else {
-            thread::cp_async_wait::<0>();
-        }
-        // This thread's copies (and sign flips) visible to wgmma, then everyone's.
-        thread::fence_proxy_async();
-        block::sync();
-        let stage = j % 2;
-
-        // S_ij = Q_i K_j^T: D / 16 k-steps of m64n{BC}k16, both operands from shared memory.
-        let mut acc_s = [[0f32; 4]; NS];
-        warpgroup::fence();
+    let q_off = wg * 64 * 64; // this warpgroup's 64 rows of Q
+    // Warpgroup: issue S_j = Q K_j (D / 16 k-steps of m64n{BC}k16, both operands in shared
+    // memory) as one wgmma group.
+    let issue_s = #[inline(always)] |stage: usize, acc_s: &mut [[f32; 4]; NS]| {
         for kk in 0..D / 16 {
-            let a = warpgroup::desc_sw128(q_s, (kk / 4) * br * 64 + wg * 64 * 64 + (kk % 4) * 16, 16, 1024);
+            let a = warpgroup::desc_sw128(q_s, (kk / 4) * br * 64 + q_off + (kk % 4) * 16, 16, 1024);
             let bk = warpgroup::desc_sw128(k_s(stage), (kk / 4) * BC * 64 + (kk % 4) * 16, 16, 1024);
-            warpgroup::mma_ss::<NS>(a, bk, &mut acc_s, kk > 0, T::BF16);
+            warpgroup::mma_ss::<NS>(a, bk, acc_s, kk > 0, T::BF16);
         }
         warpgroup::commit();
-        warpgroup::wait::<0, NS>(&mut acc_s);
-
-        // Mask (masked iterations only), then the online softmax per row over the lane quad.
-        let masked = j >= n_unmasked;
+    };
+    // Warpgroup: issue O += P V_j (BC / 16 k-steps of m64n{D}k16, P from registers, V
+    // [keys][D] read MN-major) as one wgmma group.
+    let issue_pv = #[inline(always)] |stage: usize, pa: &[[u32; 4]; KS], acc_o: &mut [[f32; 4]; DN]| {
+        for (kv, f) in pa.iter().enumerate() {
+            let bv = warpgroup::desc_sw128(v_s(stage), kv * 16 * 64, Sw::<BC, D>::BLOCK_BYTES, 1024);
+            warpgroup::mma_rs::<DN, true>(*f, bv, acc_o, true, T::BF16);
+        }
+        warpgroup::commit();
+    };
+    // Thread: mask tile j's scores (masked iterations only) and fold them into the rows'
+    // online softmax; the scores become P in place; returns alpha per row.
+    let softmax = #[inline(always)] |j: usize, acc_s: &mut [[f32; 4]; NS], rows: &mut [RowState; 2]| -> [f32; 2] {
         let c0 = (j * BC) as u32;
         let mut s = [[[0f32; 2]; NS]; 2];
         for (n, a) in acc_s.iter().enumerate() {
             for e in 0..4 {
                 let half = e / 2;
                 let mut x = a[e];
-                if masked {
+                if j >= n_unmasked {
                     let row = row_w + (g + 8 * half) as u32;
                     let col = c0 + (n * 8 + 2 * t + e % 2) as u32;
                     if col >= sk || M::hides(row, col, sq, sk) {
@@ -233,7 +239,14 @@ unsafe fn fwd<T: MmaElement, M: Mask, const D: usize, const WG: usize, const BC:
         for half in 0..2 {
             alpha[half] = rows[half].update_raw::<4>(s[half].as_flattened_mut(), c);
         }
-        // acc_o *= alpha, skipped when no row of the warp got a new max (alpha = 1 exactly).
+        for (n, a) in acc_s.iter_mut().enumerate() {
+            *a = [s[0][n][0], s[0][n][1], s[1][n][0], s[1][n][1]];
+        }
+        alpha
+    };
+    // Thread: acc_o *= alpha (skipped when no row of the warp got a new max: alpha = 1
+    // exactly), and P to 16 bits in wgmma's A layout (k-step kv: S n-tiles 2kv, 2kv + 1).
+    let rescale_and_pack = #[inline(always)] |alpha: [f32; 2], acc_s: &[[f32; 4]; NS], acc_o: &mut [[f32; 4]; DN], pa: &mut [[u32; 4]; KS]| {
         if warp::any(alpha[0] != 1.0 || alpha[1] != 1.0) {
             for a in acc_o.iter_mut() {
                 a[0] *= alpha[0];
@@ -242,32 +255,66 @@ unsafe fn fwd<T: MmaElement, M: Mask, const D: usize, const WG: usize, const BC:
                 a[3] *= alpha[1];
             }
         }
-        // P_ij to 16 bits in wgmma's A layout: k-step kv covers S n-tiles 2kv, 2kv + 1.
-        let mut pa = [[0u32; 4]; KS];
         for (kv, f) in pa.iter_mut().enumerate() {
-            let (lo, hi) = (2 * kv, 2 * kv + 1);
-            *f = [T::pack2(s[0][lo][0], s[0][lo][1]), T::pack2(s[1][lo][0], s[1][lo][1]), T::pack2(s[0][hi][0], s[0][hi][1]), T::pack2(s[1][hi][0], s[1][hi][1])];
+            let (lo, hi) = (acc_s[2 * kv], acc_s[2 * kv + 1]);
+            *f = [T::pack2(lo[0], lo[1]), T::pack2(lo[2], lo[3]), T::pack2(hi[0], hi[1]), T::pack2(hi[2], hi[3])];
         }
+    };
 
-        // O += P_ij V_j: BC / 16 k-steps of m64n{D}k16, V [keys][D] read MN-major.
+    if n_tiles > 0 {
+        // Tile 0: S_0, its softmax, P_0 (acc_o is still 0: nothing to rescale).
+        thread::cp_async_wait::<1>();
+        thread::fence_proxy_async();
+        block::sync();
+        warpgroup::fence();
+        issue_s(0, &mut acc_s);
+        warpgroup::wait::<0, NS>(&mut acc_s);
+        let alpha = softmax(0, &mut acc_s, &mut rows);
+        rescale_and_pack(alpha, &acc_s, &mut acc_o, &mut pa);
+    }
+    for j in 1..n_tiles {
+        // Every warpgroup is done with iteration j - 1 (S_(j-1) read K stage (j - 1) % 2,
+        // PV_(j-2) read V stage j % 2): G_(j+1) may refill them.
+        block::sync();
+        if j + 1 < n_tiles {
+            load_k((j + 1) % 2, ((j + 1) * BC) as u32);
+        }
+        load_v(j % 2, (j * BC) as u32);
+        thread::cp_async_commit();
+        // G_j (K_j, V_(j-1)) landed, for every thread and for the async proxy.
+        thread::cp_async_wait::<1>();
+        thread::fence_proxy_async();
+        block::sync();
+        // S_j = Q K_j, then O += P_(j-1) V_(j-1): the softmax of tile j below runs while
+        // the tensor cores do P V (FA3's intra-warpgroup overlap).
         warpgroup::fence_operands(&mut acc_o);
         warpgroup::fence_fragments(&mut pa);
         warpgroup::fence();
-        for (kv, f) in pa.iter().enumerate() {
-            let bv = warpgroup::desc_sw128(v_s(stage), kv * 16 * 64, Sw::<BC, D>::BLOCK_BYTES, 1024);
-            warpgroup::mma_rs::<DN, true>(*f, bv, &mut acc_o, true, T::BF16);
-        }
-        warpgroup::commit();
+        issue_s(j % 2, &mut acc_s);
+        issue_pv((j - 1) % 2, &pa, &mut acc_o);
+        warpgroup::wait::<1, NS>(&mut acc_s);
+        let alpha = softmax(j, &mut acc_s, &mut rows);
         warpgroup::wait::<0, DN>(&mut acc_o);
-        // Everyone is done with stage j % 2 before iteration j + 1 refills it.
-        block::sync();
+        rescale_and_pack(alpha, &acc_s, &mut acc_o, &mut pa);
     }
-    if n_tiles == 0 {
+    if n_tiles > 0 {
+        // O += P_(n-1) V_(n-1).
+        thread::cp_async_wait::<0>();
+        thread::fence_proxy_async();
+        block::sync();
+        warpgroup::fence_operands(&mut acc_o);
+        warpgroup::fence_fragments(&mut pa);
+        warpgroup::fence();
+        issue_pv((n_tiles - 1) % 2, &pa, &mut acc_o);
+        warpgroup::wait::<0, DN>(&mut acc_o);
+    } else {
         // No key visible: no barrier has ordered the block's Q copies (and sign flips)
         // before the epilogue reuses the Q tile for O.
         thread::cp_async_wait::<0>();
         block::sync();
     }
+    // The epilogue overwrites this warp's rows of Q, which only its own warpgroup's S
+    // wgmma read (all complete).
 
     // O = acc_o / l_i, LSE = m_i + log l_i. The warp stages its 16 rows of O in its own rows
     // of the Q tile, then writes whole 16-byte chunks.

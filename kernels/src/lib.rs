@@ -13,6 +13,9 @@
 //! (`fwd_*.rs`), and [`registry`] (one line per variant).
 #![no_std]
 #![feature(f16)]
+// `#[inline(always)]` on the kernels' helper closures: an outlined helper taking a register
+// array by reference puts the array in local memory.
+#![feature(stmt_expr_attributes)]
 #![cfg_attr(
     target_arch = "nvptx64",
     feature(
