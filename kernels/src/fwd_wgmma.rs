@@ -294,7 +294,17 @@ unsafe fn fwd<T: MmaElement, M: Mask, const D: usize, const WG: usize, const BC:
         issue_pv((j - 1) % 2, &pa, &mut acc_o);
         warpgroup::wait::<1, NS>(&mut acc_s);
         let alpha = softmax(j, &mut acc_s, &mut rows);
+        // Pinned before the wait: LLVM otherwise sinks the softmax below it, next to its
+        // uses, and the overlap is lost (SASS of f09a897: one exp between the two waits).
+        let mut al = [[alpha[0], alpha[1], rows[0].l, rows[1].l]];
+        warpgroup::fence_operands(&mut al);
+        warpgroup::fence_operands(&mut acc_s);
+        let alpha = [al[0][0], al[0][1]];
+        (rows[0].l, rows[1].l) = (al[0][2], al[0][3]);
         warpgroup::wait::<0, DN>(&mut acc_o);
+        // P_(j-1) stays live until P V has read it: else ptxas reuses its registers for the
+        // softmax above and must wait for P V first, which serialises the two (SASS).
+        warpgroup::fence_fragments(&mut pa);
         rescale_and_pack(alpha, &acc_s, &mut acc_o, &mut pa);
     }
     if n_tiles > 0 {

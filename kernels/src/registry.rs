@@ -9,7 +9,7 @@ use crate::dtype::Bf16;
 #[cfg(not(target_arch = "nvptx64"))]
 use crate::dtype::{DType, Element};
 use crate::params::{BwdParams, FwdParams};
-use crate::tile::{MmaBwdTile, MmaTile, mma_bwd_tile, wgmma_tile, mma_tile, mma_tile_br64, mma_tile_unfused, simt_dq_smem_bytes, simt_kv_tile, simt_tile};
+use crate::tile::{MmaBwdTile, MmaTile, WgmmaTile, mma_bwd_tile, wgmma_tile, wgmma_tile_br192, mma_tile, mma_tile_br64, mma_tile_unfused, simt_dq_smem_bytes, simt_kv_tile, simt_tile};
 
 /// The PTX module a variant is compiled into, and so the devices it runs on.
 #[cfg(not(target_arch = "nvptx64"))]
@@ -125,23 +125,23 @@ macro_rules! mma {
 /// One Hopper variant: the tile `wgmma_tile(d)` chooses; it serves every head_dim that maps
 /// to the same tile.
 macro_rules! wgmma {
-    ($ty:ty, $d:literal) => {
+    ($ty:ty, $tile:ident, $d:literal) => {
         crate::fwd_wgmma::entry::<
             $ty,
-            { wg_field($d, 2) as usize },
-            { wg_field($d, 0) as usize },
-            { wg_field($d, 1) as usize },
-            { wg_field($d, 1) as usize / 8 },
-            { wg_field($d, 2) as usize / 8 },
-            { wg_field($d, 1) as usize / 16 },
-            { wg_field($d, 3) != 0 },
+            { wg_field($tile($d), 2) as usize },
+            { wg_field($tile($d), 0) as usize },
+            { wg_field($tile($d), 1) as usize },
+            { wg_field($tile($d), 1) as usize / 8 },
+            { wg_field($tile($d), 2) as usize / 8 },
+            { wg_field($tile($d), 1) as usize / 16 },
+            { wg_field($tile($d), 3) != 0 },
         >
     };
 }
 
-/// Field `i` of `wgmma_tile(d)` (warpgroups, bc, head_dim, padded), for const generic arguments.
-const fn wg_field(d: u32, i: u32) -> u32 {
-    match wgmma_tile(d) {
+/// Field `i` of a Hopper tile (warpgroups, bc, head_dim, padded), for const generic arguments.
+const fn wg_field(t: Option<WgmmaTile>, i: u32) -> u32 {
+    match t {
         Some(t) => match i {
             0 => t.warpgroups,
             1 => t.bc,
@@ -153,6 +153,12 @@ const fn wg_field(d: u32, i: u32) -> u32 {
 }
 const fn wg_smem(d: u32) -> u32 {
     match wgmma_tile(d) {
+        Some(t) => t.smem_bytes(),
+        None => 0,
+    }
+}
+const fn wg_br192_smem(d: u32) -> u32 {
+    match wgmma_tile_br192(d) {
         Some(t) => t.smem_bytes(),
         None => 0,
     }
@@ -221,14 +227,16 @@ fwd_variants! {
     flash_fwd_mma_unfused_f16_d128  => "mma_unfused" @ Sm80, [mma!(f16, mma_tile_unfused, 128)],  f16,  (128, 128), mma_br(128), MMA_THREADS, mma_smem;
     flash_fwd_mma_unfused_bf16_d64  => "mma_unfused" @ Sm80, [mma!(Bf16, mma_tile_unfused, 64)],  Bf16, (64, 64),   mma_br(64),  MMA_THREADS, mma_smem;
     flash_fwd_mma_unfused_bf16_d128 => "mma_unfused" @ Sm80, [mma!(Bf16, mma_tile_unfused, 128)], Bf16, (128, 128), mma_br(128), MMA_THREADS, mma_smem;
-    flash_fwd_wgmma_f16_d64p   => "wgmma" @ Sm90a, [wgmma!(f16, 56)],   f16,  (8, 56),    wg_field(56, 0) * 64,  wg_field(56, 0) * 128,  wg_smem;
-    flash_fwd_wgmma_f16_d64    => "wgmma" @ Sm90a, [wgmma!(f16, 64)],   f16,  (64, 64),   wg_field(64, 0) * 64,  wg_field(64, 0) * 128,  wg_smem;
-    flash_fwd_wgmma_f16_d128p  => "wgmma" @ Sm90a, [wgmma!(f16, 120)],  f16,  (72, 120),  wg_field(120, 0) * 64, wg_field(120, 0) * 128, wg_smem;
-    flash_fwd_wgmma_f16_d128   => "wgmma" @ Sm90a, [wgmma!(f16, 128)],  f16,  (128, 128), wg_field(128, 0) * 64, wg_field(128, 0) * 128, wg_smem;
-    flash_fwd_wgmma_bf16_d64p  => "wgmma" @ Sm90a, [wgmma!(Bf16, 56)],  Bf16, (8, 56),    wg_field(56, 0) * 64,  wg_field(56, 0) * 128,  wg_smem;
-    flash_fwd_wgmma_bf16_d64   => "wgmma" @ Sm90a, [wgmma!(Bf16, 64)],  Bf16, (64, 64),   wg_field(64, 0) * 64,  wg_field(64, 0) * 128,  wg_smem;
-    flash_fwd_wgmma_bf16_d128p => "wgmma" @ Sm90a, [wgmma!(Bf16, 120)], Bf16, (72, 120),  wg_field(120, 0) * 64, wg_field(120, 0) * 128, wg_smem;
-    flash_fwd_wgmma_bf16_d128  => "wgmma" @ Sm90a, [wgmma!(Bf16, 128)], Bf16, (128, 128), wg_field(128, 0) * 64, wg_field(128, 0) * 128, wg_smem;
+    flash_fwd_wgmma_f16_d64p   => "wgmma" @ Sm90a, [wgmma!(f16, wgmma_tile, 56)],   f16,  (8, 56),    wg_field(wgmma_tile(56), 0) * 64,  wg_field(wgmma_tile(56), 0) * 128,  wg_smem;
+    flash_fwd_wgmma_f16_d64    => "wgmma" @ Sm90a, [wgmma!(f16, wgmma_tile, 64)],   f16,  (64, 64),   wg_field(wgmma_tile(64), 0) * 64,  wg_field(wgmma_tile(64), 0) * 128,  wg_smem;
+    flash_fwd_wgmma_f16_d128p  => "wgmma" @ Sm90a, [wgmma!(f16, wgmma_tile, 120)],  f16,  (72, 120),  wg_field(wgmma_tile(120), 0) * 64, wg_field(wgmma_tile(120), 0) * 128, wg_smem;
+    flash_fwd_wgmma_f16_d128   => "wgmma" @ Sm90a, [wgmma!(f16, wgmma_tile, 128)],  f16,  (128, 128), wg_field(wgmma_tile(128), 0) * 64, wg_field(wgmma_tile(128), 0) * 128, wg_smem;
+    flash_fwd_wgmma_bf16_d64p  => "wgmma" @ Sm90a, [wgmma!(Bf16, wgmma_tile, 56)],  Bf16, (8, 56),    wg_field(wgmma_tile(56), 0) * 64,  wg_field(wgmma_tile(56), 0) * 128,  wg_smem;
+    flash_fwd_wgmma_bf16_d64   => "wgmma" @ Sm90a, [wgmma!(Bf16, wgmma_tile, 64)],  Bf16, (64, 64),   wg_field(wgmma_tile(64), 0) * 64,  wg_field(wgmma_tile(64), 0) * 128,  wg_smem;
+    flash_fwd_wgmma_bf16_d128p => "wgmma" @ Sm90a, [wgmma!(Bf16, wgmma_tile, 120)], Bf16, (72, 120),  wg_field(wgmma_tile(120), 0) * 64, wg_field(wgmma_tile(120), 0) * 128, wg_smem;
+    flash_fwd_wgmma_bf16_d128  => "wgmma" @ Sm90a, [wgmma!(Bf16, wgmma_tile, 128)], Bf16, (128, 128), wg_field(wgmma_tile(128), 0) * 64, wg_field(wgmma_tile(128), 0) * 128, wg_smem;
+    flash_fwd_wgmma_br192_f16_d64  => "wgmma_br192" @ Sm90a, [wgmma!(f16, wgmma_tile_br192, 64)],  f16,  (64, 64), 192, 384, wg_br192_smem;
+    flash_fwd_wgmma_br192_bf16_d64 => "wgmma_br192" @ Sm90a, [wgmma!(Bf16, wgmma_tile_br192, 64)], Bf16, (64, 64), 192, 384, wg_br192_smem;
     flash_fwd_simt_f32_d64   => "simt" @ Sm80, [simt!(f32, 64)],     f32,  (8, 64),     simt_tile(64).br(), 128, simt_smem;
     flash_fwd_simt_f32_d128  => "simt" @ Sm80, [simt!(f32, 128)],   f32,  (72, 128),   simt_tile(128).br(), 128, simt_smem;
     flash_fwd_simt_f32_d256  => "simt" @ Sm80, [simt!(f32, 256)],  f32,  (136, 256),  simt_tile(256).br(), 128, simt_smem;
@@ -245,7 +253,7 @@ fwd_variants! {
 /// `mma_unfused` (the softmax on scaled scores) are chosen only
 /// by name, for comparison.
 #[cfg(not(target_arch = "nvptx64"))]
-pub const FAMILIES: &[&str] = &["wgmma", "mma", "simt", "mma_br64", "mma_unfused"];
+pub const FAMILIES: &[&str] = &["wgmma", "mma", "simt", "mma_br64", "mma_unfused", "wgmma_br192"];
 
 /// The variant of `family` for `dtype` and `head_dim`, if there is one.
 #[cfg(not(target_arch = "nvptx64"))]

@@ -376,3 +376,12 @@ pub const fn wgmma_tile(head_dim: u32) -> Option<WgmmaTile> {
         _ => None,
     }
 }
+
+/// Three warpgroups (Br = 192, FA3's d=64 tile) at d=64, by name (`wgmma_br192`), for
+/// comparison: 12 warps per SM instead of 8 to hide the softmax's latency.
+pub const fn wgmma_tile_br192(head_dim: u32) -> Option<WgmmaTile> {
+    match head_dim {
+        64 => Some(WgmmaTile { warpgroups: 3, bc: 128, head_dim: 64, padded: false }),
+        _ => None,
+    }
+}
