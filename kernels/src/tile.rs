@@ -356,32 +356,38 @@ impl WgmmaTile {
         self.warpgroups * 128
     }
     /// Shared memory per block, in bytes: Q [br] rows and two stages of K and V [bc] rows of
-    /// head_dim 16-bit elements, plus 1 KB for the 1024-byte alignment of the swizzle atoms.
+    /// head_dim 16-bit elements (the base is 1024-byte aligned, as the swizzle atoms need).
     pub const fn smem_bytes(&self) -> u32 {
         (self.br() + 4 * self.bc) * self.head_dim * 2
     }
 }
 
-/// The Hopper forward tile for `head_dim`, if there is one (f16 and bf16, sm_90a).
+/// The Hopper forward tile for `head_dim`, if there is one (f16 and bf16, sm_90a): head_dim
+/// 72..=128, compiled for 128 (exact at 128, zero-padded below).
 ///
-/// Reasons: two warpgroups of 64 rows (Br = 128) and Bc = 128 are FA3's tile for d=64 and
-/// d=128 non-causal; S is 64 f32 accumulators per thread, O 32 (d=64) or 64 (d=128), P 32
-/// registers, so the thread fits in 255 registers without the producer/consumer split.
-/// Shared memory: 80 KB (d=64), 160 KB (d=128). Not yet measured.
+/// Reasons: two warpgroups of 64 rows (Br = 128) and Bc = 128 (FA3's d=128 tile, non-causal):
+/// S is 64 f32 accumulators per thread, O 64, P 32 registers; ptxas (sm_90a, a7f6c3d): 255
+/// registers, no spills; 160 KB of shared memory, one block (8 warps) per SM. Measured on an
+/// H200 (a7f6c3d, f16, FA paper shapes, seqlen 1k / 2k / 4k / 8k / 16k), TFLOP/s non-causal
+/// 354 / 379 / 394 / 401 / 404, causal 253 / 290 / 314 / 330 / 355, against the mma.sync
+/// kernel's 310-330 and 235-306 (SDPA flash at bd265a1: 331-359, 246-304).
+/// Not at d <= 64 ([`wgmma_tile_d64`], by name): there the same structure ran 247-280
+/// non-causal and 171-228 causal against mma.sync's 284-301 and 223-295 (same run): S and
+/// P V are half as large while the softmax is not, and the two warpgroups meet at two block
+/// barriers per tile, so the exponentials are not hidden under the tensor cores (three
+/// warpgroups, Br = 192, ran 233-291 / 141-224: no better).
 pub const fn wgmma_tile(head_dim: u32) -> Option<WgmmaTile> {
     match head_dim {
-        _ if head_dim == 0 || head_dim % 8 != 0 => None,
-        ..=64 => Some(WgmmaTile { warpgroups: 2, bc: 128, head_dim: 64, padded: head_dim != 64 }),
-        ..=128 => Some(WgmmaTile { warpgroups: 2, bc: 128, head_dim: 128, padded: head_dim != 128 }),
-        _ => None,
+        _ if head_dim % 8 != 0 || head_dim <= 64 || head_dim > 128 => None,
+        _ => Some(WgmmaTile { warpgroups: 2, bc: 128, head_dim: 128, padded: head_dim != 128 }),
     }
 }
 
-/// Three warpgroups (Br = 192, FA3's d=64 tile) at d=64, by name (`wgmma_br192`), for
-/// comparison: 12 warps per SM instead of 8 to hide the softmax's latency.
-pub const fn wgmma_tile_br192(head_dim: u32) -> Option<WgmmaTile> {
+/// The Hopper tile at head_dim <= 64 (two warpgroups, Bc = 128, compiled for 64), by name
+/// (`wgmma_d64`) for comparison: slower than mma.sync there (see [`wgmma_tile`]).
+pub const fn wgmma_tile_d64(head_dim: u32) -> Option<WgmmaTile> {
     match head_dim {
-        64 => Some(WgmmaTile { warpgroups: 3, bc: 128, head_dim: 64, padded: false }),
-        _ => None,
+        _ if head_dim == 0 || head_dim % 8 != 0 || head_dim > 64 => None,
+        _ => Some(WgmmaTile { warpgroups: 2, bc: 128, head_dim: 64, padded: head_dim != 64 }),
     }
 }
