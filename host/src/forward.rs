@@ -187,7 +187,11 @@ impl FlashAttn {
         self.check_owner(v, "v")?;
         self.check_owner(o, "o")?;
         self.check_owner(lse, "lse")?;
-        let variant = select_variant(T::DTYPE, shape.head_dim, opts, &self.archs())?;
+        let archs = self.archs();
+        let variant = select_variant(T::DTYPE, shape.head_dim, opts, &archs)?;
+        if !archs.contains(&variant.arch) {
+            return Err(Error::UnsupportedDevice { kernel: variant.name, needs: variant.arch, device: self.device_name() });
+        }
         let d = shape.head_dim as u32;
         let smem = (variant.smem_bytes)(d) as usize;
         let grid = ((shape.seqlen_q as u32).div_ceil(variant.br), shape.heads_q as u32, shape.batch as u32);
