@@ -156,10 +156,22 @@ pub fn select_variant(dtype: flashattn_kernels::dtype::DType, head_dim: usize, o
 }
 
 impl FlashAttn {
+    /// The variant [`select_variant`] picks for this device; a named one this device cannot
+    /// run (an sm_90a kernel off compute capability 9.0) is [`Error::UnsupportedDevice`].
+    fn fwd_variant_for(&self, dtype: flashattn_kernels::dtype::DType, head_dim: usize, opts: &FwdOptions) -> Result<&'static FwdVariant> {
+        let archs = self.archs();
+        let variant = select_variant(dtype, head_dim, opts, &archs)?;
+        if !archs.contains(&variant.arch) {
+            return Err(Error::UnsupportedDevice { kernel: variant.name, needs: variant.arch, device: self.device_name() });
+        }
+        Ok(variant)
+    }
+
     /// Attention forward: O = softmax(scale * Q K^T [masked]) V, and its LSE.
     /// Q: [batch, seqlen_q, heads_q, head_dim]; K, V: [batch, seqlen_k, heads_kv, head_dim].
     pub fn forward<T: Dtype>(&self, q: &Tensor<T>, k: &Tensor<T>, v: &Tensor<T>, opts: &FwdOptions) -> Result<FwdOutput<T>> {
         let shape = validate(q.shape(), k.shape(), v.shape(), opts)?;
+        self.fwd_variant_for(T::DTYPE, shape.head_dim, opts)?;
         let mut o = self.alloc::<T>(&shape.q_shape())?;
         let mut lse = self.alloc::<f32>(&shape.lse_shape())?;
         self.forward_into(q, k, v, &mut o, &mut lse, opts)?;
@@ -187,11 +199,7 @@ impl FlashAttn {
         self.check_owner(v, "v")?;
         self.check_owner(o, "o")?;
         self.check_owner(lse, "lse")?;
-        let archs = self.archs();
-        let variant = select_variant(T::DTYPE, shape.head_dim, opts, &archs)?;
-        if !archs.contains(&variant.arch) {
-            return Err(Error::UnsupportedDevice { kernel: variant.name, needs: variant.arch, device: self.device_name() });
-        }
+        let variant = self.fwd_variant_for(T::DTYPE, shape.head_dim, opts)?;
         let d = shape.head_dim as u32;
         let smem = (variant.smem_bytes)(d) as usize;
         let grid = ((shape.seqlen_q as u32).div_ceil(variant.br), shape.heads_q as u32, shape.batch as u32);
