@@ -24,6 +24,19 @@ fn bench_forward(c: &mut Criterion) {
                 let heads = if why.is_some() { 2 } else { 2048 / d };
                 let s = AttnShape { batch: (16384 / seqlen).max(1).min(if why.is_some() { 1 } else { usize::MAX }), seqlen_q: seqlen, seqlen_k: seqlen, heads_q: heads, heads_kv: heads, head_dim: d };
                 let opts = FwdOptions { causal, softmax_scale: None, kernel: Some(family), ..Default::default() };
+                // Not every family serves every head_dim (wgmma: 72..128, wgmma_d64: <= 64),
+                // and sm_90a kernels run on compute capability 9.0 only.
+                match flashattn::select_variant(flashattn::kernels::dtype::DType::F16, d, &opts, &fa.archs()) {
+                    Ok(v) if fa.archs().contains(&v.arch) => {}
+                    Ok(v) => {
+                        eprintln!("skipping {family} d={d}: this device cannot run {:?} kernels ({})", v.arch, v.name);
+                        continue;
+                    }
+                    Err(e) => {
+                        eprintln!("skipping {family} d={d}: {e}");
+                        continue;
+                    }
+                }
                 let n_q = s.batch * s.seqlen_q * s.heads_q * d;
                 let data: Vec<half::f16> = flashattn::rng::Rng::new(d as u64 * seqlen as u64).tensor(n_q);
                 let (Ok(q), Ok(mut o), Ok(mut lse)) =
