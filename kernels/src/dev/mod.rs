@@ -204,7 +204,12 @@ pub mod warp {
 /// The pattern, as in the PTX ISA: operands written ([`fence_operands`] orders register
 /// writes, [`thread::fence_proxy_async`] and a barrier order shared-memory writes), then
 /// [`fence`], one or more [`mma_ss`]/[`mma_rs`], [`commit`], and [`wait`] before the
-/// accumulators are read again.
+/// accumulators are read again. Shapes compiled in: N = 64 and 128 (NT = 8, 16); others trap.
+///
+/// ptxas's rule, learnt the hard way: while any wgmma is in flight, no other instruction may
+/// write a register that is some wgmma's accumulator (an in-place rescale, or the register
+/// moves LLVM puts on a loop's back edge), or ptxas serialises every wgmma of the kernel
+/// (its "info" C7515, which the ptx test rejects).
 pub mod warpgroup {
     use super::{Shared, imp};
     /// Threads per warpgroup.
