@@ -64,6 +64,20 @@ impl<const D: usize> Layout<D> {
     }
 }
 
+/// Where element (row r, column c) of a 16-bit tile lives in shared memory: [`Layout`] here,
+/// the wgmma kernel's swizzled layout in `fwd_wgmma`. Lets one copy routine fill either.
+pub(crate) trait TileLayout {
+    /// Element index of (r, c), c a multiple of 8 (chunk start) or inside one.
+    fn at(r: usize, c: usize) -> usize;
+}
+
+impl<const D: usize> TileLayout for Layout<D> {
+    #[inline(always)]
+    fn at(r: usize, c: usize) -> usize {
+        Layout::<D>::at(r, c)
+    }
+}
+
 /// Thread: the ldmatrix row addresses of one lane in a [`Layout`] tile, with the
 /// lane-dependent part computed once. The lane reads row `16 a + row16` (row16 < 16, its
 /// position inside a 16-row block) at 16-byte chunk `2 c + cbit`. Swizzled, since
@@ -97,11 +111,8 @@ impl LaneAddr {
 
 /// Block: cp.async of ROWS rows of a [seqlen, d] slice (row stride `stride`) into a
 /// [`Layout`] tile of width D; with BOUNDS, rows at or past `limit` and columns at or past `d`
-/// are zero-filled (without it every row and column must be valid). Thread `x` copies the
-/// 16-byte chunks x + 128 i: a fixed trip count, so the loop unrolls and, when a row's chunks
-/// divide the block, the thread's column and swizzle are the same for every i and each copy
-/// is a pointer increment (a loop with a thread-dependent trip count cost 27 instructions per
-/// 16 bytes, a third of the KV loop's instructions at d=128: SASS of 27ff2b2).
+/// are zero-filled (without it every row and column must be valid). The 128 threads of this
+/// kernel's block; [`load_tile_in`] for another layout or block size.
 #[inline(always)]
 pub(crate) unsafe fn load_tile<T: MmaElement, const D: usize, const ROWS: usize, const BOUNDS: bool>(
     dst: Shared<T>,
@@ -110,7 +121,22 @@ pub(crate) unsafe fn load_tile<T: MmaElement, const D: usize, const ROWS: usize,
     limit: u32,
     d: u32,
 ) {
-    const THREADS: usize = (MMA_WARPS * 32) as usize;
+    unsafe { load_tile_in::<T, Layout<D>, D, ROWS, { (MMA_WARPS * 32) as usize }, BOUNDS>(dst, src, stride, limit, d) }
+}
+
+/// Block of THREADS threads: [`load_tile`] into a tile of layout L. Thread `x` copies the
+/// 16-byte chunks x + THREADS i: a fixed trip count, so the loop unrolls and, when a row's
+/// chunks divide the block, the thread's column and swizzle are the same for every i and each
+/// copy is a pointer increment (a loop with a thread-dependent trip count cost 27
+/// instructions per 16 bytes, a third of the KV loop's instructions at d=128: SASS of 27ff2b2).
+#[inline(always)]
+pub(crate) unsafe fn load_tile_in<T: MmaElement, L: TileLayout, const D: usize, const ROWS: usize, const THREADS: usize, const BOUNDS: bool>(
+    dst: Shared<T>,
+    src: *const T,
+    stride: u64,
+    limit: u32,
+    d: u32,
+) {
     let cpr = D / 8; // chunks per row
     let stride = thread::opaque(stride);
     let x = thread::opaque(thread::idx() as u64) as usize;
@@ -123,21 +149,20 @@ pub(crate) unsafe fn load_tile<T: MmaElement, const D: usize, const ROWS: usize,
         }
         let valid = !BOUNDS || ((r as u32) < limit && (c as u32) < d);
         let at = if valid { r as u64 * stride + c as u64 } else { 0 };
-        unsafe { thread::cp_async_16(dst, Layout::<D>::at(r, c), src.add(at as usize), valid) };
+        unsafe { thread::cp_async_16(dst, L::at(r, c), src.add(at as usize), valid) };
     }
 }
 
-/// Thread: flips the sign of every element of the 16-byte chunks this thread copied into the
-/// Q tile (the chunks [`load_tile`] gives it), after its copies completed. The block barrier
-/// at the top of the KV loop orders these writes before any warp reads Q.
+/// Thread (one of a block of THREADS): flips the sign of every element of the 16-byte chunks
+/// this thread copied into the first `rows` rows of a Q tile of layout L (the chunks
+/// [`load_tile_in`] gives it), after its copies completed: a negative softmax scale becomes a
+/// positive one on -Q. A block barrier must order these writes before any warp reads Q.
 #[inline(always)]
-fn negate_own_chunks<T: MmaElement, const D: usize>(q: Shared<T>, rows: usize) {
-    const THREADS: usize = (MMA_WARPS * 32) as usize;
+pub(crate) fn negate_own_chunks<L: TileLayout, const D: usize, const THREADS: usize>(words: Shared<u32>, rows: usize) {
     let (cpr, x) = (D / 8, thread::idx() as usize);
-    let words: Shared<u32> = q.cast();
     let mut e = x;
     while e < rows * cpr {
-        let at = Layout::<D>::at(e / cpr, (e % cpr) * 8) / 2;
+        let at = L::at(e / cpr, (e % cpr) * 8) / 2;
         for k in 0..4 {
             words.st(at + k, words.ld(at + k) ^ 0x8000_8000); // both 16-bit sign bits
         }
@@ -254,7 +279,7 @@ unsafe fn fwd<
     let c = if FUSED { T::Dm::factor(p.scale.abs()).max(f32::MIN_POSITIVE) } else { T::Dm::factor(p.scale) };
     if FUSED && p.scale < 0.0 {
         thread::cp_async_wait::<0>();
-        negate_own_chunks::<T, D>(q_s, br);
+        negate_own_chunks::<Layout<D>, D, { (MMA_WARPS * 32) as usize }>(q_s.cast(), br);
     }
     for j in 0..n_tiles {
         // Prefetch K_{j+1}, V_{j+1} into the other stage while tile j is computed.

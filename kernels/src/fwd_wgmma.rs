@@ -16,6 +16,7 @@ use crate::dtype::MmaElement;
 use crate::mask::{Causal, Mask, NoMask};
 use crate::params::FwdParams;
 use crate::softmax::{Domain, RowState};
+use crate::fwd_mma::{TileLayout, load_tile_in, negate_own_chunks};
 use crate::tile::WgmmaTile;
 
 /// Entry body for one tile. The derived counts come in as parameters (stable Rust cannot
@@ -53,46 +54,10 @@ impl<const ROWS: usize, const D: usize> Sw<ROWS, D> {
     const BLOCK_BYTES: u32 = (ROWS * 64 * 2) as u32;
 }
 
-/// Block: cp.async of ROWS rows of a [seqlen, d] slice (row stride `stride`) into an
-/// [`Sw`] tile; with BOUNDS, rows at or past `limit` and columns at or past `d` are
-/// zero-filled. Thread x copies chunks x + THREADS i: a fixed trip count, and with D / 8
-/// dividing THREADS each thread keeps one column (see `fwd_mma::load_tile`).
-#[inline(always)]
-unsafe fn load_tile<T: MmaElement, const D: usize, const ROWS: usize, const THREADS: usize, const BOUNDS: bool>(
-    dst: Shared<T>,
-    src: *const T,
-    stride: u64,
-    limit: u32,
-    d: u32,
-) {
-    let cpr = D / 8;
-    let stride = thread::opaque(stride);
-    let x = thread::opaque(thread::idx() as u64) as usize;
-    for i in 0..(ROWS * cpr).div_ceil(THREADS) {
-        let e = x + THREADS * i;
-        let (r, c) = if THREADS % cpr == 0 { (x / cpr + i * (THREADS / cpr), (x % cpr) * 8) } else { (e / cpr, (e % cpr) * 8) };
-        if (ROWS * cpr) % THREADS != 0 && e >= ROWS * cpr {
-            continue;
-        }
-        let valid = !BOUNDS || ((r as u32) < limit && (c as u32) < d);
-        let at = if valid { r as u64 * stride + c as u64 } else { 0 };
-        unsafe { thread::cp_async_16(dst, Sw::<ROWS, D>::at(r, c), src.add(at as usize), valid) };
-    }
-}
-
-/// Thread: flips the sign bits of the chunks this thread copied into the Q tile (the chunks
-/// [`load_tile`] gives it), after its copies completed: a negative softmax scale becomes a
-/// positive one on -Q.
-#[inline(always)]
-fn negate_own_chunks<const D: usize, const ROWS: usize, const THREADS: usize>(q: Shared<u32>) {
-    let (cpr, x) = (D / 8, thread::idx() as usize);
-    let mut e = x;
-    while e < ROWS * cpr {
-        let at = Sw::<ROWS, D>::at(e / cpr, (e % cpr) * 8) / 2;
-        for k in 0..4 {
-            q.st(at + k, q.ld(at + k) ^ 0x8000_8000);
-        }
-        e += THREADS;
+impl<const ROWS: usize, const D: usize> TileLayout for Sw<ROWS, D> {
+    #[inline(always)]
+    fn at(r: usize, c: usize) -> usize {
+        Sw::<ROWS, D>::at(r, c)
     }
 }
 
@@ -133,9 +98,9 @@ unsafe fn fwd<T: MmaElement, M: Mask, const D: usize, const WG: usize, const BC:
     // Br is 64 WG rows; ROWS must be a constant, so one arm per warpgroup count.
     let load_q = #[inline(always)] || unsafe {
         match WG {
-            1 => load_tile::<T, D, 64, 128, true>(q_s, q_g, p.q_strides.row, sq - row0.min(sq), d),
-            2 => load_tile::<T, D, 128, 256, true>(q_s, q_g, p.q_strides.row, sq - row0.min(sq), d),
-            3 => load_tile::<T, D, 192, 384, true>(q_s, q_g, p.q_strides.row, sq - row0.min(sq), d),
+            1 => load_tile_in::<T, Sw<64, D>, D, 64, 128, true>(q_s, q_g, p.q_strides.row, sq - row0.min(sq), d),
+            2 => load_tile_in::<T, Sw<128, D>, D, 128, 256, true>(q_s, q_g, p.q_strides.row, sq - row0.min(sq), d),
+            3 => load_tile_in::<T, Sw<192, D>, D, 192, 384, true>(q_s, q_g, p.q_strides.row, sq - row0.min(sq), d),
             _ => thread::trap(),
         }
     };
@@ -147,9 +112,9 @@ unsafe fn fwd<T: MmaElement, M: Mask, const D: usize, const WG: usize, const BC:
         macro_rules! one {
             ($threads:literal) => {
                 if PAD || limit < BC as u32 {
-                    load_tile::<T, D, BC, $threads, true>(dst, src, stride, limit, d)
+                    load_tile_in::<T, Sw<BC, D>, D, BC, $threads, true>(dst, src, stride, limit, d)
                 } else {
-                    load_tile::<T, D, BC, $threads, false>(dst, src, stride, limit, d)
+                    load_tile_in::<T, Sw<BC, D>, D, BC, $threads, false>(dst, src, stride, limit, d)
                 }
             };
         }
@@ -184,9 +149,9 @@ unsafe fn fwd<T: MmaElement, M: Mask, const D: usize, const WG: usize, const BC:
     if p.scale < 0.0 {
         thread::cp_async_wait::<0>();
         match WG {
-            1 => negate_own_chunks::<D, 64, 128>(q_s.cast()),
-            2 => negate_own_chunks::<D, 128, 256>(q_s.cast()),
-            3 => negate_own_chunks::<D, 192, 384>(q_s.cast()),
+            1 => negate_own_chunks::<Sw<64, D>, D, 128>(q_s.cast(), 64),
+            2 => negate_own_chunks::<Sw<128, D>, D, 256>(q_s.cast(), 128),
+            3 => negate_own_chunks::<Sw<192, D>, D, 384>(q_s.cast(), 192),
             _ => thread::trap(),
         }
     }
