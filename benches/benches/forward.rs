@@ -24,7 +24,7 @@ fn bench_forward(c: &mut Criterion) {
                 let heads = if why.is_some() { 2 } else { 2048 / d };
                 let s = AttnShape { batch: (16384 / seqlen).max(1).min(if why.is_some() { 1 } else { usize::MAX }), seqlen_q: seqlen, seqlen_k: seqlen, heads_q: heads, heads_kv: heads, head_dim: d };
                 let opts = FwdOptions { causal, softmax_scale: None, kernel: Some(family), ..Default::default() };
-                // Not every family serves every head_dim (wgmma: 72..128, wgmma_d64: <= 64),
+                // Not every family serves every head_dim (wgmma_wg2: 64 and 128 only),
                 // and sm_90a kernels run on compute capability 9.0 only.
                 match flashattn::select_variant(flashattn::kernels::dtype::DType::F16, d, &opts, &fa.archs()) {
                     Ok(v) if fa.archs().contains(&v.arch) => {}

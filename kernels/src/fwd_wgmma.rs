@@ -181,16 +181,16 @@ unsafe fn fwd<T: MmaElement, M: Mask, const D: usize, const WG: usize, const BC:
         }
         warpgroup::commit();
     };
-    // Thread: mask tile j's scores (masked iterations only) and fold them into the rows'
+    // Thread: mask tile j's scores (`masked`: a constant after inlining) and fold them into the rows'
     // online softmax; the scores become P in place; returns alpha per row.
-    let softmax = #[inline(always)] |j: usize, acc_s: &mut [[f32; 4]; NS], rows: &mut [RowState; 2]| -> [f32; 2] {
+    let softmax = #[inline(always)] |j: usize, masked: bool, acc_s: &mut [[f32; 4]; NS], rows: &mut [RowState; 2]| -> [f32; 2] {
         let c0 = (j * BC) as u32;
         let mut s = [[[0f32; 2]; NS]; 2];
         for (n, a) in acc_s.iter().enumerate() {
             for e in 0..4 {
                 let half = e / 2;
                 let mut x = a[e];
-                if j >= n_unmasked {
+                if masked {
                     let row = row_w + (g + 8 * half) as u32;
                     let col = c0 + (n * 8 + 2 * t + e % 2) as u32;
                     if col >= sk || M::hides(row, col, sq, sk) {
@@ -234,10 +234,12 @@ unsafe fn fwd<T: MmaElement, M: Mask, const D: usize, const WG: usize, const BC:
         warpgroup::fence();
         issue_s(0, &mut acc_s);
         warpgroup::wait::<0, NS>(&mut acc_s);
-        let alpha = softmax(0, &mut acc_s, &mut rows);
+        let alpha = softmax(0, n_unmasked == 0, &mut acc_s, &mut rows);
         rescale_and_pack(alpha, &acc_s, &mut acc_o, &mut pa);
     }
-    for j in 1..n_tiles {
+    // Iteration j >= 1 of the KV loop; `masked` is a literal at each call, so the unmasked
+    // iterations carry no mask code.
+    let step = #[inline(always)] |j: usize, masked: bool, acc_s: &mut [[f32; 4]; NS], acc_o: &mut [[f32; 4]; DN], pa: &mut [[u32; 4]; KS], rows: &mut [RowState; 2]| {
         // Every warpgroup is done with iteration j - 1 (S_(j-1) read K stage (j - 1) % 2,
         // PV_(j-2) read V stage j % 2): G_(j+1) may refill them.
         block::sync();
@@ -252,25 +254,33 @@ unsafe fn fwd<T: MmaElement, M: Mask, const D: usize, const WG: usize, const BC:
         block::sync();
         // S_j = Q K_j, then O += P_(j-1) V_(j-1): the softmax of tile j below runs while
         // the tensor cores do P V (FA3's intra-warpgroup overlap).
-        warpgroup::fence_operands(&mut acc_o);
-        warpgroup::fence_fragments(&mut pa);
+        warpgroup::fence_operands(acc_o);
+        warpgroup::fence_fragments(pa);
         warpgroup::fence();
-        issue_s(j % 2, &mut acc_s);
-        issue_pv((j - 1) % 2, &pa, &mut acc_o);
-        warpgroup::wait::<1, NS>(&mut acc_s);
-        let alpha = softmax(j, &mut acc_s, &mut rows);
+        issue_s(j % 2, acc_s);
+        issue_pv((j - 1) % 2, pa, acc_o);
+        warpgroup::wait::<1, NS>(acc_s);
+        let alpha = softmax(j, masked, acc_s, rows);
         // Pinned before the wait: LLVM otherwise sinks the softmax below it, next to its
         // uses, and the overlap is lost (SASS of f09a897: one exp between the two waits).
         let mut al = [[alpha[0], alpha[1], rows[0].l, rows[1].l]];
         warpgroup::fence_operands(&mut al);
-        warpgroup::fence_operands(&mut acc_s);
+        warpgroup::fence_operands(acc_s);
         let alpha = [al[0][0], al[0][1]];
         (rows[0].l, rows[1].l) = (al[0][2], al[0][3]);
-        warpgroup::wait::<0, DN>(&mut acc_o);
+        warpgroup::wait::<0, DN>(acc_o);
         // P_(j-1) stays live until P V has read it: else ptxas reuses its registers for the
         // softmax above and must wait for P V first, which serialises the two (SASS).
-        warpgroup::fence_fragments(&mut pa);
-        rescale_and_pack(alpha, &acc_s, &mut acc_o, &mut pa);
+        warpgroup::fence_fragments(pa);
+        rescale_and_pack(alpha, acc_s, acc_o, pa);
+    };
+    // The unmasked iterations, then the masked ones (the causal diagonal, the seqlen_k edge).
+    let split = n_unmasked.clamp(1, n_tiles.max(1));
+    for j in 1..split {
+        step(j, false, &mut acc_s, &mut acc_o, &mut pa, &mut rows);
+    }
+    for j in split..n_tiles {
+        step(j, true, &mut acc_s, &mut acc_o, &mut pa, &mut rows);
     }
     if n_tiles > 0 {
         // O += P_(n-1) V_(n-1).

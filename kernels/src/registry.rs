@@ -9,7 +9,7 @@ use crate::dtype::Bf16;
 #[cfg(not(target_arch = "nvptx64"))]
 use crate::dtype::{DType, Element};
 use crate::params::{BwdParams, FwdParams};
-use crate::tile::{MmaBwdTile, MmaTile, WgmmaTile, mma_bwd_tile, wgmma_tile, wgmma_tile_d64, mma_tile, mma_tile_br64, mma_tile_unfused, simt_dq_smem_bytes, simt_kv_tile, simt_tile};
+use crate::tile::{MmaBwdTile, MmaTile, WgmmaTile, mma_bwd_tile, wgmma_tile, wgmma_tile_wg2, mma_tile, mma_tile_br64, mma_tile_unfused, simt_dq_smem_bytes, simt_kv_tile, simt_tile};
 
 /// The PTX module a variant is compiled into, and so the devices it runs on.
 #[cfg(not(target_arch = "nvptx64"))]
@@ -157,8 +157,8 @@ const fn wg_smem(d: u32) -> u32 {
         None => 0,
     }
 }
-const fn wg_d64_smem(d: u32) -> u32 {
-    match wgmma_tile_d64(d) {
+const fn wg2_smem(d: u32) -> u32 {
+    match wgmma_tile_wg2(d) {
         Some(t) => t.smem_bytes(),
         None => 0,
     }
@@ -233,14 +233,18 @@ fwd_variants! {
     flash_fwd_mma_unfused_f16_d128  => "mma_unfused" @ Sm80, [mma!(f16, mma_tile_unfused, 128)],  f16,  (128, 128), mma_br(128), MMA_THREADS, mma_smem;
     flash_fwd_mma_unfused_bf16_d64  => "mma_unfused" @ Sm80, [mma!(Bf16, mma_tile_unfused, 64)],  Bf16, (64, 64),   mma_br(64),  MMA_THREADS, mma_smem;
     flash_fwd_mma_unfused_bf16_d128 => "mma_unfused" @ Sm80, [mma!(Bf16, mma_tile_unfused, 128)], Bf16, (128, 128), mma_br(128), MMA_THREADS, mma_smem;
-    flash_fwd_wgmma_f16_d128p      => "wgmma" @ Sm90a,     [wgmma!(f16, wgmma_tile, 120)],      f16,  (72, 120),  wg_br(wgmma_tile(120)), wg_threads(wgmma_tile(120)), wg_smem;
-    flash_fwd_wgmma_f16_d128       => "wgmma" @ Sm90a,     [wgmma!(f16, wgmma_tile, 128)],      f16,  (128, 128), wg_br(wgmma_tile(128)), wg_threads(wgmma_tile(128)), wg_smem;
-    flash_fwd_wgmma_bf16_d128p     => "wgmma" @ Sm90a,     [wgmma!(Bf16, wgmma_tile, 120)],     Bf16, (72, 120),  wg_br(wgmma_tile(120)), wg_threads(wgmma_tile(120)), wg_smem;
-    flash_fwd_wgmma_bf16_d128      => "wgmma" @ Sm90a,     [wgmma!(Bf16, wgmma_tile, 128)],     Bf16, (128, 128), wg_br(wgmma_tile(128)), wg_threads(wgmma_tile(128)), wg_smem;
-    flash_fwd_wgmma_d64_f16_d64p   => "wgmma_d64" @ Sm90a, [wgmma!(f16, wgmma_tile_d64, 56)],   f16,  (8, 56),    wg_br(wgmma_tile_d64(56)), wg_threads(wgmma_tile_d64(56)), wg_d64_smem;
-    flash_fwd_wgmma_d64_f16_d64    => "wgmma_d64" @ Sm90a, [wgmma!(f16, wgmma_tile_d64, 64)],   f16,  (64, 64),   wg_br(wgmma_tile_d64(64)), wg_threads(wgmma_tile_d64(64)), wg_d64_smem;
-    flash_fwd_wgmma_d64_bf16_d64p  => "wgmma_d64" @ Sm90a, [wgmma!(Bf16, wgmma_tile_d64, 56)],  Bf16, (8, 56),    wg_br(wgmma_tile_d64(56)), wg_threads(wgmma_tile_d64(56)), wg_d64_smem;
-    flash_fwd_wgmma_d64_bf16_d64   => "wgmma_d64" @ Sm90a, [wgmma!(Bf16, wgmma_tile_d64, 64)],  Bf16, (64, 64),   wg_br(wgmma_tile_d64(64)), wg_threads(wgmma_tile_d64(64)), wg_d64_smem;
+    flash_fwd_wgmma_f16_d64p  => "wgmma" @ Sm90a,     [wgmma!(f16, wgmma_tile, 56)],    f16,   (8, 56),    wg_br(wgmma_tile(56)), wg_threads(wgmma_tile(56)), wg_smem;
+    flash_fwd_wgmma_f16_d64   => "wgmma" @ Sm90a,     [wgmma!(f16, wgmma_tile, 64)],    f16,   (64, 64),   wg_br(wgmma_tile(64)), wg_threads(wgmma_tile(64)), wg_smem;
+    flash_fwd_wgmma_f16_d128p => "wgmma" @ Sm90a,     [wgmma!(f16, wgmma_tile, 120)],   f16,   (72, 120),  wg_br(wgmma_tile(120)), wg_threads(wgmma_tile(120)), wg_smem;
+    flash_fwd_wgmma_f16_d128  => "wgmma" @ Sm90a,     [wgmma!(f16, wgmma_tile, 128)],   f16,   (128, 128), wg_br(wgmma_tile(128)), wg_threads(wgmma_tile(128)), wg_smem;
+    flash_fwd_wgmma_bf16_d64p  => "wgmma" @ Sm90a,     [wgmma!(Bf16, wgmma_tile, 56)],   Bf16,  (8, 56),    wg_br(wgmma_tile(56)), wg_threads(wgmma_tile(56)), wg_smem;
+    flash_fwd_wgmma_bf16_d64   => "wgmma" @ Sm90a,     [wgmma!(Bf16, wgmma_tile, 64)],   Bf16,  (64, 64),   wg_br(wgmma_tile(64)), wg_threads(wgmma_tile(64)), wg_smem;
+    flash_fwd_wgmma_bf16_d128p => "wgmma" @ Sm90a,     [wgmma!(Bf16, wgmma_tile, 120)],  Bf16,  (72, 120),  wg_br(wgmma_tile(120)), wg_threads(wgmma_tile(120)), wg_smem;
+    flash_fwd_wgmma_bf16_d128  => "wgmma" @ Sm90a,     [wgmma!(Bf16, wgmma_tile, 128)],  Bf16,  (128, 128), wg_br(wgmma_tile(128)), wg_threads(wgmma_tile(128)), wg_smem;
+    flash_fwd_wgmma_wg2_f16_d64 => "wgmma_wg2" @ Sm90a, [wgmma!(f16, wgmma_tile_wg2, 64)], f16, (64, 64), wg_br(wgmma_tile_wg2(64)), wg_threads(wgmma_tile_wg2(64)), wg2_smem;
+    flash_fwd_wgmma_wg2_f16_d128 => "wgmma_wg2" @ Sm90a, [wgmma!(f16, wgmma_tile_wg2, 128)], f16, (128, 128), wg_br(wgmma_tile_wg2(128)), wg_threads(wgmma_tile_wg2(128)), wg2_smem;
+    flash_fwd_wgmma_wg2_bf16_d64 => "wgmma_wg2" @ Sm90a, [wgmma!(Bf16, wgmma_tile_wg2, 64)], Bf16, (64, 64), wg_br(wgmma_tile_wg2(64)), wg_threads(wgmma_tile_wg2(64)), wg2_smem;
+    flash_fwd_wgmma_wg2_bf16_d128 => "wgmma_wg2" @ Sm90a, [wgmma!(Bf16, wgmma_tile_wg2, 128)], Bf16, (128, 128), wg_br(wgmma_tile_wg2(128)), wg_threads(wgmma_tile_wg2(128)), wg2_smem;
     flash_fwd_simt_f32_d64   => "simt" @ Sm80, [simt!(f32, 64)],     f32,  (8, 64),     simt_tile(64).br(), 128, simt_smem;
     flash_fwd_simt_f32_d128  => "simt" @ Sm80, [simt!(f32, 128)],   f32,  (72, 128),   simt_tile(128).br(), 128, simt_smem;
     flash_fwd_simt_f32_d256  => "simt" @ Sm80, [simt!(f32, 256)],  f32,  (136, 256),  simt_tile(256).br(), 128, simt_smem;
@@ -253,12 +257,12 @@ fwd_variants! {
 }
 
 /// Kernel families in the order automatic selection tries them (best first), among those the
-/// device runs: the Hopper kernel (`wgmma`, compute capability 9.0, 16-bit, head_dim 72..=128),
+/// device runs: the Hopper kernel (`wgmma`, compute capability 9.0, 16-bit, head_dim <= 128),
 /// the tensor-core kernel (`mma`, sm_80+, 16-bit), else SIMT. Chosen only by name, for
 /// comparison: `mma_br64` (the first tensor-core tile), `mma_unfused` (the softmax on scaled
-/// scores), `wgmma_d64` (the Hopper kernel at head_dim <= 64, slower than `mma` there).
+/// scores), `wgmma_wg2` (the first Hopper tile: two warpgroups per block, d = 64 and 128).
 #[cfg(not(target_arch = "nvptx64"))]
-pub const FAMILIES: &[&str] = &["wgmma", "mma", "simt", "mma_br64", "mma_unfused", "wgmma_d64"];
+pub const FAMILIES: &[&str] = &["wgmma", "mma", "simt", "mma_br64", "mma_unfused", "wgmma_wg2"];
 
 /// The variant of `family` for `dtype` and `head_dim`, if there is one.
 #[cfg(not(target_arch = "nvptx64"))]

@@ -362,32 +362,43 @@ impl WgmmaTile {
     }
 }
 
-/// The Hopper forward tile for `head_dim`, if there is one (f16 and bf16, sm_90a): head_dim
-/// 72..=128, compiled for 128 (exact at 128, zero-padded below).
+/// The Hopper forward tile for `head_dim`, if there is one (f16 and bf16, sm_90a): every
+/// head_dim 8..=128 (a multiple of 8), compiled for 64 (d <= 64) or 128 (d 72..=128), exact
+/// at 64 and 128 and zero-padded below.
 ///
-/// Reasons: two warpgroups of 64 rows (Br = 128) and Bc = 128 (FA3's d=128 tile, non-causal):
-/// S is 64 f32 accumulators per thread, O 64, P 32 registers; ptxas (sm_90a, a7f6c3d): 255
-/// registers, no spills; 160 KB of shared memory, one block (8 warps) per SM. Measured on an
-/// H200 (a7f6c3d, f16, FA paper shapes, seqlen 1k / 2k / 4k / 8k / 16k), TFLOP/s non-causal
-/// 354 / 379 / 394 / 401 / 404, causal 253 / 290 / 314 / 330 / 355, against the mma.sync
-/// kernel's 310-330 and 235-306 (SDPA flash at bd265a1: 331-359, 246-304).
-/// Not at d <= 64 ([`wgmma_tile_d64`], by name): there the same structure ran 247-280
-/// non-causal and 171-228 causal against mma.sync's 284-301 and 223-295 (same run): S and
-/// P V are half as large while the softmax is not, and the two warpgroups meet at two block
-/// barriers per tile, so the exponentials are not hidden under the tensor cores (three
-/// warpgroups, Br = 192, ran 233-291 / 141-224: no better).
+/// Reasons: one warpgroup per block, as many blocks per SM as registers and shared memory
+/// allow. ptxas places a warpgroup's wait for P V before its softmax (see `fwd_wgmma`), so a
+/// warpgroup never overlaps its exponentials with its own tensor-core work; independent
+/// blocks on one SM do (FA3 gets the same from two warpgroups in ping-pong, which needs
+/// warp specialisation). Measured on an H200, f16, FA paper shapes, TFLOP/s at seqlen
+/// 1k / 2k / 4k / 16k, non-causal and causal, all with the KV loop split into unmasked and
+/// masked iterations (this commit; mma.sync in the same run: d=64 284 / 292 / 297 / 300 and
+/// 223 / 255 / 274 / 295):
+/// - d <= 64: Bc = 128: 168 registers, 72 KB, three blocks (12 warps) per SM: 392 / 415 /
+///   428 / 439 and 244 / 336 / 379 / 419. Bc = 64 (127 registers, 40 KB, four blocks):
+///   343 / 357 / 364 / 366 and 279 / 314 / 335 / 355.
+/// - d 72..=128: Bc = 64: 168 registers, 80 KB, two blocks per SM (shared memory bound;
+///   Bc = 128 would be 144 KB, one block): 397 / - / 442 / 455 and 316 / - / 402 / 459.
+/// - Before the split (mask code in every iteration), same run: two warpgroups and Bc = 128
+///   ([`wgmma_tile_wg2`]; 255 registers at d=128, one block per SM) ran d=128 337 / - / 373 /
+///   384 and 248 / - / 306 / 345 against one warpgroup's 375 / - / 411 / 406 and 283 / - /
+///   336 / 367; at d=64 (168 registers x 256 threads: one block per SM) 244 / - / 271 / 279
+///   against one warpgroup and Bc = 64's 310 / - / 327 / 326. Two warpgroups and Bc = 64 at
+///   d=64 (127 registers, two blocks): 293 / - / 311 / 315.
 pub const fn wgmma_tile(head_dim: u32) -> Option<WgmmaTile> {
     match head_dim {
-        _ if head_dim % 8 != 0 || head_dim <= 64 || head_dim > 128 => None,
-        _ => Some(WgmmaTile { warpgroups: 2, bc: 128, head_dim: 128, padded: head_dim != 128 }),
+        _ if head_dim == 0 || head_dim % 8 != 0 || head_dim > 128 => None,
+        ..=64 => Some(WgmmaTile { warpgroups: 1, bc: 128, head_dim: 64, padded: head_dim != 64 }),
+        _ => Some(WgmmaTile { warpgroups: 1, bc: 64, head_dim: 128, padded: head_dim != 128 }),
     }
 }
 
-/// The Hopper tile at head_dim <= 64 (two warpgroups, Bc = 128, compiled for 64), by name
-/// (`wgmma_d64`) for comparison: slower than mma.sync there (see [`wgmma_tile`]).
-pub const fn wgmma_tile_d64(head_dim: u32) -> Option<WgmmaTile> {
+/// The first Hopper tile (two warpgroups, Br = 128, Bc = 128: FA3's d=128 tile without its
+/// ping-pong), head_dim 64 and 128 exactly, by name (`wgmma_wg2`) for comparison: one block
+/// per SM, so nothing hides the softmax (see [`wgmma_tile`]).
+pub const fn wgmma_tile_wg2(head_dim: u32) -> Option<WgmmaTile> {
     match head_dim {
-        _ if head_dim == 0 || head_dim % 8 != 0 || head_dim > 64 => None,
-        _ => Some(WgmmaTile { warpgroups: 2, bc: 128, head_dim: 64, padded: head_dim != 64 }),
+        64 | 128 => Some(WgmmaTile { warpgroups: 2, bc: 128, head_dim, padded: false }),
+        _ => None,
     }
 }
