@@ -18,7 +18,7 @@ use crate::error::{Error, Result};
 use crate::forward::{FwdOptions, validate};
 use flashattn_kernels::dev::emu::GlobalRegion;
 use flashattn_kernels::params::BwdParams;
-use flashattn_kernels::registry::{BWD_FAMILIES, BWD_NONDETERMINISTIC, BwdVariant, bwd_passes, bwd_variant};
+use flashattn_kernels::registry::{Arch, BWD_FAMILIES, BWD_NONDETERMINISTIC, BwdVariant, bwd_passes, bwd_variant};
 
 /// What the backward pass returns, in the layouts of Q, K and V.
 pub struct BwdOutput<T> {
@@ -27,13 +27,16 @@ pub struct BwdOutput<T> {
     pub dv: Tensor<T>,
 }
 
-/// The backward's kernels for this dtype and head_dim, in launch order ([`bwd_passes`]): the
-/// named family's (`opts.kernel`; a non-deterministic one with `opts.deterministic` is an
-/// error), or those of the first family of [`BWD_FAMILIES`] that has every pass (the
-/// deterministic tensor-core kernels for f16 and bf16 up to head_dim 128, else SIMT).
-pub fn select_bwd_variants(dtype: flashattn_kernels::dtype::DType, head_dim: usize, opts: &FwdOptions) -> Result<Vec<&'static BwdVariant>> {
+/// The backward's kernels for this dtype and head_dim, in launch order ([`bwd_passes`]), on a
+/// device that runs kernels of `archs` ([`FlashAttn::archs`]): the named family's
+/// (`opts.kernel`, whatever its arch: launching it where it cannot run is
+/// [`Error::UnsupportedDevice`]; a non-deterministic one with `opts.deterministic` is an
+/// error), or those of the first family of [`BWD_FAMILIES`] that has every pass for these
+/// archs (on Hopper the wgmma dK/dV kernel, else the deterministic tensor-core kernels for
+/// f16 and bf16 up to head_dim 128, else SIMT).
+pub fn select_bwd_variants(dtype: flashattn_kernels::dtype::DType, head_dim: usize, opts: &FwdOptions, archs: &[Arch]) -> Result<Vec<&'static BwdVariant>> {
     let d = head_dim as u32;
-    let get = |family: &str| bwd_passes(family).iter().map(|pass| bwd_variant(family, pass, dtype, d)).collect::<Option<Vec<_>>>();
+    let get = |family: &'static str| bwd_passes(family).iter().map(|pass| bwd_variant(family, pass, dtype, d)).collect::<Option<Vec<_>>>();
     let allowed = |family: &str| !(opts.deterministic && BWD_NONDETERMINISTIC.contains(&family));
     match opts.kernel {
         Some(family) if !BWD_FAMILIES.contains(&family) => {
@@ -44,7 +47,8 @@ pub fn select_bwd_variants(dtype: flashattn_kernels::dtype::DType, head_dim: usi
         None => BWD_FAMILIES
             .iter()
             .filter(|f| allowed(f))
-            .find_map(|f| get(f))
+            .filter_map(|f| get(f))
+            .find(|vs| vs.iter().all(|v| archs.contains(&v.arch)))
             .ok_or_else(|| Error::NoVariant { family: "any".into(), dtype: dtype.name(), head_dim }),
     }
 }
@@ -103,7 +107,11 @@ impl FlashAttn {
         for (name, owner) in [("dq", grads.dq.owner()), ("dk", grads.dk.owner()), ("dv", grads.dv.owner())] {
             self.check_owner_id(owner, name)?;
         }
-        let passes = select_bwd_variants(T::DTYPE, shape.head_dim, opts)?;
+        let archs = self.archs();
+        let passes = select_bwd_variants(T::DTYPE, shape.head_dim, opts, &archs)?;
+        if let Some(v) = passes.iter().find(|v| !archs.contains(&v.arch)) {
+            return Err(Error::UnsupportedDevice { kernel: v.name, needs: v.arch, device: self.device_name() });
+        }
         let mut stats = self.alloc::<f32>(&[4, ls[0], ls[1], ls[2]])?;
         // The atomic path's dQ accumulator, zeroed on the stream; none otherwise.
         let atomic = passes.iter().any(|v| v.pass == "dkdvq");
@@ -154,7 +162,7 @@ impl FlashAttn {
             .iter()
             .map(|v| {
                 let grid = if v.pass.starts_with("dkdv") { (sk.div_ceil(v.rows), hkv, b) } else { (sq.div_ceil(v.rows), hq, b) };
-                Launch { name: v.name, arch: flashattn_kernels::registry::Arch::Sm80, grid, threads: v.threads, smem: (v.smem_bytes)(d) as usize, emulate: v.emulate }
+                Launch { name: v.name, arch: v.arch, grid, threads: v.threads, smem: (v.smem_bytes)(d) as usize, emulate: v.emulate }
             })
             .collect();
         // SAFETY: parameters validated against the buffers above. The workspaces are dropped

@@ -323,9 +323,10 @@ fn bench<T: Dtype>(fa: &FlashAttn, a: &Args) -> flashattn::Result<bool> {
                     let d_o = fa.upload(&random_problem::<T>(&s, 0xd0).q, &s.q_shape())?;
                     let mut grads = flashattn::BwdOutput { dq: fa.full(T::nan(), &s.q_shape())?, dk: fa.full(T::nan(), &s.kv_shape())?, dv: fa.full(T::nan(), &s.kv_shape())? };
                     let ms = fa.time_backward(&q, &k, &v, &out.o, &d_o, &out.lse, &mut grads, &opts, 2, iters)?;
-                    let passes = flashattn::select_bwd_variants(T::DTYPE, d, &opts)?;
+                    let passes = flashattn::select_bwd_variants(T::DTYPE, d, &opts, &fa.archs())?;
                     let names = passes.iter().map(|v| v.name).collect::<Vec<_>>().join("+");
-                    (passes[0].family.to_string(), names, ms, 2.5 * s.fwd_flops(causal))
+                    // The family is its last pass's (a family may borrow another's first pass).
+                    (passes[passes.len() - 1].family.to_string(), names, ms, 2.5 * s.fwd_flops(causal))
                 } else {
                     let variant = select_variant(T::DTYPE, d, &opts, &fa.archs())?;
                     let (q, k, v, mut o, mut lse) = upload_problem::<T>(fa, &s)?;

@@ -50,7 +50,7 @@ const BLOCK_ROWS: usize = 16 * MMA_WARPS as usize;
 /// Index of workspace row `r` of statistic `k` (0: m_i in the log2 domain, 1: 1 / l_i,
 /// 2: D_i) in `stats`.
 #[inline(always)]
-fn stat_at(p: &BwdParams, k: usize, b: u32, h: u32, r: u32) -> usize {
+pub(crate) fn stat_at(p: &BwdParams, k: usize, b: u32, h: u32, r: u32) -> usize {
     let n = p.batch as usize * p.heads_q as usize * p.seqlen_q as usize;
     k * n + (b as usize * p.heads_q as usize + h as usize) * p.seqlen_q as usize + r as usize
 }
@@ -65,7 +65,7 @@ fn to_a<T: MmaElement>(lo: [f32; 4], hi: [f32; 4]) -> [u32; 4] {
 /// Warp: stores 16 rows x D columns of C fragments (rows `row0 + g`, `+ 8`) times `factor`
 /// to a [seqlen, d] slice in T, skipping rows at or past `limit` and columns at or past `d`.
 #[inline(always)]
-unsafe fn store_rows<T: MmaElement, const DN: usize>(acc: &[[f32; 4]; DN], factor: f32, dst: *mut T, stride: u64, row0: u32, limit: u32, d: u32) {
+pub(crate) unsafe fn store_rows<T: MmaElement, const DN: usize>(acc: &[[f32; 4]; DN], factor: f32, dst: *mut T, stride: u64, row0: u32, limit: u32, d: u32) {
     let (g, t) = ((warp::lane() / 4) as usize, (warp::lane() % 4) as usize);
     for half in 0..2 {
         let r = row0 + (g + 8 * half) as u32;

@@ -42,7 +42,7 @@ pub unsafe fn entry<T: MmaElement, const D: usize, const WG: usize, const BC: us
 /// The 128-byte-swizzle canonical layout of a [ROWS][D] 16-bit tile (D a multiple of 64):
 /// D / 64 column blocks of [ROWS][64], each row 128 bytes, the 16-byte chunks of row r
 /// XOR-swizzled by r % 8 (wgmma reads it through a descriptor, 8-row groups 1024 bytes apart).
-struct Sw<const ROWS: usize, const D: usize>;
+pub(crate) struct Sw<const ROWS: usize, const D: usize>;
 
 impl<const ROWS: usize, const D: usize> Sw<ROWS, D> {
     /// Element index of (row r, column c).
@@ -51,7 +51,7 @@ impl<const ROWS: usize, const D: usize> Sw<ROWS, D> {
         (c / 64) * ROWS * 64 + r * 64 + ((((c % 64) / 8) ^ (r % 8)) * 8) + c % 8
     }
     /// Bytes between column blocks (the LBO of an MN-major operand).
-    const BLOCK_BYTES: u32 = (ROWS * 64 * 2) as u32;
+    pub(crate) const BLOCK_BYTES: u32 = (ROWS * 64 * 2) as u32;
 }
 
 impl<const ROWS: usize, const D: usize> TileLayout for Sw<ROWS, D> {

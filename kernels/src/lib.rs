@@ -36,6 +36,7 @@ extern crate std;
 
 pub mod bwd_mma;
 pub mod bwd_simt;
+pub mod bwd_wgmma;
 pub mod dev;
 pub mod dtype;
 pub mod fwd_mma;

@@ -9,7 +9,7 @@ use crate::dtype::Bf16;
 #[cfg(not(target_arch = "nvptx64"))]
 use crate::dtype::{DType, Element};
 use crate::params::{BwdParams, FwdParams};
-use crate::tile::{MmaBwdTile, MmaTile, WgmmaTile, mma_bwd_tile, wgmma_tile, wgmma_tile_wg2, mma_tile, mma_tile_br64, mma_tile_unfused, simt_dq_smem_bytes, simt_kv_tile, simt_tile};
+use crate::tile::{MmaBwdTile, MmaTile, WgmmaBwdTile, WgmmaTile, wgmma_bwd_tile, mma_bwd_tile, wgmma_tile, wgmma_tile_wg2, mma_tile, mma_tile_br64, mma_tile_unfused, simt_dq_smem_bytes, simt_kv_tile, simt_tile};
 
 /// The PTX module a variant is compiled into, and so the devices it runs on.
 #[cfg(not(target_arch = "nvptx64"))]
@@ -276,8 +276,10 @@ pub fn fwd_variant(family: &str, dtype: DType, head_dim: u32) -> Option<&'static
 pub struct BwdVariant {
     /// PTX entry name.
     pub name: &'static str,
-    /// Kernel family ("mma", "simt").
+    /// Kernel family ("wgmma", "mma", "simt", "mma_atomic").
     pub family: &'static str,
+    /// The PTX module it is in (the GPUs that can run it).
+    pub arch: Arch,
     /// Which pass: "dq" (also writes D) or "dkdv".
     pub pass: &'static str,
     /// Element type of Q, K, V, O, dO and the gradients.
@@ -304,9 +306,9 @@ impl BwdVariant {
 
 /// As `fwd_variants!`, for the backward kernels.
 macro_rules! bwd_variants {
-    ($( $name:ident => $family:literal, $pass:literal, [$($body:tt)*], $dt:ty, ($lo:expr, $hi:expr), $rows:expr, $threads:expr, $smem:expr; )*) => {
+    ($( $name:ident => $family:literal @ $arch:ident, $pass:literal, [$($body:tt)*], $dt:ty, ($lo:expr, $hi:expr), $rows:expr, $threads:expr, $smem:expr; )*) => {
         $(
-            in_module!(Sm80,
+            in_module!($arch,
             #[unsafe(no_mangle)]
             pub unsafe extern "ptx-kernel" fn $name(p: BwdParams) {
                 unsafe { $($body)*(&p) }
@@ -318,6 +320,7 @@ macro_rules! bwd_variants {
             BwdVariant {
                 name: stringify!($name),
                 family: $family,
+                arch: Arch::$arch,
                 pass: $pass,
                 dtype: <$dt as Element>::DTYPE,
                 head_dims: ($lo, $hi),
@@ -384,6 +387,38 @@ macro_rules! bwd_mma_kv {
     };
 }
 
+/// The Hopper dK/dV variant for the head dims sharing `wgmma_bwd_tile(D)`.
+macro_rules! bwd_wgmma_kv {
+    ($ty:ty, $d:literal) => {
+        crate::bwd_wgmma::dkdv::<
+            $ty,
+            { wg_bwd_field(wgmma_bwd_tile($d), 1) as usize },
+            { wg_bwd_field(wgmma_bwd_tile($d), 1) as usize / 8 },
+            { wg_bwd_field(wgmma_bwd_tile($d), 0) as usize },
+            { wg_bwd_field(wgmma_bwd_tile($d), 0) as usize / 8 },
+            { wg_bwd_field(wgmma_bwd_tile($d), 0) as usize / 16 },
+            { wg_bwd_field(wgmma_bwd_tile($d), 2) != 0 },
+        >
+    };
+}
+/// Field `i` of a Hopper backward tile (br, head_dim, padded), for const generic arguments.
+const fn wg_bwd_field(t: Option<WgmmaBwdTile>, i: u32) -> u32 {
+    match t {
+        Some(t) => match i {
+            0 => t.br,
+            1 => t.head_dim,
+            _ => t.padded as u32,
+        },
+        None => 0,
+    }
+}
+const fn wg_dkdv_smem(d: u32) -> u32 {
+    match wgmma_bwd_tile(d) {
+        Some(t) => t.dkdv_smem_bytes(),
+        None => 0,
+    }
+}
+const WG_BWD_KEYS: u32 = WgmmaBwdTile::KEYS;
 /// Field `i` of a backward tile (head_dim, dq_bc, kv_br, kv_in_regs, dq_q_in_regs, atomic_kv_br,
 /// atomic_kv_in_regs), for const
 /// generic arguments.
@@ -430,72 +465,79 @@ const fn kv_smem(d: u32) -> u32 {
 }
 
 bwd_variants! {
-    flash_bwd_mma_dq_f16_d32     => "mma", "dq",   [bwd_mma_q!(f16, 32)],    f16,  (8, 32),    MMA_BWD_ROWS, MMA_THREADS, mma_dq_smem;
-    flash_bwd_mma_dq_f16_d64     => "mma", "dq",   [bwd_mma_q!(f16, 64)],    f16,  (40, 64),   MMA_BWD_ROWS, MMA_THREADS, mma_dq_smem;
-    flash_bwd_mma_dq_f16_d96     => "mma", "dq",   [bwd_mma_q!(f16, 96)],    f16,  (72, 96),   MMA_BWD_ROWS, MMA_THREADS, mma_dq_smem;
-    flash_bwd_mma_dq_f16_d128    => "mma", "dq",   [bwd_mma_q!(f16, 128)],   f16,  (104, 128), MMA_BWD_ROWS, MMA_THREADS, mma_dq_smem;
-    flash_bwd_mma_dq_bf16_d32    => "mma", "dq",   [bwd_mma_q!(Bf16, 32)],   Bf16, (8, 32),    MMA_BWD_ROWS, MMA_THREADS, mma_dq_smem;
-    flash_bwd_mma_dq_bf16_d64    => "mma", "dq",   [bwd_mma_q!(Bf16, 64)],   Bf16, (40, 64),   MMA_BWD_ROWS, MMA_THREADS, mma_dq_smem;
-    flash_bwd_mma_dq_bf16_d96    => "mma", "dq",   [bwd_mma_q!(Bf16, 96)],   Bf16, (72, 96),   MMA_BWD_ROWS, MMA_THREADS, mma_dq_smem;
-    flash_bwd_mma_dq_bf16_d128   => "mma", "dq",   [bwd_mma_q!(Bf16, 128)],  Bf16, (104, 128), MMA_BWD_ROWS, MMA_THREADS, mma_dq_smem;
-    flash_bwd_mma_dkdv_f16_d32   => "mma", "dkdv", [bwd_mma_kv!(f16, 32)],   f16,  (8, 32),    MMA_BWD_ROWS, MMA_THREADS, mma_dkdv_smem;
-    flash_bwd_mma_dkdv_f16_d64   => "mma", "dkdv", [bwd_mma_kv!(f16, 64)],   f16,  (40, 64),   MMA_BWD_ROWS, MMA_THREADS, mma_dkdv_smem;
-    flash_bwd_mma_dkdv_f16_d96   => "mma", "dkdv", [bwd_mma_kv!(f16, 96)],   f16,  (72, 96),   MMA_BWD_ROWS, MMA_THREADS, mma_dkdv_smem;
-    flash_bwd_mma_dkdv_f16_d128  => "mma", "dkdv", [bwd_mma_kv!(f16, 128)],  f16,  (104, 128), MMA_BWD_ROWS, MMA_THREADS, mma_dkdv_smem;
-    flash_bwd_mma_dkdv_bf16_d32  => "mma", "dkdv", [bwd_mma_kv!(Bf16, 32)],  Bf16, (8, 32),    MMA_BWD_ROWS, MMA_THREADS, mma_dkdv_smem;
-    flash_bwd_mma_dkdv_bf16_d64  => "mma", "dkdv", [bwd_mma_kv!(Bf16, 64)],  Bf16, (40, 64),   MMA_BWD_ROWS, MMA_THREADS, mma_dkdv_smem;
-    flash_bwd_mma_dkdv_bf16_d96  => "mma", "dkdv", [bwd_mma_kv!(Bf16, 96)],  Bf16, (72, 96),   MMA_BWD_ROWS, MMA_THREADS, mma_dkdv_smem;
-    flash_bwd_mma_dkdv_bf16_d128 => "mma", "dkdv", [bwd_mma_kv!(Bf16, 128)], Bf16, (104, 128), MMA_BWD_ROWS, MMA_THREADS, mma_dkdv_smem;
-    flash_bwd_mma_atomic_stats_f16_d32    => "mma_atomic", "stats", [bwd_mma_q!(f16, 32, true)],    f16,  (8, 32),    MMA_BWD_ROWS, MMA_THREADS, mma_dq_smem;
-    flash_bwd_mma_atomic_stats_f16_d64    => "mma_atomic", "stats", [bwd_mma_q!(f16, 64, true)],    f16,  (40, 64),   MMA_BWD_ROWS, MMA_THREADS, mma_dq_smem;
-    flash_bwd_mma_atomic_stats_f16_d96    => "mma_atomic", "stats", [bwd_mma_q!(f16, 96, true)],    f16,  (72, 96),   MMA_BWD_ROWS, MMA_THREADS, mma_dq_smem;
-    flash_bwd_mma_atomic_stats_f16_d128   => "mma_atomic", "stats", [bwd_mma_q!(f16, 128, true)],   f16,  (104, 128), MMA_BWD_ROWS, MMA_THREADS, mma_dq_smem;
-    flash_bwd_mma_atomic_stats_bf16_d32   => "mma_atomic", "stats", [bwd_mma_q!(Bf16, 32, true)],   Bf16, (8, 32),    MMA_BWD_ROWS, MMA_THREADS, mma_dq_smem;
-    flash_bwd_mma_atomic_stats_bf16_d64   => "mma_atomic", "stats", [bwd_mma_q!(Bf16, 64, true)],   Bf16, (40, 64),   MMA_BWD_ROWS, MMA_THREADS, mma_dq_smem;
-    flash_bwd_mma_atomic_stats_bf16_d96   => "mma_atomic", "stats", [bwd_mma_q!(Bf16, 96, true)],   Bf16, (72, 96),   MMA_BWD_ROWS, MMA_THREADS, mma_dq_smem;
-    flash_bwd_mma_atomic_stats_bf16_d128  => "mma_atomic", "stats", [bwd_mma_q!(Bf16, 128, true)],  Bf16, (104, 128), MMA_BWD_ROWS, MMA_THREADS, mma_dq_smem;
-    flash_bwd_mma_atomic_dkdvq_f16_d32    => "mma_atomic", "dkdvq", [bwd_mma_kv!(f16, 32, true)],   f16,  (8, 32),    MMA_BWD_ROWS, MMA_THREADS, mma_dkdvq_smem;
-    flash_bwd_mma_atomic_dkdvq_f16_d64    => "mma_atomic", "dkdvq", [bwd_mma_kv!(f16, 64, true)],   f16,  (40, 64),   MMA_BWD_ROWS, MMA_THREADS, mma_dkdvq_smem;
-    flash_bwd_mma_atomic_dkdvq_f16_d96    => "mma_atomic", "dkdvq", [bwd_mma_kv!(f16, 96, true)],   f16,  (72, 96),   MMA_BWD_ROWS, MMA_THREADS, mma_dkdvq_smem;
-    flash_bwd_mma_atomic_dkdvq_f16_d128   => "mma_atomic", "dkdvq", [bwd_mma_kv!(f16, 128, true)],  f16,  (104, 128), MMA_BWD_ROWS, MMA_THREADS, mma_dkdvq_smem;
-    flash_bwd_mma_atomic_dkdvq_bf16_d32   => "mma_atomic", "dkdvq", [bwd_mma_kv!(Bf16, 32, true)],  Bf16, (8, 32),    MMA_BWD_ROWS, MMA_THREADS, mma_dkdvq_smem;
-    flash_bwd_mma_atomic_dkdvq_bf16_d64   => "mma_atomic", "dkdvq", [bwd_mma_kv!(Bf16, 64, true)],  Bf16, (40, 64),   MMA_BWD_ROWS, MMA_THREADS, mma_dkdvq_smem;
-    flash_bwd_mma_atomic_dkdvq_bf16_d96   => "mma_atomic", "dkdvq", [bwd_mma_kv!(Bf16, 96, true)],  Bf16, (72, 96),   MMA_BWD_ROWS, MMA_THREADS, mma_dkdvq_smem;
-    flash_bwd_mma_atomic_dkdvq_bf16_d128  => "mma_atomic", "dkdvq", [bwd_mma_kv!(Bf16, 128, true)], Bf16, (104, 128), MMA_BWD_ROWS, MMA_THREADS, mma_dkdvq_smem;
-    flash_bwd_mma_atomic_convert_f16      => "mma_atomic", "dq_convert", [crate::bwd_mma::dq_convert::<f16>],  f16,  (8, 128), CONVERT_ROWS, MMA_THREADS, no_smem;
-    flash_bwd_mma_atomic_convert_bf16     => "mma_atomic", "dq_convert", [crate::bwd_mma::dq_convert::<Bf16>], Bf16, (8, 128), CONVERT_ROWS, MMA_THREADS, no_smem;
-    flash_bwd_dkdv_f32_d64   => "simt", "dkdv", [bwd_kv!(f32, 64)],    f32,  (8, 64),    simt_kv_tile(64).bn(),  128, kv_smem;
-    flash_bwd_dkdv_f32_d128  => "simt", "dkdv", [bwd_kv!(f32, 128)],   f32,  (72, 128),  simt_kv_tile(128).bn(), 128, kv_smem;
-    flash_bwd_dkdv_f32_d256  => "simt", "dkdv", [bwd_kv!(f32, 256)],   f32,  (136, 256), simt_kv_tile(256).bn(), 128, kv_smem;
-    flash_bwd_dkdv_f16_d64   => "simt", "dkdv", [bwd_kv!(f16, 64)],    f16,  (8, 64),    simt_kv_tile(64).bn(),  128, kv_smem;
-    flash_bwd_dkdv_f16_d128  => "simt", "dkdv", [bwd_kv!(f16, 128)],   f16,  (72, 128),  simt_kv_tile(128).bn(), 128, kv_smem;
-    flash_bwd_dkdv_f16_d256  => "simt", "dkdv", [bwd_kv!(f16, 256)],   f16,  (136, 256), simt_kv_tile(256).bn(), 128, kv_smem;
-    flash_bwd_dkdv_bf16_d64  => "simt", "dkdv", [bwd_kv!(Bf16, 64)],   Bf16, (8, 64),    simt_kv_tile(64).bn(),  128, kv_smem;
-    flash_bwd_dkdv_bf16_d128 => "simt", "dkdv", [bwd_kv!(Bf16, 128)],  Bf16, (72, 128),  simt_kv_tile(128).bn(), 128, kv_smem;
-    flash_bwd_dkdv_bf16_d256 => "simt", "dkdv", [bwd_kv!(Bf16, 256)],  Bf16, (136, 256), simt_kv_tile(256).bn(), 128, kv_smem;
-    flash_bwd_dq_f32_d64     => "simt", "dq",   [bwd_q!(f32, 64)],     f32,  (8, 64),    simt_tile(64).br(),  128, simt_dq_smem_bytes;
-    flash_bwd_dq_f32_d128    => "simt", "dq",   [bwd_q!(f32, 128)],    f32,  (72, 128),  simt_tile(128).br(), 128, simt_dq_smem_bytes;
-    flash_bwd_dq_f32_d256    => "simt", "dq",   [bwd_q!(f32, 256)],    f32,  (136, 256), simt_tile(256).br(), 128, simt_dq_smem_bytes;
-    flash_bwd_dq_f16_d64     => "simt", "dq",   [bwd_q!(f16, 64)],     f16,  (8, 64),    simt_tile(64).br(),  128, simt_dq_smem_bytes;
-    flash_bwd_dq_f16_d128    => "simt", "dq",   [bwd_q!(f16, 128)],    f16,  (72, 128),  simt_tile(128).br(), 128, simt_dq_smem_bytes;
-    flash_bwd_dq_f16_d256    => "simt", "dq",   [bwd_q!(f16, 256)],    f16,  (136, 256), simt_tile(256).br(), 128, simt_dq_smem_bytes;
-    flash_bwd_dq_bf16_d64    => "simt", "dq",   [bwd_q!(Bf16, 64)],    Bf16, (8, 64),    simt_tile(64).br(),  128, simt_dq_smem_bytes;
-    flash_bwd_dq_bf16_d128   => "simt", "dq",   [bwd_q!(Bf16, 128)],   Bf16, (72, 128),  simt_tile(128).br(), 128, simt_dq_smem_bytes;
-    flash_bwd_dq_bf16_d256   => "simt", "dq",   [bwd_q!(Bf16, 256)],   Bf16, (136, 256), simt_tile(256).br(), 128, simt_dq_smem_bytes;
+    flash_bwd_wgmma_dkdv_f16_d64p   => "wgmma" @ Sm90a, "dkdv", [bwd_wgmma_kv!(f16, 56)],   f16,  (8, 56),    WG_BWD_KEYS, 128, wg_dkdv_smem;
+    flash_bwd_wgmma_dkdv_f16_d64    => "wgmma" @ Sm90a, "dkdv", [bwd_wgmma_kv!(f16, 64)],   f16,  (64, 64),   WG_BWD_KEYS, 128, wg_dkdv_smem;
+    flash_bwd_wgmma_dkdv_f16_d128p  => "wgmma" @ Sm90a, "dkdv", [bwd_wgmma_kv!(f16, 120)],  f16,  (72, 120),  WG_BWD_KEYS, 128, wg_dkdv_smem;
+    flash_bwd_wgmma_dkdv_f16_d128   => "wgmma" @ Sm90a, "dkdv", [bwd_wgmma_kv!(f16, 128)],  f16,  (128, 128), WG_BWD_KEYS, 128, wg_dkdv_smem;
+    flash_bwd_wgmma_dkdv_bf16_d64p  => "wgmma" @ Sm90a, "dkdv", [bwd_wgmma_kv!(Bf16, 56)],  Bf16, (8, 56),    WG_BWD_KEYS, 128, wg_dkdv_smem;
+    flash_bwd_wgmma_dkdv_bf16_d64   => "wgmma" @ Sm90a, "dkdv", [bwd_wgmma_kv!(Bf16, 64)],  Bf16, (64, 64),   WG_BWD_KEYS, 128, wg_dkdv_smem;
+    flash_bwd_wgmma_dkdv_bf16_d128p => "wgmma" @ Sm90a, "dkdv", [bwd_wgmma_kv!(Bf16, 120)], Bf16, (72, 120),  WG_BWD_KEYS, 128, wg_dkdv_smem;
+    flash_bwd_wgmma_dkdv_bf16_d128  => "wgmma" @ Sm90a, "dkdv", [bwd_wgmma_kv!(Bf16, 128)], Bf16, (128, 128), WG_BWD_KEYS, 128, wg_dkdv_smem;
+    flash_bwd_mma_dq_f16_d32     => "mma" @ Sm80, "dq",   [bwd_mma_q!(f16, 32)],    f16,  (8, 32),    MMA_BWD_ROWS, MMA_THREADS, mma_dq_smem;
+    flash_bwd_mma_dq_f16_d64     => "mma" @ Sm80, "dq",   [bwd_mma_q!(f16, 64)],    f16,  (40, 64),   MMA_BWD_ROWS, MMA_THREADS, mma_dq_smem;
+    flash_bwd_mma_dq_f16_d96     => "mma" @ Sm80, "dq",   [bwd_mma_q!(f16, 96)],    f16,  (72, 96),   MMA_BWD_ROWS, MMA_THREADS, mma_dq_smem;
+    flash_bwd_mma_dq_f16_d128    => "mma" @ Sm80, "dq",   [bwd_mma_q!(f16, 128)],   f16,  (104, 128), MMA_BWD_ROWS, MMA_THREADS, mma_dq_smem;
+    flash_bwd_mma_dq_bf16_d32    => "mma" @ Sm80, "dq",   [bwd_mma_q!(Bf16, 32)],   Bf16, (8, 32),    MMA_BWD_ROWS, MMA_THREADS, mma_dq_smem;
+    flash_bwd_mma_dq_bf16_d64    => "mma" @ Sm80, "dq",   [bwd_mma_q!(Bf16, 64)],   Bf16, (40, 64),   MMA_BWD_ROWS, MMA_THREADS, mma_dq_smem;
+    flash_bwd_mma_dq_bf16_d96    => "mma" @ Sm80, "dq",   [bwd_mma_q!(Bf16, 96)],   Bf16, (72, 96),   MMA_BWD_ROWS, MMA_THREADS, mma_dq_smem;
+    flash_bwd_mma_dq_bf16_d128   => "mma" @ Sm80, "dq",   [bwd_mma_q!(Bf16, 128)],  Bf16, (104, 128), MMA_BWD_ROWS, MMA_THREADS, mma_dq_smem;
+    flash_bwd_mma_dkdv_f16_d32   => "mma" @ Sm80, "dkdv", [bwd_mma_kv!(f16, 32)],   f16,  (8, 32),    MMA_BWD_ROWS, MMA_THREADS, mma_dkdv_smem;
+    flash_bwd_mma_dkdv_f16_d64   => "mma" @ Sm80, "dkdv", [bwd_mma_kv!(f16, 64)],   f16,  (40, 64),   MMA_BWD_ROWS, MMA_THREADS, mma_dkdv_smem;
+    flash_bwd_mma_dkdv_f16_d96   => "mma" @ Sm80, "dkdv", [bwd_mma_kv!(f16, 96)],   f16,  (72, 96),   MMA_BWD_ROWS, MMA_THREADS, mma_dkdv_smem;
+    flash_bwd_mma_dkdv_f16_d128  => "mma" @ Sm80, "dkdv", [bwd_mma_kv!(f16, 128)],  f16,  (104, 128), MMA_BWD_ROWS, MMA_THREADS, mma_dkdv_smem;
+    flash_bwd_mma_dkdv_bf16_d32  => "mma" @ Sm80, "dkdv", [bwd_mma_kv!(Bf16, 32)],  Bf16, (8, 32),    MMA_BWD_ROWS, MMA_THREADS, mma_dkdv_smem;
+    flash_bwd_mma_dkdv_bf16_d64  => "mma" @ Sm80, "dkdv", [bwd_mma_kv!(Bf16, 64)],  Bf16, (40, 64),   MMA_BWD_ROWS, MMA_THREADS, mma_dkdv_smem;
+    flash_bwd_mma_dkdv_bf16_d96  => "mma" @ Sm80, "dkdv", [bwd_mma_kv!(Bf16, 96)],  Bf16, (72, 96),   MMA_BWD_ROWS, MMA_THREADS, mma_dkdv_smem;
+    flash_bwd_mma_dkdv_bf16_d128 => "mma" @ Sm80, "dkdv", [bwd_mma_kv!(Bf16, 128)], Bf16, (104, 128), MMA_BWD_ROWS, MMA_THREADS, mma_dkdv_smem;
+    flash_bwd_mma_atomic_stats_f16_d32    => "mma_atomic" @ Sm80, "stats", [bwd_mma_q!(f16, 32, true)],    f16,  (8, 32),    MMA_BWD_ROWS, MMA_THREADS, mma_dq_smem;
+    flash_bwd_mma_atomic_stats_f16_d64    => "mma_atomic" @ Sm80, "stats", [bwd_mma_q!(f16, 64, true)],    f16,  (40, 64),   MMA_BWD_ROWS, MMA_THREADS, mma_dq_smem;
+    flash_bwd_mma_atomic_stats_f16_d96    => "mma_atomic" @ Sm80, "stats", [bwd_mma_q!(f16, 96, true)],    f16,  (72, 96),   MMA_BWD_ROWS, MMA_THREADS, mma_dq_smem;
+    flash_bwd_mma_atomic_stats_f16_d128   => "mma_atomic" @ Sm80, "stats", [bwd_mma_q!(f16, 128, true)],   f16,  (104, 128), MMA_BWD_ROWS, MMA_THREADS, mma_dq_smem;
+    flash_bwd_mma_atomic_stats_bf16_d32   => "mma_atomic" @ Sm80, "stats", [bwd_mma_q!(Bf16, 32, true)],   Bf16, (8, 32),    MMA_BWD_ROWS, MMA_THREADS, mma_dq_smem;
+    flash_bwd_mma_atomic_stats_bf16_d64   => "mma_atomic" @ Sm80, "stats", [bwd_mma_q!(Bf16, 64, true)],   Bf16, (40, 64),   MMA_BWD_ROWS, MMA_THREADS, mma_dq_smem;
+    flash_bwd_mma_atomic_stats_bf16_d96   => "mma_atomic" @ Sm80, "stats", [bwd_mma_q!(Bf16, 96, true)],   Bf16, (72, 96),   MMA_BWD_ROWS, MMA_THREADS, mma_dq_smem;
+    flash_bwd_mma_atomic_stats_bf16_d128  => "mma_atomic" @ Sm80, "stats", [bwd_mma_q!(Bf16, 128, true)],  Bf16, (104, 128), MMA_BWD_ROWS, MMA_THREADS, mma_dq_smem;
+    flash_bwd_mma_atomic_dkdvq_f16_d32    => "mma_atomic" @ Sm80, "dkdvq", [bwd_mma_kv!(f16, 32, true)],   f16,  (8, 32),    MMA_BWD_ROWS, MMA_THREADS, mma_dkdvq_smem;
+    flash_bwd_mma_atomic_dkdvq_f16_d64    => "mma_atomic" @ Sm80, "dkdvq", [bwd_mma_kv!(f16, 64, true)],   f16,  (40, 64),   MMA_BWD_ROWS, MMA_THREADS, mma_dkdvq_smem;
+    flash_bwd_mma_atomic_dkdvq_f16_d96    => "mma_atomic" @ Sm80, "dkdvq", [bwd_mma_kv!(f16, 96, true)],   f16,  (72, 96),   MMA_BWD_ROWS, MMA_THREADS, mma_dkdvq_smem;
+    flash_bwd_mma_atomic_dkdvq_f16_d128   => "mma_atomic" @ Sm80, "dkdvq", [bwd_mma_kv!(f16, 128, true)],  f16,  (104, 128), MMA_BWD_ROWS, MMA_THREADS, mma_dkdvq_smem;
+    flash_bwd_mma_atomic_dkdvq_bf16_d32   => "mma_atomic" @ Sm80, "dkdvq", [bwd_mma_kv!(Bf16, 32, true)],  Bf16, (8, 32),    MMA_BWD_ROWS, MMA_THREADS, mma_dkdvq_smem;
+    flash_bwd_mma_atomic_dkdvq_bf16_d64   => "mma_atomic" @ Sm80, "dkdvq", [bwd_mma_kv!(Bf16, 64, true)],  Bf16, (40, 64),   MMA_BWD_ROWS, MMA_THREADS, mma_dkdvq_smem;
+    flash_bwd_mma_atomic_dkdvq_bf16_d96   => "mma_atomic" @ Sm80, "dkdvq", [bwd_mma_kv!(Bf16, 96, true)],  Bf16, (72, 96),   MMA_BWD_ROWS, MMA_THREADS, mma_dkdvq_smem;
+    flash_bwd_mma_atomic_dkdvq_bf16_d128  => "mma_atomic" @ Sm80, "dkdvq", [bwd_mma_kv!(Bf16, 128, true)], Bf16, (104, 128), MMA_BWD_ROWS, MMA_THREADS, mma_dkdvq_smem;
+    flash_bwd_mma_atomic_convert_f16      => "mma_atomic" @ Sm80, "dq_convert", [crate::bwd_mma::dq_convert::<f16>],  f16,  (8, 128), CONVERT_ROWS, MMA_THREADS, no_smem;
+    flash_bwd_mma_atomic_convert_bf16     => "mma_atomic" @ Sm80, "dq_convert", [crate::bwd_mma::dq_convert::<Bf16>], Bf16, (8, 128), CONVERT_ROWS, MMA_THREADS, no_smem;
+    flash_bwd_dkdv_f32_d64   => "simt" @ Sm80, "dkdv", [bwd_kv!(f32, 64)],    f32,  (8, 64),    simt_kv_tile(64).bn(),  128, kv_smem;
+    flash_bwd_dkdv_f32_d128  => "simt" @ Sm80, "dkdv", [bwd_kv!(f32, 128)],   f32,  (72, 128),  simt_kv_tile(128).bn(), 128, kv_smem;
+    flash_bwd_dkdv_f32_d256  => "simt" @ Sm80, "dkdv", [bwd_kv!(f32, 256)],   f32,  (136, 256), simt_kv_tile(256).bn(), 128, kv_smem;
+    flash_bwd_dkdv_f16_d64   => "simt" @ Sm80, "dkdv", [bwd_kv!(f16, 64)],    f16,  (8, 64),    simt_kv_tile(64).bn(),  128, kv_smem;
+    flash_bwd_dkdv_f16_d128  => "simt" @ Sm80, "dkdv", [bwd_kv!(f16, 128)],   f16,  (72, 128),  simt_kv_tile(128).bn(), 128, kv_smem;
+    flash_bwd_dkdv_f16_d256  => "simt" @ Sm80, "dkdv", [bwd_kv!(f16, 256)],   f16,  (136, 256), simt_kv_tile(256).bn(), 128, kv_smem;
+    flash_bwd_dkdv_bf16_d64  => "simt" @ Sm80, "dkdv", [bwd_kv!(Bf16, 64)],   Bf16, (8, 64),    simt_kv_tile(64).bn(),  128, kv_smem;
+    flash_bwd_dkdv_bf16_d128 => "simt" @ Sm80, "dkdv", [bwd_kv!(Bf16, 128)],  Bf16, (72, 128),  simt_kv_tile(128).bn(), 128, kv_smem;
+    flash_bwd_dkdv_bf16_d256 => "simt" @ Sm80, "dkdv", [bwd_kv!(Bf16, 256)],  Bf16, (136, 256), simt_kv_tile(256).bn(), 128, kv_smem;
+    flash_bwd_dq_f32_d64     => "simt" @ Sm80, "dq",   [bwd_q!(f32, 64)],     f32,  (8, 64),    simt_tile(64).br(),  128, simt_dq_smem_bytes;
+    flash_bwd_dq_f32_d128    => "simt" @ Sm80, "dq",   [bwd_q!(f32, 128)],    f32,  (72, 128),  simt_tile(128).br(), 128, simt_dq_smem_bytes;
+    flash_bwd_dq_f32_d256    => "simt" @ Sm80, "dq",   [bwd_q!(f32, 256)],    f32,  (136, 256), simt_tile(256).br(), 128, simt_dq_smem_bytes;
+    flash_bwd_dq_f16_d64     => "simt" @ Sm80, "dq",   [bwd_q!(f16, 64)],     f16,  (8, 64),    simt_tile(64).br(),  128, simt_dq_smem_bytes;
+    flash_bwd_dq_f16_d128    => "simt" @ Sm80, "dq",   [bwd_q!(f16, 128)],    f16,  (72, 128),  simt_tile(128).br(), 128, simt_dq_smem_bytes;
+    flash_bwd_dq_f16_d256    => "simt" @ Sm80, "dq",   [bwd_q!(f16, 256)],    f16,  (136, 256), simt_tile(256).br(), 128, simt_dq_smem_bytes;
+    flash_bwd_dq_bf16_d64    => "simt" @ Sm80, "dq",   [bwd_q!(Bf16, 64)],    Bf16, (8, 64),    simt_tile(64).br(),  128, simt_dq_smem_bytes;
+    flash_bwd_dq_bf16_d128   => "simt" @ Sm80, "dq",   [bwd_q!(Bf16, 128)],   Bf16, (72, 128),  simt_tile(128).br(), 128, simt_dq_smem_bytes;
+    flash_bwd_dq_bf16_d256   => "simt" @ Sm80, "dq",   [bwd_q!(Bf16, 256)],   Bf16, (136, 256), simt_tile(256).br(), 128, simt_dq_smem_bytes;
 }
 
-/// Backward kernel families in the order automatic selection tries them (best first): the
-/// tensor-core kernels where they apply (f16, bf16, head_dim <= 128), else SIMT. `mma_atomic`
-/// (FA2's single dK/dV/dQ kernel with atomic dQ) is chosen only by name: on the H200 it ran
-/// 0.69-0.76x of `mma` (benches/RESULTS.md, 6282a3e).
+/// Backward kernel families in the order automatic selection tries them (best first), among
+/// those the device runs: the Hopper dK/dV kernel (`wgmma`, compute capability 9.0, f16 and
+/// bf16, head_dim <= 128, with `mma`'s dQ kernel), the tensor-core kernels (`mma`) where
+/// they apply, else SIMT. `mma_atomic` (FA2's single dK/dV/dQ kernel with atomic dQ) is
+/// chosen only by name: on the H200 it ran 0.69-0.76x of `mma` (benches/RESULTS.md, 6282a3e).
 #[cfg(not(target_arch = "nvptx64"))]
-pub const BWD_FAMILIES: &[&str] = &["mma", "simt", "mma_atomic"];
-
+pub const BWD_FAMILIES: &[&str] = &["wgmma", "mma", "simt", "mma_atomic"];
 /// Backward families that are not bitwise deterministic (atomic f32 adds in a run-dependent
 /// order); `deterministic` backward options skip them.
 #[cfg(not(target_arch = "nvptx64"))]
 pub const BWD_NONDETERMINISTIC: &[&str] = &["mma_atomic"];
-
 /// The passes a backward family launches, in order: the deterministic families a dQ kernel
 /// (which also writes the row statistics) and a dK/dV kernel; `mma_atomic` a statistics kernel,
 /// a dK/dV kernel that also adds dQ into an f32 accumulator, and dQ's conversion.
@@ -506,9 +548,19 @@ pub fn bwd_passes(family: &str) -> &'static [&'static str] {
         _ => &["dq", "dkdv"],
     }
 }
-
-/// The backward variant of `family` and `pass` for `dtype` and `head_dim`, if there is one.
+/// The family whose kernel a family's pass runs: itself, except the passes it borrows
+/// (`wgmma` runs `mma`'s dQ kernel).
 #[cfg(not(target_arch = "nvptx64"))]
-pub fn bwd_variant(family: &str, pass: &str, dtype: DType, head_dim: u32) -> Option<&'static BwdVariant> {
+pub fn bwd_pass_family(family: &'static str, pass: &str) -> &'static str {
+    match (family, pass) {
+        ("wgmma", "dq") => "mma",
+        _ => family,
+    }
+}
+/// The backward variant of `family` and `pass` for `dtype` and `head_dim`, if there is one
+/// (of the family [`bwd_pass_family`] names).
+#[cfg(not(target_arch = "nvptx64"))]
+pub fn bwd_variant(family: &'static str, pass: &str, dtype: DType, head_dim: u32) -> Option<&'static BwdVariant> {
+    let family = bwd_pass_family(family, pass);
     BWD_VARIANTS.iter().find(|v| v.family == family && v.pass == pass && v.dtype == dtype && v.serves(head_dim))
 }

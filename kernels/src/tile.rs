@@ -402,3 +402,44 @@ pub const fn wgmma_tile_wg2(head_dim: u32) -> Option<WgmmaTile> {
         _ => None,
     }
 }
+
+/// Tile of the Hopper dK/dV backward kernel (`bwd_wgmma`, sm_90a): one warpgroup of 64 keys
+/// per block, query tiles of `br` rows, double-buffered; 128-byte-swizzle tiles, so the
+/// compiled head_dim is a multiple of 64.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WgmmaBwdTile {
+    /// Query rows per Q/dO tile (the N of S^T = K Q^T, the K of dV += P^T dO).
+    pub br: u32,
+    /// The head_dim compiled for (64 or 128).
+    pub head_dim: u32,
+    /// Whether smaller head_dims (multiples of 8) are served, zero-padded in shared memory.
+    pub padded: bool,
+}
+
+impl WgmmaBwdTile {
+    /// Keys per block.
+    pub const KEYS: u32 = 64;
+    /// Threads per block: one warpgroup.
+    pub const fn threads(&self) -> u32 {
+        128
+    }
+    /// Shared memory in bytes: K, V [64] rows, two stages of Q and dO [br] rows (16-bit), two
+    /// stages of m, 1 / l and D [br] (f32).
+    pub const fn dkdv_smem_bytes(&self) -> u32 {
+        (2 * Self::KEYS + 4 * self.br) * self.head_dim * 2 + 6 * self.br * 4
+    }
+}
+
+/// The Hopper dK/dV tile for `head_dim`, if there is one (f16 and bf16, sm_90a): every
+/// head_dim 8..=128, compiled for 64 or 128 (exact there, zero-padded below).
+///
+/// Reasons: one warpgroup per block, as in [`wgmma_tile`] (several blocks per SM hide each
+/// other's exponentials); br = 64 keeps S^T, dP^T at 32 registers each next to the dK and dV
+/// accumulators (D / 2 each). Not yet measured against other shapes.
+pub const fn wgmma_bwd_tile(head_dim: u32) -> Option<WgmmaBwdTile> {
+    match head_dim {
+        _ if head_dim == 0 || head_dim % 8 != 0 || head_dim > 128 => None,
+        ..=64 => Some(WgmmaBwdTile { br: 64, head_dim: 64, padded: head_dim != 64 }),
+        _ => Some(WgmmaBwdTile { br: 64, head_dim: 128, padded: head_dim != 128 }),
+    }
+}

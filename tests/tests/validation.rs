@@ -198,9 +198,10 @@ fn registry_matches_tile_functions() {
 
 #[test]
 fn backward_selection_and_registry_match_tile_functions() {
+    use flashattn::Arch;
     use flashattn::kernels::dtype::DType;
     use flashattn::kernels::registry::BWD_VARIANTS;
-    use flashattn::kernels::tile::{MmaBwdTile, mma_bwd_tile};
+    use flashattn::kernels::tile::{MmaBwdTile, WgmmaBwdTile, mma_bwd_tile, wgmma_bwd_tile};
     for f in flashattn::BWD_FAMILIES {
         assert!(BWD_VARIANTS.iter().any(|v| v.family == *f), "family {f} has no variant");
     }
@@ -210,15 +211,29 @@ fn backward_selection_and_registry_match_tile_functions() {
     for d in (8..=256u32).step_by(8) {
         for dtype in [DType::F32, DType::F16, DType::Bf16] {
             let tc = dtype != DType::F32 && d <= 128;
-            let auto = flashattn::select_bwd_variants(dtype, d as usize, &FwdOptions::default()).unwrap_or_else(|e| panic!("d={d}: {e}"));
+            let auto = flashattn::select_bwd_variants(dtype, d as usize, &FwdOptions::default(), &[Arch::Sm80]).unwrap_or_else(|e| panic!("d={d}: {e}"));
             let want = if tc { "mma" } else { "simt" };
             assert!(auto.iter().all(|v| v.family == want && v.serves(d)), "d={d} {dtype:?}: {}", auto[0].name);
             let det = FwdOptions { deterministic: true, ..Default::default() };
-            let auto_det = flashattn::select_bwd_variants(dtype, d as usize, &det).unwrap_or_else(|e| panic!("d={d}: {e}"));
+            let auto_det = flashattn::select_bwd_variants(dtype, d as usize, &det, &[Arch::Sm80]).unwrap_or_else(|e| panic!("d={d}: {e}"));
             let want_det = if tc { "mma" } else { "simt" };
             assert!(auto_det.iter().all(|v| v.family == want_det && v.serves(d)), "d={d} {dtype:?}: {}", auto_det[0].name);
+            // Hopper: the wgmma dK/dV kernel after mma's dQ kernel, deterministic too.
+            for opts in [FwdOptions::default(), det] {
+                let hop = flashattn::select_bwd_variants(dtype, d as usize, &opts, &[Arch::Sm80, Arch::Sm90a]).unwrap_or_else(|e| panic!("d={d}: {e}"));
+                let fams: Vec<_> = hop.iter().map(|v| (v.family, v.pass, v.arch)).collect();
+                if let Some(t) = wgmma_bwd_tile(d)
+                    && dtype != DType::F32
+                {
+                    assert_eq!(fams, [("mma", "dq", Arch::Sm80), ("wgmma", "dkdv", Arch::Sm90a)], "d={d} {dtype:?}");
+                    assert!(t.head_dim >= d && hop[1].serves(d));
+                    assert_eq!((hop[1].rows, hop[1].threads, (hop[1].smem_bytes)(d)), (WgmmaBwdTile::KEYS, t.threads(), t.dkdv_smem_bytes()));
+                } else {
+                    assert_eq!(hop.iter().map(|v| v.family).collect::<Vec<_>>(), auto.iter().map(|v| v.family).collect::<Vec<_>>(), "d={d} {dtype:?}");
+                }
+            }
             let simt = FwdOptions { kernel: Some("simt"), ..Default::default() };
-            let s = flashattn::select_bwd_variants(dtype, d as usize, &simt).unwrap_or_else(|e| panic!("d={d}: {e}"));
+            let s = flashattn::select_bwd_variants(dtype, d as usize, &simt, &[Arch::Sm80, Arch::Sm90a]).unwrap_or_else(|e| panic!("d={d}: {e}"));
             assert!(s.iter().all(|v| v.family == "simt"), "d={d}");
             if let Some(t) = mma_bwd_tile(d)
                 && dtype != DType::F32
@@ -228,7 +243,7 @@ fn backward_selection_and_registry_match_tile_functions() {
                 assert_eq!((dq.pass, dq.rows, dq.threads, (dq.smem_bytes)(d)), ("dq", MmaBwdTile::ROWS, t.threads(), t.dq_smem_bytes()));
                 assert_eq!((kv.pass, kv.rows, kv.threads, (kv.smem_bytes)(d)), ("dkdv", MmaBwdTile::ROWS, t.threads(), t.dkdv_smem_bytes()));
                 let atomic = FwdOptions { kernel: Some("mma_atomic"), ..Default::default() };
-                let at = flashattn::select_bwd_variants(dtype, d as usize, &atomic).unwrap_or_else(|e| panic!("d={d}: {e}"));
+                let at = flashattn::select_bwd_variants(dtype, d as usize, &atomic, &[Arch::Sm80, Arch::Sm90a]).unwrap_or_else(|e| panic!("d={d}: {e}"));
                 let passes: Vec<_> = at.iter().map(|v| v.pass).collect();
                 assert_eq!(passes, ["stats", "dkdvq", "dq_convert"]);
                 assert!(at.iter().all(|v| v.family == "mma_atomic" && v.serves(d)));
@@ -239,7 +254,7 @@ fn backward_selection_and_registry_match_tile_functions() {
     }
     // Naming the atomic family with `deterministic` is a typed error, before any launch.
     let bad = FwdOptions { kernel: Some("mma_atomic"), deterministic: true, ..Default::default() };
-    match flashattn::select_bwd_variants(DType::F16, 64, &bad) {
+    match flashattn::select_bwd_variants(DType::F16, 64, &bad, &[Arch::Sm80]) {
         Err(flashattn::Error::NotDeterministic { family }) => assert_eq!(family, "mma_atomic"),
         other => panic!("expected NotDeterministic, got {:?}", other.map(|v| v.len())),
     }
@@ -258,7 +273,7 @@ fn backward_rejects_bad_shapes_and_kernels_before_launch() {
     assert!(matches!(&e, Error::OutputShape { tensor: "lse", .. }), "{e}");
     let opts = FwdOptions { kernel: Some("nope"), ..Default::default() };
     let e = fa.backward(&q, &q, &q, &q, &q, &lse, &opts).err().expect("unknown family");
-    assert!(matches!(&e, Error::UnknownKernel { name, available } if name == "nope" && available == &["mma", "simt", "mma_atomic"]), "{e}");
+    assert!(matches!(&e, Error::UnknownKernel { name, available } if name == "nope" && available == flashattn::BWD_FAMILIES), "{e}");
     // The tensor-core backward has no f32 variant.
     let opts = FwdOptions { kernel: Some("mma"), ..Default::default() };
     let e = fa.backward(&q, &q, &q, &q, &q, &lse, &opts).err().expect("no f32 mma backward");

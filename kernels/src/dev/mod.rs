@@ -222,6 +222,21 @@ pub mod warpgroup {
     /// A shared-memory matrix descriptor of wgmma.
     #[derive(Clone, Copy, Debug)]
     pub struct Desc(pub u64);
+    impl Desc {
+        /// The descriptor of the operand `bytes` (a multiple of 16) further on in shared
+        /// memory: the start-address field is address / 16 in 14 bits, which no shared-memory
+        /// address (below 256 KB) overflows.
+        #[inline(always)]
+        pub fn advance(self, bytes: usize) -> Desc {
+            Desc(self.0 + (bytes as u64 >> 4))
+        }
+        /// The same descriptor, opaque to the compiler (so it is rebuilt from one register
+        /// where it is used instead of hoisted out of a loop as many live constants).
+        #[inline(always)]
+        pub fn opaque(self) -> Desc {
+            Desc(super::thread::opaque(self.0))
+        }
+    }
     /// The descriptor of an operand at element `i` of `s` in the 128-byte-swizzle canonical
     /// layout: rows of 64 16-bit elements (128 bytes), 8-row groups of 1024 bytes whose
     /// 16-byte chunks are XOR-swizzled by row % 8, on 1024-byte-aligned atoms.

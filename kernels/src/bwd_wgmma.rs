@@ -1,0 +1,244 @@
+//! The Hopper dK/dV backward kernel (sm_90a): the products of `bwd_mma::dkdv` on
+//! `wgmma.mma_async` with f32 accumulation, one warpgroup of 64 keys per block.
+//!
+//! One block per (64 keys, KV head, batch); warp w of the warpgroup owns keys 16w..16w + 16
+//! and the block loops over every query tile (BR rows) of every query head of the KV head's
+//! group, as `bwd_mma::dkdv` does, in the transposed orientation (keys as the M of every
+//! product):
+//! - S^T = K Q_i^T and dP^T = V dO_i^T: both operands from shared memory, K-major over d;
+//! - P^T = exp2(S^T scale log2 e - m_i) / l_i and dS^T = P^T (dP^T - D_i) per query column,
+//!   from the statistics the dQ kernel wrote (`bwd_mma::dq`, the same workspace);
+//! - dV += P^T dO_i and dK += dS^T Q_i: P^T and dS^T from registers (the accumulator layout,
+//!   packed to 16 bits, is wgmma's A layout), dO_i and Q_i read MN-major by the instruction.
+//!
+//! Every dK, dV element is summed by one thread in a fixed order: bitwise deterministic.
+//! Shared tiles are 128-byte-swizzle canonical layouts ([`Sw`]); a kernel compiled for D
+//! serves every head_dim d <= D that is a multiple of 8 (PAD): columns d..D are zero-filled
+//! and never stored. Query rows past seqlen_q get Q = dO = 0 and (m, 1 / l, D) = (+inf, 0, 0),
+//! so their P and dS are 0.
+
+use crate::bwd_mma::{stat_at, store_rows};
+use crate::dev::{self, Shared, block, global, math, thread, warp, warpgroup};
+use crate::dtype::MmaElement;
+use crate::fwd_mma::load_tile_in;
+use crate::fwd_wgmma::Sw;
+use crate::mask::{Causal, Mask, NoMask};
+use crate::params::BwdParams;
+use core::f32::consts::LOG2_E;
+
+/// Keys per block: one warpgroup's M.
+const KEYS: usize = 64;
+
+/// Entry body for one tile: D = 8 DN, query tiles of BR = 8 NQ = 16 KQ rows.
+///
+/// # Safety
+/// `p` valid (host-checked), `p.head_dim <= D`, 128 threads,
+/// `WgmmaBwdTile::dkdv_smem_bytes()` bytes of dynamic shared memory; the dQ kernel has
+/// written the statistics; an sm_90a device.
+#[inline(always)]
+pub unsafe fn dkdv<T: MmaElement, const D: usize, const DN: usize, const BR: usize, const NQ: usize, const KQ: usize, const PAD: bool>(
+    p: &BwdParams,
+) {
+    unsafe {
+        if p.causal != 0 {
+            dkdv_masked::<T, Causal, D, DN, BR, NQ, KQ, PAD>(p)
+        } else {
+            dkdv_masked::<T, NoMask, D, DN, BR, NQ, KQ, PAD>(p)
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn dkdv_masked<T: MmaElement, M: Mask, const D: usize, const DN: usize, const BR: usize, const NQ: usize, const KQ: usize, const PAD: bool>(
+    p: &BwdParams,
+) {
+    let d = p.head_dim;
+    if d > D as u32 || (!PAD && d != D as u32) || !d.is_multiple_of(8) || DN * 8 != D || NQ * 8 != BR || KQ * 16 != BR || D % 64 != 0 || block::dim() != warpgroup::SIZE {
+        thread::trap();
+    }
+    let (kv_blk, hk, b) = block::idx();
+    let (w, lane) = (warp::id() as usize, warp::lane() as usize);
+    let (g, t) = (lane / 4, lane % 4);
+    let (sq, sk) = (p.seqlen_q, p.seqlen_k);
+    let j0 = kv_blk * KEYS as u32;
+
+    // Shared memory: K, V [64][D]; Q stages 0, 1 and dO stages 0, 1 ([BR][D] each); then f32
+    // m_i, 1 / l_i and D_i, stages 0, 1 each ([BR]).
+    let smem: Shared<T> = unsafe { dev::dynamic_shared((2 * KEYS + 4 * BR) * D) };
+    let k_s = smem.slice(0, KEYS * D);
+    let v_s = smem.slice(KEYS * D, KEYS * D);
+    let q_s = |stage: usize| smem.slice((2 * KEYS + stage * BR) * D, BR * D);
+    let do_s = |stage: usize| smem.slice((2 * KEYS + (2 + stage) * BR) * D, BR * D);
+    let f_s: Shared<f32> = smem.after(6 * BR);
+    let m_s = |stage: usize| f_s.slice(stage * BR, BR);
+    let il_s = |stage: usize| f_s.slice((2 + stage) * BR, BR);
+    let dd_s = |stage: usize| f_s.slice((4 + stage) * BR, BR);
+
+    // Block: K_j, V_j (zero rows past seqlen_k: their dK, dV are computed and not stored).
+    let kv_at = p.k_strides.offset(b, 0, hk) as usize;
+    let first = (j0.min(sk) as u64 * p.k_strides.row) as usize;
+    unsafe {
+        load_tile_in::<T, Sw<KEYS, D>, D, KEYS, 128, true>(k_s, (p.k as *const T).add(kv_at + first), p.k_strides.row, sk - j0.min(sk), d);
+        load_tile_in::<T, Sw<KEYS, D>, D, KEYS, 128, true>(v_s, (p.v as *const T).add(kv_at + first), p.k_strides.row, sk - j0.min(sk), d);
+    }
+
+    // The query tiles that see any key of this block, for every query head of the group
+    // (as bwd_mma::dkdv).
+    let i_first = M::first_visible_row(j0, sq, sk);
+    let qt_first = (i_first / BR as u32) as usize;
+    let n_qt = (sq.div_ceil(BR as u32) as usize).saturating_sub(qt_first);
+    let group = (p.heads_q / p.heads_kv) as usize;
+    let n_iter = group * n_qt;
+    // Iteration it: query head and first row of its tile.
+    let tile_of = |it: usize| ((hk as usize * group + it / n_qt) as u32, ((qt_first + it % n_qt) * BR) as u32);
+
+    // Block: Q_i, dO_i (cp.async) and m_i, 1 / l_i, D_i (plain loads) of iteration `it` into
+    // stage `stage`; rows past seqlen_q get Q = dO = 0 and (+inf, 0, 0), so P = 0.
+    let fetch = |it: usize, stage: usize| {
+        let (h, i0) = tile_of(it);
+        let q_at = (p.q_strides.offset(b, 0, h) + i0 as u64 * p.q_strides.row) as usize;
+        unsafe {
+            load_tile_in::<T, Sw<BR, D>, D, BR, 128, true>(q_s(stage), (p.q as *const T).add(q_at), p.q_strides.row, sq - i0, d);
+            load_tile_in::<T, Sw<BR, D>, D, BR, 128, true>(do_s(stage), (p.d_o as *const T).add(q_at), p.q_strides.row, sq - i0, d);
+        }
+        let tid = thread::idx() as usize;
+        if tid < BR {
+            let r = i0 + tid as u32;
+            let valid = r < sq;
+            let ld = |k: usize, dflt: f32| if valid { unsafe { global::load((p.stats as *const f32).add(stat_at(p, k, b, h, r))) } } else { dflt };
+            m_s(stage).st(tid, ld(0, f32::INFINITY));
+            il_s(stage).st(tid, ld(1, 0.0));
+            dd_s(stage).st(tid, ld(2, 0.0));
+        }
+    };
+    if n_iter > 0 {
+        fetch(0, 0);
+    }
+    thread::cp_async_commit();
+
+    let mut acc_dk = [[0f32; 4]; DN];
+    let mut acc_dv = [[0f32; 4]; DN];
+    let factor = p.scale * LOG2_E;
+    let key0 = j0 + (w * 16) as u32; // first key of this warp
+
+    // Warpgroup: one query tile (stage `st`, first row i0); `masked` applies the causal mask.
+    let step = #[inline(always)] |st: usize, i0: u32, masked: bool, acc_dk: &mut [[f32; 4]; DN], acc_dv: &mut [[f32; 4]; DN]| {
+        let (m_row, il_row, d_row) = (m_s(st), il_s(st), dd_s(st));
+        // Thread: the statistics of its query columns n * 8 + 2t, + 1 of n-tile n.
+        let stat = |i: usize| (m_row.ld(i), il_row.ld(i), d_row.ld(i));
+        // Warpgroup: acc = A_j B_i^T over D (D / 16 k-steps of m64n{BR}k16, A [64][D] and
+        // B [BR][D] K-major in shared memory), as one group.
+        let issue_t = #[inline(always)] |a_s: Shared<T>, b_s: Shared<T>, acc: &mut [[f32; 4]; NQ]| {
+            let (a0, b0) = (warpgroup::desc_sw128(a_s, 0, 16, 1024).opaque(), warpgroup::desc_sw128(b_s, 0, 16, 1024).opaque());
+            for kk in 0..D / 16 {
+                let a = a0.advance(((kk / 4) * KEYS * 64 + (kk % 4) * 16) * 2);
+                let b = b0.advance(((kk / 4) * BR * 64 + (kk % 4) * 16) * 2);
+                warpgroup::mma_ss::<NQ>(a, b, acc, kk > 0, T::BF16);
+            }
+            warpgroup::commit();
+        };
+        // Warpgroup: acc += X^T B_i over the tile's queries (BR / 16 k-steps of m64n{D}k16,
+        // X^T from registers, B [BR][D] read MN-major), as one group.
+        let issue_acc = #[inline(always)] |x: &[[u32; 4]; KQ], b_s: Shared<T>, acc: &mut [[f32; 4]; DN]| {
+            let b0 = warpgroup::desc_sw128(b_s, 0, Sw::<BR, D>::BLOCK_BYTES, 1024).opaque();
+            for (kq, f) in x.iter().enumerate() {
+                let b = b0.advance(kq * 16 * 64 * 2);
+                warpgroup::mma_rs::<DN, true>(*f, b, acc, true, T::BF16);
+            }
+            warpgroup::commit();
+        };
+        // Thread: 16-bit A fragments of X^T from its accumulators (k-step kq: n-tiles 2kq, 2kq + 1).
+        let pack = #[inline(always)] |x: &[[f32; 4]; NQ]| -> [[u32; 4]; KQ] {
+            core::array::from_fn(|kq| {
+                let (lo, hi) = (x[2 * kq], x[2 * kq + 1]);
+                [T::pack2(lo[0], lo[1]), T::pack2(lo[2], lo[3]), T::pack2(hi[0], hi[1]), T::pack2(hi[2], hi[3])]
+            })
+        };
+
+        // S^T = K_j Q_i^T.
+        let mut s = [[0f32; 4]; NQ];
+        warpgroup::fence_operands(&mut s);
+        warpgroup::fence();
+        issue_t(k_s, q_s(st), &mut s);
+        warpgroup::wait::<0, NQ>(&mut s);
+        // Thread: P^T = exp2(S^T scale log2(e) - m) / l per query column (0 where masked or
+        // where the row sees no key).
+        // `masked` is uniform and true on diagonal tiles only: one branch around the whole
+        // mask (a branch per element became selects in every tile in the forward kernel).
+        if masked {
+            for (n, x) in s.iter_mut().enumerate() {
+                for (e, x) in x.iter_mut().enumerate() {
+                    let key = key0 + (g + 8 * (e / 2)) as u32;
+                    if M::hides(i0 + (n * 8 + 2 * t + e % 2) as u32, key, sq, sk) {
+                        *x = f32::NEG_INFINITY;
+                    }
+                }
+            }
+        }
+        for (n, x) in s.iter_mut().enumerate() {
+            let c = n * 8 + 2 * t;
+            let ms = [m_row.ld(c), m_row.ld(c + 1)];
+            let ils = [il_row.ld(c), il_row.ld(c + 1)];
+            for (e, x) in x.iter_mut().enumerate() {
+                *x = math::ex2(*x * factor - ms[e % 2]) * ils[e % 2];
+            }
+        }
+        let mut pa = pack(&s);
+        // dV_j += P^T dO_i, then dP^T = V_j dO_i^T, two groups.
+        let mut dp = [[0f32; 4]; NQ];
+        warpgroup::fence_operands(acc_dv);
+        warpgroup::fence_operands(&mut dp);
+        warpgroup::fence_fragments(&mut pa);
+        warpgroup::fence();
+        issue_acc(&pa, do_s(st), acc_dv);
+        issue_t(v_s, do_s(st), &mut dp);
+        warpgroup::wait::<0, NQ>(&mut dp);
+        warpgroup::fence_operands(acc_dv);
+        warpgroup::fence_fragments(&mut pa);
+        // Thread: dS^T = P^T (dP^T - D) per query column.
+        for (n, x) in dp.iter_mut().enumerate() {
+            let c = n * 8 + 2 * t;
+            let dd = [stat(c).2, stat(c + 1).2];
+            for (e, x) in x.iter_mut().enumerate() {
+                *x = s[n][e] * (*x - dd[e % 2]);
+            }
+        }
+        let mut da = pack(&dp);
+        // dK_j += dS^T Q_i.
+        warpgroup::fence_operands(acc_dk);
+        warpgroup::fence_fragments(&mut da);
+        warpgroup::fence();
+        issue_acc(&da, q_s(st), acc_dk);
+        warpgroup::wait::<0, DN>(acc_dk);
+        warpgroup::fence_fragments(&mut da);
+    };
+
+    for it in 0..n_iter {
+        // Block: prefetch the next query tile into the other stage while this one is computed.
+        if it + 1 < n_iter {
+            fetch(it + 1, (it + 1) % 2);
+            thread::cp_async_commit();
+            thread::cp_async_wait::<1>();
+        } else {
+            thread::cp_async_wait::<0>();
+        }
+        // This tile's copies (and K, V) landed, for every thread and for the async proxy.
+        thread::fence_proxy_async();
+        block::sync();
+        let (_, i0) = tile_of(it);
+        // Diagonal tiles: the tile's first row hides the block's last key.
+        step(it % 2, i0, M::hides(i0, j0 + KEYS as u32 - 1, sq, sk), &mut acc_dk, &mut acc_dv);
+        // Everyone is done with stage it % 2 (its wgmma complete) before iteration it + 1
+        // refills it.
+        block::sync();
+    }
+    if n_iter == 0 {
+        thread::cp_async_wait::<0>();
+    }
+
+    // Warp: dK_j = scale * acc_dk, dV_j = acc_dv, rows of its 16 keys, in T.
+    unsafe {
+        store_rows::<T, DN>(&acc_dk, p.scale, (p.dk as *mut T).add(kv_at), p.k_strides.row, key0, sk, d);
+        store_rows::<T, DN>(&acc_dv, 1.0, (p.dv as *mut T).add(kv_at), p.k_strides.row, key0, sk, d);
+    }
+}
