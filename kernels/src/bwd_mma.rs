@@ -361,7 +361,7 @@ impl<T: MmaElement, const D: usize, const DK: usize, const QREG: bool> DqStep<'_
 /// One lane's running softmax statistics of a query row held by a lane quad (scores in the
 /// log2 domain), with n = sum_j exp2(x_j - m) dP_ij, so that D_i = n / l_i.
 #[derive(Clone, Copy)]
-struct QuadRow {
+pub(crate) struct QuadRow {
     /// Running max of the row, the same on the four lanes.
     m: f32,
     /// This lane's share of l_i and of n.
@@ -370,11 +370,11 @@ struct QuadRow {
 }
 
 impl QuadRow {
-    const INIT: QuadRow = QuadRow { m: f32::NEG_INFINITY, l: 0.0, n: 0.0 };
+    pub(crate) const INIT: QuadRow = QuadRow { m: f32::NEG_INFINITY, l: 0.0, n: 0.0 };
 
     /// Lane quad: folds this lane's scaled scores `x` (-inf: masked) and their dP in.
     #[inline(always)]
-    fn push<const NS: usize>(&mut self, x: [[f32; 2]; NS], dp: [[f32; 2]; NS]) {
+    pub(crate) fn push<const NS: usize>(&mut self, x: [[f32; 2]; NS], dp: [[f32; 2]; NS]) {
         let mut mx = self.m;
         for x in x.iter() {
             mx = mx.max(x[0]).max(x[1]);
@@ -399,7 +399,7 @@ impl QuadRow {
     /// Lane quad: the row's (m_i, 1 / l_i, D_i); (+inf, 0, 0) for a row that sees no key, so
     /// that exp2(x - m_i) / l_i is 0 without a special case.
     #[inline(always)]
-    fn finish(&self) -> (f32, f32, f32) {
+    pub(crate) fn finish(&self) -> (f32, f32, f32) {
         let l = warp::allreduce_sum_in::<4>(self.l);
         let n = warp::allreduce_sum_in::<4>(self.n);
         if l > 0.0 { (self.m, math::rcp(l), n / l) } else { (f32::INFINITY, 0.0, 0.0) }

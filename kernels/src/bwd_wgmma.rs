@@ -1,6 +1,11 @@
-//! The Hopper dK/dV backward kernel (sm_90a): the products of `bwd_mma::dkdv` on
-//! `wgmma.mma_async` with f32 accumulation, one warpgroup of 64 keys per block.
-//!
+//! The Hopper backward kernels (sm_90a): the products of `bwd_mma::dq` and `bwd_mma::dkdv` on
+//! `wgmma.mma_async` with f32 accumulation, one warpgroup per block. The same two launches,
+//! the same statistics workspace, the same fixed summation order (bitwise deterministic):
+//! - [`dq`]: one block per (64 query rows, head, batch), two passes over the key tiles (the
+//!   rows' m_i, l_i, D_i in f32, then dQ_i += dS_ij K_j), as `bwd_mma::dq` explains;
+//!   S = Q K_j^T and dP = dO V_j^T with both operands from shared memory, dQ += dS K_j with
+//!   dS from registers and K_j read MN-major.
+//! - [`dkdv`]:
 //! One block per (64 keys, KV head, batch); warp w of the warpgroup owns keys 16w..16w + 16
 //! and the block loops over every query tile (BR rows) of every query head of the KV head's
 //! group, as `bwd_mma::dkdv` does, in the transposed orientation (keys as the M of every
@@ -17,7 +22,7 @@
 //! and never stored. Query rows past seqlen_q get Q = dO = 0 and (m, 1 / l, D) = (+inf, 0, 0),
 //! so their P and dS are 0.
 
-use crate::bwd_mma::{stat_at, store_rows};
+use crate::bwd_mma::{QuadRow, stat_at, store_rows};
 use crate::dev::{self, Shared, block, global, math, thread, warp, warpgroup};
 use crate::dtype::MmaElement;
 use crate::fwd_mma::load_tile_in;
@@ -241,4 +246,204 @@ unsafe fn dkdv_masked<T: MmaElement, M: Mask, const D: usize, const DN: usize, c
         store_rows::<T, DN>(&acc_dk, p.scale, (p.dk as *mut T).add(kv_at), p.k_strides.row, key0, sk, d);
         store_rows::<T, DN>(&acc_dv, 1.0, (p.dv as *mut T).add(kv_at), p.k_strides.row, key0, sk, d);
     }
+}
+
+/// Query rows per dQ block: one warpgroup's M.
+const ROWS: usize = 64;
+
+/// The dQ kernel for one tile: D = 8 DN, key tiles of BC = 8 NS = 16 KS keys. Also writes
+/// m_i, 1 / l_i, D_i to the workspace for [`dkdv`].
+///
+/// # Safety
+/// `p` valid (host-checked), `p.head_dim <= D`, 128 threads,
+/// `WgmmaBwdTile::dq_smem_bytes()` bytes of dynamic shared memory; an sm_90a device.
+#[inline(always)]
+pub unsafe fn dq<T: MmaElement, const D: usize, const DN: usize, const BC: usize, const NS: usize, const KS: usize, const PAD: bool>(p: &BwdParams) {
+    unsafe {
+        if p.causal != 0 {
+            dq_masked::<T, Causal, D, DN, BC, NS, KS, PAD>(p)
+        } else {
+            dq_masked::<T, NoMask, D, DN, BC, NS, KS, PAD>(p)
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn dq_masked<T: MmaElement, M: Mask, const D: usize, const DN: usize, const BC: usize, const NS: usize, const KS: usize, const PAD: bool>(
+    p: &BwdParams,
+) {
+    let d = p.head_dim;
+    if d > D as u32 || (!PAD && d != D as u32) || !d.is_multiple_of(8) || DN * 8 != D || NS * 8 != BC || KS * 16 != BC || D % 64 != 0 || block::dim() != warpgroup::SIZE {
+        thread::trap();
+    }
+    let (q_blk, h, b) = block::idx();
+    let (w, lane) = (warp::id() as usize, warp::lane() as usize);
+    let (g, t) = (lane / 4, lane % 4);
+    let (sq, sk) = (p.seqlen_q, p.seqlen_k);
+    let hk = h / (p.heads_q / p.heads_kv);
+    let row0 = q_blk * ROWS as u32;
+    let row_w = row0 + (w * 16) as u32; // first query row of this warp
+
+    // Shared memory: Q, dO [64][D], then K stages 0 and 1, V stages 0 and 1 ([BC][D] each).
+    let smem: Shared<T> = unsafe { dev::dynamic_shared((2 * ROWS + 4 * BC) * D) };
+    let q_s = smem.slice(0, ROWS * D);
+    let do_s = smem.slice(ROWS * D, ROWS * D);
+    let k_s = |stage: usize| smem.slice((2 * ROWS + stage * BC) * D, BC * D);
+    let v_s = |stage: usize| smem.slice((2 * ROWS + (2 + stage) * BC) * D, BC * D);
+
+    let q_at = p.q_strides.offset(b, 0, h) as usize;
+    let kv_at = p.k_strides.offset(b, 0, hk) as usize;
+    let (q_g, do_g) = unsafe { ((p.q as *const T).add(q_at), (p.d_o as *const T).add(q_at)) };
+    let (k_g, v_g) = unsafe { ((p.k as *const T).add(kv_at), (p.v as *const T).add(kv_at)) };
+    let first = (row0.min(sq) as u64 * p.q_strides.row) as usize;
+
+    let row_end = (row0 + ROWS as u32).min(sq);
+    let n_tiles = M::visible_cols(row_end, sq, sk).div_ceil(BC as u32) as usize;
+    let n_unmasked = ((M::unmasked_cols(row0, sq, sk) / BC as u32) as usize).min(n_tiles);
+
+    // Block: K_j and V_j (key tile j) into `stage`.
+    let load_kv = |j: usize, stage: usize| {
+        let c1 = (j * BC) as u32;
+        let off = (c1 as u64 * p.k_strides.row) as usize;
+        unsafe {
+            load_tile_in::<T, Sw<BC, D>, D, BC, 128, true>(k_s(stage), k_g.add(off), p.k_strides.row, sk - c1, d);
+            load_tile_in::<T, Sw<BC, D>, D, BC, 128, true>(v_s(stage), v_g.add(off), p.k_strides.row, sk - c1, d);
+        }
+    };
+    // Block: Q_i, dO_i and the first K, V tile in flight.
+    unsafe {
+        load_tile_in::<T, Sw<ROWS, D>, D, ROWS, 128, true>(q_s, q_g.add(first), p.q_strides.row, sq - row0.min(sq), d);
+        load_tile_in::<T, Sw<ROWS, D>, D, ROWS, 128, true>(do_s, do_g.add(first), p.q_strides.row, sq - row0.min(sq), d);
+    }
+    if n_tiles > 0 {
+        load_kv(0, 0);
+    }
+    thread::cp_async_commit();
+
+    let factor = p.scale * LOG2_E;
+    let mut acc_dq = [[0f32; 4]; DN];
+    // Rows g and g + 8 of the warp's 16: running statistics (pass 0), then the final m_i,
+    // 1 / l_i, D_i (pass 1).
+    let mut rows = [QuadRow::INIT; 2];
+    let mut fin = [(f32::INFINITY, 0f32, 0f32); 2];
+    // Lane quad: the rows' final statistics, also to the workspace for the dK/dV kernel
+    // (every row below seqlen_q, fully masked ones too).
+    let publish = |rows: &[QuadRow; 2]| -> [(f32, f32, f32); 2] {
+        let fin = [rows[0].finish(), rows[1].finish()];
+        for (half, f) in fin.iter().enumerate() {
+            let r = row_w + (g + 8 * half) as u32;
+            if t == 0 && r < sq {
+                let st = p.stats as *mut f32;
+                unsafe {
+                    global::store(st.add(stat_at(p, 0, b, h, r)), f.0);
+                    global::store(st.add(stat_at(p, 1, b, h, r)), f.1);
+                    global::store(st.add(stat_at(p, 2, b, h, r)), f.2);
+                }
+            }
+        }
+        fin
+    };
+    // Warpgroup: S = Q K_j^T times scale log2(e) (-inf where masked) and dP = dO V_j^T for
+    // key tile j in `stage` (D / 16 k-steps of m64n{BC}k16 each, one group).
+    let scores = #[inline(always)] |j: usize, stage: usize, masked: bool| -> ([[f32; 4]; NS], [[f32; 4]; NS]) {
+        let mut s = [[0f32; 4]; NS];
+        let mut dp = [[0f32; 4]; NS];
+        warpgroup::fence_operands(&mut s);
+        warpgroup::fence_operands(&mut dp);
+        warpgroup::fence();
+        let (qd, od) = (warpgroup::desc_sw128(q_s, 0, 16, 1024).opaque(), warpgroup::desc_sw128(do_s, 0, 16, 1024).opaque());
+        let (kd, vd) = (warpgroup::desc_sw128(k_s(stage), 0, 16, 1024).opaque(), warpgroup::desc_sw128(v_s(stage), 0, 16, 1024).opaque());
+        for kk in 0..D / 16 {
+            let (a, b) = (((kk / 4) * ROWS * 64 + (kk % 4) * 16) * 2, ((kk / 4) * BC * 64 + (kk % 4) * 16) * 2);
+            warpgroup::mma_ss::<NS>(qd.advance(a), kd.advance(b), &mut s, kk > 0, T::BF16);
+        }
+        for kk in 0..D / 16 {
+            let (a, b) = (((kk / 4) * ROWS * 64 + (kk % 4) * 16) * 2, ((kk / 4) * BC * 64 + (kk % 4) * 16) * 2);
+            warpgroup::mma_ss::<NS>(od.advance(a), vd.advance(b), &mut dp, kk > 0, T::BF16);
+        }
+        warpgroup::commit();
+        warpgroup::wait::<0, NS>(&mut s);
+        warpgroup::fence_operands(&mut dp);
+        for x in s.iter_mut() {
+            for x in x.iter_mut() {
+                *x *= factor;
+            }
+        }
+        // One uniform branch around the mask (true on the last tiles only).
+        if masked {
+            let c0 = (j * BC) as u32;
+            for (n, x) in s.iter_mut().enumerate() {
+                for (e, x) in x.iter_mut().enumerate() {
+                    let row = row_w + (g + 8 * (e / 2)) as u32;
+                    let col = c0 + (n * 8 + 2 * t + e % 2) as u32;
+                    if col >= sk || M::hides(row, col, sq, sk) {
+                        *x = f32::NEG_INFINITY;
+                    }
+                }
+            }
+        }
+        (s, dp)
+    };
+
+    // Two passes over the key tiles, one pipeline: iteration `it` reads tile it % n_tiles.
+    let n_iter = 2 * n_tiles;
+    for it in 0..n_iter {
+        let j = it % n_tiles;
+        // Block: prefetch the next iteration's K, V into the other stage while this one is
+        // computed.
+        if it + 1 < n_iter {
+            load_kv((it + 1) % n_tiles, (it + 1) % 2);
+            thread::cp_async_commit();
+            thread::cp_async_wait::<1>();
+        } else {
+            thread::cp_async_wait::<0>();
+        }
+        // This tile's copies landed, for every thread and for the async proxy.
+        thread::fence_proxy_async();
+        block::sync();
+        if it == n_tiles {
+            fin = publish(&rows);
+        }
+        let (s, dp) = scores(j, it % 2, j >= n_unmasked);
+        if it < n_tiles {
+            // Pass 0, lane quad: fold tile j into the rows' running statistics.
+            for (half, row) in rows.iter_mut().enumerate() {
+                row.push(core::array::from_fn::<_, NS, _>(|n| [s[n][2 * half], s[n][2 * half + 1]]), core::array::from_fn(|n| [dp[n][2 * half], dp[n][2 * half + 1]]));
+            }
+        } else {
+            // Pass 1, thread: dS = P (dP - D_i), P = exp2(S - m_i) / l_i, to 16-bit A fragments
+            // (k-step ks: n-tiles 2ks, 2ks + 1); then dQ_i += dS K_j, K_j read MN-major.
+            let mut ds = [[0f32; 4]; NS];
+            for n in 0..NS {
+                for e in 0..4 {
+                    let (m, inv_l, dd) = fin[e / 2];
+                    ds[n][e] = math::ex2(s[n][e] - m) * inv_l * (dp[n][e] - dd);
+                }
+            }
+            let mut da: [[u32; 4]; KS] = core::array::from_fn(|ks| {
+                let (lo, hi) = (ds[2 * ks], ds[2 * ks + 1]);
+                [T::pack2(lo[0], lo[1]), T::pack2(lo[2], lo[3]), T::pack2(hi[0], hi[1]), T::pack2(hi[2], hi[3])]
+            });
+            warpgroup::fence_operands(&mut acc_dq);
+            warpgroup::fence_fragments(&mut da);
+            warpgroup::fence();
+            let kd = warpgroup::desc_sw128(k_s(it % 2), 0, Sw::<BC, D>::BLOCK_BYTES, 1024).opaque();
+            for (ks, f) in da.iter().enumerate() {
+                warpgroup::mma_rs::<DN, true>(*f, kd.advance(ks * 16 * 64 * 2), &mut acc_dq, true, T::BF16);
+            }
+            warpgroup::commit();
+            warpgroup::wait::<0, DN>(&mut acc_dq);
+            warpgroup::fence_fragments(&mut da);
+        }
+        // Everyone is done with stage it % 2 (its wgmma complete) before iteration it + 1
+        // refills it.
+        block::sync();
+    }
+    if n_tiles == 0 {
+        thread::cp_async_wait::<0>();
+        publish(&rows);
+    }
+
+    // Warp: dQ_i = scale * acc, rows of its 16, in T.
+    unsafe { store_rows::<T, DN>(&acc_dq, p.scale, (p.dq as *mut T).add(q_at), p.q_strides.row, row_w, sq, d) };
 }

@@ -401,17 +401,40 @@ macro_rules! bwd_wgmma_kv {
         >
     };
 }
-/// Field `i` of a Hopper backward tile (br, head_dim, padded), for const generic arguments.
+/// The Hopper dQ variant for the head dims sharing `wgmma_bwd_tile(D)`.
+macro_rules! bwd_wgmma_q {
+    ($ty:ty, $d:literal) => {
+        crate::bwd_wgmma::dq::<
+            $ty,
+            { wg_bwd_field(wgmma_bwd_tile($d), 1) as usize },
+            { wg_bwd_field(wgmma_bwd_tile($d), 1) as usize / 8 },
+            { wg_bwd_field(wgmma_bwd_tile($d), 3) as usize },
+            { wg_bwd_field(wgmma_bwd_tile($d), 3) as usize / 8 },
+            { wg_bwd_field(wgmma_bwd_tile($d), 3) as usize / 16 },
+            { wg_bwd_field(wgmma_bwd_tile($d), 2) != 0 },
+        >
+    };
+}
+/// Field `i` of a Hopper backward tile (br, head_dim, padded, dq_bc), for const generic
+/// arguments.
 const fn wg_bwd_field(t: Option<WgmmaBwdTile>, i: u32) -> u32 {
     match t {
         Some(t) => match i {
             0 => t.br,
             1 => t.head_dim,
-            _ => t.padded as u32,
+            2 => t.padded as u32,
+            _ => t.dq_bc,
         },
         None => 0,
     }
 }
+const fn wg_dq_smem(d: u32) -> u32 {
+    match wgmma_bwd_tile(d) {
+        Some(t) => t.dq_smem_bytes(),
+        None => 0,
+    }
+}
+const WG_BWD_ROWS: u32 = WgmmaBwdTile::ROWS;
 const fn wg_dkdv_smem(d: u32) -> u32 {
     match wgmma_bwd_tile(d) {
         Some(t) => t.dkdv_smem_bytes(),
@@ -465,6 +488,14 @@ const fn kv_smem(d: u32) -> u32 {
 }
 
 bwd_variants! {
+    flash_bwd_wgmma_dq_f16_d64p => "wgmma" @ Sm90a, "dq", [bwd_wgmma_q!(f16, 56)], f16, (8, 56), WG_BWD_ROWS, 128, wg_dq_smem;
+    flash_bwd_wgmma_dq_f16_d64 => "wgmma" @ Sm90a, "dq", [bwd_wgmma_q!(f16, 64)], f16, (64, 64), WG_BWD_ROWS, 128, wg_dq_smem;
+    flash_bwd_wgmma_dq_f16_d128p => "wgmma" @ Sm90a, "dq", [bwd_wgmma_q!(f16, 120)], f16, (72, 120), WG_BWD_ROWS, 128, wg_dq_smem;
+    flash_bwd_wgmma_dq_f16_d128 => "wgmma" @ Sm90a, "dq", [bwd_wgmma_q!(f16, 128)], f16, (128, 128), WG_BWD_ROWS, 128, wg_dq_smem;
+    flash_bwd_wgmma_dq_bf16_d64p => "wgmma" @ Sm90a, "dq", [bwd_wgmma_q!(Bf16, 56)], Bf16, (8, 56), WG_BWD_ROWS, 128, wg_dq_smem;
+    flash_bwd_wgmma_dq_bf16_d64 => "wgmma" @ Sm90a, "dq", [bwd_wgmma_q!(Bf16, 64)], Bf16, (64, 64), WG_BWD_ROWS, 128, wg_dq_smem;
+    flash_bwd_wgmma_dq_bf16_d128p => "wgmma" @ Sm90a, "dq", [bwd_wgmma_q!(Bf16, 120)], Bf16, (72, 120), WG_BWD_ROWS, 128, wg_dq_smem;
+    flash_bwd_wgmma_dq_bf16_d128 => "wgmma" @ Sm90a, "dq", [bwd_wgmma_q!(Bf16, 128)], Bf16, (128, 128), WG_BWD_ROWS, 128, wg_dq_smem;
     flash_bwd_wgmma_dkdv_f16_d64p   => "wgmma" @ Sm90a, "dkdv", [bwd_wgmma_kv!(f16, 56)],   f16,  (8, 56),    WG_BWD_KEYS, 128, wg_dkdv_smem;
     flash_bwd_wgmma_dkdv_f16_d64    => "wgmma" @ Sm90a, "dkdv", [bwd_wgmma_kv!(f16, 64)],   f16,  (64, 64),   WG_BWD_KEYS, 128, wg_dkdv_smem;
     flash_bwd_wgmma_dkdv_f16_d128p  => "wgmma" @ Sm90a, "dkdv", [bwd_wgmma_kv!(f16, 120)],  f16,  (72, 120),  WG_BWD_KEYS, 128, wg_dkdv_smem;
@@ -528,12 +559,13 @@ bwd_variants! {
 }
 
 /// Backward kernel families in the order automatic selection tries them (best first), among
-/// those the device runs: the Hopper dK/dV kernel (`wgmma`, compute capability 9.0, f16 and
-/// bf16, head_dim <= 128, with `mma`'s dQ kernel), the tensor-core kernels (`mma`) where
-/// they apply, else SIMT. `mma_atomic` (FA2's single dK/dV/dQ kernel with atomic dQ) is
-/// chosen only by name: on the H200 it ran 0.69-0.76x of `mma` (benches/RESULTS.md, 6282a3e).
+/// those the device runs: the Hopper kernels (`wgmma`, compute capability 9.0, f16 and bf16,
+/// head_dim <= 128), the tensor-core kernels (`mma`) where they apply, else SIMT. By name
+/// only: `mma_atomic` (FA2's single dK/dV/dQ kernel with atomic dQ; on the H200 0.69-0.76x of
+/// `mma`, benches/RESULTS.md, 6282a3e) and `wgmma_kv` (mma's dQ kernel with the Hopper dK/dV
+/// kernel, for comparison).
 #[cfg(not(target_arch = "nvptx64"))]
-pub const BWD_FAMILIES: &[&str] = &["wgmma", "mma", "simt", "mma_atomic"];
+pub const BWD_FAMILIES: &[&str] = &["wgmma", "mma", "simt", "mma_atomic", "wgmma_kv"];
 /// Backward families that are not bitwise deterministic (atomic f32 adds in a run-dependent
 /// order); `deterministic` backward options skip them.
 #[cfg(not(target_arch = "nvptx64"))]
@@ -549,11 +581,12 @@ pub fn bwd_passes(family: &str) -> &'static [&'static str] {
     }
 }
 /// The family whose kernel a family's pass runs: itself, except the passes it borrows
-/// (`wgmma` runs `mma`'s dQ kernel).
+/// (`wgmma_kv`, for comparison, runs `mma`'s dQ kernel and `wgmma`'s dK/dV kernel).
 #[cfg(not(target_arch = "nvptx64"))]
 pub fn bwd_pass_family(family: &'static str, pass: &str) -> &'static str {
     match (family, pass) {
-        ("wgmma", "dq") => "mma",
+        ("wgmma_kv", "dq") => "mma",
+        ("wgmma_kv", "dkdv") => "wgmma",
         _ => family,
     }
 }

@@ -403,13 +403,17 @@ pub const fn wgmma_tile_wg2(head_dim: u32) -> Option<WgmmaTile> {
     }
 }
 
-/// Tile of the Hopper dK/dV backward kernel (`bwd_wgmma`, sm_90a): one warpgroup of 64 keys
-/// per block, query tiles of `br` rows, double-buffered; 128-byte-swizzle tiles, so the
+/// Tile of the Hopper backward kernels (`bwd_wgmma`, sm_90a): one warpgroup per block, of 64
+/// query rows (dQ, key tiles of `dq_bc`) or 64 keys (dK/dV, query tiles of `br` rows),
+/// double-buffered; 128-byte-swizzle tiles, so the
 /// compiled head_dim is a multiple of 64.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WgmmaBwdTile {
-    /// Query rows per Q/dO tile (the N of S^T = K Q^T, the K of dV += P^T dO).
+    /// Query rows per Q/dO tile of the dK/dV kernel (the N of S^T = K Q^T, the K of
+    /// dV += P^T dO).
     pub br: u32,
+    /// Keys per K/V tile of the dQ kernel (the N of S = Q K^T, the K of dQ += dS K).
+    pub dq_bc: u32,
     /// The head_dim compiled for (64 or 128).
     pub head_dim: u32,
     /// Whether smaller head_dims (multiples of 8) are served, zero-padded in shared memory.
@@ -428,18 +432,31 @@ impl WgmmaBwdTile {
     pub const fn dkdv_smem_bytes(&self) -> u32 {
         (2 * Self::KEYS + 4 * self.br) * self.head_dim * 2 + 6 * self.br * 4
     }
+    /// Query rows per block of the dQ kernel.
+    pub const ROWS: u32 = 64;
+    /// The dQ kernel's shared memory in bytes: Q, dO [64] rows and two stages of K, V [dq_bc]
+    /// rows, 16-bit.
+    pub const fn dq_smem_bytes(&self) -> u32 {
+        (2 * Self::ROWS + 4 * self.dq_bc) * self.head_dim * 2
+    }
 }
 
-/// The Hopper dK/dV tile for `head_dim`, if there is one (f16 and bf16, sm_90a): every
+/// The Hopper backward tile for `head_dim`, if there is one (f16 and bf16, sm_90a): every
 /// head_dim 8..=128, compiled for 64 or 128 (exact there, zero-padded below).
 ///
 /// Reasons: one warpgroup per block, as in [`wgmma_tile`] (several blocks per SM hide each
-/// other's exponentials); br = 64 keeps S^T, dP^T at 32 registers each next to the dK and dV
-/// accumulators (D / 2 each). Not yet measured against other shapes.
+/// other's exponentials); br = dq_bc = 64 keeps S and dP at 32 registers each next to the
+/// accumulators (dK and dV: D / 2 each; dQ: D / 2). ptxas (sm_90a, 13.0), no spills: dK/dV
+/// 174 registers at d=64 and 244 at d=128 (the dK/dV kernel builds its descriptors from one
+/// register each, `Desc::opaque`: hoisted as constants they made it spill 16-68 bytes at
+/// d=128). Measured on an H200 (33e7e8a, f16, FA paper shapes, s = 1k / 4k / 16k, TFLOP/s of
+/// the whole backward with mma's dQ kernel): d=64 129 / 140 / 143 non-causal and 116 / 138 /
+/// 141 causal, against the mma dK/dV kernel's 126 / 133 / 135 and 110 / 128 / 132; d=128 150
+/// / 158 / 157 and 128 / 148 / -, against 123 / 128 / - and 106 / 120 / -.
 pub const fn wgmma_bwd_tile(head_dim: u32) -> Option<WgmmaBwdTile> {
     match head_dim {
         _ if head_dim == 0 || head_dim % 8 != 0 || head_dim > 128 => None,
-        ..=64 => Some(WgmmaBwdTile { br: 64, head_dim: 64, padded: head_dim != 64 }),
-        _ => Some(WgmmaBwdTile { br: 64, head_dim: 128, padded: head_dim != 128 }),
+        ..=64 => Some(WgmmaBwdTile { br: 64, dq_bc: 64, head_dim: 64, padded: head_dim != 64 }),
+        _ => Some(WgmmaBwdTile { br: 64, dq_bc: 64, head_dim: 128, padded: head_dim != 128 }),
     }
 }

@@ -203,7 +203,8 @@ fn backward_selection_and_registry_match_tile_functions() {
     use flashattn::kernels::registry::BWD_VARIANTS;
     use flashattn::kernels::tile::{MmaBwdTile, WgmmaBwdTile, mma_bwd_tile, wgmma_bwd_tile};
     for f in flashattn::BWD_FAMILIES {
-        assert!(BWD_VARIANTS.iter().any(|v| v.family == *f), "family {f} has no variant");
+        let any = [DType::F32, DType::F16, DType::Bf16].iter().any(|&dt| (8..=256).step_by(8).any(|d| flashattn::kernels::registry::bwd_variant(f, "dkdv", dt, d).is_some()));
+        assert!(any || BWD_VARIANTS.iter().any(|v| v.family == *f), "family {f} has no variant");
     }
     for v in BWD_VARIANTS {
         assert!(flashattn::BWD_FAMILIES.contains(&v.family), "{} has unlisted family {}", v.name, v.family);
@@ -225,9 +226,14 @@ fn backward_selection_and_registry_match_tile_functions() {
                 if let Some(t) = wgmma_bwd_tile(d)
                     && dtype != DType::F32
                 {
-                    assert_eq!(fams, [("mma", "dq", Arch::Sm80), ("wgmma", "dkdv", Arch::Sm90a)], "d={d} {dtype:?}");
-                    assert!(t.head_dim >= d && hop[1].serves(d));
+                    assert_eq!(fams, [("wgmma", "dq", Arch::Sm90a), ("wgmma", "dkdv", Arch::Sm90a)], "d={d} {dtype:?}");
+                    assert!(t.head_dim >= d && hop[0].serves(d) && hop[1].serves(d));
+                    assert_eq!((hop[0].rows, hop[0].threads, (hop[0].smem_bytes)(d)), (WgmmaBwdTile::ROWS, t.threads(), t.dq_smem_bytes()));
                     assert_eq!((hop[1].rows, hop[1].threads, (hop[1].smem_bytes)(d)), (WgmmaBwdTile::KEYS, t.threads(), t.dkdv_smem_bytes()));
+                    // The comparison family: mma's dQ kernel, then the same dK/dV kernel.
+                    let kv = FwdOptions { kernel: Some("wgmma_kv"), ..opts };
+                    let kv = flashattn::select_bwd_variants(dtype, d as usize, &kv, &[Arch::Sm80, Arch::Sm90a]).unwrap_or_else(|e| panic!("d={d}: {e}"));
+                    assert_eq!((kv[0].family, kv[0].arch, kv[1].name), ("mma", Arch::Sm80, hop[1].name));
                 } else {
                     assert_eq!(hop.iter().map(|v| v.family).collect::<Vec<_>>(), auto.iter().map(|v| v.family).collect::<Vec<_>>(), "d={d} {dtype:?}");
                 }
