@@ -1,8 +1,10 @@
-//! The backward pass: dQ, dK, dV from Q, K, V and dO. Three families (`kernels/src/bwd_*.rs`):
-//! - `mma` (f16, bf16, head_dim up to 128; selected there) and `simt` (every dtype and
-//!   head_dim): a dQ kernel (which also writes the row statistics), then a dK/dV kernel; no
-//!   atomics, every output element summed by one thread in a fixed order: bitwise
-//!   deterministic.
+//! The backward pass: dQ, dK, dV from Q, K, V and dO. Families (`kernels/src/bwd_*.rs`):
+//! - `wgmma` (Hopper: mma's dQ kernel, then the wgmma dK/dV kernel; f16, bf16, head_dim up to
+//!   128; selected on compute capability 9.0), `mma` (the same elsewhere on sm_80+) and `simt`
+//!   (every dtype and head_dim): a dQ kernel (which also writes the row statistics), then a
+//!   dK/dV kernel; no atomics, every output element summed by one thread in a fixed order:
+//!   bitwise deterministic. `wgmma_dq` (by name) also runs the dQ kernel on wgmma; it has not
+//!   yet run on a GPU.
 //! - `mma_atomic` (the same dtypes and head dims, by name only): FA2's structure, a statistics
 //!   kernel (each row's m_i, l_i and D_i = sum P dP in f32), then one dK/dV kernel over key
 //!   tiles that also adds dQ_i += dS_ij K_j into an f32 accumulator with atomics, then dQ's

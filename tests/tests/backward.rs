@@ -52,10 +52,10 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
     }
     // The other families by name for the 16-bit types, which select the Hopper kernels
     // automatically where the device has them (the emulator does): the mma.sync ones (the
-    // choice elsewhere), SIMT, the atomic tensor-core kernels, and mma's dQ with the Hopper
-    // dK/dV kernel (reported ignored on a GPU without sm_90a).
+    // choice elsewhere), SIMT, the atomic tensor-core kernels, and the dQ kernel on wgmma
+    // (reported ignored on a GPU without sm_90a).
     let archs = fa.as_ref().map(|f| f.archs());
-    for (family, dtype) in [("mma", Dt::F16), ("mma", Dt::Bf16), ("simt", Dt::F16), ("simt", Dt::Bf16), ("mma_atomic", Dt::F16), ("mma_atomic", Dt::Bf16), ("wgmma_kv", Dt::F16)] {
+    for (family, dtype) in [("mma", Dt::F16), ("mma", Dt::Bf16), ("simt", Dt::F16), ("simt", Dt::Bf16), ("mma_atomic", Dt::F16), ("mma_atomic", Dt::Bf16), ("wgmma_dq", Dt::F16)] {
         let name = format!("{tag}::props_{family}::{dtype:?}").to_lowercase();
         // The tensor-core kernels serve head_dim <= 128 (16 units of 8).
         let d_units = if family == "simt" { 32 } else { 16 };
