@@ -181,8 +181,8 @@ unsafe fn fwd<T: MmaElement, M: Mask, const D: usize, const WG: usize, const BC:
         }
         warpgroup::commit();
     };
-    // Thread: mask tile j's scores (`masked`: a constant after inlining) and fold them into the rows'
-    // online softmax; the scores become P in place; returns alpha per row.
+    // Thread: mask tile j's scores (when `masked`) and fold them into the rows' online
+    // softmax; the scores become P in place; returns alpha per row.
     let softmax = #[inline(always)] |j: usize, masked: bool, acc_s: &mut [[f32; 4]; NS], rows: &mut [RowState; 2]| -> [f32; 2] {
         let c0 = (j * BC) as u32;
         let mut s = [[[0f32; 2]; NS]; 2];
@@ -252,8 +252,9 @@ unsafe fn fwd<T: MmaElement, M: Mask, const D: usize, const WG: usize, const BC:
         thread::cp_async_wait::<1>();
         thread::fence_proxy_async();
         block::sync();
-        // S_j = Q K_j, then O += P_(j-1) V_(j-1): the softmax of tile j below runs while
-        // the tensor cores do P V (FA3's intra-warpgroup overlap).
+        // S_j = Q K_j, then O += P_(j-1) V_(j-1), then the softmax of tile j (FA3's
+        // intra-warpgroup order; ptxas still waits for P V before the softmax, so the overlap
+        // comes from the other blocks on the SM: see `tile::wgmma_tile`).
         warpgroup::fence_operands(acc_o);
         warpgroup::fence_fragments(pa);
         warpgroup::fence();
