@@ -1,10 +1,9 @@
 //! The backward pass: dQ, dK, dV from Q, K, V and dO. Families (`kernels/src/bwd_*.rs`):
-//! - `wgmma` (Hopper: mma's dQ kernel, then the wgmma dK/dV kernel; f16, bf16, head_dim up to
-//!   128; selected on compute capability 9.0), `mma` (the same elsewhere on sm_80+) and `simt`
-//!   (every dtype and head_dim): a dQ kernel (which also writes the row statistics), then a
-//!   dK/dV kernel; no atomics, every output element summed by one thread in a fixed order:
-//!   bitwise deterministic. `wgmma_dq` (by name) also runs the dQ kernel on wgmma; it has not
-//!   yet run on a GPU.
+//! - `wgmma` (Hopper: warpgroup MMA; f16, bf16, head_dim up to 128; selected on compute
+//!   capability 9.0), `mma` (mma.sync, the same elsewhere on sm_80+) and `simt` (every dtype
+//!   and head_dim): a dQ kernel (which also writes the row statistics), then a dK/dV kernel;
+//!   no atomics, every output element summed by one thread in a fixed order: bitwise
+//!   deterministic.
 //! - `mma_atomic` (the same dtypes and head dims, by name only): FA2's structure, a statistics
 //!   kernel (each row's m_i, l_i and D_i = sum P dP in f32), then one dK/dV kernel over key
 //!   tiles that also adds dQ_i += dS_ij K_j into an f32 accumulator with atomics, then dQ's
@@ -34,7 +33,7 @@ pub struct BwdOutput<T> {
 /// (`opts.kernel`, whatever its arch: launching it where it cannot run is
 /// [`Error::UnsupportedDevice`]; a non-deterministic one with `opts.deterministic` is an
 /// error), or those of the first family of [`BWD_FAMILIES`] that has every pass for these
-/// archs (on Hopper the wgmma dK/dV kernel, else the deterministic tensor-core kernels for
+/// archs (on Hopper the wgmma kernels, else the deterministic tensor-core kernels for
 /// f16 and bf16 up to head_dim 128, else SIMT).
 pub fn select_bwd_variants(dtype: flashattn_kernels::dtype::DType, head_dim: usize, opts: &FwdOptions, archs: &[Arch]) -> Result<Vec<&'static BwdVariant>> {
     let d = head_dim as u32;

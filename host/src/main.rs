@@ -325,7 +325,6 @@ fn bench<T: Dtype>(fa: &FlashAttn, a: &Args) -> flashattn::Result<bool> {
                     let ms = fa.time_backward(&q, &k, &v, &out.o, &d_o, &out.lse, &mut grads, &opts, 2, iters)?;
                     let passes = flashattn::select_bwd_variants(T::DTYPE, d, &opts, &fa.archs())?;
                     let names = passes.iter().map(|v| v.name).collect::<Vec<_>>().join("+");
-                    // The family is its last pass's (a family may borrow another's first pass).
                     (passes[passes.len() - 1].family.to_string(), names, ms, 2.5 * s.fwd_flops(causal))
                 } else {
                     let variant = select_variant(T::DTYPE, d, &opts, &fa.archs())?;

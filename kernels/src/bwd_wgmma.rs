@@ -4,9 +4,8 @@
 //! - [`dq`]: one block per (64 query rows, head, batch), two passes over the key tiles (the
 //!   rows' m_i, l_i, D_i in f32, then dQ_i += dS_ij K_j), as `bwd_mma::dq` explains;
 //!   S = Q K_j^T and dP = dO V_j^T with both operands from shared memory, dQ += dS K_j with
-//!   dS from registers and K_j read MN-major. Family `wgmma_dq`, by name only: it passes the
-//!   emulator's tests but has not yet run on a GPU (its one device run, at bf0ea90, ended in
-//!   the driver's JIT of the PTX modules before any test ran: see the issue notes).
+//!   dS from registers and K_j read MN-major. 1.25-1.29x `bwd_mma::dq` with the same dK/dV
+//!   kernel at d=64, 1.40-1.47x at d=128 (H200, f16, s 1k-16k, fd2dab9).
 //! - [`dkdv`]:
 //! One block per (64 keys, KV head, batch); warp w of the warpgroup owns keys 16w..16w + 16
 //! and the block loops over every query tile (BR rows) of every query head of the KV head's

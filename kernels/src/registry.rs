@@ -488,14 +488,14 @@ const fn kv_smem(d: u32) -> u32 {
 }
 
 bwd_variants! {
-    flash_bwd_wgmma_dq_f16_d64p => "wgmma_dq" @ Sm90a, "dq", [bwd_wgmma_q!(f16, 56)], f16, (8, 56), WG_BWD_ROWS, 128, wg_dq_smem;
-    flash_bwd_wgmma_dq_f16_d64 => "wgmma_dq" @ Sm90a, "dq", [bwd_wgmma_q!(f16, 64)], f16, (64, 64), WG_BWD_ROWS, 128, wg_dq_smem;
-    flash_bwd_wgmma_dq_f16_d128p => "wgmma_dq" @ Sm90a, "dq", [bwd_wgmma_q!(f16, 120)], f16, (72, 120), WG_BWD_ROWS, 128, wg_dq_smem;
-    flash_bwd_wgmma_dq_f16_d128 => "wgmma_dq" @ Sm90a, "dq", [bwd_wgmma_q!(f16, 128)], f16, (128, 128), WG_BWD_ROWS, 128, wg_dq_smem;
-    flash_bwd_wgmma_dq_bf16_d64p => "wgmma_dq" @ Sm90a, "dq", [bwd_wgmma_q!(Bf16, 56)], Bf16, (8, 56), WG_BWD_ROWS, 128, wg_dq_smem;
-    flash_bwd_wgmma_dq_bf16_d64 => "wgmma_dq" @ Sm90a, "dq", [bwd_wgmma_q!(Bf16, 64)], Bf16, (64, 64), WG_BWD_ROWS, 128, wg_dq_smem;
-    flash_bwd_wgmma_dq_bf16_d128p => "wgmma_dq" @ Sm90a, "dq", [bwd_wgmma_q!(Bf16, 120)], Bf16, (72, 120), WG_BWD_ROWS, 128, wg_dq_smem;
-    flash_bwd_wgmma_dq_bf16_d128 => "wgmma_dq" @ Sm90a, "dq", [bwd_wgmma_q!(Bf16, 128)], Bf16, (128, 128), WG_BWD_ROWS, 128, wg_dq_smem;
+    flash_bwd_wgmma_dq_f16_d64p => "wgmma" @ Sm90a, "dq", [bwd_wgmma_q!(f16, 56)], f16, (8, 56), WG_BWD_ROWS, 128, wg_dq_smem;
+    flash_bwd_wgmma_dq_f16_d64 => "wgmma" @ Sm90a, "dq", [bwd_wgmma_q!(f16, 64)], f16, (64, 64), WG_BWD_ROWS, 128, wg_dq_smem;
+    flash_bwd_wgmma_dq_f16_d128p => "wgmma" @ Sm90a, "dq", [bwd_wgmma_q!(f16, 120)], f16, (72, 120), WG_BWD_ROWS, 128, wg_dq_smem;
+    flash_bwd_wgmma_dq_f16_d128 => "wgmma" @ Sm90a, "dq", [bwd_wgmma_q!(f16, 128)], f16, (128, 128), WG_BWD_ROWS, 128, wg_dq_smem;
+    flash_bwd_wgmma_dq_bf16_d64p => "wgmma" @ Sm90a, "dq", [bwd_wgmma_q!(Bf16, 56)], Bf16, (8, 56), WG_BWD_ROWS, 128, wg_dq_smem;
+    flash_bwd_wgmma_dq_bf16_d64 => "wgmma" @ Sm90a, "dq", [bwd_wgmma_q!(Bf16, 64)], Bf16, (64, 64), WG_BWD_ROWS, 128, wg_dq_smem;
+    flash_bwd_wgmma_dq_bf16_d128p => "wgmma" @ Sm90a, "dq", [bwd_wgmma_q!(Bf16, 120)], Bf16, (72, 120), WG_BWD_ROWS, 128, wg_dq_smem;
+    flash_bwd_wgmma_dq_bf16_d128 => "wgmma" @ Sm90a, "dq", [bwd_wgmma_q!(Bf16, 128)], Bf16, (128, 128), WG_BWD_ROWS, 128, wg_dq_smem;
     flash_bwd_wgmma_dkdv_f16_d64p   => "wgmma" @ Sm90a, "dkdv", [bwd_wgmma_kv!(f16, 56)],   f16,  (8, 56),    WG_BWD_KEYS, 128, wg_dkdv_smem;
     flash_bwd_wgmma_dkdv_f16_d64    => "wgmma" @ Sm90a, "dkdv", [bwd_wgmma_kv!(f16, 64)],   f16,  (64, 64),   WG_BWD_KEYS, 128, wg_dkdv_smem;
     flash_bwd_wgmma_dkdv_f16_d128p  => "wgmma" @ Sm90a, "dkdv", [bwd_wgmma_kv!(f16, 120)],  f16,  (72, 120),  WG_BWD_KEYS, 128, wg_dkdv_smem;
@@ -559,13 +559,12 @@ bwd_variants! {
 }
 
 /// Backward kernel families in the order automatic selection tries them (best first), among
-/// those the device runs: on Hopper `wgmma` (mma's dQ kernel, then the wgmma dK/dV kernel;
-/// compute capability 9.0, f16 and bf16, head_dim <= 128), the tensor-core kernels (`mma`)
-/// where they apply, else SIMT. By name only: `mma_atomic` (FA2's single dK/dV/dQ kernel with
-/// atomic dQ; on the H200 0.69-0.76x of `mma`, benches/RESULTS.md, 6282a3e) and `wgmma_dq`
-/// (the dQ kernel on wgmma too: passes the emulator's tests, not yet run on a GPU).
+/// those the device runs: on Hopper `wgmma` (dQ and dK/dV kernels on warpgroup MMA; compute
+/// capability 9.0, f16 and bf16, head_dim <= 128), the tensor-core kernels (`mma`) where they
+/// apply, else SIMT. By name only: `mma_atomic` (FA2's single dK/dV/dQ kernel with atomic dQ;
+/// on the H200 0.69-0.76x of `mma`, benches/RESULTS.md, 6282a3e).
 #[cfg(not(target_arch = "nvptx64"))]
-pub const BWD_FAMILIES: &[&str] = &["wgmma", "mma", "simt", "mma_atomic", "wgmma_dq"];
+pub const BWD_FAMILIES: &[&str] = &["wgmma", "mma", "simt", "mma_atomic"];
 /// Backward families that are not bitwise deterministic (atomic f32 adds in a run-dependent
 /// order); `deterministic` backward options skip them.
 #[cfg(not(target_arch = "nvptx64"))]
@@ -580,20 +579,8 @@ pub fn bwd_passes(family: &str) -> &'static [&'static str] {
         _ => &["dq", "dkdv"],
     }
 }
-/// The family whose kernel a family's pass runs: itself, except the passes it borrows
-/// (`wgmma` runs `mma`'s dQ kernel, `wgmma_dq` `wgmma`'s dK/dV kernel).
-#[cfg(not(target_arch = "nvptx64"))]
-pub fn bwd_pass_family(family: &'static str, pass: &str) -> &'static str {
-    match (family, pass) {
-        ("wgmma", "dq") => "mma",
-        ("wgmma_dq", "dkdv") => "wgmma",
-        _ => family,
-    }
-}
-/// The backward variant of `family` and `pass` for `dtype` and `head_dim`, if there is one
-/// (of the family [`bwd_pass_family`] names).
+/// The backward variant of `family` and `pass` for `dtype` and `head_dim`, if there is one.
 #[cfg(not(target_arch = "nvptx64"))]
 pub fn bwd_variant(family: &'static str, pass: &str, dtype: DType, head_dim: u32) -> Option<&'static BwdVariant> {
-    let family = bwd_pass_family(family, pass);
     BWD_VARIANTS.iter().find(|v| v.family == family && v.pass == pass && v.dtype == dtype && v.serves(head_dim))
 }

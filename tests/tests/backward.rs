@@ -8,7 +8,7 @@
 
 use flashattn::{AttnShape, FlashAttn};
 use flashattn::kernels::dtype::DType;
-use flashattn::kernels::registry::{BWD_VARIANTS, bwd_pass_family, bwd_passes};
+use flashattn::kernels::registry::{BWD_VARIANTS, bwd_passes};
 use flashattn_tests::{BackendKind, Case, Dt, Gpu, case_strategy, check_backward, check_backward_with};
 use libtest_mimic::{Arguments, Failed, Trial};
 use proptest::strategy::Strategy;
@@ -51,11 +51,9 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
         })));
     }
     // The other families by name for the 16-bit types, which select the Hopper kernels
-    // automatically where the device has them (the emulator does): the mma.sync ones (the
-    // choice elsewhere), SIMT, the atomic tensor-core kernels, and the dQ kernel on wgmma
-    // (reported ignored on a GPU without sm_90a).
-    let archs = fa.as_ref().map(|f| f.archs());
-    for (family, dtype) in [("mma", Dt::F16), ("mma", Dt::Bf16), ("simt", Dt::F16), ("simt", Dt::Bf16), ("mma_atomic", Dt::F16), ("mma_atomic", Dt::Bf16), ("wgmma_dq", Dt::F16)] {
+    // (`wgmma`) automatically where the device has them (the emulator does): the mma.sync ones
+    // (the choice elsewhere), SIMT and the atomic tensor-core kernels.
+    for (family, dtype) in [("mma", Dt::F16), ("mma", Dt::Bf16), ("simt", Dt::F16), ("simt", Dt::Bf16), ("mma_atomic", Dt::F16), ("mma_atomic", Dt::Bf16)] {
         let name = format!("{tag}::props_{family}::{dtype:?}").to_lowercase();
         // The tensor-core kernels serve head_dim <= 128 (16 units of 8).
         let d_units = if family == "simt" { 32 } else { 16 };
@@ -63,21 +61,13 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
             BackendKind::Gpu => (env_usize("FLASHATTN_GPU_BWD_CASES", 60) / 2, case_strategy(200, d_units, 4, 4, 2, 2_000_000)),
             BackendKind::Emulator => (env_usize("FLASHATTN_EMU_BWD_CASES", 8) / 2, case_strategy(50, d_units, 2, 2, 2, 60_000)),
         };
-        let hopper_only = family.starts_with("wgmma");
-        let trial = mk(name.clone(), Box::new(move |fa| {
+        trials.push(mk(name, Box::new(move |fa| {
             let mut runner = TestRunner::new(Config { cases: cases as u32, failure_persistence: None, ..Config::default() });
             let strategy = strategy.prop_map(move |c| Case { dtype, ..c });
             runner
                 .run(&strategy, |case| check_backward_with(fa, &case, false, Some(family)).map_err(TestCaseError::fail))
                 .map_err(|e| Failed::from(format!("{e}")))
-        }));
-        match &archs {
-            Some(a) if hopper_only && !a.contains(&flashattn::Arch::Sm90a) => {
-                eprintln!("\n*** {name}: this device cannot run Sm90a kernels: NOT RUN (reported as ignored) ***\n");
-                trials.push(trial.with_ignored_flag(true));
-            }
-            _ => trials.push(trial),
-        }
+        })));
     }
     // Few visible keys (causal, seqlen_k <= 3), any scale: the regime where dS of a row's
     // only key must cancel exactly (FA2's D = rowsum(dO * O) failed here in 1 case in 7).
@@ -111,11 +101,10 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
         })));
     }
     // Every registered variant set (a family's passes), by family name, at the largest head_dim
-    // of each variant of its first own pass (a pass it does not borrow from another family);
+    // of each variant of its first pass (a family's passes serve the same head dims);
     // a GPU without the variant's architecture (sm_90a kernels off Hopper) reports it ignored.
     let archs = fa.as_ref().map(|f| f.archs());
-    let own_first = |f: &'static str| bwd_passes(f).iter().copied().find(|p| bwd_pass_family(f, p) == f);
-    for v in BWD_VARIANTS.iter().filter(|v| own_first(v.family) == Some(v.pass)) {
+    for v in BWD_VARIANTS.iter().filter(|v| bwd_passes(v.family).first() == Some(&v.pass)) {
         let dtype = match v.dtype {
             DType::F32 => Dt::F32,
             DType::F16 => Dt::F16,
@@ -128,7 +117,7 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
             let opts = flashattn::FwdOptions { kernel: Some(family), ..Default::default() };
             let got = flashattn::select_bwd_variants(v.dtype, d, &opts, &fa.archs()).map_err(|e| Failed::from(e.to_string()))?;
             let mine = got.iter().find(|g| g.pass == v.pass).map(|g| g.name);
-            if mine != Some(name) || got.iter().any(|g| g.family != bwd_pass_family(family, g.pass)) {
+            if mine != Some(name) || got.iter().any(|g| g.family != family) {
                 let names = got.iter().map(|g| g.name).collect::<Vec<_>>().join(", ");
                 return Err(format!("head_dim {d} selects {names} instead of {name}").into());
             }

@@ -219,22 +219,17 @@ fn backward_selection_and_registry_match_tile_functions() {
             let auto_det = flashattn::select_bwd_variants(dtype, d as usize, &det, &[Arch::Sm80]).unwrap_or_else(|e| panic!("d={d}: {e}"));
             let want_det = if tc { "mma" } else { "simt" };
             assert!(auto_det.iter().all(|v| v.family == want_det && v.serves(d)), "d={d} {dtype:?}: {}", auto_det[0].name);
-            // Hopper: the wgmma dK/dV kernel after mma's dQ kernel, deterministic too.
+            // Hopper: the wgmma dQ and dK/dV kernels, deterministic too.
             for opts in [FwdOptions::default(), det] {
                 let hop = flashattn::select_bwd_variants(dtype, d as usize, &opts, &[Arch::Sm80, Arch::Sm90a]).unwrap_or_else(|e| panic!("d={d}: {e}"));
                 let fams: Vec<_> = hop.iter().map(|v| (v.family, v.pass, v.arch)).collect();
                 if let Some(t) = wgmma_bwd_tile(d)
                     && dtype != DType::F32
                 {
-                    assert_eq!(fams, [("mma", "dq", Arch::Sm80), ("wgmma", "dkdv", Arch::Sm90a)], "d={d} {dtype:?}");
-                    assert!(t.head_dim >= d && hop[1].serves(d));
+                    assert_eq!(fams, [("wgmma", "dq", Arch::Sm90a), ("wgmma", "dkdv", Arch::Sm90a)], "d={d} {dtype:?}");
+                    assert!(t.head_dim >= d && hop[0].serves(d) && hop[1].serves(d));
+                    assert_eq!((hop[0].rows, hop[0].threads, (hop[0].smem_bytes)(d)), (WgmmaBwdTile::ROWS, t.threads(), t.dq_smem_bytes()));
                     assert_eq!((hop[1].rows, hop[1].threads, (hop[1].smem_bytes)(d)), (WgmmaBwdTile::KEYS, t.threads(), t.dkdv_smem_bytes()));
-                    // By name: the dQ kernel on wgmma too, then the same dK/dV kernel.
-                    let wq = FwdOptions { kernel: Some("wgmma_dq"), ..opts };
-                    let wq = flashattn::select_bwd_variants(dtype, d as usize, &wq, &[Arch::Sm80, Arch::Sm90a]).unwrap_or_else(|e| panic!("d={d}: {e}"));
-                    assert_eq!((wq[0].family, wq[0].arch, wq[1].name), ("wgmma_dq", Arch::Sm90a, hop[1].name));
-                    assert!(wq[0].serves(d));
-                    assert_eq!((wq[0].rows, wq[0].threads, (wq[0].smem_bytes)(d)), (WgmmaBwdTile::ROWS, t.threads(), t.dq_smem_bytes()));
                 } else {
                     assert_eq!(hop.iter().map(|v| v.family).collect::<Vec<_>>(), auto.iter().map(|v| v.family).collect::<Vec<_>>(), "d={d} {dtype:?}");
                 }
