@@ -31,7 +31,7 @@ fn bench_backward(c: &mut Criterion) {
                 // The family must run here (sm_90a kernels on compute capability 9.0 only); the
                 // forward is the automatic one (backward-only families are no forward family).
                 let archs = fa.archs();
-                match flashattn::select_bwd_variants(flashattn::kernels::dtype::DType::F16, d, &opts, &archs) {
+                match flashattn::select_bwd_variants(flashattn::kernels::dtype::DType::F16, d, &opts, &archs, false) {
                     Ok(vs) if vs.iter().all(|v| archs.contains(&v.arch)) => {}
                     Ok(_) => {
                         eprintln!("skipping {family}: this device cannot run its kernels");
@@ -64,7 +64,7 @@ fn bench_backward(c: &mut Criterion) {
                 g.bench_function(id, |b| {
                     b.iter_custom(|iters| {
                         let ms = fa
-                            .time_backward(&q, &q, &q, &fwd.o, &q, &fwd.lse, &mut grads, &opts, 1, iters as usize)
+                            .time_backward(&q, &q, &q, &fwd, &q, &mut grads, &opts, 1, iters as usize)
                             .unwrap_or_else(|e| panic!("backward failed: {e}"));
                         Duration::from_secs_f64(ms * 1e-3 * iters as f64)
                     })

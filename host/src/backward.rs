@@ -11,12 +11,16 @@
 //!   0.69-0.76x of `mma` (benches/RESULTS.md, 6282a3e). `FwdOptions::deterministic` rules it
 //!   out.
 //! All recompute D and the row statistics in f32 rather than take FA2's P from the saved LSE
-//! and D = rowsum(dO * O): O and LSE are validated but not read.
+//! and D = rowsum(dO * O) (O rounded to T makes D too coarse where a row's softmax is
+//! saturated: `bwd_prep`); O and LSE are validated but not read. Except: given the forward's
+//! O residual ([`FlashAttn::backward_saved`], forward with `FwdOptions::save_residual`),
+//! `wgmma` takes P from the LSE and D_i = dO_i . (O_i + O_lo_i) in f32 (`prep`), and its dQ
+//! kernel skips the statistics pass.
 
 use crate::device::{FlashAttn, Launch, Tensor};
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
-use crate::forward::{FwdOptions, validate};
+use crate::forward::{FwdOptions, FwdOutput, validate};
 use flashattn_kernels::dev::emu::GlobalRegion;
 use flashattn_kernels::params::BwdParams;
 use flashattn_kernels::registry::{Arch, BWD_FAMILIES, BWD_NONDETERMINISTIC, BwdVariant, bwd_passes, bwd_variant};
@@ -35,9 +39,12 @@ pub struct BwdOutput<T> {
 /// error), or those of the first family of [`BWD_FAMILIES`] that has every pass for these
 /// archs (on Hopper the wgmma kernels, else the deterministic tensor-core kernels for
 /// f16 and bf16 up to head_dim 128, else SIMT).
-pub fn select_bwd_variants(dtype: flashattn_kernels::dtype::DType, head_dim: usize, opts: &FwdOptions, archs: &[Arch]) -> Result<Vec<&'static BwdVariant>> {
+///
+/// `saved`: the forward's O residual is at hand (the families that use it then run their
+/// [`bwd_passes`] for it).
+pub fn select_bwd_variants(dtype: flashattn_kernels::dtype::DType, head_dim: usize, opts: &FwdOptions, archs: &[Arch], saved: bool) -> Result<Vec<&'static BwdVariant>> {
     let d = head_dim as u32;
-    let get = |family: &'static str| bwd_passes(family).iter().map(|pass| bwd_variant(family, pass, dtype, d)).collect::<Option<Vec<_>>>();
+    let get = |family: &'static str| bwd_passes(family, saved).iter().map(|pass| bwd_variant(family, pass, dtype, d)).collect::<Option<Vec<_>>>();
     let allowed = |family: &str| !(opts.deterministic && BWD_NONDETERMINISTIC.contains(&family));
     match opts.kernel {
         Some(family) if !BWD_FAMILIES.contains(&family) => {
@@ -75,6 +82,31 @@ impl FlashAttn {
         Ok(out)
     }
 
+    /// As [`FlashAttn::backward`], from everything the forward returned: with its O residual
+    /// ([`FwdOptions::save_residual`]) the row statistics come from the LSE and O instead of
+    /// a pass over the keys (on Hopper: `wgmma`), otherwise the same as `backward`.
+    pub fn backward_saved<T: Dtype>(&self, q: &Tensor<T>, k: &Tensor<T>, v: &Tensor<T>, fwd: &FwdOutput<T>, d_o: &Tensor<T>, opts: &FwdOptions) -> Result<BwdOutput<T>> {
+        let shape = validate(q.shape(), k.shape(), v.shape(), opts)?;
+        let mut out = BwdOutput { dq: self.alloc(&shape.q_shape())?, dk: self.alloc(&shape.kv_shape())?, dv: self.alloc(&shape.kv_shape())? };
+        self.backward_impl(q, k, v, &fwd.o, fwd.o_lo.as_ref(), d_o, &fwd.lse, &mut out, opts)?;
+        Ok(out)
+    }
+
+    /// As [`FlashAttn::backward_saved`], writing into existing gradient buffers.
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward_saved_into<T: Dtype>(
+        &self,
+        q: &Tensor<T>,
+        k: &Tensor<T>,
+        v: &Tensor<T>,
+        fwd: &FwdOutput<T>,
+        d_o: &Tensor<T>,
+        grads: &mut BwdOutput<T>,
+        opts: &FwdOptions,
+    ) -> Result<()> {
+        self.backward_impl(q, k, v, &fwd.o, fwd.o_lo.as_ref(), d_o, &fwd.lse, grads, opts)
+    }
+
     /// As [`FlashAttn::backward`], writing into existing gradient buffers.
     #[allow(clippy::too_many_arguments)]
     pub fn backward_into<T: Dtype>(
@@ -88,10 +120,28 @@ impl FlashAttn {
         grads: &mut BwdOutput<T>,
         opts: &FwdOptions,
     ) -> Result<()> {
+        self.backward_impl(q, k, v, o, None, d_o, lse, grads, opts)
+    }
+
+    /// The backward, with the forward's O residual when there is one.
+    #[allow(clippy::too_many_arguments)]
+    fn backward_impl<T: Dtype>(
+        &self,
+        q: &Tensor<T>,
+        k: &Tensor<T>,
+        v: &Tensor<T>,
+        o: &Tensor<T>,
+        o_lo: Option<&Tensor<T>>,
+        d_o: &Tensor<T>,
+        lse: &Tensor<f32>,
+        grads: &mut BwdOutput<T>,
+        opts: &FwdOptions,
+    ) -> Result<()> {
         let shape = validate(q.shape(), k.shape(), v.shape(), opts)?;
         let (qs, kvs, ls) = (shape.q_shape(), shape.kv_shape(), shape.lse_shape());
         for (name, got, expected) in [
             ("o", o.shape(), &qs[..]),
+            ("o_lo", o_lo.map_or(&qs[..], |t| t.shape()), &qs[..]),
             ("d_o", d_o.shape(), &qs[..]),
             ("lse", lse.shape(), &ls[..]),
             ("dq", grads.dq.shape(), &qs[..]),
@@ -102,6 +152,9 @@ impl FlashAttn {
                 return Err(Error::OutputShape { tensor: name, expected: expected.to_vec(), got: got.to_vec() });
             }
         }
+        if let Some(t) = o_lo {
+            self.check_owner_id(t.owner(), "o_lo")?;
+        }
         for (name, owner) in [("q", q.owner()), ("k", k.owner()), ("v", v.owner()), ("o", o.owner()), ("d_o", d_o.owner()), ("lse", lse.owner())] {
             self.check_owner_id(owner, name)?;
         }
@@ -109,7 +162,7 @@ impl FlashAttn {
             self.check_owner_id(owner, name)?;
         }
         let archs = self.archs();
-        let passes = select_bwd_variants(T::DTYPE, shape.head_dim, opts, &archs)?;
+        let passes = select_bwd_variants(T::DTYPE, shape.head_dim, opts, &archs, o_lo.is_some())?;
         if let Some(v) = passes.iter().find(|v| !archs.contains(&v.arch)) {
             return Err(Error::UnsupportedDevice { kernel: v.name, needs: v.arch, device: self.device_name() });
         }
@@ -124,6 +177,7 @@ impl FlashAttn {
             k: k.addr(stream),
             v: v.addr(stream),
             o: o.addr(stream),
+            o_lo: o_lo.map_or(0, |t| t.addr(stream)),
             d_o: d_o.addr(stream),
             lse: lse.addr(stream),
             stats: stats.addr_mut(stream),
@@ -147,6 +201,7 @@ impl FlashAttn {
             GlobalRegion { start: params.k as usize, len: k.bytes(), writable: false },
             GlobalRegion { start: params.v as usize, len: v.bytes(), writable: false },
             GlobalRegion { start: params.o as usize, len: o.bytes(), writable: false },
+            GlobalRegion { start: params.o_lo as usize, len: o_lo.map_or(0, |t| t.bytes()), writable: false },
             GlobalRegion { start: params.d_o as usize, len: d_o.bytes(), writable: false },
             GlobalRegion { start: params.lse as usize, len: lse.bytes(), writable: false },
             GlobalRegion { start: params.stats as usize, len: stats.bytes(), writable: true },

@@ -5,7 +5,7 @@ use crate::dtype::Dtype;
 use crate::error::{Error, Result};
 use flashattn_kernels::dev::emu::GlobalRegion;
 use flashattn_kernels::params::{FwdParams, Strides};
-use flashattn_kernels::registry::{Arch, FAMILIES, FwdVariant, fwd_variant};
+use flashattn_kernels::registry::{Arch, FAMILIES, FWD_RESIDUAL_FAMILIES, FwdVariant, fwd_variant};
 
 /// Options of the forward pass.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -21,6 +21,15 @@ pub struct FwdOptions {
     /// automatically selected backward is; `mma_atomic` (by name) adds dQ with f32 atomics in
     /// a run-dependent order, and naming it with this set is an error.
     pub deterministic: bool,
+    /// Forward only, opt-in for training: also return O's rounding residual
+    /// ([`FwdOutput::o_lo`], one more tensor of O's size) where the kernel writes it (the
+    /// Hopper kernels). [`FlashAttn::backward_saved`] then takes each row's statistics from
+    /// the LSE and O instead of recomputing them (FA2's way, with D_i from the unrounded O),
+    /// which skips the dQ kernel's first pass. Accuracy: the backward's property tests pass,
+    /// except in rows whose softmax is saturated to within f32 rounding (one key holding all
+    /// but ~1e-7 of the weight), where the gradient carries errors of f32 rounding size that
+    /// the default path does not have (`bwd_prep`).
+    pub save_residual: bool,
 }
 
 impl FwdOptions {
@@ -133,6 +142,9 @@ pub struct FwdOutput<T> {
     /// LSE: [batch, heads_q, seqlen_q], f32, natural log of each row's softmax denominator
     /// (after scaling); -inf for rows that see no key.
     pub lse: Tensor<f32>,
+    /// With [`FwdOptions::save_residual`] and a kernel that writes it: O_lo = T(O_f32 - O),
+    /// laid out like O, so O + O_lo is the unrounded O to about twice T's precision.
+    pub o_lo: Option<Tensor<T>>,
 }
 
 /// The variant that will run for this dtype, head_dim and options on a device that runs
@@ -171,11 +183,15 @@ impl FlashAttn {
     /// Q: [batch, seqlen_q, heads_q, head_dim]; K, V: [batch, seqlen_k, heads_kv, head_dim].
     pub fn forward<T: Dtype>(&self, q: &Tensor<T>, k: &Tensor<T>, v: &Tensor<T>, opts: &FwdOptions) -> Result<FwdOutput<T>> {
         let shape = validate(q.shape(), k.shape(), v.shape(), opts)?;
-        self.fwd_variant_for(T::DTYPE, shape.head_dim, opts)?;
+        let variant = self.fwd_variant_for(T::DTYPE, shape.head_dim, opts)?;
         let mut o = self.alloc::<T>(&shape.q_shape())?;
         let mut lse = self.alloc::<f32>(&shape.lse_shape())?;
-        self.forward_into(q, k, v, &mut o, &mut lse, opts)?;
-        Ok(FwdOutput { o, lse })
+        let mut o_lo = match opts.save_residual && FWD_RESIDUAL_FAMILIES.contains(&variant.family) {
+            true => Some(self.alloc::<T>(&shape.q_shape())?),
+            false => None,
+        };
+        self.forward_impl(q, k, v, &mut o, &mut lse, o_lo.as_mut(), opts)?;
+        Ok(FwdOutput { o, lse, o_lo })
     }
 
     /// As [`FlashAttn::forward`], writing into existing buffers `o` and `lse`.
@@ -186,6 +202,22 @@ impl FlashAttn {
         v: &Tensor<T>,
         o: &mut Tensor<T>,
         lse: &mut Tensor<f32>,
+        opts: &FwdOptions,
+    ) -> Result<()> {
+        self.forward_impl(q, k, v, o, lse, None, opts)
+    }
+
+    /// The forward, writing O's residual to `o_lo` when given (the caller checked that the
+    /// selected kernel writes it).
+    #[allow(clippy::too_many_arguments)]
+    fn forward_impl<T: Dtype>(
+        &self,
+        q: &Tensor<T>,
+        k: &Tensor<T>,
+        v: &Tensor<T>,
+        o: &mut Tensor<T>,
+        lse: &mut Tensor<f32>,
+        mut o_lo: Option<&mut Tensor<T>>,
         opts: &FwdOptions,
     ) -> Result<()> {
         let shape = validate(q.shape(), k.shape(), v.shape(), opts)?;
@@ -199,6 +231,9 @@ impl FlashAttn {
         self.check_owner(v, "v")?;
         self.check_owner(o, "o")?;
         self.check_owner(lse, "lse")?;
+        if let Some(t) = &o_lo {
+            self.check_owner(*t, "o_lo")?;
+        }
         let variant = self.fwd_variant_for(T::DTYPE, shape.head_dim, opts)?;
         let d = shape.head_dim as u32;
         let smem = (variant.smem_bytes)(d) as usize;
@@ -210,6 +245,7 @@ impl FlashAttn {
             v: v.addr(stream),
             o: o.addr_mut(stream),
             lse: lse.addr_mut(stream),
+            o_lo: o_lo.as_mut().map_or(0, |t| t.addr_mut(stream)),
             q_strides: shape.q_strides(),
             k_strides: shape.kv_strides(),
             v_strides: shape.kv_strides(),
@@ -229,6 +265,7 @@ impl FlashAttn {
             GlobalRegion { start: params.v as usize, len: v.bytes(), writable: false },
             GlobalRegion { start: params.o as usize, len: o.bytes(), writable: true },
             GlobalRegion { start: params.lse as usize, len: lse.bytes(), writable: true },
+            GlobalRegion { start: params.o_lo as usize, len: o_lo.as_ref().map_or(0, |t| t.bytes()), writable: true },
         ];
         let launch = Launch { name: variant.name, arch: variant.arch, grid, threads: variant.threads, smem, emulate: variant.emulate };
         // SAFETY: the parameters were validated against the buffers above; the kernel reads q,

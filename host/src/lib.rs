@@ -35,5 +35,5 @@ pub use device::{FlashAttn, Tensor, driver_present};
 pub use dtype::Dtype;
 pub use error::{Error, Result};
 pub use flashattn_kernels as kernels;
-pub use flashattn_kernels::registry::{Arch, BWD_FAMILIES, FAMILIES};
+pub use flashattn_kernels::registry::{Arch, BWD_FAMILIES, FAMILIES, FWD_RESIDUAL_FAMILIES};
 pub use forward::{AttnShape, FwdOptions, FwdOutput, MAX_GRID_YZ, MAX_SEQLEN, select_variant, validate};

@@ -14,13 +14,14 @@ usage: flashattn [run] [--batch B] [--seqlen S] [--seqlen-k S] [--heads H] [--he
                        [--kernel NAME] [--iters N] [--emulator]
        flashattn bench [--dtype f16|bf16|f32] [--head-dims 64,128] [--seqlens 512,1024,...]
                        [--hidden 2048] [--tokens 16384] [--causal on|off|both] [--kernel NAME]
-                       [--iters N] [--json] [--backward [--deterministic]]
+                       [--iters N] [--json] [--backward [--deterministic] [--residual]]
 run:   one shape (GPU default: batch 8, seqlen 2048, 32 heads of 64, f16 -- the FA paper's
        hidden 2048 with 16k tokens; emulator default: batch 1, seqlen 128, 2 heads of 64),
        checked on sampled rows against the f64 reference, timed with CUDA events.
 bench: the FA paper's settings (hidden 2048, batch * seqlen = 16k), TFLOP/s per shape;
        --backward times dQ, dK, dV instead (--deterministic: only bitwise-deterministic
-       kernels).";
+       kernels; --residual: after a forward that saves O's residual, so that the statistics
+       come from LSE and O, see FwdOptions::save_residual).";
 
 #[derive(Clone, Debug)]
 struct Args {
@@ -45,6 +46,7 @@ struct Args {
     json: bool,
     backward: bool,
     deterministic: bool,
+    residual: bool,
 }
 
 fn parse() -> Result<Args, String> {
@@ -70,6 +72,7 @@ fn parse() -> Result<Args, String> {
         json: false,
         backward: false,
         deterministic: false,
+        residual: false,
     };
     let mut it = std::env::args().skip(1).peekable();
     if let Some(c) = it.peek()
@@ -117,6 +120,7 @@ fn parse() -> Result<Args, String> {
             "--json" => a.json = true,
             "--backward" => a.backward = true,
             "--deterministic" => a.deterministic = true,
+            "--residual" => a.residual = true,
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown argument `{other}`")),
         }
@@ -207,7 +211,7 @@ fn run<T: Dtype>(fa: &FlashAttn, a: &Args) -> flashattn::Result<bool> {
         heads_kv: a.heads_kv.unwrap_or(heads),
         head_dim,
     };
-    let opts = FwdOptions { causal: a.causal, softmax_scale: a.scale, kernel: a.kernel, deterministic: false };
+    let opts = FwdOptions { causal: a.causal, softmax_scale: a.scale, kernel: a.kernel, ..Default::default() };
     let variant = select_variant(T::DTYPE, s.head_dim, &opts, &fa.archs())?;
     println!("device:  {}", fa.device_name());
     println!(
@@ -312,18 +316,18 @@ fn bench<T: Dtype>(fa: &FlashAttn, a: &Args) -> flashattn::Result<bool> {
                     heads_kv: heads,
                     head_dim: d,
                 };
-                let opts = FwdOptions { causal, softmax_scale: None, kernel: a.kernel, deterministic: a.deterministic };
+                let opts = FwdOptions { causal, softmax_scale: None, kernel: a.kernel, deterministic: a.deterministic, ..Default::default() };
                 let iters = a.iters.unwrap_or(10);
                 let (family, name, ms, flops) = if a.backward {
                     // The forward's O and LSE (automatic kernel), a random dO; then dQ, dK, dV
                     // timed with the requested backward family. FLOPs: 2.5x the forward's.
-                    let fwd_opts = FwdOptions { kernel: None, ..opts };
+                    let fwd_opts = FwdOptions { kernel: None, save_residual: a.residual, ..opts };
                     let (q, k, v, _, _) = upload_problem::<T>(fa, &s)?;
                     let out = fa.forward(&q, &k, &v, &fwd_opts)?;
                     let d_o = fa.upload(&random_problem::<T>(&s, 0xd0).q, &s.q_shape())?;
                     let mut grads = flashattn::BwdOutput { dq: fa.full(T::nan(), &s.q_shape())?, dk: fa.full(T::nan(), &s.kv_shape())?, dv: fa.full(T::nan(), &s.kv_shape())? };
-                    let ms = fa.time_backward(&q, &k, &v, &out.o, &d_o, &out.lse, &mut grads, &opts, 2, iters)?;
-                    let passes = flashattn::select_bwd_variants(T::DTYPE, d, &opts, &fa.archs())?;
+                    let ms = fa.time_backward(&q, &k, &v, &out, &d_o, &mut grads, &opts, 2, iters)?;
+                    let passes = flashattn::select_bwd_variants(T::DTYPE, d, &opts, &fa.archs(), out.o_lo.is_some())?;
                     let names = passes.iter().map(|v| v.name).collect::<Vec<_>>().join("+");
                     (passes[passes.len() - 1].family.to_string(), names, ms, 2.5 * s.fwd_flops(causal))
                 } else {

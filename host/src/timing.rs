@@ -24,23 +24,23 @@ impl FlashAttn {
         self.time_calls(warmup, iters, || self.forward_into(q, k, v, o, lse, opts))
     }
 
-    /// Mean milliseconds per backward pass (its two launches, and the allocation of its
-    /// statistics workspace) over `iters` passes, after `warmup` passes.
+    /// Mean milliseconds per backward pass (its launches, and the allocation of its
+    /// statistics workspace) from the forward's outputs `fwd` ([`FlashAttn::backward_saved`]:
+    /// with its O residual if it has one) over `iters` passes, after `warmup` passes.
     #[allow(clippy::too_many_arguments)]
     pub fn time_backward<T: Dtype>(
         &self,
         q: &Tensor<T>,
         k: &Tensor<T>,
         v: &Tensor<T>,
-        o: &Tensor<T>,
+        fwd: &crate::FwdOutput<T>,
         d_o: &Tensor<T>,
-        lse: &Tensor<f32>,
         grads: &mut crate::BwdOutput<T>,
         opts: &FwdOptions,
         warmup: usize,
         iters: usize,
     ) -> Result<f64> {
-        self.time_calls(warmup, iters, || self.backward_into(q, k, v, o, d_o, lse, grads, opts))
+        self.time_calls(warmup, iters, || self.backward_saved_into(q, k, v, fwd, d_o, grads, opts))
     }
 
     /// Mean milliseconds per `call` over `iters` back-to-back calls after `warmup` calls: CUDA

@@ -253,24 +253,28 @@ unsafe fn dkdv_masked<T: MmaElement, M: Mask, const D: usize, const DN: usize, c
 const ROWS: usize = 64;
 
 /// The dQ kernel for one tile: D = 8 DN, key tiles of BC = 8 NS = 16 KS keys. Also writes
-/// m_i, 1 / l_i, D_i to the workspace for [`dkdv`].
+/// m_i, 1 / l_i, D_i to the workspace for [`dkdv`]; with SAVED it reads them instead (written
+/// by `bwd_prep::prep` from the forward's LSE and O residual) and runs pass 1 alone.
 ///
 /// # Safety
 /// `p` valid (host-checked), `p.head_dim <= D`, 128 threads,
-/// `WgmmaBwdTile::dq_smem_bytes()` bytes of dynamic shared memory; an sm_90a device.
+/// `WgmmaBwdTile::dq_smem_bytes()` bytes of dynamic shared memory; an sm_90a device; with
+/// SAVED, the statistics written.
 #[inline(always)]
-pub unsafe fn dq<T: MmaElement, const D: usize, const DN: usize, const BC: usize, const NS: usize, const KS: usize, const PAD: bool>(p: &BwdParams) {
+pub unsafe fn dq<T: MmaElement, const D: usize, const DN: usize, const BC: usize, const NS: usize, const KS: usize, const PAD: bool, const SAVED: bool>(
+    p: &BwdParams,
+) {
     unsafe {
         if p.causal != 0 {
-            dq_masked::<T, Causal, D, DN, BC, NS, KS, PAD>(p)
+            dq_masked::<T, Causal, D, DN, BC, NS, KS, PAD, SAVED>(p)
         } else {
-            dq_masked::<T, NoMask, D, DN, BC, NS, KS, PAD>(p)
+            dq_masked::<T, NoMask, D, DN, BC, NS, KS, PAD, SAVED>(p)
         }
     }
 }
 
 #[inline(always)]
-unsafe fn dq_masked<T: MmaElement, M: Mask, const D: usize, const DN: usize, const BC: usize, const NS: usize, const KS: usize, const PAD: bool>(
+unsafe fn dq_masked<T: MmaElement, M: Mask, const D: usize, const DN: usize, const BC: usize, const NS: usize, const KS: usize, const PAD: bool, const SAVED: bool>(
     p: &BwdParams,
 ) {
     let d = p.head_dim;
@@ -327,6 +331,16 @@ unsafe fn dq_masked<T: MmaElement, M: Mask, const D: usize, const DN: usize, con
     // 1 / l_i, D_i (pass 1).
     let mut rows = [QuadRow::INIT; 2];
     let mut fin = [(f32::INFINITY, 0f32, 0f32); 2];
+    if SAVED {
+        // Thread: its two rows' statistics from the workspace.
+        for (half, f) in fin.iter_mut().enumerate() {
+            let r = row_w + (g + 8 * half) as u32;
+            if r < sq {
+                let st = p.stats as *const f32;
+                *f = unsafe { (global::load(st.add(stat_at(p, 0, b, h, r))), global::load(st.add(stat_at(p, 1, b, h, r))), global::load(st.add(stat_at(p, 2, b, h, r)))) };
+            }
+        }
+    }
     // Lane quad: the rows' final statistics, also to the workspace for the dK/dV kernel
     // (every row below seqlen_q, fully masked ones too).
     let publish = |rows: &[QuadRow; 2]| -> [(f32, f32, f32); 2] {
@@ -386,8 +400,9 @@ unsafe fn dq_masked<T: MmaElement, M: Mask, const D: usize, const DN: usize, con
         (s, dp)
     };
 
-    // Two passes over the key tiles, one pipeline: iteration `it` reads tile it % n_tiles.
-    let n_iter = 2 * n_tiles;
+    // Two passes over the key tiles (SAVED: pass 1 alone), one pipeline: iteration `it` reads
+    // tile it % n_tiles.
+    let n_iter = if SAVED { n_tiles } else { 2 * n_tiles };
     for it in 0..n_iter {
         let j = it % n_tiles;
         // Block: prefetch the next iteration's K, V into the other stage while this one is
@@ -402,11 +417,11 @@ unsafe fn dq_masked<T: MmaElement, M: Mask, const D: usize, const DN: usize, con
         // This tile's copies landed, for every thread and for the async proxy.
         thread::fence_proxy_async();
         block::sync();
-        if it == n_tiles {
+        if !SAVED && it == n_tiles {
             fin = publish(&rows);
         }
         let (s, dp) = scores(j, it % 2, j >= n_unmasked);
-        if it < n_tiles {
+        if !SAVED && it < n_tiles {
             // Pass 0, lane quad: fold tile j into the rows' running statistics.
             for (half, row) in rows.iter_mut().enumerate() {
                 row.push(core::array::from_fn::<_, NS, _>(|n| [s[n][2 * half], s[n][2 * half + 1]]), core::array::from_fn(|n| [dp[n][2 * half], dp[n][2 * half + 1]]));
@@ -442,7 +457,9 @@ unsafe fn dq_masked<T: MmaElement, M: Mask, const D: usize, const DN: usize, con
     }
     if n_tiles == 0 {
         thread::cp_async_wait::<0>();
-        publish(&rows);
+        if !SAVED {
+            publish(&rows);
+        }
     }
 
     // Warp: dQ_i = scale * acc, rows of its 16, in T.

@@ -98,6 +98,12 @@ pub trait MmaElement: Element {
     fn mma(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4];
     /// Two f32 rounded to this type, packed into an operand register (lo in the low half).
     fn pack2(lo: f32, hi: f32) -> u32;
+    /// The two values of a [`MmaElement::pack2`] register, exactly, as f32.
+    #[inline(always)]
+    fn unpack2(w: u32) -> (f32, f32) {
+        let half = |b: u16| if Self::BF16 { f32::from_bits((b as u32) << 16) } else { f16::from_bits(b) as f32 };
+        (half(w as u16), half((w >> 16) as u16))
+    }
 }
 
 impl MmaElement for f16 {

@@ -313,8 +313,10 @@ unsafe fn fwd<T: MmaElement, M: Mask, const D: usize, const WG: usize, const BC:
         2 => Sw::<128, D>::at(r, c),
         _ => Sw::<192, D>::at(r, c),
     };
+    let mut inv = [0f32; 2];
     for half in 0..2 {
         let (inv_l, lse) = rows[half].finish_raw::<4>(c);
+        inv[half] = inv_l;
         let r_tile = r_warp + g + 8 * half;
         for (n, acc) in acc_o.iter().enumerate() {
             let packed = T::pack2(acc[2 * half] * inv_l, acc[2 * half + 1] * inv_l);
@@ -329,14 +331,31 @@ unsafe fn fwd<T: MmaElement, M: Mask, const D: usize, const WG: usize, const BC:
     // Warp: its 16 rows, D / 8 chunks each, lane l taking chunks l + 32 i; columns d..D are
     // zero padding, not stored.
     let cpr = D / 8;
-    for i in 0..16 * cpr / 32 {
-        let e = lane + 32 * i;
-        let (r_tile, col) = (r_warp + e / cpr, (e % cpr) * 8);
-        let r = row0 + r_tile as u32;
-        if r < sq && (col as u32) < d {
-            let v = q_s.ld_16(at(r_tile, col));
-            let off = r as u64 * p.o_strides.row + col as u64;
-            unsafe { global::store_16(o_g.add(off as usize) as *mut dev::Chunk16, v) };
+    let store_staged = |dst: *mut T| {
+        for i in 0..16 * cpr / 32 {
+            let e = lane + 32 * i;
+            let (r_tile, col) = (r_warp + e / cpr, (e % cpr) * 8);
+            let r = row0 + r_tile as u32;
+            if r < sq && (col as u32) < d {
+                let v = q_s.ld_16(at(r_tile, col));
+                let off = r as u64 * p.o_strides.row + col as u64;
+                unsafe { global::store_16(dst.add(off as usize) as *mut dev::Chunk16, v) };
+            }
         }
+    };
+    store_staged(o_g);
+    // On request, the same for O_lo = T(O_f32 - O) (one uniform branch).
+    if p.o_lo != 0 {
+        warp::sync();
+        for half in 0..2 {
+            let r_tile = r_warp + g + 8 * half;
+            for (n, acc) in acc_o.iter().enumerate() {
+                let (x0, x1) = (acc[2 * half] * inv[half], acc[2 * half + 1] * inv[half]);
+                let (h0, h1) = T::unpack2(T::pack2(x0, x1));
+                o_words.st(at(r_tile, n * 8 + 2 * t) / 2, T::pack2(x0 - h0, x1 - h1));
+            }
+        }
+        warp::sync();
+        store_staged(unsafe { (p.o_lo as *mut T).add(p.o_strides.offset(b, 0, h) as usize) });
     }
 }

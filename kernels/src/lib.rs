@@ -35,6 +35,7 @@
 extern crate std;
 
 pub mod bwd_mma;
+pub mod bwd_prep;
 pub mod bwd_simt;
 pub mod bwd_wgmma;
 pub mod dev;

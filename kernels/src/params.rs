@@ -40,6 +40,11 @@ pub struct FwdParams {
     pub v: u64,
     pub o: u64,
     pub lse: u64,
+    /// O's rounding residual (laid out like O): O_lo = T(O_f32 - O), so O + O_lo carries O to
+    /// about twice T's precision (the backward's D_i = dO_i . O_i from it is f32-accurate).
+    /// 0: not asked for. Written by the kernels that support it (`fwd_wgmma`); the host knows
+    /// which.
+    pub o_lo: u64,
     pub q_strides: Strides,
     pub k_strides: Strides,
     pub v_strides: Strides,
@@ -61,8 +66,8 @@ pub struct FwdParams {
 ///
 /// Q, O, dO, dQ are laid out like Q; K, V, dK, dV like K; LSE is f32 [batch, heads_q,
 /// seqlen_q]; `stats` is the workspace f32 [4][batch, heads_q, seqlen_q] of each row's
-/// softmax max m_i, 1 / l_i and D_i (written by the dQ kernel, read by the dK/dV kernel of the
-/// same family). The tensor-core kernels use the first three; the SIMT kernels keep D_i as
+/// softmax max m_i, 1 / l_i and D_i (written by the dQ kernel, or by the `prep` pass from the
+/// forward's LSE and O residual, and read by the dK/dV kernel of the same family). The tensor-core kernels use the first three; the SIMT kernels keep D_i as
 /// D_i - c_i in the third and the pivot c_i in the fourth (see `bwd_simt`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -72,6 +77,8 @@ pub struct BwdParams {
     pub k: u64,
     pub v: u64,
     pub o: u64,
+    /// The forward's O residual (see [`FwdParams::o_lo`]); read by the `prep` pass only.
+    pub o_lo: u64,
     pub d_o: u64,
     pub lse: u64,
     pub stats: u64,

@@ -263,6 +263,10 @@ fwd_variants! {
 /// scores), `wgmma_wg2` (the first Hopper tile: two warpgroups per block, d = 64 and 128).
 #[cfg(not(target_arch = "nvptx64"))]
 pub const FAMILIES: &[&str] = &["wgmma", "mma", "simt", "mma_br64", "mma_unfused", "wgmma_wg2"];
+/// The forward families whose kernels write O's rounding residual when asked
+/// (`FwdParams::o_lo`, for the backward's `prep` pass).
+#[cfg(not(target_arch = "nvptx64"))]
+pub const FWD_RESIDUAL_FAMILIES: &[&str] = &["wgmma", "wgmma_wg2"];
 
 /// The variant of `family` for `dtype` and `head_dim`, if there is one.
 #[cfg(not(target_arch = "nvptx64"))]
@@ -404,6 +408,9 @@ macro_rules! bwd_wgmma_kv {
 /// The Hopper dQ variant for the head dims sharing `wgmma_bwd_tile(D)`.
 macro_rules! bwd_wgmma_q {
     ($ty:ty, $d:literal) => {
+        bwd_wgmma_q!($ty, $d, false)
+    };
+    ($ty:ty, $d:literal, $saved:literal) => {
         crate::bwd_wgmma::dq::<
             $ty,
             { wg_bwd_field(wgmma_bwd_tile($d), 1) as usize },
@@ -412,6 +419,7 @@ macro_rules! bwd_wgmma_q {
             { wg_bwd_field(wgmma_bwd_tile($d), 3) as usize / 8 },
             { wg_bwd_field(wgmma_bwd_tile($d), 3) as usize / 16 },
             { wg_bwd_field(wgmma_bwd_tile($d), 2) != 0 },
+            $saved,
         >
     };
 }
@@ -482,6 +490,7 @@ const fn no_smem(_: u32) -> u32 {
 }
 const MMA_BWD_ROWS: u32 = MmaBwdTile::ROWS;
 const CONVERT_ROWS: u32 = crate::bwd_mma::CONVERT_ROWS as u32;
+const PREP_ROWS: u32 = crate::bwd_prep::PREP_ROWS as u32;
 
 const fn kv_smem(d: u32) -> u32 {
     simt_kv_tile(d).smem_bytes(d)
@@ -496,6 +505,16 @@ bwd_variants! {
     flash_bwd_wgmma_dq_bf16_d64 => "wgmma" @ Sm90a, "dq", [bwd_wgmma_q!(Bf16, 64)], Bf16, (64, 64), WG_BWD_ROWS, 128, wg_dq_smem;
     flash_bwd_wgmma_dq_bf16_d128p => "wgmma" @ Sm90a, "dq", [bwd_wgmma_q!(Bf16, 120)], Bf16, (72, 120), WG_BWD_ROWS, 128, wg_dq_smem;
     flash_bwd_wgmma_dq_bf16_d128 => "wgmma" @ Sm90a, "dq", [bwd_wgmma_q!(Bf16, 128)], Bf16, (128, 128), WG_BWD_ROWS, 128, wg_dq_smem;
+    flash_bwd_wgmma_dqs_f16_d64p => "wgmma" @ Sm90a, "dq_saved", [bwd_wgmma_q!(f16, 56, true)], f16, (8, 56), WG_BWD_ROWS, 128, wg_dq_smem;
+    flash_bwd_wgmma_dqs_f16_d64 => "wgmma" @ Sm90a, "dq_saved", [bwd_wgmma_q!(f16, 64, true)], f16, (64, 64), WG_BWD_ROWS, 128, wg_dq_smem;
+    flash_bwd_wgmma_dqs_f16_d128p => "wgmma" @ Sm90a, "dq_saved", [bwd_wgmma_q!(f16, 120, true)], f16, (72, 120), WG_BWD_ROWS, 128, wg_dq_smem;
+    flash_bwd_wgmma_dqs_f16_d128 => "wgmma" @ Sm90a, "dq_saved", [bwd_wgmma_q!(f16, 128, true)], f16, (128, 128), WG_BWD_ROWS, 128, wg_dq_smem;
+    flash_bwd_wgmma_dqs_bf16_d64p => "wgmma" @ Sm90a, "dq_saved", [bwd_wgmma_q!(Bf16, 56, true)], Bf16, (8, 56), WG_BWD_ROWS, 128, wg_dq_smem;
+    flash_bwd_wgmma_dqs_bf16_d64 => "wgmma" @ Sm90a, "dq_saved", [bwd_wgmma_q!(Bf16, 64, true)], Bf16, (64, 64), WG_BWD_ROWS, 128, wg_dq_smem;
+    flash_bwd_wgmma_dqs_bf16_d128p => "wgmma" @ Sm90a, "dq_saved", [bwd_wgmma_q!(Bf16, 120, true)], Bf16, (72, 120), WG_BWD_ROWS, 128, wg_dq_smem;
+    flash_bwd_wgmma_dqs_bf16_d128 => "wgmma" @ Sm90a, "dq_saved", [bwd_wgmma_q!(Bf16, 128, true)], Bf16, (128, 128), WG_BWD_ROWS, 128, wg_dq_smem;
+    flash_bwd_prep_f16  => "wgmma" @ Sm90a, "prep", [crate::bwd_prep::prep::<f16>],  f16,  (8, 128), PREP_ROWS, 128, no_smem;
+    flash_bwd_prep_bf16 => "wgmma" @ Sm90a, "prep", [crate::bwd_prep::prep::<Bf16>], Bf16, (8, 128), PREP_ROWS, 128, no_smem;
     flash_bwd_wgmma_dkdv_f16_d64p   => "wgmma" @ Sm90a, "dkdv", [bwd_wgmma_kv!(f16, 56)],   f16,  (8, 56),    WG_BWD_KEYS, 128, wg_dkdv_smem;
     flash_bwd_wgmma_dkdv_f16_d64    => "wgmma" @ Sm90a, "dkdv", [bwd_wgmma_kv!(f16, 64)],   f16,  (64, 64),   WG_BWD_KEYS, 128, wg_dkdv_smem;
     flash_bwd_wgmma_dkdv_f16_d128p  => "wgmma" @ Sm90a, "dkdv", [bwd_wgmma_kv!(f16, 120)],  f16,  (72, 120),  WG_BWD_KEYS, 128, wg_dkdv_smem;
@@ -570,12 +589,16 @@ pub const BWD_FAMILIES: &[&str] = &["wgmma", "mma", "simt", "mma_atomic"];
 #[cfg(not(target_arch = "nvptx64"))]
 pub const BWD_NONDETERMINISTIC: &[&str] = &["mma_atomic"];
 /// The passes a backward family launches, in order: the deterministic families a dQ kernel
-/// (which also writes the row statistics) and a dK/dV kernel; `mma_atomic` a statistics kernel,
-/// a dK/dV kernel that also adds dQ into an f32 accumulator, and dQ's conversion.
+/// (which also writes the row statistics) and a dK/dV kernel; with `saved` (the forward's O
+/// residual is at hand, `FwdParams::o_lo`), `wgmma` the statistics from the forward's LSE and
+/// O (`prep`), then its dQ kernel's second pass alone (`dq_saved`) and the same dK/dV kernel;
+/// `mma_atomic` a statistics kernel, a dK/dV kernel that also adds dQ into an f32
+/// accumulator, and dQ's conversion.
 #[cfg(not(target_arch = "nvptx64"))]
-pub fn bwd_passes(family: &str) -> &'static [&'static str] {
-    match family {
-        "mma_atomic" => &["stats", "dkdvq", "dq_convert"],
+pub fn bwd_passes(family: &str, saved: bool) -> &'static [&'static str] {
+    match (family, saved) {
+        ("mma_atomic", _) => &["stats", "dkdvq", "dq_convert"],
+        ("wgmma", true) => &["prep", "dq_saved", "dkdv"],
         _ => &["dq", "dkdv"],
     }
 }

@@ -175,32 +175,38 @@ pub fn case_strategy(max_seqlen: usize, max_d_units: usize, max_heads_kv: usize,
 /// twice the error of naive autograd-style attention in the same dtype plus one unit roundoff.
 /// Gradient buffers are poisoned with NaN first. With `repeat`, runs the backward again and
 /// requires bitwise identical gradients (determinism).
-pub fn check_backward(fa: &FlashAttn, case: &Case, repeat: bool) -> Result<(), String> {
-    check_backward_with(fa, case, repeat, None)
+///
+/// `saved`: the forward saves O's residual (`FwdOptions::save_residual`) and the backward gets
+/// everything the forward returned (`FlashAttn::backward_saved_into`): on Hopper the row
+/// statistics then come from the LSE and O (`prep`). Otherwise the backward gets O and LSE
+/// only (`backward_into`) and recomputes them.
+pub fn check_backward(fa: &FlashAttn, case: &Case, repeat: bool, saved: bool) -> Result<(), String> {
+    check_backward_with(fa, case, repeat, None, saved)
 }
 
 /// As [`check_backward`], with the kernel family named (`Some("mma")`, `Some("simt")`: the
 /// forward and the backward both run that family) or chosen automatically (`None`).
-pub fn check_backward_with(fa: &FlashAttn, case: &Case, repeat: bool, kernel: Option<&'static str>) -> Result<(), String> {
+pub fn check_backward_with(fa: &FlashAttn, case: &Case, repeat: bool, kernel: Option<&'static str>, saved: bool) -> Result<(), String> {
     let r = match case.dtype {
-        Dt::F32 => check_backward_typed::<f32>(fa, case, repeat, kernel),
-        Dt::F16 => check_backward_typed::<half::f16>(fa, case, repeat, kernel),
-        Dt::Bf16 => check_backward_typed::<half::bf16>(fa, case, repeat, kernel),
+        Dt::F32 => check_backward_typed::<f32>(fa, case, repeat, kernel, saved),
+        Dt::F16 => check_backward_typed::<half::f16>(fa, case, repeat, kernel, saved),
+        Dt::Bf16 => check_backward_typed::<half::bf16>(fa, case, repeat, kernel, saved),
     };
+    let path = if saved { ", residual" } else { "" };
     r.map_err(|e| match kernel {
-        Some(k) => format!("[kernel {k}] {e}"),
-        None => e,
+        Some(k) => format!("[kernel {k}{path}] {e}"),
+        None => format!("[auto{path}] {e}"),
     })
 }
 
-fn check_backward_typed<T: Dtype>(fa: &FlashAttn, case: &Case, repeat: bool, kernel: Option<&'static str>) -> Result<(), String> {
+fn check_backward_typed<T: Dtype>(fa: &FlashAttn, case: &Case, repeat: bool, kernel: Option<&'static str>, saved: bool) -> Result<(), String> {
     use flashattn::BwdOutput;
     use flashattn::reference::{attention_backward_f64, naive_backward};
     let s = case.shape;
     // With `repeat`, determinism is asked for; a backward-only family (`mma_atomic`) runs
     // after the automatically chosen forward.
-    let opts = FwdOptions { causal: case.causal, softmax_scale: case.softmax_scale, kernel, deterministic: repeat };
-    let fwd_opts = FwdOptions { kernel: kernel.filter(|k| flashattn::FAMILIES.contains(k)), ..opts };
+    let opts = FwdOptions { causal: case.causal, softmax_scale: case.softmax_scale, kernel, deterministic: repeat, save_residual: false };
+    let fwd_opts = FwdOptions { kernel: kernel.filter(|k| flashattn::FAMILIES.contains(k)), save_residual: saved, ..opts };
     let mut rng = Rng::new(case.seed);
     let (nq, nk) = (s.batch * s.seqlen_q * s.heads_q * s.head_dim, s.batch * s.seqlen_k * s.heads_kv * s.head_dim);
     let (q, k, v, d_o): (Vec<T>, Vec<T>, Vec<T>, Vec<T>) = (rng.tensor(nq), rng.tensor(nk), rng.tensor(nk), rng.tensor(nq));
@@ -212,13 +218,33 @@ fn check_backward_typed<T: Dtype>(fa: &FlashAttn, case: &Case, repeat: bool, ker
         fa.upload(&d_o, &s.q_shape()).map_err(e)?,
     );
     let fwd = fa.forward(&qd, &kd, &vd, &fwd_opts).map_err(e)?;
+    if saved {
+        // The residual is there exactly when the forward's kernel writes it, and each element
+        // is O's rounding error: at most half a unit in the last place of O.
+        let family = flashattn::select_variant(T::DTYPE, s.head_dim, &fwd_opts, &fa.archs()).map_err(e)?.family;
+        let writes = T::DTYPE != flashattn::kernels::dtype::DType::F32 && flashattn::FWD_RESIDUAL_FAMILIES.contains(&family);
+        match (&fwd.o_lo, writes) {
+            (Some(lo), true) => {
+                let (o, lo) = (fa.download(&fwd.o).map_err(e)?, fa.download(lo).map_err(e)?);
+                if let Some(i) = (0..o.len()).find(|&i| !(lo[i].to_f64().abs() <= o[i].to_f64().abs() * T::UNIT_ROUNDOFF + 1e-7)) {
+                    return Err(format!("{case}: O residual {} at element {i} is not a rounding error of O = {}", lo[i].to_f64(), o[i].to_f64()));
+                }
+            }
+            (None, false) => {}
+            (got, _) => return Err(format!("{case}: forward family {family}: O residual {} though it {} write one", if got.is_some() { "returned" } else { "missing" }, if writes { "does" } else { "does not" })),
+        }
+    }
     let run = || -> Result<[Vec<f64>; 3], String> {
         let mut g = BwdOutput {
             dq: fa.full(T::nan(), &s.q_shape()).map_err(e)?,
             dk: fa.full(T::nan(), &s.kv_shape()).map_err(e)?,
             dv: fa.full(T::nan(), &s.kv_shape()).map_err(e)?,
         };
-        fa.backward_into(&qd, &kd, &vd, &fwd.o, &dod, &fwd.lse, &mut g, &opts).map_err(e)?;
+        if saved {
+            fa.backward_saved_into(&qd, &kd, &vd, &fwd, &dod, &mut g, &opts).map_err(e)?;
+        } else {
+            fa.backward_into(&qd, &kd, &vd, &fwd.o, &dod, &fwd.lse, &mut g, &opts).map_err(e)?;
+        }
         let w = |t: &flashattn::Tensor<T>| -> Result<Vec<f64>, String> { Ok(fa.download(t).map_err(e)?.iter().map(|x| x.to_f64()).collect()) };
         Ok([w(&g.dq)?, w(&g.dk)?, w(&g.dv)?])
     };

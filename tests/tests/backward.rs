@@ -38,8 +38,10 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
         })
     };
     let mut trials = Vec::new();
-    for dtype in [Dt::F32, Dt::F16, Dt::Bf16] {
-        let name = format!("{tag}::props::{dtype:?}").to_lowercase();
+    // Automatic selection, the forward saving O's residual (the training path: on Hopper the
+    // statistics from LSE and O), and for the 16-bit types without it (recomputed statistics).
+    for (dtype, saved) in [(Dt::F32, true), (Dt::F16, true), (Dt::Bf16, true), (Dt::F16, false), (Dt::Bf16, false)] {
+        let name = format!("{tag}::props{}::{dtype:?}", if saved { "" } else { "_no_residual" }).to_lowercase();
         let (cases, strategy) = match kind {
             BackendKind::Gpu => (env_usize("FLASHATTN_GPU_BWD_CASES", 60), case_strategy(200, 32, 4, 4, 2, 2_000_000)),
             BackendKind::Emulator => (env_usize("FLASHATTN_EMU_BWD_CASES", 8), case_strategy(50, 32, 2, 2, 2, 60_000)),
@@ -47,7 +49,7 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
         trials.push(mk(name, Box::new(move |fa| {
             let mut runner = TestRunner::new(Config { cases: cases as u32, failure_persistence: None, ..Config::default() });
             let strategy = strategy.prop_map(move |c| Case { dtype, ..c });
-            runner.run(&strategy, |case| check_backward(fa, &case, false).map_err(TestCaseError::fail)).map_err(|e| Failed::from(format!("{e}")))
+            runner.run(&strategy, |case| check_backward(fa, &case, false, saved).map_err(TestCaseError::fail)).map_err(|e| Failed::from(format!("{e}")))
         })));
     }
     // The other families by name for the 16-bit types, which select the Hopper kernels
@@ -65,7 +67,7 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
             let mut runner = TestRunner::new(Config { cases: cases as u32, failure_persistence: None, ..Config::default() });
             let strategy = strategy.prop_map(move |c| Case { dtype, ..c });
             runner
-                .run(&strategy, |case| check_backward_with(fa, &case, false, Some(family)).map_err(TestCaseError::fail))
+                .run(&strategy, |case| check_backward_with(fa, &case, false, Some(family), false).map_err(TestCaseError::fail))
                 .map_err(|e| Failed::from(format!("{e}")))
         })));
     }
@@ -76,7 +78,15 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
     // unit roundoff by luck (0.25 u seen), and the kernel's error of 1-3 u misses twice it in
     // about 1 case in 200; the two f32 edge cases below cover the cancellation.)
     // Automatic selection (the deterministic tensor-core kernels) and the atomic ones by name.
+    // Not with the forward's O residual (`FwdOptions::save_residual`, opt-in): its P from the
+    // LSE and D_i from O + O_lo agree with the kernels' own S and dP only to f32 rounding,
+    // and where a row's softmax is saturated to below that (the other keys' weights under
+    // 1e-7) the whole gradient can be smaller than that rounding: on the emulator it missed
+    // the bar in about 1 case in 150 here (dQ 1.8x to 450x its relative-error bar on
+    // gradients about 1e-9 of their natural scale), where the recomputed statistics give a
+    // dominant key P = 1 and D_i = dP_i exactly. See `bwd_prep`.
     for (family, dtype) in [(None, Dt::F16), (None, Dt::Bf16), (Some("mma_atomic"), Dt::F16), (Some("mma_atomic"), Dt::Bf16)] {
+        let saved = false;
         let name = match family {
             None => format!("{tag}::props_few_keys::{dtype:?}"),
             Some(f) => format!("{tag}::props_few_keys_{f}::{dtype:?}"),
@@ -96,15 +106,19 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
                 ..c
             });
             runner
-                .run(&strategy, |case| check_backward_with(fa, &case, false, family).map_err(TestCaseError::fail))
+                .run(&strategy, |case| check_backward_with(fa, &case, false, family, saved).map_err(TestCaseError::fail))
                 .map_err(|e| Failed::from(format!("{e}")))
         })));
     }
-    // Every registered variant set (a family's passes), by family name, at the largest head_dim
-    // of each variant of its first pass (a family's passes serve the same head dims);
-    // a GPU without the variant's architecture (sm_90a kernels off Hopper) reports it ignored.
+    // Every registered variant set (a family's passes, with and without the forward's O
+    // residual where that changes them), by family name, at the largest head_dim of each
+    // variant of its first pass other than `prep` (a family's passes serve the same head
+    // dims); a GPU without the variant's architecture (sm_90a kernels off Hopper) reports it
+    // ignored.
     let archs = fa.as_ref().map(|f| f.archs());
-    for v in BWD_VARIANTS.iter().filter(|v| bwd_passes(v.family).first() == Some(&v.pass)) {
+    let lead = |f: &str, saved: bool| bwd_passes(f, saved).iter().copied().find(|p| *p != "prep");
+    let sets = BWD_VARIANTS.iter().flat_map(|v| [(v, false), (v, true)]);
+    for (v, saved) in sets.filter(|&(v, saved)| lead(v.family, saved) == Some(v.pass) && (!saved || bwd_passes(v.family, true) != bwd_passes(v.family, false))) {
         let dtype = match v.dtype {
             DType::F32 => Dt::F32,
             DType::F16 => Dt::F16,
@@ -115,13 +129,13 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
         let (family, name) = (v.family, v.name);
         let trial = mk(format!("{tag}::variant::{name}"), Box::new(move |fa| {
             let opts = flashattn::FwdOptions { kernel: Some(family), ..Default::default() };
-            let got = flashattn::select_bwd_variants(v.dtype, d, &opts, &fa.archs()).map_err(|e| Failed::from(e.to_string()))?;
+            let got = flashattn::select_bwd_variants(v.dtype, d, &opts, &fa.archs(), saved).map_err(|e| Failed::from(e.to_string()))?;
             let mine = got.iter().find(|g| g.pass == v.pass).map(|g| g.name);
             if mine != Some(name) || got.iter().any(|g| g.family != family) {
                 let names = got.iter().map(|g| g.name).collect::<Vec<_>>().join(", ");
                 return Err(format!("head_dim {d} selects {names} instead of {name}").into());
             }
-            check_backward_with(fa, &Case { seed: fresh_seed(), ..case }, false, Some(family)).map_err(Failed::from)
+            check_backward_with(fa, &Case { seed: fresh_seed(), ..case }, false, Some(family), saved).map_err(Failed::from)
         }));
         match &archs {
             Some(a) if !a.contains(&v.arch) => {
@@ -149,11 +163,14 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
         ("seqlen_q_1", shape(1, 1, 70, 2, 1, 64), true),
         ("seqlen_k_1", shape(1, 70, 1, 2, 1, 64), false),
     ];
+    // Each with the forward's O residual and, for the 16-bit types, without it.
+    let with_and_without = [(Dt::F32, true), (Dt::F16, true), (Dt::Bf16, true), (Dt::F16, false), (Dt::Bf16, false)];
+    let suffix = |saved: bool| if saved { "" } else { "_no_residual" };
     for (name, s, causal) in edges {
-        for dtype in [Dt::F32, Dt::F16, Dt::Bf16] {
+        for (dtype, saved) in with_and_without {
             let case = Case { shape: s, causal, softmax_scale: None, dtype, seed: 0 };
-            trials.push(mk(format!("{tag}::edge::{name}::{dtype:?}").to_lowercase(), Box::new(move |fa| {
-                check_backward(fa, &Case { seed: fresh_seed(), ..case }, false).map_err(Failed::from)
+            trials.push(mk(format!("{tag}::edge{}::{name}::{dtype:?}", suffix(saved)).to_lowercase(), Box::new(move |fa| {
+                check_backward(fa, &Case { seed: fresh_seed(), ..case }, false, saved).map_err(Failed::from)
             })));
         }
     }
@@ -162,24 +179,24 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
     // a pivot, see `bwd_simt`, it missed the bar here in about 1 run in 12, by up to 1.8x, on
     // dQ and dK).
     for (name, s) in [("causal_two_keys", shape(1, 26, 2, 2, 1, 112)), ("causal_three_keys", shape(1, 39, 3, 2, 1, 40))] {
-        for dtype in [Dt::F32, Dt::F16, Dt::Bf16] {
+        for (dtype, saved) in with_and_without {
             let case = Case { shape: s, causal: true, softmax_scale: None, dtype, seed: 0 };
-            trials.push(mk(format!("{tag}::edge::{name}::{dtype:?}").to_lowercase(), Box::new(move |fa| {
-                check_backward(fa, &Case { seed: fresh_seed(), ..case }, false).map_err(Failed::from)
+            trials.push(mk(format!("{tag}::edge{}::{name}::{dtype:?}", suffix(saved)).to_lowercase(), Box::new(move |fa| {
+                check_backward(fa, &Case { seed: fresh_seed(), ..case }, false, saved).map_err(Failed::from)
             })));
         }
     }
-    for dtype in [Dt::F32, Dt::F16, Dt::Bf16] {
+    for (dtype, saved) in with_and_without {
         let case = Case { shape: shape(2, 45, 70, 4, 2, 64), causal: true, softmax_scale: None, dtype, seed: 0 };
-        trials.push(mk(format!("{tag}::deterministic::{dtype:?}").to_lowercase(), Box::new(move |fa| {
-            check_backward(fa, &Case { seed: fresh_seed(), ..case }, true).map_err(Failed::from)
+        trials.push(mk(format!("{tag}::deterministic{}::{dtype:?}", suffix(saved)).to_lowercase(), Box::new(move |fa| {
+            check_backward(fa, &Case { seed: fresh_seed(), ..case }, true, saved).map_err(Failed::from)
         })));
     }
     // The tensor-core path with K/V re-read from shared memory (head_dim 128), GQA 2:1.
-    for dtype in [Dt::F16, Dt::Bf16] {
+    for (dtype, saved) in with_and_without.into_iter().filter(|&(dt, _)| dt != Dt::F32) {
         let case = Case { shape: shape(1, 70, 45, 4, 2, 128), causal: false, softmax_scale: None, dtype, seed: 0 };
-        trials.push(mk(format!("{tag}::deterministic_d128::{dtype:?}").to_lowercase(), Box::new(move |fa| {
-            check_backward(fa, &Case { seed: fresh_seed(), ..case }, true).map_err(Failed::from)
+        trials.push(mk(format!("{tag}::deterministic_d128{}::{dtype:?}", suffix(saved)).to_lowercase(), Box::new(move |fa| {
+            check_backward(fa, &Case { seed: fresh_seed(), ..case }, true, saved).map_err(Failed::from)
         })));
     }
     trials

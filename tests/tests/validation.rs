@@ -212,16 +212,16 @@ fn backward_selection_and_registry_match_tile_functions() {
     for d in (8..=256u32).step_by(8) {
         for dtype in [DType::F32, DType::F16, DType::Bf16] {
             let tc = dtype != DType::F32 && d <= 128;
-            let auto = flashattn::select_bwd_variants(dtype, d as usize, &FwdOptions::default(), &[Arch::Sm80]).unwrap_or_else(|e| panic!("d={d}: {e}"));
+            let auto = flashattn::select_bwd_variants(dtype, d as usize, &FwdOptions::default(), &[Arch::Sm80], false).unwrap_or_else(|e| panic!("d={d}: {e}"));
             let want = if tc { "mma" } else { "simt" };
             assert!(auto.iter().all(|v| v.family == want && v.serves(d)), "d={d} {dtype:?}: {}", auto[0].name);
             let det = FwdOptions { deterministic: true, ..Default::default() };
-            let auto_det = flashattn::select_bwd_variants(dtype, d as usize, &det, &[Arch::Sm80]).unwrap_or_else(|e| panic!("d={d}: {e}"));
+            let auto_det = flashattn::select_bwd_variants(dtype, d as usize, &det, &[Arch::Sm80], false).unwrap_or_else(|e| panic!("d={d}: {e}"));
             let want_det = if tc { "mma" } else { "simt" };
             assert!(auto_det.iter().all(|v| v.family == want_det && v.serves(d)), "d={d} {dtype:?}: {}", auto_det[0].name);
             // Hopper: the wgmma dQ and dK/dV kernels, deterministic too.
             for opts in [FwdOptions::default(), det] {
-                let hop = flashattn::select_bwd_variants(dtype, d as usize, &opts, &[Arch::Sm80, Arch::Sm90a]).unwrap_or_else(|e| panic!("d={d}: {e}"));
+                let hop = flashattn::select_bwd_variants(dtype, d as usize, &opts, &[Arch::Sm80, Arch::Sm90a], false).unwrap_or_else(|e| panic!("d={d}: {e}"));
                 let fams: Vec<_> = hop.iter().map(|v| (v.family, v.pass, v.arch)).collect();
                 if let Some(t) = wgmma_bwd_tile(d)
                     && dtype != DType::F32
@@ -230,12 +230,20 @@ fn backward_selection_and_registry_match_tile_functions() {
                     assert!(t.head_dim >= d && hop[0].serves(d) && hop[1].serves(d));
                     assert_eq!((hop[0].rows, hop[0].threads, (hop[0].smem_bytes)(d)), (WgmmaBwdTile::ROWS, t.threads(), t.dq_smem_bytes()));
                     assert_eq!((hop[1].rows, hop[1].threads, (hop[1].smem_bytes)(d)), (WgmmaBwdTile::KEYS, t.threads(), t.dkdv_smem_bytes()));
+                    // With the forward's O residual: the statistics from LSE and O, then the
+                    // dQ kernel's second pass alone, then the same dK/dV kernel.
+                    let hs = flashattn::select_bwd_variants(dtype, d as usize, &opts, &[Arch::Sm80, Arch::Sm90a], true).unwrap_or_else(|e| panic!("d={d}: {e}"));
+                    assert_eq!(hs.iter().map(|v| (v.family, v.pass)).collect::<Vec<_>>(), [("wgmma", "prep"), ("wgmma", "dq_saved"), ("wgmma", "dkdv")], "d={d}");
+                    assert!(hs.iter().all(|v| v.serves(d) && v.arch == Arch::Sm90a) && hs[2].name == hop[1].name);
+                    assert_eq!((hs[1].rows, hs[1].threads, (hs[1].smem_bytes)(d)), (hop[0].rows, hop[0].threads, (hop[0].smem_bytes)(d)));
                 } else {
                     assert_eq!(hop.iter().map(|v| v.family).collect::<Vec<_>>(), auto.iter().map(|v| v.family).collect::<Vec<_>>(), "d={d} {dtype:?}");
+                    let hs = flashattn::select_bwd_variants(dtype, d as usize, &opts, &[Arch::Sm80, Arch::Sm90a], true).unwrap_or_else(|e| panic!("d={d}: {e}"));
+                    assert_eq!(hs.iter().map(|v| v.name).collect::<Vec<_>>(), hop.iter().map(|v| v.name).collect::<Vec<_>>(), "d={d} {dtype:?}");
                 }
             }
             let simt = FwdOptions { kernel: Some("simt"), ..Default::default() };
-            let s = flashattn::select_bwd_variants(dtype, d as usize, &simt, &[Arch::Sm80, Arch::Sm90a]).unwrap_or_else(|e| panic!("d={d}: {e}"));
+            let s = flashattn::select_bwd_variants(dtype, d as usize, &simt, &[Arch::Sm80, Arch::Sm90a], false).unwrap_or_else(|e| panic!("d={d}: {e}"));
             assert!(s.iter().all(|v| v.family == "simt"), "d={d}");
             if let Some(t) = mma_bwd_tile(d)
                 && dtype != DType::F32
@@ -245,7 +253,7 @@ fn backward_selection_and_registry_match_tile_functions() {
                 assert_eq!((dq.pass, dq.rows, dq.threads, (dq.smem_bytes)(d)), ("dq", MmaBwdTile::ROWS, t.threads(), t.dq_smem_bytes()));
                 assert_eq!((kv.pass, kv.rows, kv.threads, (kv.smem_bytes)(d)), ("dkdv", MmaBwdTile::ROWS, t.threads(), t.dkdv_smem_bytes()));
                 let atomic = FwdOptions { kernel: Some("mma_atomic"), ..Default::default() };
-                let at = flashattn::select_bwd_variants(dtype, d as usize, &atomic, &[Arch::Sm80, Arch::Sm90a]).unwrap_or_else(|e| panic!("d={d}: {e}"));
+                let at = flashattn::select_bwd_variants(dtype, d as usize, &atomic, &[Arch::Sm80, Arch::Sm90a], false).unwrap_or_else(|e| panic!("d={d}: {e}"));
                 let passes: Vec<_> = at.iter().map(|v| v.pass).collect();
                 assert_eq!(passes, ["stats", "dkdvq", "dq_convert"]);
                 assert!(at.iter().all(|v| v.family == "mma_atomic" && v.serves(d)));
@@ -256,7 +264,7 @@ fn backward_selection_and_registry_match_tile_functions() {
     }
     // Naming the atomic family with `deterministic` is a typed error, before any launch.
     let bad = FwdOptions { kernel: Some("mma_atomic"), deterministic: true, ..Default::default() };
-    match flashattn::select_bwd_variants(DType::F16, 64, &bad, &[Arch::Sm80]) {
+    match flashattn::select_bwd_variants(DType::F16, 64, &bad, &[Arch::Sm80], false) {
         Err(flashattn::Error::NotDeterministic { family }) => assert_eq!(family, "mma_atomic"),
         other => panic!("expected NotDeterministic, got {:?}", other.map(|v| v.len())),
     }

@@ -1,0 +1,81 @@
+//! The backward's preprocessing from what the forward saved (FA2's `dot(dO, O)` step), for
+//! the families that read their row statistics instead of recomputing them (`wgmma` when the
+//! forward wrote O's residual). Per query row, into the `stats` workspace:
+//! - m_i = LSE_i log2(e) and 1 / l_i = 1, so the kernels' P = exp2(S scale log2(e) - m_i) / l_i
+//!   is exp(S scale - LSE_i);
+//! - D_i = sum_c dO_ic (O_ic + O_lo_ic) in f32, where O + O_lo is the forward's f32 O to about
+//!   twice T's precision (O_lo = T(O_f32 - O), `FwdParams::o_lo`; the sum is exact in f32).
+//!
+//! Why the residual: FA2's D_i = dO_i . O_i from O rounded to T carries an error of about a
+//! unit roundoff of |dO_i| |O_i|. Where a row's softmax is saturated (one dominant key) that
+//! is larger than the true dS of its other keys, and with it the backward missed the tests'
+//! bar (twice naive attention's error) in about 1 case in 7 with few visible keys. From the
+//! f32 O the error of D_i is that of the forward's P V product, which rounds each P_ij
+//! (relative to the row's running max, so the dominant key's 1 exactly) to T: the same order
+//! as naive attention's.
+//!
+//! What it does not reach: the statistics the dQ kernel recomputes (the default) give a row's
+//! dominant key P = 1 and D_i = dP_i exactly (the same S and dP values), so dS vanishes
+//! exactly where it should. From the LSE and O they agree with the kernels' S and dP only to
+//! f32 rounding; in a row whose softmax is saturated below that (every other key's weight
+//! under about 1e-7) the true dS is smaller than the rounding, and with few visible keys the
+//! whole gradient can be: the few-keys property tests (causal, seqlen_k <= 3, any scale)
+//! missed their bar in about 1 case in 150 this way. Hence opt-in (`save_residual`).
+//!
+//! Fully masked rows (LSE = -inf) get (m, 1 / l, D) = (+inf, 0, 0): their P and dS are 0.
+//! One warp per row, `PREP_ROWS` rows per block; lane l reads column pairs 2l + 64i.
+
+use crate::dev::{block, global, warp};
+use crate::dtype::MmaElement;
+use crate::params::BwdParams;
+use core::f32::consts::LOG2_E;
+
+/// Query rows per block.
+pub const PREP_ROWS: usize = 16;
+
+/// The statistics of one block's rows (see the module doc).
+///
+/// # Safety
+/// `p` valid (host-checked), `p.o_lo` the forward's residual of `p.o`, a multiple of 32
+/// threads.
+#[inline(always)]
+pub unsafe fn prep<T: MmaElement>(p: &BwdParams) {
+    let (blk, h, b) = block::idx();
+    let (sq, d) = (p.seqlen_q, p.head_dim);
+    let (w, lane, warps) = (warp::id(), warp::lane(), block::dim() / 32);
+    let r0 = blk * PREP_ROWS as u32;
+    let end = (r0 + PREP_ROWS as u32).min(sq);
+    let lse_row = (b as u64 * p.heads_q as u64 + h as u64) * sq as u64;
+    let mut r = r0 + w;
+    while r < end {
+        // Warp: D_i, lane partial sums over column pairs, then a butterfly sum.
+        let at = p.q_strides.offset(b, r, h);
+        let mut acc = 0f32;
+        let mut c = 2 * lane;
+        while c < d {
+            let i = (at + c as u64) as usize;
+            let (o, lo, g) = unsafe {
+                (
+                    global::load((p.o as *const T).add(i) as *const u32),
+                    global::load((p.o_lo as *const T).add(i) as *const u32),
+                    global::load((p.d_o as *const T).add(i) as *const u32),
+                )
+            };
+            let ((o0, o1), (l0, l1), (g0, g1)) = (T::unpack2(o), T::unpack2(lo), T::unpack2(g));
+            acc += g0 * (o0 + l0) + g1 * (o1 + l1);
+            c += 64;
+        }
+        let dd = warp::allreduce_sum(acc);
+        if lane == 0 {
+            let lse = unsafe { global::load((p.lse as *const f32).add((lse_row + r as u64) as usize)) };
+            let (m, inv_l, dd) = if lse == f32::NEG_INFINITY { (f32::INFINITY, 0.0, 0.0) } else { (lse * LOG2_E, 1.0, dd) };
+            let st = p.stats as *mut f32;
+            unsafe {
+                global::store(st.add(crate::bwd_mma::stat_at(p, 0, b, h, r)), m);
+                global::store(st.add(crate::bwd_mma::stat_at(p, 1, b, h, r)), inv_l);
+                global::store(st.add(crate::bwd_mma::stat_at(p, 2, b, h, r)), dd);
+            }
+        }
+        r += warps;
+    }
+}
