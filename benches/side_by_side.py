@@ -32,6 +32,7 @@ results.json keeps every row.
 import argparse
 import json
 import random
+import shlex
 import subprocess
 import sys
 import warnings
@@ -73,6 +74,9 @@ def parse_args(argv=None):
     p.add_argument("--iters", default=10, type=int)
     p.add_argument("--backward", action="store_true",
                    help="time the backward pass (dQ, dK, dV from the forward's O, LSE and a random dO); FLOPs 2.5x the forward's")
+    p.add_argument("--ours-alt", default=None, metavar="ARGS",
+                   help="also run our binary with these extra arguments (e.g. '--residual') and report it "
+                        "as a second column ('alt') beside the first")
     p.add_argument("--mock", action="store_true", help="fabricate PyTorch (and 'mock' ours) numbers")
     args = p.parse_args(argv)
     if args.ours == "mock" and not args.mock:
@@ -120,7 +124,7 @@ def mock_tflops(side, s, rng):
 
 # ---------------------------------------------------------------- ours
 
-def parse_ours_output(text):
+def parse_ours_output(text, side="ours"):
     """One dict per JSON line of the binary's stdout; other lines are skipped."""
     rows = []
     for line in text.splitlines():
@@ -132,7 +136,7 @@ def parse_ours_output(text):
         except json.JSONDecodeError as e:
             log(f"  skipping malformed JSON line ({e}): {line[:120]}")
             continue
-        row["side"] = "ours"
+        row["side"] = side
         rows.append(row)
     return rows
 
@@ -151,21 +155,22 @@ def mock_ours_stdout(args, dtype, rng):
     return "\n".join(lines) + "\n"
 
 
-def run_ours(args, dtype, rng):
-    """Run the binary for one dtype. Returns (rows, error or None)."""
+def run_ours(args, dtype, rng, extra=(), side="ours"):
+    """Run the binary for one dtype (with `extra` arguments, rows labelled `side`). Returns
+    (rows, error or None)."""
     if args.ours == "mock":
-        return parse_ours_output(mock_ours_stdout(args, dtype, rng)), None
+        return parse_ours_output(mock_ours_stdout(args, dtype, rng), side), None
     cmd = [args.ours, "bench", "--dtype", dtype,
            "--head-dims", ",".join(map(str, args.head_dims)),
            "--seqlens", ",".join(map(str, args.seqlens)),
            "--hidden", str(args.hidden), "--tokens", str(args.tokens),
-           "--causal", "both", "--iters", str(args.iters), "--json"] + (["--backward"] if args.backward else [])
+           "--causal", "both", "--iters", str(args.iters), "--json"] + (["--backward"] if args.backward else []) + list(extra)
     log("  $ " + " ".join(cmd))
     try:
         proc = subprocess.run(cmd, check=False, capture_output=True, text=True)
     except OSError as e:
         return [], f"could not run {args.ours}: {e}"
-    rows = parse_ours_output(proc.stdout)
+    rows = parse_ours_output(proc.stdout, side)
     if proc.returncode != 0:
         tail = " | ".join(proc.stderr.strip().splitlines()[-3:]) or "(no stderr)"
         return rows, f"exit {proc.returncode}: {tail}"
@@ -317,8 +322,10 @@ def best_tflops(rows):
 
 
 def table_rows(shapes, rows, ours_errors):
-    """One list of cells per shape: the columns of the side-by-side table."""
+    """One list of cells per shape: the columns of the side-by-side table (and those of the
+    second run of ours, `--ours-alt`, when there is one)."""
     best = best_tflops(rows)
+    alt = any(r["side"] == "alt" for r in rows)
     out = []
     for s in shapes:
         cells, tf = [s["dtype"], str(s["head_dim"]), str(s["seqlen"]), "yes" if s["causal"] else "no"], {}
@@ -333,6 +340,11 @@ def table_rows(shapes, rows, ours_errors):
         for other in ("flash", "cudnn"):
             ok = tf["ours"] is not None and tf[other]
             cells.append(f"{tf['ours'] / tf[other]:.2f}x" if ok else "-")
+        if alt:
+            a = best.get(("alt",) + key(s))
+            cells.append(f"{a:.1f}" if a is not None else "missing")
+            for other in ("flash", "cudnn"):
+                cells.append(f"{a / tf[other]:.2f}x" if a is not None and tf[other] else "-")
         out.append(cells)
     return out
 
@@ -340,6 +352,8 @@ def table_rows(shapes, rows, ours_errors):
 def markdown_table(cells):
     header = ["dtype", "d", "seqlen", "causal", "ours TFLOP/s", "flash TFLOP/s",
               "cudnn TFLOP/s", "ours/flash", "ours/cudnn"]
+    if cells and len(cells[0]) > len(header):
+        header += ["alt TFLOP/s", "alt/flash", "alt/cudnn"]
     widths = [max(len(str(r[i])) for r in [header] + cells) for i in range(len(header))]
     line = lambda r: "| " + " | ".join(c.rjust(w) for c, w in zip(r, widths)) + " |"
     sep = "|" + "|".join("-" * (w + 1) + ":" for w in widths) + "|"
@@ -387,6 +401,8 @@ def method_line(args):
 
 def write_markdown(path, args, gpu, table, note_text, mem):
     parts = [f"## {args.date} {args.commit} {gpu}", "", method_line(args), "", table]
+    if args.ours_alt:
+        parts[4:4] = [f"alt: ours with `{args.ours_alt}`.", ""]
     if note_text:
         parts += ["", note_text]
     parts += ["", memory_section(mem), ""]
@@ -445,6 +461,10 @@ def main(argv=None):
         ours, ours_errors[dtype] = run_ours(args, dtype, rng)
         rows += ours
         log(f"  {len(ours)} rows" + (f", error: {ours_errors[dtype]}" if ours_errors[dtype] else ""))
+        if args.ours_alt:
+            alt, err = run_ours(args, dtype, rng, shlex.split(args.ours_alt), "alt")
+            rows += alt
+            log(f"  alt ({args.ours_alt}): {len(alt)} rows" + (f", error: {err}" if err else ""))
 
     if args.mock:
         gpu = "mock GPU"
@@ -467,7 +487,8 @@ def main(argv=None):
 
     write_markdown(args.out / "results.md", args, gpu, table, note_text, mem)
     meta = {"date": args.date, "commit": args.commit, "gpu": gpu, "iters": args.iters, "warmup": WARMUP,
-            "hidden": args.hidden, "tokens": args.tokens, "mock": args.mock, "ours": args.ours}
+            "hidden": args.hidden, "tokens": args.tokens, "mock": args.mock, "ours": args.ours,
+            "ours_alt": args.ours_alt}
     (args.out / "results.json").write_text(json.dumps(
         {"meta": meta, "ours_errors": ours_errors, "rows": rows, "peak_memory": mem}, indent=1) + "\n")
     plotted = write_plot(args.out / "tflops.png", args, gpu, rows)
