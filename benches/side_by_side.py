@@ -423,11 +423,13 @@ def write_plot(path, args, gpu, rows):
     for i, (dtype, d) in enumerate(panels):
         for j, causal in enumerate((False, True)):
             ax = axes[i][j]
-            for side in IMPLS:
+            for side in IMPLS + ("alt",):
                 pts = [(n, best[(side, dtype, d, n, causal)]) for n in args.seqlens
                        if (side, dtype, d, n, causal) in best]
                 if pts:
-                    ax.plot(*zip(*pts), marker="o", label=LABELS[side], color=COLORS[side])
+                    label = LABELS.get(side, f"ours {args.ours_alt}")
+                    ax.plot(*zip(*pts), marker="o", label=label, color=COLORS.get(side, "tab:purple"),
+                            linestyle="--" if side == "alt" else "-")
             ax.set_xscale("log", base=2)
             ax.set_xlim(min(args.seqlens) / 1.4, max(args.seqlens) * 1.4)
             ax.set_xticks(args.seqlens, [f"{s // 1024}k" if s >= 1024 else str(s) for s in args.seqlens])

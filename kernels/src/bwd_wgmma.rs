@@ -2,9 +2,10 @@
 //! `wgmma.mma_async` with f32 accumulation, one warpgroup per block. The same two launches,
 //! the same statistics workspace, the same fixed summation order (bitwise deterministic):
 //! - [`dq`]: one block per (64 query rows, head, batch), two passes over the key tiles (the
-//!   rows' m_i, l_i, D_i in f32, then dQ_i += dS_ij K_j), as `bwd_mma::dq` explains;
+//!   rows' m_i, l_i, D_i in f32, then dQ_i += dS_ij K_j), as `bwd_mma::dq` explains; with
+//!   SAVED (opt-in, `bwd_prep`) the second pass alone, the statistics read from the workspace;
 //!   S = Q K_j^T and dP = dO V_j^T with both operands from shared memory, dQ += dS K_j with
-//!   dS from registers and K_j read MN-major. 1.25-1.29x `bwd_mma::dq` with the same dK/dV
+//!   dS from registers and K_j read MN-major. 1.24-1.28x `bwd_mma::dq` with the same dK/dV
 //!   kernel at d=64, 1.40-1.47x at d=128 (H200, f16, s 1k-16k, fd2dab9).
 //! - [`dkdv`]:
 //! One block per (64 keys, KV head, batch); warp w of the warpgroup owns keys 16w..16w + 16

@@ -449,10 +449,14 @@ impl WgmmaBwdTile {
 /// accumulators (dK and dV: D / 2 each; dQ: D / 2). ptxas (sm_90a, 13.0), no spills: dK/dV
 /// 174 registers at d=64 and 244 at d=128, dQ 166 and 213 (the dK/dV kernel builds its descriptors from one
 /// register each, `Desc::opaque`: hoisted as constants they made it spill 16-68 bytes at
-/// d=128). Measured on an H200 (33e7e8a, f16, FA paper shapes, s = 1k / 4k / 16k, TFLOP/s of
+/// d=128; the dQ kernel's second pass alone, with the statistics from the forward: 128 and
+/// 156). Measured on an H200 (33e7e8a, f16, FA paper shapes, s = 1k / 4k / 16k, TFLOP/s of
 /// the whole backward with mma's dQ kernel): d=64 129 / 140 / 143 non-causal and 116 / 138 /
 /// 141 causal, against the mma dK/dV kernel's 126 / 133 / 135 and 110 / 128 / 132; d=128 150
-/// / 158 / 157 and 128 / 148 / -, against 123 / 128 / - and 106 / 120 / -.
+/// / 158 / 157 and 128 / 148 / -, against 123 / 128 / - and 106 / 120 / -. With this dQ
+/// kernel too (fd2dab9): d=64 160 / 178 / 181 and 146 / 172 / 175, d=128 208 / 229 / 224 and
+/// 181 / 217 / 217; with the statistics from the forward (74fc232): d=64 205 / 245 / 255 and
+/// 182 / 234 / 243, d=128 270 / 316 / 317 and 227 / 299 / 304 (benches/RESULTS.md).
 pub const fn wgmma_bwd_tile(head_dim: u32) -> Option<WgmmaBwdTile> {
     match head_dim {
         _ if head_dim == 0 || head_dim % 8 != 0 || head_dim > 128 => None,
