@@ -14,7 +14,7 @@
 //! product):
 //! - S^T = K Q_i^T and dP^T = V dO_i^T: both operands from shared memory, K-major over d;
 //! - P^T = exp2(S^T scale log2 e - m_i) / l_i and dS^T = P^T (dP^T - D_i) per query column,
-//!   from the statistics the dQ kernel wrote (`bwd_mma::dq`, the same workspace);
+//!   from the statistics the dQ kernel (or, opt-in, `bwd_prep`) wrote to the workspace;
 //! - dV += P^T dO_i and dK += dS^T Q_i: P^T and dS^T from registers (the accumulator layout,
 //!   packed to 16 bits, is wgmma's A layout), dO_i and Q_i read MN-major by the instruction.
 //!

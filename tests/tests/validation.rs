@@ -296,4 +296,11 @@ fn backward_rejects_bad_shapes_and_kernels_before_launch() {
     let k = fa.upload(&vec![1.0f32; 4 * 3 * 8], &[1, 4, 3, 8]).unwrap();
     let e = fa.backward(&q, &k, &k, &q, &q, &lse, &FwdOptions::default()).err().expect("2 % 3");
     assert!(matches!(e, Error::HeadsNotDivisible { heads_q: 2, heads_kv: 3 }), "{e}");
+    // The forward's O residual must have O's shape.
+    let train = FwdOptions { save_residual: true, ..Default::default() };
+    let mut fwd = fa.forward(&q16, &q16, &q16, &train).unwrap();
+    assert!(fwd.o_lo.is_some(), "the emulator runs the Hopper forward, which writes the residual");
+    fwd.o_lo = Some(fa.full(half::f16::ZERO, &[1, 4, 2, 16]).unwrap());
+    let e = fa.backward_saved(&q16, &q16, &q16, &fwd, &q16, &train).err().expect("o_lo shape");
+    assert!(matches!(&e, Error::OutputShape { tensor: "o_lo", .. }), "{e}");
 }
