@@ -1,6 +1,7 @@
 //! The Hopper backward kernels (sm_90a): the products of `bwd_mma::dq` and `bwd_mma::dkdv` on
-//! `wgmma.mma_async` with f32 accumulation, one warpgroup per block. The same two launches,
-//! the same statistics workspace, the same fixed summation order (bitwise deterministic):
+//! `wgmma.mma_async` with f32 accumulation, one warpgroup per block. The same two launches
+//! (three with the opt-in `bwd_prep` pass first), the same statistics workspace, the same
+//! fixed summation order (bitwise deterministic):
 //! - [`dq`]: one block per (64 query rows, head, batch), two passes over the key tiles (the
 //!   rows' m_i, l_i, D_i in f32, then dQ_i += dS_ij K_j), as `bwd_mma::dq` explains; with
 //!   SAVED (opt-in, `bwd_prep`) the second pass alone, the statistics read from the workspace;
