@@ -179,7 +179,7 @@ impl FlashAttn {
         Ok(variant)
     }
 
-    /// Attention forward: O = softmax(scale * Q K^T [masked]) V, and its LSE.
+    /// Attention forward: O = softmax(scale * Q K^T \[masked\]) V, and its LSE.
     /// Q: [batch, seqlen_q, heads_q, head_dim]; K, V: [batch, seqlen_k, heads_kv, head_dim].
     pub fn forward<T: Dtype>(&self, q: &Tensor<T>, k: &Tensor<T>, v: &Tensor<T>, opts: &FwdOptions) -> Result<FwdOutput<T>> {
         let shape = validate(q.shape(), k.shape(), v.shape(), opts)?;
