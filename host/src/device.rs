@@ -16,8 +16,11 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 pub(crate) struct CudaBackend {
     pub(crate) ctx: Arc<CudaContext>,
     pub(crate) stream: Arc<CudaStream>,
-    /// The PTX modules this device runs: sm_80 always, sm_90a on compute capability 9.0.
-    modules: Vec<(Arch, Arc<CudaModule>)>,
+    /// The PTX modules this device runs: sm_80 always, sm_90a on compute capability 9.0; each
+    /// loaded whole at start (the driver JIT-compiles every kernel in it), or with
+    /// `FLASHATTN_LAZY_MODULES=1` not at all: then each kernel is loaded on first use as a
+    /// module of its own ([`crate::ptx::entry_module`]), JIT-compiled alone.
+    modules: Vec<(Arch, Option<Arc<CudaModule>>)>,
     /// Loaded functions, with the dynamic shared memory each is allowed so far.
     functions: Mutex<HashMap<&'static str, (CudaFunction, usize)>>,
     /// Largest dynamic shared memory a block may opt into.
@@ -62,9 +65,15 @@ impl FlashAttn {
         if cc == (9, 0) {
             archs.push(Arch::Sm90a);
         }
+        // Not yet the default: loading per kernel has not run on a GPU (it assembles with
+        // ptxas, tests/tests/ptx.rs).
+        let lazy = std::env::var("FLASHATTN_LAZY_MODULES").is_ok_and(|v| v == "1");
         let mut modules = Vec::new();
         for arch in archs {
-            let m = cuda("loading the kernels' PTX", ctx.load_module(Ptx::from_src(crate::ptx::module(arch))))?;
+            let m = match lazy {
+                true => None,
+                false => Some(cuda("loading the kernels' PTX", ctx.load_module(Ptx::from_src(crate::ptx::module(arch))))?),
+            };
             modules.push((arch, m));
         }
         let max_smem_optin = cuda(
@@ -200,7 +209,17 @@ impl CudaBackend {
                 let device = self.ctx.name().unwrap_or_else(|_| "this device".into());
                 return Err(Error::UnsupportedDevice { kernel: name, needs: arch, device });
             };
-            let f = cuda("looking up a kernel", module.load_function(name))?;
+            let f = match module {
+                Some(module) => cuda("looking up a kernel", module.load_function(name))?,
+                None => {
+                    // A registered kernel is always an entry (tests/tests/ptx.rs): the driver's
+                    // own answer for a missing name otherwise.
+                    let not_found = cudarc::driver::DriverError(cudarc::driver::sys::CUresult::CUDA_ERROR_NOT_FOUND);
+                    let ptx = crate::ptx::entry_module(crate::ptx::module(arch), name).ok_or(Error::Cuda { op: "finding a kernel in the PTX", source: not_found })?;
+                    let module = cuda("loading a kernel's PTX", self.ctx.load_module(Ptx::from_src(ptx)))?;
+                    cuda("looking up a kernel", module.load_function(name))?
+                }
+            };
             fns.insert(name, (f, 0));
         }
         let (f, allowed) = fns.get_mut(name).expect("inserted above");

@@ -35,3 +35,27 @@ pub fn unresolved(ptx: &str) -> Vec<&str> {
         .filter(|l| l.starts_with(".extern") && !l.starts_with(".extern .shared"))
         .collect()
 }
+
+/// A module with the single entry `name` of `ptx`: every top-level item but the other
+/// entries (the header, shared and global declarations, `.func` helpers), so the driver
+/// JIT-compiles one kernel instead of the whole module (~1.5 minutes for sm_80's, measured
+/// with ptxas 13.0). `None` if `ptx` has no such entry.
+pub fn entry_module(ptx: &str, name: &str) -> Option<String> {
+    let mut out = String::with_capacity(ptx.len() / 8);
+    let (mut found, mut skipping) = (false, false);
+    for line in ptx.lines() {
+        if let Some(rest) = line.strip_prefix(".visible .entry ") {
+            let this = rest.split(|c: char| c == '(' || c.is_whitespace()).next().unwrap_or(rest);
+            skipping = this != name;
+            found |= this == name;
+        }
+        if !skipping {
+            out.push_str(line);
+            out.push('\n');
+        } else if line == "}" {
+            // The entry's body ends at the first closing brace in column 0.
+            skipping = false;
+        }
+    }
+    found.then_some(out)
+}

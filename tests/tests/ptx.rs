@@ -1,13 +1,15 @@
-//! The embedded PTX: every registered kernel is an entry, nothing is unresolved, and (where
-//! ptxas is available) it assembles (the sm_80 module for sm_80 and sm_90, the sm_90a module
-//! for sm_90a) with no spills, no stack, and no wgmma serialised or waited for by ptxas.
+//! The embedded PTX: every registered kernel is an entry, nothing is unresolved, every entry
+//! splits into a module of its own (`ptx::entry_module`, for `FLASHATTN_LAZY_MODULES=1`), and
+//! (where ptxas is available) it assembles (the sm_80 module for sm_80 and sm_90, the sm_90a
+//! module for sm_90a) with no spills, no stack, and no wgmma serialised or waited for by ptxas;
+//! so does one split module per family and pass.
 //!
 //! ptxas comes from PyPI's `nvidia-cuda-nvcc` (no CUDA toolkit needed). It is found through
 //! `PTXAS`, then PATH, then the Python package. `REQUIRE_PTXAS=1` (set by .ci/run) makes a
 //! missing ptxas a failure; otherwise the ptxas test says loudly that it did not run.
 
 use flashattn::kernels::registry::{Arch, BWD_VARIANTS, FWD_VARIANTS};
-use flashattn::ptx::{MODULES, entries, unresolved};
+use flashattn::ptx::{MODULES, entries, entry_module, unresolved};
 use libtest_mimic::{Arguments, Failed, Trial};
 use std::path::PathBuf;
 use std::process::Command;
@@ -30,6 +32,41 @@ fn nothing_unresolved() {
         // panic=immediate-abort turns panics into `trap`: no panic machinery may remain.
         assert!(!ptx.contains("panic"), "{target}: a panic path survived");
     }
+}
+
+fn every_entry_splits_into_a_module_of_its_own() {
+    for (target, _, ptx) in MODULES {
+        let names = entries(ptx);
+        for name in &names {
+            let one = entry_module(ptx, name).unwrap_or_else(|| panic!("{target}: {name} not split"));
+            assert_eq!(entries(&one), [*name], "{target}: the split module of {name}");
+            assert!(unresolved(&one).is_empty(), "{target} {name}: unresolved {:?}", unresolved(&one));
+            assert!(one.starts_with(&ptx[..ptx.find(".visible .entry").unwrap_or(0)]), "{target} {name}: the header changed");
+        }
+        assert!(entry_module(ptx, "no_such_kernel").is_none());
+        // Every line of the module is in exactly one entry's split or in all of them.
+        let kept: usize = names.iter().map(|n| entry_module(ptx, n).map_or(0, |m| m.lines().count())).sum();
+        let shared = entry_module(ptx, names[0]).map_or(0, |m| m.lines().count()) - body_lines(ptx, names[0]);
+        assert_eq!(kept - shared * (names.len() - 1), ptx.lines().count(), "{target}: lines lost or duplicated by the split");
+    }
+}
+
+/// Lines of entry `name`'s definition in `ptx` (from `.visible .entry` to its closing brace).
+fn body_lines(ptx: &str, name: &str) -> usize {
+    let mut inside = false;
+    let mut n = 0;
+    for line in ptx.lines() {
+        if let Some(rest) = line.strip_prefix(".visible .entry ") {
+            inside = rest.starts_with(name) && rest[name.len()..].starts_with(|c: char| c == '(' || c.is_whitespace());
+        }
+        if inside {
+            n += 1;
+            if line == "}" {
+                inside = false;
+            }
+        }
+    }
+    n
 }
 
 fn find_ptxas() -> Option<PathBuf> {
@@ -74,12 +111,32 @@ fn ptxas_no_spills_no_stack(ptxas: PathBuf) {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The split modules assemble on their own: the first variant of each (family, pass).
+fn ptxas_split_modules(ptxas: PathBuf) {
+    let dir = std::env::temp_dir().join(format!("flashattn-ptx-split-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let fwd = FWD_VARIANTS.iter().map(|v| (v.family, "fwd", v.name, v.arch));
+    let bwd = BWD_VARIANTS.iter().map(|v| (v.family, v.pass, v.name, v.arch));
+    let mut seen = std::collections::HashSet::new();
+    for (family, pass, name, arch) in fwd.chain(bwd).filter(|k| seen.insert((k.0, k.1))) {
+        let (_, _, ptx) = MODULES.iter().find(|m| m.1 == arch).expect("a module per arch");
+        let one = entry_module(ptx, name).unwrap_or_else(|| panic!("{name} not split"));
+        let file = dir.join(format!("{name}.ptx"));
+        std::fs::write(&file, one).unwrap();
+        let gpu = if arch == Arch::Sm90a { "sm_90a" } else { "sm_80" };
+        let out = Command::new(&ptxas).arg(format!("-arch={gpu}")).arg(&file).arg("-o").arg("/dev/null").output().unwrap();
+        assert!(out.status.success(), "ptxas {gpu} on the split module of {name} ({family} {pass}) failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 fn main() {
     let ptxas = find_ptxas();
     let required = std::env::var("REQUIRE_PTXAS").is_ok_and(|v| v == "1");
     let mut trials = vec![
         Trial::test("every_registered_kernel_is_an_entry", || Ok(every_registered_kernel_is_an_entry())),
         Trial::test("nothing_unresolved", || Ok(nothing_unresolved())),
+        Trial::test("every_entry_splits_into_a_module_of_its_own", || Ok(every_entry_splits_into_a_module_of_its_own())),
     ];
     let absent = "ptxas not found (pip install nvidia-cuda-nvcc, or set PTXAS)";
     let t = match ptxas.clone() {
@@ -91,5 +148,10 @@ fn main() {
         }
     };
     trials.push(t);
+    trials.push(match ptxas {
+        Some(p) => Trial::test("ptxas_split_modules", move || Ok(ptxas_split_modules(p))),
+        None if required => Trial::test("ptxas_split_modules", move || Err(Failed::from(format!("REQUIRE_PTXAS=1 but {absent}")))),
+        None => Trial::test("ptxas_split_modules", || Ok(())).with_ignored_flag(true),
+    });
     libtest_mimic::run(&Arguments::from_args(), trials).exit();
 }
