@@ -10,6 +10,7 @@
 //!   conversion to T. Not bitwise deterministic (the atomics' order varies), and on the H200
 //!   0.69-0.76x of `mma` (benches/RESULTS.md, 6282a3e). `FwdOptions::deterministic` rules it
 //!   out.
+//!
 //! All recompute D and the row statistics in f32 rather than take FA2's P from the saved LSE
 //! and D = rowsum(dO * O) (O rounded to T makes D too coarse where a row's softmax is
 //! saturated: `bwd_prep`); O and LSE are validated but not read. Except: given the forward's
