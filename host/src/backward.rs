@@ -77,19 +77,23 @@ impl FlashAttn {
         lse: &Tensor<f32>,
         opts: &FwdOptions,
     ) -> Result<BwdOutput<T>> {
-        let shape = validate(q.shape(), k.shape(), v.shape(), opts)?;
-        let mut out = BwdOutput { dq: self.alloc(&shape.q_shape())?, dk: self.alloc(&shape.kv_shape())?, dv: self.alloc(&shape.kv_shape())? };
+        let mut out = self.alloc_grads(q, k, v, opts)?;
         self.backward_into(q, k, v, o, d_o, lse, &mut out, opts)?;
         Ok(out)
+    }
+
+    /// Uninitialised dQ, dK, dV for the problem of `q`, `k`, `v` (validated).
+    fn alloc_grads<T: Dtype>(&self, q: &Tensor<T>, k: &Tensor<T>, v: &Tensor<T>, opts: &FwdOptions) -> Result<BwdOutput<T>> {
+        let shape = validate(q.shape(), k.shape(), v.shape(), opts)?;
+        Ok(BwdOutput { dq: self.alloc(&shape.q_shape())?, dk: self.alloc(&shape.kv_shape())?, dv: self.alloc(&shape.kv_shape())? })
     }
 
     /// As [`FlashAttn::backward`], from everything the forward returned: with its O residual
     /// ([`FwdOptions::save_residual`]) the row statistics come from the LSE and O instead of
     /// a pass over the keys (on Hopper: `wgmma`), otherwise the same as `backward`.
     pub fn backward_saved<T: Dtype>(&self, q: &Tensor<T>, k: &Tensor<T>, v: &Tensor<T>, fwd: &FwdOutput<T>, d_o: &Tensor<T>, opts: &FwdOptions) -> Result<BwdOutput<T>> {
-        let shape = validate(q.shape(), k.shape(), v.shape(), opts)?;
-        let mut out = BwdOutput { dq: self.alloc(&shape.q_shape())?, dk: self.alloc(&shape.kv_shape())?, dv: self.alloc(&shape.kv_shape())? };
-        self.backward_impl(q, k, v, &fwd.o, fwd.o_lo.as_ref(), d_o, &fwd.lse, &mut out, opts)?;
+        let mut out = self.alloc_grads(q, k, v, opts)?;
+        self.backward_saved_into(q, k, v, fwd, d_o, &mut out, opts)?;
         Ok(out)
     }
 
