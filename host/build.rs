@@ -10,7 +10,7 @@ use std::{env, fs};
 /// (file stem, -Ctarget-cpu, extra target features): one PTX module each. The sm_90a module
 /// holds only the kernels that need Hopper's own instructions (wgmma); see
 /// `registry::in_module`.
-const PTX_TARGETS: &[(&str, &str, &str)] = &[("flashattn_sm80", "sm_80", ""), ("flashattn_sm90a", "sm_90a", "+ptx80")];
+const PTX_TARGETS: &[(&str, &str, &str)] = &[("flashattn_sm80", "sm_80", ""), ("flashattn_sm90a", "sm_90a", "+ptx81")];
 
 fn main() {
     let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR"));

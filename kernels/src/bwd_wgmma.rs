@@ -44,20 +44,20 @@ const KEYS: usize = 64;
 /// `WgmmaBwdTile::dkdv_smem_bytes()` bytes of dynamic shared memory; the dQ kernel has
 /// written the statistics; an sm_90a device.
 #[inline(always)]
-pub unsafe fn dkdv<T: MmaElement, const D: usize, const DN: usize, const BR: usize, const NQ: usize, const KQ: usize, const PAD: bool>(
+pub unsafe fn dkdv<T: MmaElement, const D: usize, const DN: usize, const BR: usize, const NQ: usize, const KQ: usize, const PAD: bool, const DQ: bool>(
     p: &BwdParams,
 ) {
     unsafe {
         if p.causal != 0 {
-            dkdv_masked::<T, Causal, D, DN, BR, NQ, KQ, PAD>(p)
+            dkdv_masked::<T, Causal, D, DN, BR, NQ, KQ, PAD, DQ>(p)
         } else {
-            dkdv_masked::<T, NoMask, D, DN, BR, NQ, KQ, PAD>(p)
+            dkdv_masked::<T, NoMask, D, DN, BR, NQ, KQ, PAD, DQ>(p)
         }
     }
 }
 
 #[inline(always)]
-unsafe fn dkdv_masked<T: MmaElement, M: Mask, const D: usize, const DN: usize, const BR: usize, const NQ: usize, const KQ: usize, const PAD: bool>(
+unsafe fn dkdv_masked<T: MmaElement, M: Mask, const D: usize, const DN: usize, const BR: usize, const NQ: usize, const KQ: usize, const PAD: bool, const DQ: bool>(
     p: &BwdParams,
 ) {
     let d = p.head_dim;
@@ -70,9 +70,11 @@ unsafe fn dkdv_masked<T: MmaElement, M: Mask, const D: usize, const DN: usize, c
     let (sq, sk) = (p.seqlen_q, p.seqlen_k);
     let j0 = kv_blk * KEYS as u32;
 
-    // Shared memory: K, V [64][D]; Q stages 0, 1 and dO stages 0, 1 ([BR][D] each); then f32
-    // m_i, 1 / l_i and D_i, stages 0, 1 each ([BR]).
-    let smem: Shared<T> = unsafe { dev::dynamic_shared((2 * KEYS + 4 * BR) * D) };
+    // Shared memory: K, V [64][D]; Q stages 0, 1 and dO stages 0, 1 ([BR][D] each); with DQ
+    // dS^T [64][BR]; then f32 m_i, 1 / l_i and D_i, stages 0, 1 each ([BR]).
+    let ds_len = if DQ { KEYS * BR } else { 0 };
+    let smem: Shared<T> = unsafe { dev::dynamic_shared((2 * KEYS + 4 * BR) * D + ds_len) };
+    let ds_s = smem.slice((2 * KEYS + 4 * BR) * D, ds_len);
     let k_s = smem.slice(0, KEYS * D);
     let v_s = smem.slice(KEYS * D, KEYS * D);
     let q_s = |stage: usize| smem.slice((2 * KEYS + stage * BR) * D, BR * D);
@@ -129,8 +131,9 @@ unsafe fn dkdv_masked<T: MmaElement, M: Mask, const D: usize, const DN: usize, c
     let factor = p.scale * LOG2_E;
     let key0 = j0 + (w * 16) as u32; // first key of this warp
 
-    // Warpgroup: one query tile (stage `st`, first row i0); `masked` applies the causal mask.
-    let step = #[inline(always)] |st: usize, i0: u32, masked: bool, acc_dk: &mut [[f32; 4]; DN], acc_dv: &mut [[f32; 4]; DN]| {
+    // Warpgroup: one query tile (stage `st`, query head h, first row i0); `masked` applies the
+    // causal mask (and with DQ hides the keys past seqlen_k).
+    let step = #[inline(always)] |st: usize, h: u32, i0: u32, masked: bool, acc_dk: &mut [[f32; 4]; DN], acc_dv: &mut [[f32; 4]; DN]| {
         let (m_row, il_row, d_row) = (m_s(st), il_s(st), dd_s(st));
         // Thread: the statistics of its query columns n * 8 + 2t, + 1 of n-tile n.
         let stat = |i: usize| (m_row.ld(i), il_row.ld(i), d_row.ld(i));
@@ -177,7 +180,7 @@ unsafe fn dkdv_masked<T: MmaElement, M: Mask, const D: usize, const DN: usize, c
             for (n, x) in s.iter_mut().enumerate() {
                 for (e, x) in x.iter_mut().enumerate() {
                     let key = key0 + (g + 8 * (e / 2)) as u32;
-                    if M::hides(i0 + (n * 8 + 2 * t + e % 2) as u32, key, sq, sk) {
+                    if (DQ && key >= sk) || M::hides(i0 + (n * 8 + 2 * t + e % 2) as u32, key, sq, sk) {
                         *x = f32::NEG_INFINITY;
                     }
                 }
@@ -212,6 +215,22 @@ unsafe fn dkdv_masked<T: MmaElement, M: Mask, const D: usize, const DN: usize, c
             }
         }
         let mut da = pack(&dp);
+        if DQ {
+            // Thread: dS^T (16-bit, as the dK product sees it) into shared memory as [key][query]
+            // (queries along the 128-byte rows: dS, MN-major): fragment register r of k-step kq
+            // holds key 16w + g + 8 (r % 2) at queries 16 kq + 8 (r / 2) + 2t, + 1, that is
+            // 16-byte chunk 2 kq + r / 2 of its row, swizzled by the row's g. The lane's part is
+            // rebuilt per tile (`opaque`), not hoisted as sixteen live addresses.
+            let lane = thread::opaque((((w * 16 + g) << 2) | t) as u64) as usize;
+            let (row, t2) = (lane >> 2, 2 * (lane & 3));
+            let ds32: Shared<u32> = ds_s.cast();
+            for (kq, f) in da.iter().enumerate() {
+                for (r, &x) in f.iter().enumerate() {
+                    let at = (row + 8 * (r % 2)) * 64 + (((2 * kq + r / 2) ^ (row % 8)) * 8) + t2;
+                    ds32.st(at / 2, x);
+                }
+            }
+        }
         // dK_j += dS^T Q_i.
         warpgroup::fence_operands(acc_dk);
         warpgroup::fence_fragments(&mut da);
@@ -219,6 +238,44 @@ unsafe fn dkdv_masked<T: MmaElement, M: Mask, const D: usize, const DN: usize, c
         issue_acc(&da, q_s(st), acc_dk);
         warpgroup::wait::<0, DN>(acc_dk);
         warpgroup::fence_fragments(&mut da);
+        if DQ {
+            // Warpgroup: dQ_i = dS_ij K_j over the block's 64 keys (4 k-steps of m64n64k16 per
+            // 64 columns, dS and K_j both read MN-major); every warp's dS^T landed first, for
+            // the async proxy too.
+            thread::fence_proxy_async();
+            block::sync();
+            // Thread: its dQ_i elements (rows 16w + g, + 8, columns 8n + 2t, + 1) added to the
+            // f32 accumulator of the tile's query head, two per red; in column blocks of 64 (32
+            // accumulators: all D at once spilled at d=128). The lane's address is rebuilt per
+            // tile (`opaque`).
+            let row = i0 + (w * 16 + g) as u32;
+            let at = ((b as u64 * p.heads_q as u64 + h as u64) * sq as u64 + row as u64) * d as u64 + 2 * t as u64;
+            let acc_g = thread::opaque(p.dq_accum + at * 4) as *mut f32;
+            let col0 = 2 * t as u32;
+            let a0 = warpgroup::desc_sw128(ds_s, 0, Sw::<KEYS, BR>::BLOCK_BYTES, 1024).opaque();
+            let b0 = warpgroup::desc_sw128(k_s, 0, Sw::<KEYS, D>::BLOCK_BYTES, 1024).opaque();
+            for cb in 0..D / 64 {
+                let mut acc_dq = [[0f32; 4]; 8];
+                warpgroup::fence_operands(&mut acc_dq);
+                warpgroup::fence();
+                let b1 = b0.advance(cb * Sw::<KEYS, D>::BLOCK_BYTES as usize);
+                for ks in 0..KEYS / 16 {
+                    warpgroup::mma_ss_mn::<8>(a0.advance(ks * 16 * 128), b1.advance(ks * 16 * 128), &mut acc_dq, ks > 0, T::BF16);
+                }
+                warpgroup::commit();
+                warpgroup::wait::<0, 8>(&mut acc_dq);
+                for (n, x) in acc_dq.iter().enumerate() {
+                    let col = (cb * 64 + n * 8) as u32;
+                    for half in 0..2usize {
+                        let r = row + 8 * half as u32;
+                        if r < sq && col0 + col < d {
+                            let off = (8 * half as u64 * d as u64 + col as u64) as usize;
+                            unsafe { global::red_add_v2(acc_g.add(off), [x[2 * half], x[2 * half + 1]]) };
+                        }
+                    }
+                }
+            }
+        }
     };
 
     for it in 0..n_iter {
@@ -233,9 +290,12 @@ unsafe fn dkdv_masked<T: MmaElement, M: Mask, const D: usize, const DN: usize, c
         // This tile's copies (and K, V) landed, for every thread and for the async proxy.
         thread::fence_proxy_async();
         block::sync();
-        let (_, i0) = tile_of(it);
-        // Diagonal tiles: the tile's first row hides the block's last key.
-        step(it % 2, i0, M::hides(i0, j0 + KEYS as u32 - 1, sq, sk), &mut acc_dk, &mut acc_dv);
+        let (h, i0) = tile_of(it);
+        // Diagonal tiles: the tile's first row hides the block's last key; with DQ, the block
+        // past seqlen_k too (its zero-filled keys' P is not 0, and dS K_j must not see an
+        // overflowed one).
+        let masked = M::hides(i0, j0 + KEYS as u32 - 1, sq, sk) || (DQ && j0 + KEYS as u32 > sk);
+        step(it % 2, h, i0, masked, &mut acc_dk, &mut acc_dv);
         // Everyone is done with stage it % 2 (its wgmma complete) before iteration it + 1
         // refills it.
         block::sync();
@@ -254,31 +314,42 @@ unsafe fn dkdv_masked<T: MmaElement, M: Mask, const D: usize, const DN: usize, c
 /// Query rows per dQ block: one warpgroup's M.
 const ROWS: usize = 64;
 
-/// The dQ kernel for one tile: D = 8 DN, key tiles of BC = 8 NS = 16 KS keys. Also writes
-/// m_i, 1 / l_i, D_i to the workspace for [`dkdv`]; with SAVED it reads them instead (written
-/// by `bwd_prep::prep` from the forward's LSE and O residual) and runs pass 1 alone.
+/// [`dq`]'s passes: both (the statistics, written for [`dkdv`], then dQ).
+pub const DQ_BOTH: u8 = 0;
+/// [`dq`]'s second pass alone, the statistics read from the workspace (written by
+/// `bwd_prep::prep` from the forward's LSE and O residual).
+pub const DQ_SAVED: u8 = 1;
+/// [`dq`]'s first pass alone: the statistics for [`dkdv`] with DQ (the atomic backward's first
+/// kernel), no dQ.
+pub const DQ_STATS: u8 = 2;
+
+/// The dQ kernel for one tile: D = 8 DN, key tiles of BC = 8 NS = 16 KS keys, the passes of
+/// MODE ([`DQ_BOTH`], [`DQ_SAVED`], [`DQ_STATS`]). Writes m_i, 1 / l_i, D_i to the workspace
+/// for [`dkdv`], or (DQ_SAVED) reads them.
 ///
 /// # Safety
 /// `p` valid (host-checked), `p.head_dim <= D`, 128 threads,
 /// `WgmmaBwdTile::dq_smem_bytes()` bytes of dynamic shared memory; an sm_90a device; with
-/// SAVED, the statistics written.
+/// DQ_SAVED, the statistics written.
 #[inline(always)]
-pub unsafe fn dq<T: MmaElement, const D: usize, const DN: usize, const BC: usize, const NS: usize, const KS: usize, const PAD: bool, const SAVED: bool>(
+pub unsafe fn dq<T: MmaElement, const D: usize, const DN: usize, const BC: usize, const NS: usize, const KS: usize, const PAD: bool, const MODE: u8>(
     p: &BwdParams,
 ) {
     unsafe {
         if p.causal != 0 {
-            dq_masked::<T, Causal, D, DN, BC, NS, KS, PAD, SAVED>(p)
+            dq_masked::<T, Causal, D, DN, BC, NS, KS, PAD, MODE>(p)
         } else {
-            dq_masked::<T, NoMask, D, DN, BC, NS, KS, PAD, SAVED>(p)
+            dq_masked::<T, NoMask, D, DN, BC, NS, KS, PAD, MODE>(p)
         }
     }
 }
 
 #[inline(always)]
-unsafe fn dq_masked<T: MmaElement, M: Mask, const D: usize, const DN: usize, const BC: usize, const NS: usize, const KS: usize, const PAD: bool, const SAVED: bool>(
+unsafe fn dq_masked<T: MmaElement, M: Mask, const D: usize, const DN: usize, const BC: usize, const NS: usize, const KS: usize, const PAD: bool, const MODE: u8>(
     p: &BwdParams,
 ) {
+    const { assert!(MODE <= DQ_STATS) };
+    let (saved, stats_only) = (MODE == DQ_SAVED, MODE == DQ_STATS);
     let d = p.head_dim;
     if d > D as u32 || (!PAD && d != D as u32) || !d.is_multiple_of(8) || DN * 8 != D || NS * 8 != BC || KS * 16 != BC || D % 64 != 0 || block::dim() != warpgroup::SIZE {
         thread::trap();
@@ -333,7 +404,7 @@ unsafe fn dq_masked<T: MmaElement, M: Mask, const D: usize, const DN: usize, con
     // 1 / l_i, D_i (pass 1).
     let mut rows = [QuadRow::INIT; 2];
     let mut fin = [(f32::INFINITY, 0f32, 0f32); 2];
-    if SAVED {
+    if saved {
         // Thread: its two rows' statistics from the workspace.
         for (half, f) in fin.iter_mut().enumerate() {
             let r = row_w + (g + 8 * half) as u32;
@@ -402,9 +473,9 @@ unsafe fn dq_masked<T: MmaElement, M: Mask, const D: usize, const DN: usize, con
         (s, dp)
     };
 
-    // Two passes over the key tiles (SAVED: pass 1 alone), one pipeline: iteration `it` reads
-    // tile it % n_tiles.
-    let n_iter = if SAVED { n_tiles } else { 2 * n_tiles };
+    // Two passes over the key tiles (DQ_SAVED: pass 1 alone, DQ_STATS: pass 0 alone), one
+    // pipeline: iteration `it` reads tile it % n_tiles.
+    let n_iter = if MODE == DQ_BOTH { 2 * n_tiles } else { n_tiles };
     for it in 0..n_iter {
         let j = it % n_tiles;
         // Block: prefetch the next iteration's K, V into the other stage while this one is
@@ -419,11 +490,11 @@ unsafe fn dq_masked<T: MmaElement, M: Mask, const D: usize, const DN: usize, con
         // This tile's copies landed, for every thread and for the async proxy.
         thread::fence_proxy_async();
         block::sync();
-        if !SAVED && it == n_tiles {
+        if MODE == DQ_BOTH && it == n_tiles {
             fin = publish(&rows);
         }
         let (s, dp) = scores(j, it % 2, j >= n_unmasked);
-        if !SAVED && it < n_tiles {
+        if stats_only || (MODE == DQ_BOTH && it < n_tiles) {
             // Pass 0, lane quad: fold tile j into the rows' running statistics.
             for (half, row) in rows.iter_mut().enumerate() {
                 row.push(core::array::from_fn::<_, NS, _>(|n| [s[n][2 * half], s[n][2 * half + 1]]), core::array::from_fn(|n| [dp[n][2 * half], dp[n][2 * half + 1]]));
@@ -459,11 +530,13 @@ unsafe fn dq_masked<T: MmaElement, M: Mask, const D: usize, const DN: usize, con
     }
     if n_tiles == 0 {
         thread::cp_async_wait::<0>();
-        if !SAVED {
-            publish(&rows);
-        }
+    }
+    if stats_only || (MODE == DQ_BOTH && n_tiles == 0) {
+        publish(&rows);
     }
 
     // Warp: dQ_i = scale * acc, rows of its 16, in T.
-    unsafe { store_rows::<T, DN>(&acc_dq, p.scale, (p.dq as *mut T).add(q_at), p.q_strides.row, row_w, sq, d) };
+    if !stats_only {
+        unsafe { store_rows::<T, DN>(&acc_dq, p.scale, (p.dq as *mut T).add(q_at), p.q_strides.row, row_w, sq, d) };
+    }
 }

@@ -47,7 +47,7 @@ pub(crate) struct Sw<const ROWS: usize, const D: usize>;
 impl<const ROWS: usize, const D: usize> Sw<ROWS, D> {
     /// Element index of (row r, column c).
     #[inline(always)]
-    fn at(r: usize, c: usize) -> usize {
+    pub(crate) fn at(r: usize, c: usize) -> usize {
         (c / 64) * ROWS * 64 + r * 64 + ((((c % 64) / 8) ^ (r % 8)) * 8) + c % 8
     }
     /// Bytes between column blocks (the LBO of an MN-major operand).

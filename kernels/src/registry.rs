@@ -280,7 +280,7 @@ pub fn fwd_variant(family: &str, dtype: DType, head_dim: u32) -> Option<&'static
 pub struct BwdVariant {
     /// PTX entry name.
     pub name: &'static str,
-    /// Kernel family ("wgmma", "mma", "simt", "mma_atomic").
+    /// Kernel family ([`BWD_FAMILIES`]).
     pub family: &'static str,
     /// The PTX module it is in (the GPUs that can run it).
     pub arch: Arch,
@@ -391,9 +391,13 @@ macro_rules! bwd_mma_kv {
     };
 }
 
-/// The Hopper dK/dV variant for the head dims sharing `wgmma_bwd_tile(D)`.
+/// The Hopper dK/dV variant for the head dims sharing `wgmma_bwd_tile(D)`; with `dq`, it also
+/// adds dQ to the f32 accumulator with atomics (the atomic backward's main kernel).
 macro_rules! bwd_wgmma_kv {
     ($ty:ty, $d:literal) => {
+        bwd_wgmma_kv!($ty, $d, false)
+    };
+    ($ty:ty, $d:literal, $dq:literal) => {
         crate::bwd_wgmma::dkdv::<
             $ty,
             { wg_bwd_field(wgmma_bwd_tile($d), 1) as usize },
@@ -402,15 +406,17 @@ macro_rules! bwd_wgmma_kv {
             { wg_bwd_field(wgmma_bwd_tile($d), 0) as usize / 8 },
             { wg_bwd_field(wgmma_bwd_tile($d), 0) as usize / 16 },
             { wg_bwd_field(wgmma_bwd_tile($d), 2) != 0 },
+            $dq,
         >
     };
 }
-/// The Hopper dQ variant for the head dims sharing `wgmma_bwd_tile(D)`.
+/// The Hopper dQ variant for the head dims sharing `wgmma_bwd_tile(D)`: both passes, or the
+/// passes of `mode` (`bwd_wgmma::DQ_SAVED`, `DQ_STATS`).
 macro_rules! bwd_wgmma_q {
     ($ty:ty, $d:literal) => {
-        bwd_wgmma_q!($ty, $d, false)
+        bwd_wgmma_q!($ty, $d, DQ_BOTH)
     };
-    ($ty:ty, $d:literal, $saved:literal) => {
+    ($ty:ty, $d:literal, $mode:ident) => {
         crate::bwd_wgmma::dq::<
             $ty,
             { wg_bwd_field(wgmma_bwd_tile($d), 1) as usize },
@@ -419,7 +425,7 @@ macro_rules! bwd_wgmma_q {
             { wg_bwd_field(wgmma_bwd_tile($d), 3) as usize / 8 },
             { wg_bwd_field(wgmma_bwd_tile($d), 3) as usize / 16 },
             { wg_bwd_field(wgmma_bwd_tile($d), 2) != 0 },
-            $saved,
+            { crate::bwd_wgmma::$mode },
         >
     };
 }
@@ -450,6 +456,12 @@ const fn wg_dkdv_smem(d: u32) -> u32 {
     }
 }
 const WG_BWD_KEYS: u32 = WgmmaBwdTile::KEYS;
+const fn wg_dkdvq_smem(d: u32) -> u32 {
+    match wgmma_bwd_tile(d) {
+        Some(t) => t.dkdvq_smem_bytes(),
+        None => 0,
+    }
+}
 /// Field `i` of a backward tile (head_dim, dq_bc, kv_br, kv_in_regs, dq_q_in_regs, atomic_kv_br,
 /// atomic_kv_in_regs), for const
 /// generic arguments.
@@ -505,14 +517,14 @@ bwd_variants! {
     flash_bwd_wgmma_dq_bf16_d64 => "wgmma" @ Sm90a, "dq", [bwd_wgmma_q!(Bf16, 64)], Bf16, (64, 64), WG_BWD_ROWS, 128, wg_dq_smem;
     flash_bwd_wgmma_dq_bf16_d128p => "wgmma" @ Sm90a, "dq", [bwd_wgmma_q!(Bf16, 120)], Bf16, (72, 120), WG_BWD_ROWS, 128, wg_dq_smem;
     flash_bwd_wgmma_dq_bf16_d128 => "wgmma" @ Sm90a, "dq", [bwd_wgmma_q!(Bf16, 128)], Bf16, (128, 128), WG_BWD_ROWS, 128, wg_dq_smem;
-    flash_bwd_wgmma_dqs_f16_d64p => "wgmma" @ Sm90a, "dq_saved", [bwd_wgmma_q!(f16, 56, true)], f16, (8, 56), WG_BWD_ROWS, 128, wg_dq_smem;
-    flash_bwd_wgmma_dqs_f16_d64 => "wgmma" @ Sm90a, "dq_saved", [bwd_wgmma_q!(f16, 64, true)], f16, (64, 64), WG_BWD_ROWS, 128, wg_dq_smem;
-    flash_bwd_wgmma_dqs_f16_d128p => "wgmma" @ Sm90a, "dq_saved", [bwd_wgmma_q!(f16, 120, true)], f16, (72, 120), WG_BWD_ROWS, 128, wg_dq_smem;
-    flash_bwd_wgmma_dqs_f16_d128 => "wgmma" @ Sm90a, "dq_saved", [bwd_wgmma_q!(f16, 128, true)], f16, (128, 128), WG_BWD_ROWS, 128, wg_dq_smem;
-    flash_bwd_wgmma_dqs_bf16_d64p => "wgmma" @ Sm90a, "dq_saved", [bwd_wgmma_q!(Bf16, 56, true)], Bf16, (8, 56), WG_BWD_ROWS, 128, wg_dq_smem;
-    flash_bwd_wgmma_dqs_bf16_d64 => "wgmma" @ Sm90a, "dq_saved", [bwd_wgmma_q!(Bf16, 64, true)], Bf16, (64, 64), WG_BWD_ROWS, 128, wg_dq_smem;
-    flash_bwd_wgmma_dqs_bf16_d128p => "wgmma" @ Sm90a, "dq_saved", [bwd_wgmma_q!(Bf16, 120, true)], Bf16, (72, 120), WG_BWD_ROWS, 128, wg_dq_smem;
-    flash_bwd_wgmma_dqs_bf16_d128 => "wgmma" @ Sm90a, "dq_saved", [bwd_wgmma_q!(Bf16, 128, true)], Bf16, (128, 128), WG_BWD_ROWS, 128, wg_dq_smem;
+    flash_bwd_wgmma_dqs_f16_d64p => "wgmma" @ Sm90a, "dq_saved", [bwd_wgmma_q!(f16, 56, DQ_SAVED)], f16, (8, 56), WG_BWD_ROWS, 128, wg_dq_smem;
+    flash_bwd_wgmma_dqs_f16_d64 => "wgmma" @ Sm90a, "dq_saved", [bwd_wgmma_q!(f16, 64, DQ_SAVED)], f16, (64, 64), WG_BWD_ROWS, 128, wg_dq_smem;
+    flash_bwd_wgmma_dqs_f16_d128p => "wgmma" @ Sm90a, "dq_saved", [bwd_wgmma_q!(f16, 120, DQ_SAVED)], f16, (72, 120), WG_BWD_ROWS, 128, wg_dq_smem;
+    flash_bwd_wgmma_dqs_f16_d128 => "wgmma" @ Sm90a, "dq_saved", [bwd_wgmma_q!(f16, 128, DQ_SAVED)], f16, (128, 128), WG_BWD_ROWS, 128, wg_dq_smem;
+    flash_bwd_wgmma_dqs_bf16_d64p => "wgmma" @ Sm90a, "dq_saved", [bwd_wgmma_q!(Bf16, 56, DQ_SAVED)], Bf16, (8, 56), WG_BWD_ROWS, 128, wg_dq_smem;
+    flash_bwd_wgmma_dqs_bf16_d64 => "wgmma" @ Sm90a, "dq_saved", [bwd_wgmma_q!(Bf16, 64, DQ_SAVED)], Bf16, (64, 64), WG_BWD_ROWS, 128, wg_dq_smem;
+    flash_bwd_wgmma_dqs_bf16_d128p => "wgmma" @ Sm90a, "dq_saved", [bwd_wgmma_q!(Bf16, 120, DQ_SAVED)], Bf16, (72, 120), WG_BWD_ROWS, 128, wg_dq_smem;
+    flash_bwd_wgmma_dqs_bf16_d128 => "wgmma" @ Sm90a, "dq_saved", [bwd_wgmma_q!(Bf16, 128, DQ_SAVED)], Bf16, (128, 128), WG_BWD_ROWS, 128, wg_dq_smem;
     flash_bwd_prep_f16  => "wgmma" @ Sm90a, "prep", [crate::bwd_prep::prep::<f16>],  f16,  (8, 128), PREP_ROWS, 128, no_smem;
     flash_bwd_prep_bf16 => "wgmma" @ Sm90a, "prep", [crate::bwd_prep::prep::<Bf16>], Bf16, (8, 128), PREP_ROWS, 128, no_smem;
     flash_bwd_wgmma_dkdv_f16_d64p   => "wgmma" @ Sm90a, "dkdv", [bwd_wgmma_kv!(f16, 56)],   f16,  (8, 56),    WG_BWD_KEYS, 128, wg_dkdv_smem;
@@ -523,6 +535,26 @@ bwd_variants! {
     flash_bwd_wgmma_dkdv_bf16_d64   => "wgmma" @ Sm90a, "dkdv", [bwd_wgmma_kv!(Bf16, 64)],  Bf16, (64, 64),   WG_BWD_KEYS, 128, wg_dkdv_smem;
     flash_bwd_wgmma_dkdv_bf16_d128p => "wgmma" @ Sm90a, "dkdv", [bwd_wgmma_kv!(Bf16, 120)], Bf16, (72, 120),  WG_BWD_KEYS, 128, wg_dkdv_smem;
     flash_bwd_wgmma_dkdv_bf16_d128  => "wgmma" @ Sm90a, "dkdv", [bwd_wgmma_kv!(Bf16, 128)], Bf16, (128, 128), WG_BWD_KEYS, 128, wg_dkdv_smem;
+    flash_bwd_wgmma_atomic_stats_f16_d64p => "wgmma_atomic" @ Sm90a, "stats", [bwd_wgmma_q!(f16, 56, DQ_STATS)], f16, (8, 56), WG_BWD_ROWS, 128, wg_dq_smem;
+    flash_bwd_wgmma_atomic_stats_f16_d64 => "wgmma_atomic" @ Sm90a, "stats", [bwd_wgmma_q!(f16, 64, DQ_STATS)], f16, (64, 64), WG_BWD_ROWS, 128, wg_dq_smem;
+    flash_bwd_wgmma_atomic_stats_f16_d128p => "wgmma_atomic" @ Sm90a, "stats", [bwd_wgmma_q!(f16, 120, DQ_STATS)], f16, (72, 120), WG_BWD_ROWS, 128, wg_dq_smem;
+    flash_bwd_wgmma_atomic_stats_f16_d128 => "wgmma_atomic" @ Sm90a, "stats", [bwd_wgmma_q!(f16, 128, DQ_STATS)], f16, (128, 128), WG_BWD_ROWS, 128, wg_dq_smem;
+    flash_bwd_wgmma_atomic_stats_bf16_d64p => "wgmma_atomic" @ Sm90a, "stats", [bwd_wgmma_q!(Bf16, 56, DQ_STATS)], Bf16, (8, 56), WG_BWD_ROWS, 128, wg_dq_smem;
+    flash_bwd_wgmma_atomic_stats_bf16_d64 => "wgmma_atomic" @ Sm90a, "stats", [bwd_wgmma_q!(Bf16, 64, DQ_STATS)], Bf16, (64, 64), WG_BWD_ROWS, 128, wg_dq_smem;
+    flash_bwd_wgmma_atomic_stats_bf16_d128p => "wgmma_atomic" @ Sm90a, "stats", [bwd_wgmma_q!(Bf16, 120, DQ_STATS)], Bf16, (72, 120), WG_BWD_ROWS, 128, wg_dq_smem;
+    flash_bwd_wgmma_atomic_stats_bf16_d128 => "wgmma_atomic" @ Sm90a, "stats", [bwd_wgmma_q!(Bf16, 128, DQ_STATS)], Bf16, (128, 128), WG_BWD_ROWS, 128, wg_dq_smem;
+    flash_bwd_wgmma_atomic_dkdvq_f16_d64p => "wgmma_atomic" @ Sm90a, "dkdvq", [bwd_wgmma_kv!(f16, 56, true)], f16, (8, 56), WG_BWD_KEYS, 128, wg_dkdvq_smem;
+    flash_bwd_wgmma_atomic_dkdvq_f16_d64 => "wgmma_atomic" @ Sm90a, "dkdvq", [bwd_wgmma_kv!(f16, 64, true)], f16, (64, 64), WG_BWD_KEYS, 128, wg_dkdvq_smem;
+    flash_bwd_wgmma_atomic_dkdvq_f16_d128p => "wgmma_atomic" @ Sm90a, "dkdvq", [bwd_wgmma_kv!(f16, 120, true)], f16, (72, 120), WG_BWD_KEYS, 128, wg_dkdvq_smem;
+    flash_bwd_wgmma_atomic_dkdvq_f16_d128 => "wgmma_atomic" @ Sm90a, "dkdvq", [bwd_wgmma_kv!(f16, 128, true)], f16, (128, 128), WG_BWD_KEYS, 128, wg_dkdvq_smem;
+    flash_bwd_wgmma_atomic_dkdvq_bf16_d64p => "wgmma_atomic" @ Sm90a, "dkdvq", [bwd_wgmma_kv!(Bf16, 56, true)], Bf16, (8, 56), WG_BWD_KEYS, 128, wg_dkdvq_smem;
+    flash_bwd_wgmma_atomic_dkdvq_bf16_d64 => "wgmma_atomic" @ Sm90a, "dkdvq", [bwd_wgmma_kv!(Bf16, 64, true)], Bf16, (64, 64), WG_BWD_KEYS, 128, wg_dkdvq_smem;
+    flash_bwd_wgmma_atomic_dkdvq_bf16_d128p => "wgmma_atomic" @ Sm90a, "dkdvq", [bwd_wgmma_kv!(Bf16, 120, true)], Bf16, (72, 120), WG_BWD_KEYS, 128, wg_dkdvq_smem;
+    flash_bwd_wgmma_atomic_dkdvq_bf16_d128 => "wgmma_atomic" @ Sm90a, "dkdvq", [bwd_wgmma_kv!(Bf16, 128, true)], Bf16, (128, 128), WG_BWD_KEYS, 128, wg_dkdvq_smem;
+    flash_bwd_wgmma_atomic_prep_f16 => "wgmma_atomic" @ Sm90a, "prep", [crate::bwd_prep::prep::<f16>], f16, (8, 128), PREP_ROWS, 128, no_smem;
+    flash_bwd_wgmma_atomic_prep_bf16 => "wgmma_atomic" @ Sm90a, "prep", [crate::bwd_prep::prep::<Bf16>], Bf16, (8, 128), PREP_ROWS, 128, no_smem;
+    flash_bwd_wgmma_atomic_convert_f16 => "wgmma_atomic" @ Sm90a, "dq_convert", [crate::bwd_mma::dq_convert::<f16>], f16, (8, 128), CONVERT_ROWS, 128, no_smem;
+    flash_bwd_wgmma_atomic_convert_bf16 => "wgmma_atomic" @ Sm90a, "dq_convert", [crate::bwd_mma::dq_convert::<Bf16>], Bf16, (8, 128), CONVERT_ROWS, 128, no_smem;
     flash_bwd_mma_dq_f16_d32     => "mma" @ Sm80, "dq",   [bwd_mma_q!(f16, 32)],    f16,  (8, 32),    MMA_BWD_ROWS, MMA_THREADS, mma_dq_smem;
     flash_bwd_mma_dq_f16_d64     => "mma" @ Sm80, "dq",   [bwd_mma_q!(f16, 64)],    f16,  (40, 64),   MMA_BWD_ROWS, MMA_THREADS, mma_dq_smem;
     flash_bwd_mma_dq_f16_d96     => "mma" @ Sm80, "dq",   [bwd_mma_q!(f16, 96)],    f16,  (72, 96),   MMA_BWD_ROWS, MMA_THREADS, mma_dq_smem;
@@ -581,23 +613,27 @@ bwd_variants! {
 /// those the device runs: on Hopper `wgmma` (dQ and dK/dV kernels on warpgroup MMA; compute
 /// capability 9.0, f16 and bf16, head_dim <= 128), the tensor-core kernels (`mma`) where they
 /// apply, else SIMT. By name only: `mma_atomic` (FA2's single dK/dV/dQ kernel with atomic dQ;
-/// on the H200 0.69-0.76x of `mma`, benches/RESULTS.md, 6282a3e).
+/// on the H200 0.69-0.76x of `mma`, benches/RESULTS.md, 6282a3e) and `wgmma_atomic` (the same
+/// structure on warpgroup MMA; not yet measured).
 #[cfg(not(target_arch = "nvptx64"))]
-pub const BWD_FAMILIES: &[&str] = &["wgmma", "mma", "simt", "mma_atomic"];
+pub const BWD_FAMILIES: &[&str] = &["wgmma", "mma", "simt", "mma_atomic", "wgmma_atomic"];
 /// Backward families that are not bitwise deterministic (atomic f32 adds in a run-dependent
 /// order); `deterministic` backward options skip them.
 #[cfg(not(target_arch = "nvptx64"))]
-pub const BWD_NONDETERMINISTIC: &[&str] = &["mma_atomic"];
+pub const BWD_NONDETERMINISTIC: &[&str] = &["mma_atomic", "wgmma_atomic"];
 /// The passes a backward family launches, in order: the deterministic families a dQ kernel
 /// (which also writes the row statistics) and a dK/dV kernel; with `saved` (the forward's O
 /// residual is at hand, `FwdParams::o_lo`), `wgmma` the statistics from the forward's LSE and
 /// O (`prep`), then its dQ kernel's second pass alone (`dq_saved`) and the same dK/dV kernel;
 /// `mma_atomic` a statistics kernel, a dK/dV kernel that also adds dQ into an f32
-/// accumulator, and dQ's conversion.
+/// accumulator, and dQ's conversion; `wgmma_atomic` the same, with `prep` for the statistics
+/// kernel when `saved`.
 #[cfg(not(target_arch = "nvptx64"))]
 pub fn bwd_passes(family: &str, saved: bool) -> &'static [&'static str] {
     match (family, saved) {
         ("mma_atomic", _) => &["stats", "dkdvq", "dq_convert"],
+        ("wgmma_atomic", false) => &["stats", "dkdvq", "dq_convert"],
+        ("wgmma_atomic", true) => &["prep", "dkdvq", "dq_convert"],
         ("wgmma", true) => &["prep", "dq_saved", "dkdv"],
         _ => &["dq", "dkdv"],
     }

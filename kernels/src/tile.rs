@@ -432,6 +432,11 @@ impl WgmmaBwdTile {
     pub const fn dkdv_smem_bytes(&self) -> u32 {
         (2 * Self::KEYS + 4 * self.br) * self.head_dim * 2 + 6 * self.br * 4
     }
+    /// The dK/dV kernel's shared memory with dQ (the atomic backward): dS^T [64][br] (16-bit)
+    /// besides.
+    pub const fn dkdvq_smem_bytes(&self) -> u32 {
+        self.dkdv_smem_bytes() + Self::KEYS * self.br * 2
+    }
     /// Query rows per block of the dQ kernel.
     pub const ROWS: u32 = 64;
     /// The dQ kernel's shared memory in bytes: Q, dO [64] rows and two stages of K, V [dq_bc]

@@ -55,8 +55,20 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
     // The other families by name for the 16-bit types, which select the Hopper kernels
     // (`wgmma`) automatically where the device has them (the emulator does): the mma.sync ones
     // (the choice elsewhere), SIMT and the atomic tensor-core kernels.
-    for (family, dtype) in [("mma", Dt::F16), ("mma", Dt::Bf16), ("simt", Dt::F16), ("simt", Dt::Bf16), ("mma_atomic", Dt::F16), ("mma_atomic", Dt::Bf16)] {
-        let name = format!("{tag}::props_{family}::{dtype:?}").to_lowercase();
+    // (`wgmma_atomic` also with the forward's O residual, which changes its first pass.)
+    for (family, dtype, saved) in [
+        ("mma", Dt::F16, false),
+        ("mma", Dt::Bf16, false),
+        ("simt", Dt::F16, false),
+        ("simt", Dt::Bf16, false),
+        ("mma_atomic", Dt::F16, false),
+        ("mma_atomic", Dt::Bf16, false),
+        ("wgmma_atomic", Dt::F16, false),
+        ("wgmma_atomic", Dt::Bf16, false),
+        ("wgmma_atomic", Dt::F16, true),
+        ("wgmma_atomic", Dt::Bf16, true),
+    ] {
+        let name = format!("{tag}::props_{family}{}::{dtype:?}", if saved { "_residual" } else { "" }).to_lowercase();
         // The tensor-core kernels serve head_dim <= 128 (16 units of 8).
         let d_units = if family == "simt" { 32 } else { 16 };
         let (cases, strategy) = match kind {
@@ -67,7 +79,7 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
             let mut runner = TestRunner::new(Config { cases: cases as u32, failure_persistence: None, ..Config::default() });
             let strategy = strategy.prop_map(move |c| Case { dtype, ..c });
             runner
-                .run(&strategy, |case| check_backward_with(fa, &case, false, Some(family), false).map_err(TestCaseError::fail))
+                .run(&strategy, |case| check_backward_with(fa, &case, false, Some(family), saved).map_err(TestCaseError::fail))
                 .map_err(|e| Failed::from(format!("{e}")))
         })));
     }
@@ -85,7 +97,7 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
     // the bar in about 1 case in 150 here (dQ 1.8x to 450x its relative-error bar on
     // gradients about 1e-9 of their natural scale), where the recomputed statistics give a
     // dominant key P = 1 and D_i = dP_i exactly. See `bwd_prep`.
-    for (family, dtype) in [(None, Dt::F16), (None, Dt::Bf16), (Some("mma_atomic"), Dt::F16), (Some("mma_atomic"), Dt::Bf16)] {
+    for (family, dtype) in [(None, Dt::F16), (None, Dt::Bf16), (Some("mma_atomic"), Dt::F16), (Some("mma_atomic"), Dt::Bf16), (Some("wgmma_atomic"), Dt::F16), (Some("wgmma_atomic"), Dt::Bf16)] {
         let saved = false;
         let name = match family {
             None => format!("{tag}::props_few_keys::{dtype:?}"),

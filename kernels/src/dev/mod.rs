@@ -292,7 +292,16 @@ pub mod warpgroup {
     #[inline(always)]
     #[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
     pub fn mma_ss<const NT: usize>(a: Desc, b: Desc, acc: &mut [[f32; 4]; NT], accumulate: bool, bf16: bool) {
-        imp::wgmma_ss::<NT>(a.0, b.0, acc, accumulate, bf16)
+        imp::wgmma_ss::<NT, false>(a.0, b.0, acc, accumulate, bf16)
+    }
+    /// As [`mma_ss`] with A and B both MN-major (transposed: A[m][k] stored as row k of the
+    /// layout, m along its 128-byte rows; B as in [`mma_rs`] with `TRANS_B`); the descriptors'
+    /// `lbo` is the byte offset between 64-element blocks along M (N), `sbo` between 8-row
+    /// groups along K.
+    #[inline(always)]
+    #[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
+    pub fn mma_ss_mn<const NT: usize>(a: Desc, b: Desc, acc: &mut [[f32; 4]; NT], accumulate: bool, bf16: bool) {
+        imp::wgmma_ss::<NT, true>(a.0, b.0, acc, accumulate, bf16)
     }
     /// As [`mma_ss`] with A from registers (lane 4g + t of warp w: rows 16w + g, 16w + g + 8
     /// at k = 2t, 2t + 1, and + 8: the A layout of mma.sync m16n8k16) and B in shared memory,
@@ -351,6 +360,16 @@ pub mod global {
     #[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
     pub unsafe fn red_add(ptr: *mut f32, v: f32) {
         unsafe { imp::global_red_add(ptr, v) }
+    }
+    /// Thread: `ptr[0] += v[0]; ptr[1] += v[1]`, atomically each, as one
+    /// `red.global.add.v2.f32` (sm_90: the sm_90a module only).
+    ///
+    /// # Safety
+    /// As [`red_add`]; `ptr` 8-byte aligned.
+    #[inline(always)]
+    #[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
+    pub unsafe fn red_add_v2(ptr: *mut f32, v: [f32; 2]) {
+        unsafe { imp::global_red_add_v2(ptr, v) }
     }
 }
 

@@ -78,6 +78,16 @@ pub unsafe fn global_red_add(ptr: *mut f32, v: f32) {
     let _ = a.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |x| Some((f32::from_bits(x) + v).to_bits()));
 }
 #[track_caller]
+pub unsafe fn global_red_add_v2(ptr: *mut f32, v: [f32; 2]) {
+    if (ptr as usize) % 8 != 0 {
+        fault(format!("red.global.add.v2.f32 at a misaligned address {ptr:?}"));
+    }
+    unsafe {
+        global_red_add(ptr, v[0]);
+        global_red_add(ptr.add(1), v[1]);
+    }
+}
+#[track_caller]
 pub unsafe fn global_store_16(ptr: *mut crate::dev::Chunk16, v: crate::dev::Chunk16) {
     unsafe { global_store(ptr, v) }
 }
@@ -172,12 +182,12 @@ pub fn pin_u32(_: &mut u32) {}
 /// wgmma completes at issue in the emulator: the warpgroup's 128 threads meet, and the
 /// scheduler writes each thread's accumulators through the pointer it passed.
 #[track_caller]
-pub fn wgmma_ss<const NT: usize>(a: u64, b: u64, acc: &mut [[f32; 4]; NT], accumulate: bool, bf16: bool) {
-    let ev = Event::Wgmma { a_desc: Some(a), a_regs: [0; 4], b, acc: acc.as_flattened_mut().as_mut_ptr(), nt: NT as u32, accumulate, trans_b: false, bf16, at: Location::caller() };
+pub fn wgmma_ss<const NT: usize, const MN: bool>(a: u64, b: u64, acc: &mut [[f32; 4]; NT], accumulate: bool, bf16: bool) {
+    let ev = Event::Wgmma { a_desc: Some(a), a_regs: [0; 4], b, acc: acc.as_flattened_mut().as_mut_ptr(), nt: NT as u32, accumulate, trans_a: MN, trans_b: MN, bf16, at: Location::caller() };
     current().wait(ev);
 }
 #[track_caller]
 pub fn wgmma_rs<const NT: usize, const TRANS_B: bool>(a: [u32; 4], b: u64, acc: &mut [[f32; 4]; NT], accumulate: bool, bf16: bool) {
-    let ev = Event::Wgmma { a_desc: None, a_regs: a, b, acc: acc.as_flattened_mut().as_mut_ptr(), nt: NT as u32, accumulate, trans_b: TRANS_B, bf16, at: Location::caller() };
+    let ev = Event::Wgmma { a_desc: None, a_regs: a, b, acc: acc.as_flattened_mut().as_mut_ptr(), nt: NT as u32, accumulate, trans_a: false, trans_b: TRANS_B, bf16, at: Location::caller() };
     current().wait(ev);
 }

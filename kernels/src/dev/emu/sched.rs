@@ -36,6 +36,7 @@ pub(crate) enum Event {
         acc: *mut f32,
         nt: u32,
         accumulate: bool,
+        trans_a: bool,
         trans_b: bool,
         bf16: bool,
         at: &'static Location<'static>,

@@ -89,13 +89,14 @@ fn desc_fields(d: u64) -> (usize, usize, usize) {
 }
 
 /// wgmma.mma_async m64nNk16 (N = 8 nt) with f32 accumulation, for one warpgroup. A: by
-/// descriptor (K-major) or from registers (warp w, lane 4g + t: rows 16w + g and + 8 at
+/// descriptor (K-major: A[m][k] at row m, column k; MN-major when transposed: row k, column
+/// m) or from registers (warp w, lane 4g + t: rows 16w + g and + 8 at
 /// k = 2t, 2t + 1, and + 8); B by descriptor, K-major (B[k][n] at row n, column k) or
 /// MN-major when transposed (row k, column n). D: warp w, lane 4g + t, acc[4j..4j + 4] =
 /// rows 16w + g, + 8 at columns 8j + 2t, + 1. Shared memory is read as thread 0 of the
 /// warpgroup (for the emulator's initialisation and race checks).
 pub(crate) fn wgmma(evs: &[Event], lanes: &[ThreadCtx<'_>], smem_len: usize) {
-    let Event::Wgmma { a_desc, b, nt, accumulate, trans_b, bf16, at, .. } = evs[0] else { unreachable!() };
+    let Event::Wgmma { a_desc, b, nt, accumulate, trans_a, trans_b, bf16, at, .. } = evs[0] else { unreachable!() };
     let n = nt as usize * 8;
     let base = lanes[0].shared_base() as usize;
     let read = |off: usize| -> f32 {
@@ -109,10 +110,10 @@ pub(crate) fn wgmma(evs: &[Event], lanes: &[ThreadCtx<'_>], smem_len: usize) {
     let mut a = [[0f32; 16]; 64];
     match a_desc {
         Some(d) => {
-            let (start, _, sbo) = desc_fields(d);
+            let (start, lbo, sbo) = desc_fields(d);
             for (m, row) in a.iter_mut().enumerate() {
                 for (k, x) in row.iter_mut().enumerate() {
-                    *x = read(sw128(start, 0, sbo, m, k));
+                    *x = if trans_a { read(sw128(start, lbo, sbo, k, m)) } else { read(sw128(start, 0, sbo, m, k)) };
                 }
             }
         }
