@@ -74,6 +74,9 @@ def parse_args(argv=None):
     p.add_argument("--iters", default=10, type=int)
     p.add_argument("--backward", action="store_true",
                    help="time the backward pass (dQ, dK, dV from the forward's O, LSE and a random dO); FLOPs 2.5x the forward's")
+    p.add_argument("--ours-args", default="", metavar="ARGS",
+                   help="extra arguments for the first run of ours (use --ours-args=..., e.g. "
+                        "--ours-args='--kernel wgmma_atomic')")
     p.add_argument("--ours-alt", default=None, metavar="ARGS",
                    help="also run our binary with these extra arguments (e.g. '--residual') and report it "
                         "as a second column ('alt') beside the first")
@@ -403,6 +406,8 @@ def write_markdown(path, args, gpu, table, note_text, mem):
     parts = [f"## {args.date} {args.commit} {gpu}", "", method_line(args), "", table]
     if args.ours_alt:
         parts[4:4] = [f"alt: ours with `{args.ours_alt}`.", ""]
+    if args.ours_args:
+        parts[4:4] = [f"ours: with `{args.ours_args}`.", ""]
     if note_text:
         parts += ["", note_text]
     parts += ["", memory_section(mem), ""]
@@ -460,7 +465,7 @@ def main(argv=None):
     rows, ours_errors = [], {}
     for dtype in args.dtypes:
         log(f"ours: {dtype}")
-        ours, ours_errors[dtype] = run_ours(args, dtype, rng)
+        ours, ours_errors[dtype] = run_ours(args, dtype, rng, shlex.split(args.ours_args))
         rows += ours
         log(f"  {len(ours)} rows" + (f", error: {ours_errors[dtype]}" if ours_errors[dtype] else ""))
         if args.ours_alt:
@@ -490,7 +495,7 @@ def main(argv=None):
     write_markdown(args.out / "results.md", args, gpu, table, note_text, mem)
     meta = {"date": args.date, "commit": args.commit, "gpu": gpu, "iters": args.iters, "warmup": WARMUP,
             "hidden": args.hidden, "tokens": args.tokens, "mock": args.mock, "ours": args.ours,
-            "ours_alt": args.ours_alt}
+            "ours_alt": args.ours_alt, "ours_args": args.ours_args}
     (args.out / "results.json").write_text(json.dumps(
         {"meta": meta, "ours_errors": ours_errors, "rows": rows, "peak_memory": mem}, indent=1) + "\n")
     plotted = write_plot(args.out / "tflops.png", args, gpu, rows)
