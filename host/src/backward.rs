@@ -10,6 +10,11 @@
 //!   conversion to T. Not bitwise deterministic (the atomics' order varies), and on the H200
 //!   0.69-0.76x of `mma` (benches/RESULTS.md, 6282a3e). `FwdOptions::deterministic` rules it
 //!   out.
+//! - `wgmma_atomic` (Hopper, by name only): the same structure on warpgroup MMA (the dK/dV
+//!   kernel writes dS^T to shared memory and adds dQ_i = dS_ij K_j, a wgmma, to the f32
+//!   accumulator with `red.global.add.v2.f32`); with the forward's residual its statistics come
+//!   from `prep`. Not deterministic; on the H200 slower than `wgmma` (0.75-1.01x, 4256d7d,
+//!   `registry::BWD_FAMILIES`).
 //!
 //! All recompute D and the row statistics in f32 rather than take FA2's P from the saved LSE
 //! and D = rowsum(dO * O) (O rounded to T makes D too coarse where a row's softmax is

@@ -16,11 +16,15 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 pub(crate) struct CudaBackend {
     pub(crate) ctx: Arc<CudaContext>,
     pub(crate) stream: Arc<CudaStream>,
-    /// The PTX modules this device runs: sm_80 always, sm_90a on compute capability 9.0; each
-    /// loaded whole at start (the driver JIT-compiles every kernel in it), or with
-    /// `FLASHATTN_LAZY_MODULES=1` not at all: then each kernel is loaded on first use as a
-    /// module of its own ([`crate::ptx::entry_module`]), JIT-compiled alone.
+    /// The PTX modules this device runs: sm_80 always, sm_90a on compute capability 9.0; not
+    /// loaded: each kernel is loaded on first use as a module of its own
+    /// ([`crate::ptx::entry_module`]), JIT-compiled alone (about a second), or with
+    /// `FLASHATTN_EAGER_MODULES=1` each loaded whole at start (the driver JIT-compiles every
+    /// kernel in it: one to two minutes on a fresh machine).
     modules: Vec<(Arch, Option<Arc<CudaModule>>)>,
+    /// `FLASHATTN_MAXNREG=name=regs[,name=regs..]` (an experiment's knob, lazy loading only):
+    /// load kernel `name` with `.maxnreg regs` ([`crate::ptx::with_maxnreg`]).
+    maxnreg: Vec<(String, u32)>,
     /// Loaded functions, with the dynamic shared memory each is allowed so far.
     functions: Mutex<HashMap<&'static str, (CudaFunction, usize)>>,
     /// Largest dynamic shared memory a block may opt into.
@@ -65,9 +69,14 @@ impl FlashAttn {
         if cc == (9, 0) {
             archs.push(Arch::Sm90a);
         }
-        // Not yet the default: loading per kernel has not run on a GPU (it assembles with
-        // ptxas, tests/tests/ptx.rs).
-        let lazy = std::env::var("FLASHATTN_LAZY_MODULES").is_ok_and(|v| v == "1");
+        // Per kernel by default (first ran on the H200 at 4256d7d: the wgmma_atomic GPU
+        // tests, 22 of 22, and the backward benches).
+        let lazy = !std::env::var("FLASHATTN_EAGER_MODULES").is_ok_and(|v| v == "1");
+        let maxnreg = std::env::var("FLASHATTN_MAXNREG")
+            .unwrap_or_default()
+            .split(',')
+            .filter_map(|kv| kv.split_once('=').and_then(|(k, v)| Some((k.trim().to_string(), v.trim().parse().ok()?))))
+            .collect();
         let mut modules = Vec::new();
         for arch in archs {
             let m = match lazy {
@@ -81,7 +90,7 @@ impl FlashAttn {
             ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN),
         )? as usize;
         Ok(FlashAttn {
-            backend: Backend::Cuda(CudaBackend { ctx, stream, modules, functions: Mutex::new(HashMap::new()), max_smem_optin }),
+            backend: Backend::Cuda(CudaBackend { ctx, stream, modules, maxnreg, functions: Mutex::new(HashMap::new()), max_smem_optin }),
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
         })
     }
@@ -215,7 +224,10 @@ impl CudaBackend {
                     // A registered kernel is always an entry (tests/tests/ptx.rs): the driver's
                     // own answer for a missing name otherwise.
                     let not_found = cudarc::driver::DriverError(cudarc::driver::sys::CUresult::CUDA_ERROR_NOT_FOUND);
-                    let ptx = crate::ptx::entry_module(crate::ptx::module(arch), name).ok_or(Error::Cuda { op: "finding a kernel in the PTX", source: not_found })?;
+                    let mut ptx = crate::ptx::entry_module(crate::ptx::module(arch), name).ok_or(Error::Cuda { op: "finding a kernel in the PTX", source: not_found })?;
+                    if let Some((_, regs)) = self.maxnreg.iter().find(|(k, _)| k == name) {
+                        ptx = crate::ptx::with_maxnreg(&ptx, name, *regs).ok_or(Error::Cuda { op: "adding .maxnreg to a kernel's PTX", source: not_found })?;
+                    }
                     let module = cuda("loading a kernel's PTX", self.ctx.load_module(Ptx::from_src(ptx)))?;
                     cuda("looking up a kernel", module.load_function(name))?
                 }

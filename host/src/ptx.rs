@@ -59,3 +59,13 @@ pub fn entry_module(ptx: &str, name: &str) -> Option<String> {
     }
     found.then_some(out)
 }
+
+/// `module` (an [`entry_module`] of entry `name`) with the performance directive
+/// `.maxnreg regs` on that entry: ptxas then fits it in `regs` registers per thread (for more
+/// blocks per SM), spilling if it must. `None` if the entry's parameter list is not found.
+pub fn with_maxnreg(module: &str, name: &str, regs: u32) -> Option<String> {
+    let start = module.find(&format!(".visible .entry {name}("))?;
+    // The parameter list closes on a line of its own, before the body's brace.
+    let close = start + module[start..].find("\n)\n")? + 3;
+    Some(format!("{}.maxnreg {regs}\n{}", &module[..close], &module[close..]))
+}

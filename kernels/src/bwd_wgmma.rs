@@ -4,7 +4,8 @@
 //! fixed summation order (bitwise deterministic):
 //! - [`dq`]: one block per (64 query rows, head, batch), two passes over the key tiles (the
 //!   rows' m_i, l_i, D_i in f32, then dQ_i += dS_ij K_j), as `bwd_mma::dq` explains; with
-//!   SAVED (opt-in, `bwd_prep`) the second pass alone, the statistics read from the workspace;
+//!   [`DQ_SAVED`] (opt-in, `bwd_prep`) the second pass alone, the statistics read from the
+//!   workspace, with [`DQ_STATS`] the first alone (the `wgmma_atomic` family's first kernel);
 //!   S = Q K_j^T and dP = dO V_j^T with both operands from shared memory, dQ += dS K_j with
 //!   dS from registers and K_j read MN-major. 1.24-1.28x `bwd_mma::dq` with the same dK/dV
 //!   kernel at d=64, 1.40-1.47x at d=128 (H200, f16, s 1k-16k, fd2dab9).
@@ -20,6 +21,10 @@
 //!   packed to 16 bits, is wgmma's A layout), dO_i and Q_i read MN-major by the instruction.
 //!
 //! Every dK, dV element is summed by one thread in a fixed order: bitwise deterministic.
+//! With DQ (the `wgmma_atomic` family, FA2's single kernel) the dK/dV kernel also writes dS^T
+//! to shared memory and adds dQ_i = dS_ij K_j (a wgmma with both operands MN-major) to an f32
+//! accumulator with `red.global.add.v2.f32`: not deterministic, and slower on the H200 than
+//! the separate dQ kernel (`registry::BWD_FAMILIES`).
 //! Shared tiles are 128-byte-swizzle canonical layouts ([`Sw`]); a kernel compiled for D
 //! serves every head_dim d <= D that is a multiple of 8 (PAD): columns d..D are zero-filled
 //! and never stored. Query rows past seqlen_q get Q = dO = 0 and (m, 1 / l, D) = (+inf, 0, 0),

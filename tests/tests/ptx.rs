@@ -1,5 +1,5 @@
 //! The embedded PTX: every registered kernel is an entry, nothing is unresolved, every entry
-//! splits into a module of its own (`ptx::entry_module`, for `FLASHATTN_LAZY_MODULES=1`), and
+//! splits into a module of its own (`ptx::entry_module`, how kernels are loaded), and
 //! (where ptxas is available) it assembles (the sm_80 module for sm_80 and sm_90, the sm_90a
 //! module for sm_90a) with no spills, no stack, and no wgmma serialised or waited for by ptxas;
 //! so does one split module per family and pass.
@@ -9,7 +9,7 @@
 //! missing ptxas a failure; otherwise the ptxas test says loudly that it did not run.
 
 use flashattn::kernels::registry::{Arch, BWD_VARIANTS, FWD_VARIANTS};
-use flashattn::ptx::{MODULES, entries, entry_module, unresolved};
+use flashattn::ptx::{MODULES, entries, entry_module, unresolved, with_maxnreg};
 use libtest_mimic::{Arguments, Failed, Trial};
 use std::path::PathBuf;
 use std::process::Command;
@@ -42,6 +42,10 @@ fn every_entry_splits_into_a_module_of_its_own() {
             assert_eq!(entries(&one), [*name], "{target}: the split module of {name}");
             assert!(unresolved(&one).is_empty(), "{target} {name}: unresolved {:?}", unresolved(&one));
             assert!(one.starts_with(&ptx[..ptx.find(".visible .entry").unwrap_or(0)]), "{target} {name}: the header changed");
+            // FLASHATTN_MAXNREG's edit: the directive between the parameter list and the body.
+            let capped = with_maxnreg(&one, name, 128).unwrap_or_else(|| panic!("{target}: no parameter list for {name}"));
+            assert!(capped.contains(")\n.maxnreg 128\n{\n"), "{target} {name}: .maxnreg misplaced");
+            assert_eq!(capped.len(), one.len() + ".maxnreg 128\n".len());
         }
         assert!(entry_module(ptx, "no_such_kernel").is_none());
         // Every line of the module is in exactly one entry's split or in all of them.
