@@ -81,7 +81,7 @@ impl FlashAttn {
         for arch in archs {
             let m = match lazy {
                 true => None,
-                false => Some(cuda("loading the kernels' PTX", ctx.load_module(Ptx::from_src(crate::ptx::module(arch))))?),
+                false => Some(cuda("loading the kernels' PTX", ctx.load_module(Ptx::from_src(crate::ptx::loaded(arch))))?),
             };
             modules.push((arch, m));
         }
@@ -224,7 +224,7 @@ impl CudaBackend {
                     // A registered kernel is always an entry (tests/tests/ptx.rs): the driver's
                     // own answer for a missing name otherwise.
                     let not_found = cudarc::driver::DriverError(cudarc::driver::sys::CUresult::CUDA_ERROR_NOT_FOUND);
-                    let mut ptx = crate::ptx::entry_module(crate::ptx::module(arch), name).ok_or(Error::Cuda { op: "finding a kernel in the PTX", source: not_found })?;
+                    let mut ptx = crate::ptx::entry_module(crate::ptx::loaded(arch), name).ok_or(Error::Cuda { op: "finding a kernel in the PTX", source: not_found })?;
                     if let Some((_, regs)) = self.maxnreg.iter().find(|(k, _)| k == name) {
                         ptx = crate::ptx::with_maxnreg(&ptx, name, *regs).ok_or(Error::Cuda { op: "adding .maxnreg to a kernel's PTX", source: not_found })?;
                     }

@@ -19,6 +19,30 @@ pub fn module(arch: flashattn_kernels::registry::Arch) -> &'static str {
     }
 }
 
+/// The module of `arch` as the driver gets it: [`module`] with `.maxnreg` on every entry whose
+/// variant asks for one ([`BwdVariant::max_regs`](flashattn_kernels::registry::BwdVariant::max_regs)).
+/// Built once per process.
+pub fn loaded(arch: flashattn_kernels::registry::Arch) -> &'static str {
+    use flashattn_kernels::registry::{Arch, BWD_VARIANTS};
+    use std::sync::OnceLock;
+    static SM80: OnceLock<String> = OnceLock::new();
+    static SM90A: OnceLock<String> = OnceLock::new();
+    let cell = match arch {
+        Arch::Sm80 => &SM80,
+        Arch::Sm90a => &SM90A,
+    };
+    cell.get_or_init(|| {
+        let mut ptx = module(arch).to_string();
+        for v in BWD_VARIANTS.iter().filter(|v| v.arch == arch) {
+            if let Some(regs) = v.max_regs() {
+                // A registered variant is always an entry (tests/tests/ptx.rs).
+                ptx = with_maxnreg(&ptx, v.name, regs).unwrap_or(ptx);
+            }
+        }
+        ptx
+    })
+}
+
 /// The `.entry` names in a PTX module.
 pub fn entries(ptx: &str) -> Vec<&str> {
     ptx.lines()
@@ -60,12 +84,15 @@ pub fn entry_module(ptx: &str, name: &str) -> Option<String> {
     found.then_some(out)
 }
 
-/// `module` (an [`entry_module`] of entry `name`) with the performance directive
-/// `.maxnreg regs` on that entry: ptxas then fits it in `regs` registers per thread (for more
+/// `module` (one that has entry `name`) with the performance directive `.maxnreg regs` on
+/// that entry: ptxas then fits it in `regs` registers per thread (for more
 /// blocks per SM), spilling if it must. `None` if the entry's parameter list is not found.
 pub fn with_maxnreg(module: &str, name: &str, regs: u32) -> Option<String> {
     let start = module.find(&format!(".visible .entry {name}("))?;
-    // The parameter list closes on a line of its own, before the body's brace.
+    // The parameter list closes on a line of its own, before the body's brace; a `.maxnreg`
+    // already there is replaced.
     let close = start + module[start..].find("\n)\n")? + 3;
-    Some(format!("{}.maxnreg {regs}\n{}", &module[..close], &module[close..]))
+    let rest = &module[close..];
+    let rest = if rest.starts_with(".maxnreg ") { rest.split_once('\n').map_or("", |(_, r)| r) } else { rest };
+    Some(format!("{}.maxnreg {regs}\n{rest}", &module[..close]))
 }

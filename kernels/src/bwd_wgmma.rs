@@ -120,7 +120,14 @@ unsafe fn dkdv_masked<T: MmaElement, M: Mask, const D: usize, const DN: usize, c
         if tid < BR {
             let r = i0 + tid as u32;
             let valid = r < sq;
-            let ld = |k: usize, dflt: f32| if valid { unsafe { global::load((p.stats as *const f32).add(stat_at(p, k, b, h, r))) } } else { dflt };
+            // The row's address (as `stat_at`) rebuilt here from an `opaque` batch index: its
+            // loop-invariant part, hoisted, was the one value ptxas spilled at `.maxnreg 168`
+            // (d=64).
+            let bh = thread::opaque(b as u64) * p.heads_q as u64 + h as u64;
+            let row = bh * p.seqlen_q as u64 + r as u64;
+            let n = stat_at(p, 1, 0, 0, 0);
+            let st = (p.stats as *const f32).wrapping_add(row as usize);
+            let ld = |k: usize, dflt: f32| if valid { unsafe { global::load(st.add(k * n)) } } else { dflt };
             m_s(stage).st(tid, ld(0, f32::INFINITY));
             il_s(stage).st(tid, ld(1, 0.0));
             dd_s(stage).st(tid, ld(2, 0.0));

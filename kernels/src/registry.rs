@@ -306,6 +306,15 @@ impl BwdVariant {
     pub fn serves(&self, head_dim: u32) -> bool {
         self.head_dims.0 <= head_dim && head_dim <= self.head_dims.1
     }
+    /// The `.maxnreg` its entry is loaded with, if any (`wgmma_bwd_tile`).
+    pub fn max_regs(&self) -> Option<u32> {
+        let regs = match (self.family, self.pass) {
+            ("wgmma", "dkdv") => wgmma_bwd_tile(self.head_dims.1)?.dkdv_max_regs,
+            ("wgmma", "dq") => wgmma_bwd_tile(self.head_dims.1)?.dq_max_regs,
+            _ => 0,
+        };
+        (regs > 0).then_some(regs)
+    }
 }
 
 /// As `fwd_variants!`, for the backward kernels.

@@ -418,6 +418,10 @@ pub struct WgmmaBwdTile {
     pub head_dim: u32,
     /// Whether smaller head_dims (multiples of 8) are served, zero-padded in shared memory.
     pub padded: bool,
+    /// `.maxnreg` of the dK/dV kernel (0: none, ptxas's choice).
+    pub dkdv_max_regs: u32,
+    /// `.maxnreg` of the dQ kernel with both passes (0: none).
+    pub dq_max_regs: u32,
 }
 
 impl WgmmaBwdTile {
@@ -463,10 +467,19 @@ impl WgmmaBwdTile {
 /// kernel too (fd2dab9): d=64 160 / 178 / 181 and 146 / 172 / 175, d=128 208 / 229 / 224 and
 /// 181 / 217 / 217; with the statistics from the forward (74fc232): d=64 205 / 245 / 255 and
 /// 182 / 234 / 243, d=128 270 / 316 / 317 and 227 / 299 / 304 (benches/RESULTS.md).
+///
+/// Registers (`.maxnreg`, applied to the PTX when it is loaded): at d=64 the dK/dV kernel in
+/// 168 (three blocks per SM instead of two; ptxas 13.0: no spills once its statistics address
+/// was rebuilt per tile) and the dQ kernel with both passes in 128 (four instead of three, no
+/// spills). Measured on an H200 (7fde370, f16, s = 1k / 4k / 16k, TFLOP/s): with the
+/// statistics from the forward 204 / 243 / 257 non-causal and 182 / 234 / 242 causal became
+/// 256 / 296 / 299 and 210 / 275 / 282; recomputed, 159 / 178 / 181 and 145 / 172 / 175 became
+/// 199 / 215 / 209 and 173 / 204 / 203. At d=128 shared memory (96-100 KB per block) allows
+/// two blocks whatever the registers.
 pub const fn wgmma_bwd_tile(head_dim: u32) -> Option<WgmmaBwdTile> {
     match head_dim {
         _ if head_dim == 0 || head_dim % 8 != 0 || head_dim > 128 => None,
-        ..=64 => Some(WgmmaBwdTile { br: 64, dq_bc: 64, head_dim: 64, padded: head_dim != 64 }),
-        _ => Some(WgmmaBwdTile { br: 64, dq_bc: 64, head_dim: 128, padded: head_dim != 128 }),
+        ..=64 => Some(WgmmaBwdTile { br: 64, dq_bc: 64, head_dim: 64, padded: head_dim != 64, dkdv_max_regs: 168, dq_max_regs: 128 }),
+        _ => Some(WgmmaBwdTile { br: 64, dq_bc: 64, head_dim: 128, padded: head_dim != 128, dkdv_max_regs: 0, dq_max_regs: 0 }),
     }
 }

@@ -9,7 +9,7 @@
 //! missing ptxas a failure; otherwise the ptxas test says loudly that it did not run.
 
 use flashattn::kernels::registry::{Arch, BWD_VARIANTS, FWD_VARIANTS};
-use flashattn::ptx::{MODULES, entries, entry_module, unresolved, with_maxnreg};
+use flashattn::ptx::{MODULES, entries, entry_module, loaded, unresolved, with_maxnreg};
 use libtest_mimic::{Arguments, Failed, Trial};
 use std::path::PathBuf;
 use std::process::Command;
@@ -34,6 +34,24 @@ fn nothing_unresolved() {
     }
 }
 
+/// The loaded modules carry each variant's `.maxnreg` on its entry and are otherwise the
+/// built PTX.
+fn loaded_modules_carry_the_register_caps() {
+    for (target, arch, ptx) in MODULES {
+        let mut added = 0;
+        for v in BWD_VARIANTS.iter().filter(|v| v.arch == *arch) {
+            if let Some(regs) = v.max_regs() {
+                let one = entry_module(loaded(*arch), v.name).unwrap_or_else(|| panic!("{target}: {} not split", v.name));
+                assert!(one.contains(&format!(")\n.maxnreg {regs}\n{{\n")), "{target} {}: no .maxnreg {regs}", v.name);
+                added += format!(".maxnreg {regs}\n").len();
+            }
+        }
+        assert_eq!(loaded(*arch).len(), ptx.len() + added, "{target}: the loaded module differs by more than its caps");
+    }
+    let capped: Vec<_> = BWD_VARIANTS.iter().filter(|v| v.max_regs().is_some()).map(|v| v.name).collect();
+    assert!(!capped.is_empty(), "no variant has a register cap (wgmma_bwd_tile's d=64 kernels should)");
+}
+
 fn every_entry_splits_into_a_module_of_its_own() {
     for (target, _, ptx) in MODULES {
         let names = entries(ptx);
@@ -45,7 +63,7 @@ fn every_entry_splits_into_a_module_of_its_own() {
             // FLASHATTN_MAXNREG's edit: the directive between the parameter list and the body.
             let capped = with_maxnreg(&one, name, 128).unwrap_or_else(|| panic!("{target}: no parameter list for {name}"));
             assert!(capped.contains(")\n.maxnreg 128\n{\n"), "{target} {name}: .maxnreg misplaced");
-            assert_eq!(capped.len(), one.len() + ".maxnreg 128\n".len());
+            assert_eq!(with_maxnreg(&capped, name, 96).map(|m| m.replace(".maxnreg 96", ".maxnreg 128")), Some(capped.clone()), "{target} {name}: .maxnreg not replaced");
         }
         assert!(entry_module(ptx, "no_such_kernel").is_none());
         // Every line of the module is in exactly one entry's split or in all of them.
@@ -90,9 +108,10 @@ fn find_ptxas() -> Option<PathBuf> {
 fn ptxas_no_spills_no_stack(ptxas: PathBuf) {
     let dir = std::env::temp_dir().join(format!("flashattn-ptx-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    for (target, arch, ptx) in MODULES {
+    for (target, arch, _) in MODULES {
         let file = dir.join(format!("{target}.ptx"));
-        std::fs::write(&file, ptx).unwrap();
+        // As the driver gets it: with the variants' `.maxnreg`.
+        std::fs::write(&file, loaded(*arch)).unwrap();
         // The portable module on Ampere and Hopper; the sm_90a one where it runs.
         let gpus: &[&str] = if *arch == Arch::Sm90a { &["sm_90a"] } else { &["sm_80", "sm_90"] };
         for arch in gpus {
@@ -123,8 +142,7 @@ fn ptxas_split_modules(ptxas: PathBuf) {
     let bwd = BWD_VARIANTS.iter().map(|v| (v.family, v.pass, v.name, v.arch));
     let mut seen = std::collections::HashSet::new();
     for (family, pass, name, arch) in fwd.chain(bwd).filter(|k| seen.insert((k.0, k.1))) {
-        let (_, _, ptx) = MODULES.iter().find(|m| m.1 == arch).expect("a module per arch");
-        let one = entry_module(ptx, name).unwrap_or_else(|| panic!("{name} not split"));
+        let one = entry_module(loaded(arch), name).unwrap_or_else(|| panic!("{name} not split"));
         let file = dir.join(format!("{name}.ptx"));
         std::fs::write(&file, one).unwrap();
         let gpu = if arch == Arch::Sm90a { "sm_90a" } else { "sm_80" };
@@ -141,6 +159,7 @@ fn main() {
         Trial::test("every_registered_kernel_is_an_entry", || Ok(every_registered_kernel_is_an_entry())),
         Trial::test("nothing_unresolved", || Ok(nothing_unresolved())),
         Trial::test("every_entry_splits_into_a_module_of_its_own", || Ok(every_entry_splits_into_a_module_of_its_own())),
+        Trial::test("loaded_modules_carry_the_register_caps", || Ok(loaded_modules_carry_the_register_caps())),
     ];
     let absent = "ptxas not found (pip install nvidia-cuda-nvcc, or set PTXAS)";
     let t = match ptxas.clone() {
