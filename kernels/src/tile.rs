@@ -455,12 +455,11 @@ impl WgmmaBwdTile {
 ///
 /// Reasons: one warpgroup per block, as in [`wgmma_tile`] (several blocks per SM hide each
 /// other's exponentials); br = dq_bc = 64 keeps S and dP at 32 registers each next to the
-/// accumulators (dK and dV: D / 2 each; dQ: D / 2). ptxas (sm_90a, 13.0), no spills: dK/dV
-/// 174 registers at d=64 (two blocks per SM; `.maxnreg 168` for three spills 4 bytes, not
-/// tried on a GPU) and 244 at d=128, dQ 166 and 213 (the dK/dV kernel builds its descriptors from one
-/// register each, `Desc::opaque`: hoisted as constants they made it spill 16-68 bytes at
-/// d=128; the dQ kernel's second pass alone, with the statistics from the forward: 128 and
-/// 156). Measured on an H200 (33e7e8a, f16, FA paper shapes, s = 1k / 4k / 16k, TFLOP/s of
+/// accumulators (dK and dV: D / 2 each; dQ: D / 2). ptxas (sm_90a, 13.0), no spills, without
+/// caps: dK/dV 171 registers at d=64 and 244 at d=128, dQ 167 and 213 (the dK/dV kernel builds
+/// its descriptors from one register each, `Desc::opaque`: hoisted as constants they made it
+/// spill 16-68 bytes at d=128; the dQ kernel's second pass alone, with the statistics from
+/// the forward: 128 and 156); with the caps below, 168 and 128 at d=64. Measured on an H200 (33e7e8a, f16, FA paper shapes, s = 1k / 4k / 16k, TFLOP/s of
 /// the whole backward with mma's dQ kernel): d=64 129 / 140 / 143 non-causal and 116 / 138 /
 /// 141 causal, against the mma dK/dV kernel's 126 / 133 / 135 and 110 / 128 / 132; d=128 150
 /// / 158 / 157 and 128 / 148 / -, against 123 / 128 / - and 106 / 120 / -. With this dQ
