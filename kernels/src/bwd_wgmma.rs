@@ -77,6 +77,8 @@ unsafe fn dkdv_masked<T: MmaElement, M: Mask, const D: usize, const DN: usize, c
 
     // Shared memory: K, V [64][D]; Q stages 0, 1 and dO stages 0, 1 ([BR][D] each); with DQ
     // dS^T [64][BR]; then f32 m_i, 1 / l_i and D_i, stages 0, 1 each ([BR]).
+    // (The dS^T stores below address one 128-byte row of queries per key.)
+    const { assert!(!DQ || BR == 64) };
     let ds_len = if DQ { KEYS * BR } else { 0 };
     let smem: Shared<T> = unsafe { dev::dynamic_shared((2 * KEYS + 4 * BR) * D + ds_len) };
     let ds_s = smem.slice((2 * KEYS + 4 * BR) * D, ds_len);
