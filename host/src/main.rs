@@ -18,7 +18,8 @@ usage: flashattn [run] [--batch B] [--seqlen S] [--seqlen-k S] [--heads H] [--he
 run:   one shape (GPU default: batch 8, seqlen 2048, 32 heads of 64, f16 -- the FA paper's
        hidden 2048 with 16k tokens; emulator default: batch 1, seqlen 128, 2 heads of 64),
        checked on sampled rows against the f64 reference, timed with CUDA events.
-bench: the FA paper's settings (hidden 2048, batch * seqlen = 16k), TFLOP/s per shape;
+bench: the FA paper's settings (hidden 2048, batch * seqlen = 16k; emulator default: seqlen
+       128, hidden 128, 128 tokens), TFLOP/s per shape;
        --backward times dQ, dK, dV instead (--deterministic: only bitwise-deterministic
        kernels; --residual: after a forward that saves O's residual, so that the statistics
        come from LSE and O, see FwdOptions::save_residual).";
@@ -40,9 +41,10 @@ struct Args {
     iters: Option<usize>,
     emulator: bool,
     head_dims: Vec<usize>,
-    seqlens: Vec<usize>,
-    hidden: usize,
-    tokens: usize,
+    /// Unset: the FA paper's settings on a GPU, a small shape on the emulator (see `bench`).
+    seqlens: Option<Vec<usize>>,
+    hidden: Option<usize>,
+    tokens: Option<usize>,
     json: bool,
     backward: bool,
     deterministic: bool,
@@ -66,9 +68,9 @@ fn parse() -> Result<Args, String> {
         iters: None,
         emulator: false,
         head_dims: vec![64, 128],
-        seqlens: vec![512, 1024, 2048, 4096, 8192, 16384],
-        hidden: 2048,
-        tokens: 16384,
+        seqlens: None,
+        hidden: None,
+        tokens: None,
         json: false,
         backward: false,
         deterministic: false,
@@ -114,9 +116,9 @@ fn parse() -> Result<Args, String> {
             "--iters" => a.iters = Some(val(&flag, it.next())?),
             "--emulator" => a.emulator = true,
             "--head-dims" => a.head_dims = list(&flag, it.next())?,
-            "--seqlens" => a.seqlens = list(&flag, it.next())?,
-            "--hidden" => a.hidden = val(&flag, it.next())?,
-            "--tokens" => a.tokens = val(&flag, it.next())?,
+            "--seqlens" => a.seqlens = Some(list(&flag, it.next())?),
+            "--hidden" => a.hidden = Some(val(&flag, it.next())?),
+            "--tokens" => a.tokens = Some(val(&flag, it.next())?),
             "--json" => a.json = true,
             "--backward" => a.backward = true,
             "--deterministic" => a.deterministic = true,
@@ -304,12 +306,17 @@ fn bench<T: Dtype>(fa: &FlashAttn, a: &Args) -> flashattn::Result<bool> {
         println!("device: {}", fa.device_name());
         println!("{:<28} {:>5} {:>4} {:>6} {:>6} {:>4} {:>7} {:>10} {:>9}", "kernel", "dtype", "d", "seqlen", "batch", "h", "causal", "ms", "TFLOP/s");
     }
+    // The FA paper's settings on a GPU; on the emulator (minutes per FA shape) one small one.
+    let emu = fa.is_emulator();
+    let seqlens = a.seqlens.clone().unwrap_or_else(|| if emu { vec![128] } else { vec![512, 1024, 2048, 4096, 8192, 16384] });
+    let hidden = a.hidden.unwrap_or(if emu { 128 } else { 2048 });
+    let tokens = a.tokens.unwrap_or(if emu { 128 } else { 16384 });
     for &d in &a.head_dims {
-        for &seqlen in &a.seqlens {
+        for &seqlen in &seqlens {
             for &causal in causals {
-                let heads = a.hidden / d;
+                let heads = (hidden / d).max(1);
                 let s = AttnShape {
-                    batch: (a.tokens / seqlen).max(1),
+                    batch: (tokens / seqlen).max(1),
                     seqlen_q: seqlen,
                     seqlen_k: seqlen,
                     heads_q: heads,
