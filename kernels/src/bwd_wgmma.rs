@@ -9,16 +9,16 @@
 //!   S = Q K_j^T and dP = dO V_j^T with both operands from shared memory, dQ += dS K_j with
 //!   dS from registers and K_j read MN-major. 1.24-1.28x `bwd_mma::dq` with the same dK/dV
 //!   kernel at d=64, 1.40-1.47x at d=128 (H200, f16, s 1k-16k, fd2dab9).
-//! - [`dkdv`]:
-//! One block per (64 keys, KV head, batch); warp w of the warpgroup owns keys 16w..16w + 16
-//! and the block loops over every query tile (BR rows) of every query head of the KV head's
-//! group, as `bwd_mma::dkdv` does, in the transposed orientation (keys as the M of every
-//! product):
-//! - S^T = K Q_i^T and dP^T = V dO_i^T: both operands from shared memory, K-major over d;
-//! - P^T = exp2(S^T scale log2 e - m_i) / l_i and dS^T = P^T (dP^T - D_i) per query column,
-//!   from the statistics the dQ kernel (or, opt-in, `bwd_prep`) wrote to the workspace;
-//! - dV += P^T dO_i and dK += dS^T Q_i: P^T and dS^T from registers (the accumulator layout,
-//!   packed to 16 bits, is wgmma's A layout), dO_i and Q_i read MN-major by the instruction.
+//! - [`dkdv`]: one block per (64 keys, KV head, batch); warp w of the warpgroup owns keys
+//!   16w..16w + 16 and the block loops over every query tile (BR rows) of every query head of
+//!   the KV head's group, as `bwd_mma::dkdv` does, in the transposed orientation (keys as the
+//!   M of every product):
+//!   - S^T = K Q_i^T and dP^T = V dO_i^T: both operands from shared memory, K-major over d;
+//!   - P^T = exp2(S^T scale log2 e - m_i) / l_i and dS^T = P^T (dP^T - D_i) per query column,
+//!     from the statistics the dQ kernel (or, opt-in, `bwd_prep`) wrote to the workspace;
+//!   - dV += P^T dO_i and dK += dS^T Q_i: P^T and dS^T from registers (the accumulator
+//!     layout, packed to 16 bits, is wgmma's A layout), dO_i and Q_i read MN-major by the
+//!     instruction.
 //!
 //! Every dK, dV element is summed by one thread in a fixed order: bitwise deterministic.
 //! With DQ (the `wgmma_atomic` family, FA2's single kernel) the dK/dV kernel also writes dS^T

@@ -79,7 +79,7 @@ pub unsafe fn global_red_add(ptr: *mut f32, v: f32) {
 }
 #[track_caller]
 pub unsafe fn global_red_add_v2(ptr: *mut f32, v: [f32; 2]) {
-    if (ptr as usize) % 8 != 0 {
+    if !(ptr as usize).is_multiple_of(8) {
         fault(format!("red.global.add.v2.f32 at a misaligned address {ptr:?}"));
     }
     unsafe {
