@@ -643,8 +643,7 @@ pub const BWD_NONDETERMINISTIC: &[&str] = &["mma_atomic", "wgmma_atomic"];
 #[cfg(not(target_arch = "nvptx64"))]
 pub fn bwd_passes(family: &str, saved: bool) -> &'static [&'static str] {
     match (family, saved) {
-        ("mma_atomic", _) => &["stats", "dkdvq", "dq_convert"],
-        ("wgmma_atomic", false) => &["stats", "dkdvq", "dq_convert"],
+        ("mma_atomic", _) | ("wgmma_atomic", false) => &["stats", "dkdvq", "dq_convert"],
         ("wgmma_atomic", true) => &["prep", "dkdvq", "dq_convert"],
         ("wgmma", true) => &["prep", "dq_saved", "dkdv"],
         _ => &["dq", "dkdv"],

@@ -162,19 +162,16 @@ fn main() {
         Trial::test("loaded_modules_carry_the_register_caps", || Ok(loaded_modules_carry_the_register_caps())),
     ];
     let absent = "ptxas not found (pip install nvidia-cuda-nvcc, or set PTXAS)";
-    let t = match ptxas.clone() {
-        Some(p) => Trial::test("ptxas_no_spills_no_stack", move || Ok(ptxas_no_spills_no_stack(p))),
-        None if required => Trial::test("ptxas_no_spills_no_stack", move || Err(Failed::from(format!("REQUIRE_PTXAS=1 but {absent}")))),
-        None => {
-            eprintln!("\n*** ptxas check NOT RUN: {absent} (reported as ignored) ***\n");
-            Trial::test("ptxas_no_spills_no_stack", || Ok(())).with_ignored_flag(true)
-        }
-    };
-    trials.push(t);
-    trials.push(match ptxas {
-        Some(p) => Trial::test("ptxas_split_modules", move || Ok(ptxas_split_modules(p))),
-        None if required => Trial::test("ptxas_split_modules", move || Err(Failed::from(format!("REQUIRE_PTXAS=1 but {absent}")))),
-        None => Trial::test("ptxas_split_modules", || Ok(())).with_ignored_flag(true),
-    });
+    if ptxas.is_none() && !required {
+        eprintln!("\n*** ptxas checks NOT RUN: {absent} (reported as ignored) ***\n");
+    }
+    let checks: [(&str, fn(PathBuf)); 2] = [("ptxas_no_spills_no_stack", ptxas_no_spills_no_stack), ("ptxas_split_modules", ptxas_split_modules)];
+    for (name, check) in checks {
+        trials.push(match ptxas.clone() {
+            Some(p) => Trial::test(name, move || Ok(check(p))),
+            None if required => Trial::test(name, move || Err(Failed::from(format!("REQUIRE_PTXAS=1 but {absent}")))),
+            None => Trial::test(name, || Ok(())).with_ignored_flag(true),
+        });
+    }
     libtest_mimic::run(&Arguments::from_args(), trials).exit();
 }
