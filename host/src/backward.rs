@@ -1,9 +1,14 @@
 //! The backward pass: dQ, dK, dV from Q, K, V and dO. Families (`kernels/src/bwd_*.rs`):
 //! - `wgmma` (Hopper: warpgroup MMA; f16, bf16, head_dim up to 128; selected on compute
-//!   capability 9.0), `mma` (mma.sync, the same elsewhere on sm_80+) and `simt` (every dtype
-//!   and head_dim): a dQ kernel (which also writes the row statistics), then a dK/dV kernel;
-//!   no atomics, every output element summed by one thread in a fixed order: bitwise
-//!   deterministic.
+//!   capability 9.0): FA2's backward from the forward's LSE and O, `prep` (each row's m_i and
+//!   1 / l_i from the LSE, D~_i = dO_i . O_i), a dQ kernel (one pass over the keys; it corrects
+//!   D~ exactly where a row has large softmax weights and writes the exact D_i, `bwd_wgmma`),
+//!   then a dK/dV kernel. No atomics, every output element summed by one thread in a fixed
+//!   order: bitwise deterministic.
+//! - `mma` (mma.sync, the same dtypes elsewhere on sm_80+) and `simt` (every dtype and
+//!   head_dim): a dQ kernel that recomputes the row statistics (m_i, l_i, D_i = sum P dP in
+//!   f32, a pass over the keys of its own) and writes them, then a dK/dV kernel; O and LSE are
+//!   validated but not read. Bitwise deterministic too.
 //! - `mma_atomic` (the same dtypes and head dims, by name only): FA2's structure, a statistics
 //!   kernel (each row's m_i, l_i and D_i = sum P dP in f32), then one dK/dV kernel over key
 //!   tiles that also adds dQ_i += dS_ij K_j into an f32 accumulator with atomics, then dQ's
@@ -13,15 +18,13 @@
 //! - `wgmma_atomic` (Hopper, by name only): the same structure on warpgroup MMA (the dK/dV
 //!   kernel writes dS^T to shared memory and adds dQ_i = dS_ij K_j, a wgmma, to the f32
 //!   accumulator with `red.global.add.v2.f32`); with the forward's residual its statistics come
-//!   from `prep`. Not deterministic; on the H200 slower than `wgmma` (0.75-1.01x, 4256d7d,
-//!   `registry::BWD_FAMILIES`).
+//!   from `prep_residual`. Not deterministic; on the H200 slower than `wgmma` (0.75-1.01x,
+//!   4256d7d, `registry::BWD_FAMILIES`).
 //!
-//! All recompute D and the row statistics in f32 rather than take FA2's P from the saved LSE
-//! and D = rowsum(dO * O) (O rounded to T makes D too coarse where a row's softmax is
-//! saturated: `bwd_prep`); O and LSE are validated but not read. Except: given the forward's
-//! O residual ([`FlashAttn::backward_saved`], forward with `FwdOptions::save_residual`),
-//! `wgmma` takes P from the LSE and D_i = dO_i . (O_i + O_lo_i) in f32 (`prep`), and its dQ
-//! kernel skips the statistics pass.
+//! Given the forward's O residual ([`FlashAttn::backward_saved`], forward with
+//! `FwdOptions::save_residual`), `wgmma` takes D~_i = dO_i . (O_i + O_lo_i) in f32
+//! (`prep_residual`): D~ is then f32-accurate in the rows the dQ kernel's correction leaves
+//! out too.
 
 use crate::device::{FlashAttn, Launch, Tensor};
 use crate::dtype::Dtype;

@@ -21,14 +21,12 @@ pub struct FwdOptions {
     /// automatically selected backward is; `mma_atomic` (by name) adds dQ with f32 atomics in
     /// a run-dependent order, and naming it with this set is an error.
     pub deterministic: bool,
-    /// Forward only, opt-in for training: also return O's rounding residual
-    /// ([`FwdOutput::o_lo`], one more tensor of O's size) where the kernel writes it (the
-    /// Hopper kernels). [`FlashAttn::backward_saved`] then takes each row's statistics from
-    /// the LSE and O instead of recomputing them (FA2's way, with D_i from the unrounded O),
-    /// which skips the dQ kernel's first pass. Accuracy: the backward's property tests pass,
-    /// except in rows whose softmax is saturated to within f32 rounding (one key holding all
-    /// but ~1e-7 of the weight), where the gradient carries errors of f32 rounding size that
-    /// the default path does not have (`bwd_prep`).
+    /// Forward only, opt-in: also return O's rounding residual ([`FwdOutput::o_lo`], one more
+    /// tensor of O's size) where the kernel writes it (the Hopper kernels).
+    /// [`FlashAttn::backward_saved`] then takes D~_i = dO_i . (O_i + O_lo_i) in f32 instead of
+    /// dO_i . O_i: f32-accurate also in the rows that the Hopper dQ kernel's exact correction
+    /// leaves out (rows without a softmax weight above 1/8, `bwd_wgmma`), where the default
+    /// carries FA2's error. The same kernels otherwise, about the same speed.
     pub save_residual: bool,
 }
 

@@ -39,7 +39,7 @@ pub const PREP_ROWS: usize = 16;
 /// `p` valid (host-checked), `p.o_lo` the forward's residual of `p.o`, a multiple of 32
 /// threads.
 #[inline(always)]
-pub unsafe fn prep<T: MmaElement>(p: &BwdParams) {
+pub unsafe fn prep<T: MmaElement, const RESIDUAL: bool>(p: &BwdParams) {
     let (blk, h, b) = block::idx();
     let (sq, d) = (p.seqlen_q, p.head_dim);
     let (w, lane, warps) = (warp::id(), warp::lane(), block::dim() / 32);
@@ -54,15 +54,14 @@ pub unsafe fn prep<T: MmaElement>(p: &BwdParams) {
         let mut c = 2 * lane;
         while c < d {
             let i = (at + c as u64) as usize;
-            let (o, lo, g) = unsafe {
-                (
-                    global::load((p.o as *const T).add(i) as *const u32),
-                    global::load((p.o_lo as *const T).add(i) as *const u32),
-                    global::load((p.d_o as *const T).add(i) as *const u32),
-                )
-            };
-            let ((o0, o1), (l0, l1), (g0, g1)) = (T::unpack2(o), T::unpack2(lo), T::unpack2(g));
-            acc += g0 * (o0 + l0) + g1 * (o1 + l1);
+            let (o, g) = unsafe { (global::load((p.o as *const T).add(i) as *const u32), global::load((p.d_o as *const T).add(i) as *const u32)) };
+            let ((o0, o1), (g0, g1)) = (T::unpack2(o), T::unpack2(g));
+            if RESIDUAL {
+                let (l0, l1) = T::unpack2(unsafe { global::load((p.o_lo as *const T).add(i) as *const u32) });
+                acc += g0 * (o0 + l0) + g1 * (o1 + l1);
+            } else {
+                acc += g0 * o0 + g1 * o1;
+            }
             c += 64;
         }
         let dd = warp::allreduce_sum(acc);

@@ -1,21 +1,43 @@
-//! The Hopper backward kernels (sm_90a): the products of `bwd_mma::dq` and `bwd_mma::dkdv` on
-//! `wgmma.mma_async` with f32 accumulation, one warpgroup per block. The same two launches
-//! (three with the opt-in `bwd_prep` pass first), the same statistics workspace, the same
-//! fixed summation order (bitwise deterministic):
-//! - [`dq`]: one block per (64 query rows, head, batch), two passes over the key tiles (the
-//!   rows' m_i, l_i, D_i in f32, then dQ_i += dS_ij K_j), as `bwd_mma::dq` explains; with
-//!   [`DQ_SAVED`] (opt-in, `bwd_prep`) the second pass alone, the statistics read from the
-//!   workspace, with [`DQ_STATS`] the first alone (the `wgmma_atomic` family's first kernel);
-//!   S = Q K_j^T and dP = dO V_j^T with both operands from shared memory, dQ += dS K_j with
-//!   dS from registers and K_j read MN-major. 1.24-1.28x `bwd_mma::dq` with the same dK/dV
-//!   kernel at d=64, 1.40-1.47x at d=128 (H200, f16, s 1k-16k, fd2dab9).
+//! The Hopper backward kernels (sm_90a): FA2's backward on `wgmma.mma_async` with f32
+//! accumulation, one warpgroup per block. Three launches: `bwd_prep` (m_i, 1 / l_i from the
+//! forward's LSE, D~_i = dO_i . O_i), then [`dq`], then [`dkdv`]; a fixed summation order
+//! (bitwise deterministic):
+//! - [`dq`] ([`DQ_SAVED`]): one block per (64 query rows, head, batch), one pass over the key
+//!   tiles: S = Q K_j^T and dP = dO V_j^T with both operands from shared memory, P = exp2(S
+//!   scale log2 e - m_i) / l_i, dS~ = P (dP - D~_i), dQ~_i += dS~ K_j with dS~ from registers
+//!   and K_j read MN-major. Then the exact correction below, and D_i for the dK/dV kernel.
+//!   With [`DQ_STATS`] the rows' m_i, l_i, D_i from S and dP instead (the `wgmma_atomic`
+//!   family's first kernel, as `bwd_mma::dq`'s pass 0 explains).
+//!
+//! Why a correction: FA2's D_i = dO_i . O_i from O rounded to T carries an error of about a
+//! unit roundoff of |dO_i| |O_i|. Where a row's softmax has few large weights (one dominant
+//! key, or few visible keys) that is larger than the true dS of its other keys: the property
+//! tests' bar (twice naive attention's error) was missed in about 1 case in 7 with few
+//! visible keys. The exact dS_ij = P_ij (dP_ij - D_i) sum to 0 over j (sum_j P_ij = 1); the
+//! kernel's rounded dS~_ij sum to delta~_i instead, and D_i = D~_i + delta_i (delta_i their f32
+//! sum) is D_i to f32 rounding. So, per row, exactly in the kernel's own arithmetic:
+//! - dQ_i = dQ~_i - (delta~_i / sigma_i) B_i with B_i = sum_j P_ij K_j and sigma_i = sum_j P_ij
+//!   (both of P rounded to T, as the product adds them) over the row's *hot* key tiles, those
+//!   where some row of the block has a key with P > 1/8. The coefficients of K then sum to 0
+//!   as the exact dS do; the keys left out (P <= 1/8 in tiles no row found hot) leave an
+//!   error of delta_i times their weight, at most FA2's. Rows whose hot tiles hold less than
+//!   half their weight are left uncorrected (FA2's error). B_i is a second pass over the hot
+//!   tiles alone (S and P recomputed, then B += P K_j): a row has fewer than 8 keys with P >
+//!   1/8, so few tiles (on random inputs of s >= 1k, typically none past the causal
+//!   diagonal's first rows); their list is kept in shared memory ([`HOT_TILES`]).
+//! - The dK/dV kernel's D_i = D~_i + delta_i: in a row saturated to one key (the others'
+//!   weights below f32 rounding), D_i rounds to that key's dP_ij exactly and its dS^T to 0,
+//!   as naive attention's does.
+//! This makes the accuracy of FA2's recomputed-statistics backward (this project's earlier
+//! default, 9 products per tile pair) at the cost of 7 plus the hot tiles.
 //! - [`dkdv`]: one block per (64 keys, KV head, batch); warp w of the warpgroup owns keys
 //!   16w..16w + 16 and the block loops over every query tile (BR rows) of every query head of
 //!   the KV head's group, as `bwd_mma::dkdv` does, in the transposed orientation (keys as the
 //!   M of every product):
 //!   - S^T = K Q_i^T and dP^T = V dO_i^T: both operands from shared memory, K-major over d;
 //!   - P^T = exp2(S^T scale log2 e - m_i) / l_i and dS^T = P^T (dP^T - D_i) per query column,
-//!     from the statistics the dQ kernel (or, opt-in, `bwd_prep`) wrote to the workspace;
+//!     from the statistics `bwd_prep` and the dQ kernel (the atomic family: its statistics
+//!     kernel, or `bwd_prep` with the residual) wrote to the workspace;
 //!   - dV += P^T dO_i and dK += dS^T Q_i: P^T and dS^T from registers (the accumulator
 //!     layout, packed to 16 bits, is wgmma's A layout), dO_i and Q_i read MN-major by the
 //!     instruction.
@@ -327,19 +349,21 @@ unsafe fn dkdv_masked<T: MmaElement, M: Mask, const D: usize, const DN: usize, c
 
 /// Query rows per dQ block: one warpgroup's M.
 const ROWS: usize = 64;
+/// DQ_SAVED: a key tile is hot for a dQ block when one of its rows has P > HOT_P there.
+const HOT_P: f32 = 0.125;
+/// Capacity of the hot-tile list: a row has fewer than 1 / HOT_P keys with P > HOT_P, so a
+/// block at most ROWS / HOT_P hot tiles.
+pub const HOT_TILES: usize = 512;
 
-/// [`dq`]'s passes: both (the statistics, written for [`dkdv`], then dQ).
-pub const DQ_BOTH: u8 = 0;
-/// [`dq`]'s second pass alone, the statistics read from the workspace (written by
-/// `bwd_prep::prep` from the forward's LSE and O residual).
+/// [`dq`] computes dQ (and D_i for [`dkdv`]), the statistics read from the workspace (written
+/// by `bwd_prep::prep` from the forward's LSE and O).
 pub const DQ_SAVED: u8 = 1;
-/// [`dq`]'s first pass alone: the statistics for [`dkdv`] with DQ (the atomic backward's first
-/// kernel), no dQ.
+/// [`dq`] computes the statistics m_i, 1 / l_i, D_i for [`dkdv`] with DQ (the atomic
+/// backward's first kernel), no dQ.
 pub const DQ_STATS: u8 = 2;
 
-/// The dQ kernel for one tile: D = 8 DN, key tiles of BC = 8 NS = 16 KS keys, the passes of
-/// MODE ([`DQ_BOTH`], [`DQ_SAVED`], [`DQ_STATS`]). Writes m_i, 1 / l_i, D_i to the workspace
-/// for [`dkdv`], or (DQ_SAVED) reads them.
+/// The dQ kernel for one tile: D = 8 DN, key tiles of BC = 8 NS = 16 KS keys, MODE
+/// [`DQ_SAVED`] or [`DQ_STATS`] (see the module doc).
 ///
 /// # Safety
 /// `p` valid (host-checked), `p.head_dim <= D`, 128 threads,
@@ -362,7 +386,7 @@ pub unsafe fn dq<T: MmaElement, const D: usize, const DN: usize, const BC: usize
 unsafe fn dq_masked<T: MmaElement, M: Mask, const D: usize, const DN: usize, const BC: usize, const NS: usize, const KS: usize, const PAD: bool, const MODE: u8>(
     p: &BwdParams,
 ) {
-    const { assert!(MODE <= DQ_STATS) };
+    const { assert!(MODE == DQ_SAVED || MODE == DQ_STATS) };
     let (saved, stats_only) = (MODE == DQ_SAVED, MODE == DQ_STATS);
     let d = p.head_dim;
     if d > D as u32 || (!PAD && d != D as u32) || !d.is_multiple_of(8) || DN * 8 != D || NS * 8 != BC || KS * 16 != BC || D % 64 != 0 || block::dim() != warpgroup::SIZE {
@@ -376,7 +400,8 @@ unsafe fn dq_masked<T: MmaElement, M: Mask, const D: usize, const DN: usize, con
     let row0 = q_blk * ROWS as u32;
     let row_w = row0 + (w * 16) as u32; // first query row of this warp
 
-    // Shared memory: Q, dO [64][D], then K stages 0 and 1, V stages 0 and 1 ([BC][D] each).
+    // Shared memory: Q, dO [64][D], then K stages 0 and 1, V stages 0 and 1 ([BC][D] each),
+    // then (u32) 8 votes and HOT_TILES tile indices.
     let smem: Shared<T> = unsafe { dev::dynamic_shared((2 * ROWS + 4 * BC) * D) };
     let q_s = smem.slice(0, ROWS * D);
     let do_s = smem.slice(ROWS * D, ROWS * D);
@@ -418,6 +443,15 @@ unsafe fn dq_masked<T: MmaElement, M: Mask, const D: usize, const DN: usize, con
     // 1 / l_i, D_i (pass 1).
     let mut rows = [QuadRow::INIT; 2];
     let mut fin = [(f32::INFINITY, 0f32, 0f32); 2];
+    // DQ_SAVED, rows g and g + 8: delta_i = sum_j dS~_ij in f32 and delta_t_i of the dS~
+    // rounded to T, dS~ = P (dP - D~_i) with D~_i from O rounded to T; the column of the row's
+    // dominant key (P > 1/2), -1 if none.
+    let (mut delta, mut delta_t) = ([0f32; 2], [0f32; 2]);
+    // DQ_SAVED: per-warp votes of the current tile (two slots, by iteration parity) and the
+    // list of the key tiles where some row has a key with P > HOT_P (block-uniform).
+    let votes: Shared<u32> = smem.after(8);
+    let hot: Shared<u32> = votes.after(HOT_TILES);
+    let mut n_hot = 0usize;
     if saved {
         // Thread: its two rows' statistics from the workspace.
         for (half, f) in fin.iter_mut().enumerate() {
@@ -445,6 +479,21 @@ unsafe fn dq_masked<T: MmaElement, M: Mask, const D: usize, const DN: usize, con
         }
         fin
     };
+    // Thread: -inf where key tile j hides S (one uniform branch: true on the last tiles only).
+    let mask = #[inline(always)] |s: &mut [[f32; 4]; NS], j: usize, masked: bool| {
+        if masked {
+            let c0 = (j * BC) as u32;
+            for (n, x) in s.iter_mut().enumerate() {
+                for (e, x) in x.iter_mut().enumerate() {
+                    let row = row_w + (g + 8 * (e / 2)) as u32;
+                    let col = c0 + (n * 8 + 2 * t + e % 2) as u32;
+                    if col >= sk || M::hides(row, col, sq, sk) {
+                        *x = f32::NEG_INFINITY;
+                    }
+                }
+            }
+        }
+    };
     // Warpgroup: S = Q K_j^T times scale log2(e) (-inf where masked) and dP = dO V_j^T for
     // key tile j in `stage` (D / 16 k-steps of m64n{BC}k16 each, one group).
     let scores = #[inline(always)] |j: usize, stage: usize, masked: bool| -> ([[f32; 4]; NS], [[f32; 4]; NS]) {
@@ -471,31 +520,17 @@ unsafe fn dq_masked<T: MmaElement, M: Mask, const D: usize, const DN: usize, con
                 *x *= factor;
             }
         }
-        // One uniform branch around the mask (true on the last tiles only).
-        if masked {
-            let c0 = (j * BC) as u32;
-            for (n, x) in s.iter_mut().enumerate() {
-                for (e, x) in x.iter_mut().enumerate() {
-                    let row = row_w + (g + 8 * (e / 2)) as u32;
-                    let col = c0 + (n * 8 + 2 * t + e % 2) as u32;
-                    if col >= sk || M::hides(row, col, sq, sk) {
-                        *x = f32::NEG_INFINITY;
-                    }
-                }
-            }
-        }
+        mask(&mut s, j, masked);
         (s, dp)
     };
 
-    // Two passes over the key tiles (DQ_SAVED: pass 1 alone, DQ_STATS: pass 0 alone), one
-    // pipeline: iteration `it` reads tile it % n_tiles.
-    let n_iter = if MODE == DQ_BOTH { 2 * n_tiles } else { n_tiles };
-    for it in 0..n_iter {
-        let j = it % n_tiles;
+    // One pass over the key tiles (DQ_SAVED: dQ, DQ_STATS: the statistics), double-buffered.
+    for it in 0..n_tiles {
+        let j = it;
         // Block: prefetch the next iteration's K, V into the other stage while this one is
         // computed.
-        if it + 1 < n_iter {
-            load_kv((it + 1) % n_tiles, (it + 1) % 2);
+        if it + 1 < n_tiles {
+            load_kv(it + 1, (it + 1) % 2);
             thread::cp_async_commit();
             thread::cp_async_wait::<1>();
         } else {
@@ -504,11 +539,8 @@ unsafe fn dq_masked<T: MmaElement, M: Mask, const D: usize, const DN: usize, con
         // This tile's copies landed, for every thread and for the async proxy.
         thread::fence_proxy_async();
         block::sync();
-        if MODE == DQ_BOTH && it == n_tiles {
-            fin = publish(&rows);
-        }
         let (s, dp) = scores(j, it % 2, j >= n_unmasked);
-        if stats_only || (MODE == DQ_BOTH && it < n_tiles) {
+        if stats_only {
             // Pass 0, lane quad: fold tile j into the rows' running statistics.
             for (half, row) in rows.iter_mut().enumerate() {
                 row.push(core::array::from_fn::<_, NS, _>(|n| [s[n][2 * half], s[n][2 * half + 1]]), core::array::from_fn(|n| [dp[n][2 * half], dp[n][2 * half + 1]]));
@@ -517,16 +549,31 @@ unsafe fn dq_masked<T: MmaElement, M: Mask, const D: usize, const DN: usize, con
             // Pass 1, thread: dS = P (dP - D_i), P = exp2(S - m_i) / l_i, to 16-bit A fragments
             // (k-step ks: n-tiles 2ks, 2ks + 1); then dQ_i += dS K_j, K_j read MN-major.
             let mut ds = [[0f32; 4]; NS];
+            let mut p_max = [0f32; 2];
             for n in 0..NS {
                 for e in 0..4 {
                     let (m, inv_l, dd) = fin[e / 2];
-                    ds[n][e] = math::ex2(s[n][e] - m) * inv_l * (dp[n][e] - dd);
+                    let p_ij = math::ex2(s[n][e] - m) * inv_l;
+                    ds[n][e] = p_ij * (dp[n][e] - dd);
+                    if saved {
+                        p_max[e / 2] = p_max[e / 2].max(p_ij);
+                        delta[e / 2] += ds[n][e];
+                    }
                 }
             }
             let mut da: [[u32; 4]; KS] = core::array::from_fn(|ks| {
                 let (lo, hi) = (ds[2 * ks], ds[2 * ks + 1]);
                 [T::pack2(lo[0], lo[1]), T::pack2(lo[2], lo[3]), T::pack2(hi[0], hi[1]), T::pack2(hi[2], hi[3])]
             });
+            if saved {
+                // Thread: the sum of the rounded dS~ (what the product adds).
+                for f in da.iter() {
+                    for (e, w) in f.iter().enumerate() {
+                        let (a, b) = T::unpack2(*w);
+                        delta_t[e % 2] += a + b;
+                    }
+                }
+            }
             warpgroup::fence_operands(&mut acc_dq);
             warpgroup::fence_fragments(&mut da);
             warpgroup::fence();
@@ -537,18 +584,118 @@ unsafe fn dq_masked<T: MmaElement, M: Mask, const D: usize, const DN: usize, con
             warpgroup::commit();
             warpgroup::wait::<0, DN>(&mut acc_dq);
             warpgroup::fence_fragments(&mut da);
+            if saved {
+                // Warp: whether one of its rows has a key with P > HOT_P in this tile.
+                let v = warp::any(p_max[0] > HOT_P || p_max[1] > HOT_P);
+                if lane == 0 {
+                    votes.st(4 * (it % 2) + w, v as u32);
+                }
+            }
         }
         // Everyone is done with stage it % 2 (its wgmma complete) before iteration it + 1
         // refills it.
         block::sync();
+        if saved {
+            // Block: tile j is hot if a warp voted so (every thread reads the same votes).
+            let at = 4 * (it % 2);
+            if (votes.ld(at) | votes.ld(at + 1) | votes.ld(at + 2) | votes.ld(at + 3)) != 0 && n_hot < HOT_TILES {
+                if w == 0 && lane == 0 {
+                    hot.st(n_hot, j as u32);
+                }
+                n_hot += 1;
+            }
+        }
     }
     if n_tiles == 0 {
         thread::cp_async_wait::<0>();
     }
-    if stats_only || (MODE == DQ_BOTH && n_tiles == 0) {
+    if stats_only {
         publish(&rows);
     }
 
+    if saved {
+        // B_i = sum P_ij K_j over the hot tiles (S and P recomputed: at most one tile per key
+        // with P > HOT_P), and sigma_i = sum of those P rounded to T (what the product adds).
+        let mut acc_b = [[0f32; 4]; DN];
+        let mut sigma = [0f32; 2];
+        for ix in 0..n_hot {
+            // The list is written, and the last product is done with stage 0.
+            block::sync();
+            let j = hot.ld(ix) as usize;
+            let c1 = (j * BC) as u32;
+            unsafe { load_tile_in::<T, Sw<BC, D>, D, BC, 128, true>(k_s(0), k_g.add((c1 as u64 * p.k_strides.row) as usize), p.k_strides.row, sk - c1, d) };
+            thread::cp_async_commit();
+            thread::cp_async_wait::<0>();
+            thread::fence_proxy_async();
+            block::sync();
+            // Warpgroup: S = Q K_j^T, then thread: P to 16-bit A fragments.
+            let mut s = [[0f32; 4]; NS];
+            warpgroup::fence_operands(&mut s);
+            warpgroup::fence();
+            let (qd, kd) = (warpgroup::desc_sw128(q_s, 0, 16, 1024).opaque(), warpgroup::desc_sw128(k_s(0), 0, 16, 1024).opaque());
+            for kk in 0..D / 16 {
+                let (a, b) = (((kk / 4) * ROWS * 64 + (kk % 4) * 16) * 2, ((kk / 4) * BC * 64 + (kk % 4) * 16) * 2);
+                warpgroup::mma_ss::<NS>(qd.advance(a), kd.advance(b), &mut s, kk > 0, T::BF16);
+            }
+            warpgroup::commit();
+            warpgroup::wait::<0, NS>(&mut s);
+            for x in s.iter_mut() {
+                for x in x.iter_mut() {
+                    *x *= factor;
+                }
+            }
+            mask(&mut s, j, j >= n_unmasked);
+            for x in s.iter_mut() {
+                for (e, x) in x.iter_mut().enumerate() {
+                    let (m, inv_l, _) = fin[e / 2];
+                    *x = math::ex2(*x - m) * inv_l;
+                }
+            }
+            let mut pa: [[u32; 4]; KS] = core::array::from_fn(|ks| {
+                let (lo, hi) = (s[2 * ks], s[2 * ks + 1]);
+                [T::pack2(lo[0], lo[1]), T::pack2(lo[2], lo[3]), T::pack2(hi[0], hi[1]), T::pack2(hi[2], hi[3])]
+            });
+            for f in pa.iter() {
+                for (e, w) in f.iter().enumerate() {
+                    let (a, b) = T::unpack2(*w);
+                    sigma[e % 2] += a + b;
+                }
+            }
+            // Warpgroup: B += P K_j, K_j read MN-major.
+            warpgroup::fence_operands(&mut acc_b);
+            warpgroup::fence_fragments(&mut pa);
+            warpgroup::fence();
+            let kd = warpgroup::desc_sw128(k_s(0), 0, Sw::<BC, D>::BLOCK_BYTES, 1024).opaque();
+            for (ks, f) in pa.iter().enumerate() {
+                warpgroup::mma_rs::<DN, true>(*f, kd.advance(ks * 16 * 64 * 2), &mut acc_b, true, T::BF16);
+            }
+            warpgroup::commit();
+            warpgroup::wait::<0, DN>(&mut acc_b);
+            warpgroup::fence_fragments(&mut pa);
+        }
+        // Lane quad: the rows' delta, delta_t, sigma; D_i = D~_i + delta_i to the workspace
+        // for the dK/dV kernel; where the hot tiles hold at least half of a row's P,
+        // dQ_i -= (delta_t_i / sigma_i) B_i: the coefficients of K in dQ_i then sum to 0 as the
+        // exact dS_ij do (see the module doc).
+        let quad_sum = |v: f32| {
+            let v = v + warp::shfl_xor(v, 1);
+            v + warp::shfl_xor(v, 2)
+        };
+        for half in 0..2 {
+            let (dl, dl_t, sg) = (quad_sum(delta[half]), quad_sum(delta_t[half]), quad_sum(sigma[half]));
+            let r = row_w + (g + 8 * half) as u32;
+            if t == 0 && r < sq {
+                unsafe { global::store((p.stats as *mut f32).add(stat_at(p, 2, b, h, r)), fin[half].2 + dl) };
+            }
+            if sg >= 0.5 {
+                let c = dl_t / sg;
+                for (acc, bb) in acc_dq.iter_mut().zip(acc_b.iter()) {
+                    acc[2 * half] -= c * bb[2 * half];
+                    acc[2 * half + 1] -= c * bb[2 * half + 1];
+                }
+            }
+        }
+    }
     // Warp: dQ_i = scale * acc, rows of its 16, in T.
     if !stats_only {
         unsafe { store_rows::<T, DN>(&acc_dq, p.scale, (p.dq as *mut T).add(q_at), p.q_strides.row, row_w, sq, d) };

@@ -310,7 +310,7 @@ impl BwdVariant {
     pub fn max_regs(&self) -> Option<u32> {
         let regs = match (self.family, self.pass) {
             ("wgmma", "dkdv") => wgmma_bwd_tile(self.head_dims.1)?.dkdv_max_regs,
-            ("wgmma", "dq") => wgmma_bwd_tile(self.head_dims.1)?.dq_max_regs,
+            ("wgmma", "dq_saved") => wgmma_bwd_tile(self.head_dims.1)?.dq_max_regs,
             _ => 0,
         };
         (regs > 0).then_some(regs)
@@ -422,9 +422,6 @@ macro_rules! bwd_wgmma_kv {
 /// The Hopper dQ variant for the head dims sharing `wgmma_bwd_tile(D)`: both passes, or the
 /// passes of `mode` (`bwd_wgmma::DQ_SAVED`, `DQ_STATS`).
 macro_rules! bwd_wgmma_q {
-    ($ty:ty, $d:literal) => {
-        bwd_wgmma_q!($ty, $d, DQ_BOTH)
-    };
     ($ty:ty, $d:literal, $mode:ident) => {
         crate::bwd_wgmma::dq::<
             $ty,
@@ -518,14 +515,6 @@ const fn kv_smem(d: u32) -> u32 {
 }
 
 bwd_variants! {
-    flash_bwd_wgmma_dq_f16_d64p => "wgmma" @ Sm90a, "dq", [bwd_wgmma_q!(f16, 56)], f16, (8, 56), WG_BWD_ROWS, 128, wg_dq_smem;
-    flash_bwd_wgmma_dq_f16_d64 => "wgmma" @ Sm90a, "dq", [bwd_wgmma_q!(f16, 64)], f16, (64, 64), WG_BWD_ROWS, 128, wg_dq_smem;
-    flash_bwd_wgmma_dq_f16_d128p => "wgmma" @ Sm90a, "dq", [bwd_wgmma_q!(f16, 120)], f16, (72, 120), WG_BWD_ROWS, 128, wg_dq_smem;
-    flash_bwd_wgmma_dq_f16_d128 => "wgmma" @ Sm90a, "dq", [bwd_wgmma_q!(f16, 128)], f16, (128, 128), WG_BWD_ROWS, 128, wg_dq_smem;
-    flash_bwd_wgmma_dq_bf16_d64p => "wgmma" @ Sm90a, "dq", [bwd_wgmma_q!(Bf16, 56)], Bf16, (8, 56), WG_BWD_ROWS, 128, wg_dq_smem;
-    flash_bwd_wgmma_dq_bf16_d64 => "wgmma" @ Sm90a, "dq", [bwd_wgmma_q!(Bf16, 64)], Bf16, (64, 64), WG_BWD_ROWS, 128, wg_dq_smem;
-    flash_bwd_wgmma_dq_bf16_d128p => "wgmma" @ Sm90a, "dq", [bwd_wgmma_q!(Bf16, 120)], Bf16, (72, 120), WG_BWD_ROWS, 128, wg_dq_smem;
-    flash_bwd_wgmma_dq_bf16_d128 => "wgmma" @ Sm90a, "dq", [bwd_wgmma_q!(Bf16, 128)], Bf16, (128, 128), WG_BWD_ROWS, 128, wg_dq_smem;
     flash_bwd_wgmma_dqs_f16_d64p => "wgmma" @ Sm90a, "dq_saved", [bwd_wgmma_q!(f16, 56, DQ_SAVED)], f16, (8, 56), WG_BWD_ROWS, 128, wg_dq_smem;
     flash_bwd_wgmma_dqs_f16_d64 => "wgmma" @ Sm90a, "dq_saved", [bwd_wgmma_q!(f16, 64, DQ_SAVED)], f16, (64, 64), WG_BWD_ROWS, 128, wg_dq_smem;
     flash_bwd_wgmma_dqs_f16_d128p => "wgmma" @ Sm90a, "dq_saved", [bwd_wgmma_q!(f16, 120, DQ_SAVED)], f16, (72, 120), WG_BWD_ROWS, 128, wg_dq_smem;
@@ -534,8 +523,10 @@ bwd_variants! {
     flash_bwd_wgmma_dqs_bf16_d64 => "wgmma" @ Sm90a, "dq_saved", [bwd_wgmma_q!(Bf16, 64, DQ_SAVED)], Bf16, (64, 64), WG_BWD_ROWS, 128, wg_dq_smem;
     flash_bwd_wgmma_dqs_bf16_d128p => "wgmma" @ Sm90a, "dq_saved", [bwd_wgmma_q!(Bf16, 120, DQ_SAVED)], Bf16, (72, 120), WG_BWD_ROWS, 128, wg_dq_smem;
     flash_bwd_wgmma_dqs_bf16_d128 => "wgmma" @ Sm90a, "dq_saved", [bwd_wgmma_q!(Bf16, 128, DQ_SAVED)], Bf16, (128, 128), WG_BWD_ROWS, 128, wg_dq_smem;
-    flash_bwd_prep_f16  => "wgmma" @ Sm90a, "prep", [crate::bwd_prep::prep::<f16>],  f16,  (8, 128), PREP_ROWS, 128, no_smem;
-    flash_bwd_prep_bf16 => "wgmma" @ Sm90a, "prep", [crate::bwd_prep::prep::<Bf16>], Bf16, (8, 128), PREP_ROWS, 128, no_smem;
+    flash_bwd_prep_f16  => "wgmma" @ Sm90a, "prep", [crate::bwd_prep::prep::<f16, false>],  f16,  (8, 128), PREP_ROWS, 128, no_smem;
+    flash_bwd_prep_bf16 => "wgmma" @ Sm90a, "prep", [crate::bwd_prep::prep::<Bf16, false>], Bf16, (8, 128), PREP_ROWS, 128, no_smem;
+    flash_bwd_prep_residual_f16  => "wgmma" @ Sm90a, "prep_residual", [crate::bwd_prep::prep::<f16, true>],  f16,  (8, 128), PREP_ROWS, 128, no_smem;
+    flash_bwd_prep_residual_bf16 => "wgmma" @ Sm90a, "prep_residual", [crate::bwd_prep::prep::<Bf16, true>], Bf16, (8, 128), PREP_ROWS, 128, no_smem;
     flash_bwd_wgmma_dkdv_f16_d64p   => "wgmma" @ Sm90a, "dkdv", [bwd_wgmma_kv!(f16, 56)],   f16,  (8, 56),    WG_BWD_KEYS, 128, wg_dkdv_smem;
     flash_bwd_wgmma_dkdv_f16_d64    => "wgmma" @ Sm90a, "dkdv", [bwd_wgmma_kv!(f16, 64)],   f16,  (64, 64),   WG_BWD_KEYS, 128, wg_dkdv_smem;
     flash_bwd_wgmma_dkdv_f16_d128p  => "wgmma" @ Sm90a, "dkdv", [bwd_wgmma_kv!(f16, 120)],  f16,  (72, 120),  WG_BWD_KEYS, 128, wg_dkdv_smem;
@@ -560,8 +551,8 @@ bwd_variants! {
     flash_bwd_wgmma_atomic_dkdvq_bf16_d64 => "wgmma_atomic" @ Sm90a, "dkdvq", [bwd_wgmma_kv!(Bf16, 64, true)], Bf16, (64, 64), WG_BWD_KEYS, 128, wg_dkdvq_smem;
     flash_bwd_wgmma_atomic_dkdvq_bf16_d128p => "wgmma_atomic" @ Sm90a, "dkdvq", [bwd_wgmma_kv!(Bf16, 120, true)], Bf16, (72, 120), WG_BWD_KEYS, 128, wg_dkdvq_smem;
     flash_bwd_wgmma_atomic_dkdvq_bf16_d128 => "wgmma_atomic" @ Sm90a, "dkdvq", [bwd_wgmma_kv!(Bf16, 128, true)], Bf16, (128, 128), WG_BWD_KEYS, 128, wg_dkdvq_smem;
-    flash_bwd_wgmma_atomic_prep_f16 => "wgmma_atomic" @ Sm90a, "prep", [crate::bwd_prep::prep::<f16>], f16, (8, 128), PREP_ROWS, 128, no_smem;
-    flash_bwd_wgmma_atomic_prep_bf16 => "wgmma_atomic" @ Sm90a, "prep", [crate::bwd_prep::prep::<Bf16>], Bf16, (8, 128), PREP_ROWS, 128, no_smem;
+    flash_bwd_wgmma_atomic_prep_f16 => "wgmma_atomic" @ Sm90a, "prep_residual", [crate::bwd_prep::prep::<f16, true>], f16, (8, 128), PREP_ROWS, 128, no_smem;
+    flash_bwd_wgmma_atomic_prep_bf16 => "wgmma_atomic" @ Sm90a, "prep_residual", [crate::bwd_prep::prep::<Bf16, true>], Bf16, (8, 128), PREP_ROWS, 128, no_smem;
     flash_bwd_wgmma_atomic_convert_f16 => "wgmma_atomic" @ Sm90a, "dq_convert", [crate::bwd_mma::dq_convert::<f16>], f16, (8, 128), CONVERT_ROWS, 128, no_smem;
     flash_bwd_wgmma_atomic_convert_bf16 => "wgmma_atomic" @ Sm90a, "dq_convert", [crate::bwd_mma::dq_convert::<Bf16>], Bf16, (8, 128), CONVERT_ROWS, 128, no_smem;
     flash_bwd_mma_dq_f16_d32     => "mma" @ Sm80, "dq",   [bwd_mma_q!(f16, 32)],    f16,  (8, 32),    MMA_BWD_ROWS, MMA_THREADS, mma_dq_smem;
@@ -633,19 +624,20 @@ pub const BWD_FAMILIES: &[&str] = &["wgmma", "mma", "simt", "mma_atomic", "wgmma
 /// order); `deterministic` backward options skip them.
 #[cfg(not(target_arch = "nvptx64"))]
 pub const BWD_NONDETERMINISTIC: &[&str] = &["mma_atomic", "wgmma_atomic"];
-/// The passes a backward family launches, in order: the deterministic families a dQ kernel
-/// (which also writes the row statistics) and a dK/dV kernel; with `saved` (the forward's O
-/// residual is at hand, `FwdParams::o_lo`), `wgmma` the statistics from the forward's LSE and
-/// O (`prep`), then its dQ kernel's second pass alone (`dq_saved`) and the same dK/dV kernel;
-/// `mma_atomic` a statistics kernel, a dK/dV kernel that also adds dQ into an f32
-/// accumulator, and dQ's conversion; `wgmma_atomic` the same, with `prep` for the statistics
-/// kernel when `saved`.
+/// The passes a backward family launches, in order: `wgmma` the row statistics from the
+/// forward's LSE and D~ from O (`prep`; with `saved`, the forward's O residual at hand,
+/// `FwdParams::o_lo`, from O + O_lo: `prep_residual`), its dQ kernel (`dq_saved`, which
+/// corrects D~ exactly, `bwd_wgmma`) and its dK/dV kernel; `mma` and `simt` a dQ kernel (which
+/// also writes the row statistics) and a dK/dV kernel; `mma_atomic` a statistics kernel, a
+/// dK/dV kernel that also adds dQ into an f32 accumulator, and dQ's conversion;
+/// `wgmma_atomic` the same, with `prep_residual` for the statistics kernel when `saved`.
 #[cfg(not(target_arch = "nvptx64"))]
 pub fn bwd_passes(family: &str, saved: bool) -> &'static [&'static str] {
     match (family, saved) {
         ("mma_atomic", _) | ("wgmma_atomic", false) => &["stats", "dkdvq", "dq_convert"],
-        ("wgmma_atomic", true) => &["prep", "dkdvq", "dq_convert"],
-        ("wgmma", true) => &["prep", "dq_saved", "dkdv"],
+        ("wgmma_atomic", true) => &["prep_residual", "dkdvq", "dq_convert"],
+        ("wgmma", false) => &["prep", "dq_saved", "dkdv"],
+        ("wgmma", true) => &["prep_residual", "dq_saved", "dkdv"],
         _ => &["dq", "dkdv"],
     }
 }

@@ -177,9 +177,9 @@ pub fn case_strategy(max_seqlen: usize, max_d_units: usize, max_heads_kv: usize,
 /// requires bitwise identical gradients (determinism).
 ///
 /// `saved`: the forward saves O's residual (`FwdOptions::save_residual`) and the backward gets
-/// everything the forward returned (`FlashAttn::backward_saved_into`): on Hopper the row
-/// statistics then come from the LSE and O (`prep`). Otherwise the backward gets O and LSE
-/// only (`backward_into`) and recomputes them.
+/// everything the forward returned (`FlashAttn::backward_saved_into`): on Hopper D~ then
+/// comes from O + O_lo (`prep_residual`). Otherwise the backward gets O and LSE only
+/// (`backward_into`).
 pub fn check_backward(fa: &FlashAttn, case: &Case, repeat: bool, saved: bool) -> Result<(), String> {
     check_backward_with(fa, case, repeat, None, saved)
 }

@@ -219,23 +219,23 @@ fn backward_selection_and_registry_match_tile_functions() {
             let auto_det = flashattn::select_bwd_variants(dtype, d as usize, &det, &[Arch::Sm80], false).unwrap_or_else(|e| panic!("d={d}: {e}"));
             let want_det = if tc { "mma" } else { "simt" };
             assert!(auto_det.iter().all(|v| v.family == want_det && v.serves(d)), "d={d} {dtype:?}: {}", auto_det[0].name);
-            // Hopper: the wgmma dQ and dK/dV kernels, deterministic too.
+            // Hopper: `prep` (m_i, 1 / l_i from the LSE, D~_i from O), the wgmma dQ kernel and
+            // the dK/dV kernel, deterministic too.
             for opts in [FwdOptions::default(), det] {
                 let hop = flashattn::select_bwd_variants(dtype, d as usize, &opts, &[Arch::Sm80, Arch::Sm90a], false).unwrap_or_else(|e| panic!("d={d}: {e}"));
                 let fams: Vec<_> = hop.iter().map(|v| (v.family, v.pass, v.arch)).collect();
                 if let Some(t) = wgmma_bwd_tile(d)
                     && dtype != DType::F32
                 {
-                    assert_eq!(fams, [("wgmma", "dq", Arch::Sm90a), ("wgmma", "dkdv", Arch::Sm90a)], "d={d} {dtype:?}");
-                    assert!(t.head_dim >= d && hop[0].serves(d) && hop[1].serves(d));
-                    assert_eq!((hop[0].rows, hop[0].threads, (hop[0].smem_bytes)(d)), (WgmmaBwdTile::ROWS, t.threads(), t.dq_smem_bytes()));
-                    assert_eq!((hop[1].rows, hop[1].threads, (hop[1].smem_bytes)(d)), (WgmmaBwdTile::KEYS, t.threads(), t.dkdv_smem_bytes()));
-                    // With the forward's O residual: the statistics from LSE and O, then the
-                    // dQ kernel's second pass alone, then the same dK/dV kernel.
+                    assert_eq!(fams, [("wgmma", "prep", Arch::Sm90a), ("wgmma", "dq_saved", Arch::Sm90a), ("wgmma", "dkdv", Arch::Sm90a)], "d={d} {dtype:?}");
+                    assert!(t.head_dim >= d && hop.iter().all(|v| v.serves(d)));
+                    assert_eq!((hop[1].rows, hop[1].threads, (hop[1].smem_bytes)(d)), (WgmmaBwdTile::ROWS, t.threads(), t.dq_smem_bytes()));
+                    assert_eq!((hop[2].rows, hop[2].threads, (hop[2].smem_bytes)(d)), (WgmmaBwdTile::KEYS, t.threads(), t.dkdv_smem_bytes()));
+                    // With the forward's O residual: D~_i from O + O_lo, then the same dQ and
+                    // dK/dV kernels.
                     let hs = flashattn::select_bwd_variants(dtype, d as usize, &opts, &[Arch::Sm80, Arch::Sm90a], true).unwrap_or_else(|e| panic!("d={d}: {e}"));
-                    assert_eq!(hs.iter().map(|v| (v.family, v.pass)).collect::<Vec<_>>(), [("wgmma", "prep"), ("wgmma", "dq_saved"), ("wgmma", "dkdv")], "d={d}");
-                    assert!(hs.iter().all(|v| v.serves(d) && v.arch == Arch::Sm90a) && hs[2].name == hop[1].name);
-                    assert_eq!((hs[1].rows, hs[1].threads, (hs[1].smem_bytes)(d)), (hop[0].rows, hop[0].threads, (hop[0].smem_bytes)(d)));
+                    assert_eq!(hs.iter().map(|v| (v.family, v.pass)).collect::<Vec<_>>(), [("wgmma", "prep_residual"), ("wgmma", "dq_saved"), ("wgmma", "dkdv")], "d={d}");
+                    assert!(hs.iter().all(|v| v.serves(d) && v.arch == Arch::Sm90a) && hs[1].name == hop[1].name && hs[2].name == hop[2].name);
                 } else {
                     assert_eq!(hop.iter().map(|v| v.family).collect::<Vec<_>>(), auto.iter().map(|v| v.family).collect::<Vec<_>>(), "d={d} {dtype:?}");
                     let hs = flashattn::select_bwd_variants(dtype, d as usize, &opts, &[Arch::Sm80, Arch::Sm90a], true).unwrap_or_else(|e| panic!("d={d}: {e}"));
