@@ -401,8 +401,9 @@ unsafe fn dq_masked<T: MmaElement, M: Mask, const D: usize, const DN: usize, con
     let row_w = row0 + (w * 16) as u32; // first query row of this warp
 
     // Shared memory: Q, dO [64][D], then K stages 0 and 1, V stages 0 and 1 ([BC][D] each),
-    // then (u32) 8 votes and HOT_TILES tile indices.
+    // then (DQ_SAVED) 8 x 64 ones, then (u32) 8 votes and HOT_TILES tile indices.
     let smem: Shared<T> = unsafe { dev::dynamic_shared((2 * ROWS + 4 * BC) * D) };
+    let ones: Shared<T> = smem.after(8 * 64);
     let q_s = smem.slice(0, ROWS * D);
     let do_s = smem.slice(ROWS * D, ROWS * D);
     let k_s = |stage: usize| smem.slice((2 * ROWS + stage * BC) * D, BC * D);
@@ -446,10 +447,21 @@ unsafe fn dq_masked<T: MmaElement, M: Mask, const D: usize, const DN: usize, con
     // DQ_SAVED, rows g and g + 8: delta_i = sum_j dS~_ij in f32 and delta_t_i of the dS~
     // rounded to T, dS~ = P (dP - D~_i) with D~_i from O rounded to T; the column of the row's
     // dominant key (P > 1/2), -1 if none.
-    let (mut delta, mut delta_t) = ([0f32; 2], [0f32; 2]);
+    // (delta_t from the tensor cores: dS~ times the ones, acc_one[0][2 half] = row g + 8 half.)
+    let (mut delta, mut acc_one) = ([0f32; 2], [[0f32; 4]; 1]);
+    if saved {
+        // Block: the ones (1024 bytes, a 1024-byte-aligned 128-byte-swizzle atom: every layout
+        // reads them as ones); visible to the async proxy after the loop's first barrier.
+        let ones32 = ones.cast::<u32>();
+        let mut i = thread::idx() as usize;
+        while i < ones32.len() {
+            ones32.st(i, T::pack2(1.0, 1.0));
+            i += warpgroup::SIZE as usize;
+        }
+    }
     // DQ_SAVED: per-warp votes of the current tile (two slots, by iteration parity) and the
     // list of the key tiles where some row has a key with P > HOT_P (block-uniform).
-    let votes: Shared<u32> = smem.after(8);
+    let votes: Shared<u32> = ones.after(8);
     let hot: Shared<u32> = votes.after(HOT_TILES);
     let mut n_hot = 0usize;
     if saved {
@@ -479,8 +491,9 @@ unsafe fn dq_masked<T: MmaElement, M: Mask, const D: usize, const DN: usize, con
         }
         fin
     };
-    // Thread: -inf where key tile j hides S (one uniform branch: true on the last tiles only).
-    let mask = #[inline(always)] |s: &mut [[f32; 4]; NS], j: usize, masked: bool| {
+    // Thread: `hidden` where key tile j hides S (one uniform branch: true on the last tiles
+    // only).
+    let mask = #[inline(always)] |s: &mut [[f32; 4]; NS], j: usize, masked: bool, hidden: f32| {
         if masked {
             let c0 = (j * BC) as u32;
             for (n, x) in s.iter_mut().enumerate() {
@@ -488,13 +501,14 @@ unsafe fn dq_masked<T: MmaElement, M: Mask, const D: usize, const DN: usize, con
                     let row = row_w + (g + 8 * (e / 2)) as u32;
                     let col = c0 + (n * 8 + 2 * t + e % 2) as u32;
                     if col >= sk || M::hides(row, col, sq, sk) {
-                        *x = f32::NEG_INFINITY;
+                        *x = hidden;
                     }
                 }
             }
         }
     };
-    // Warpgroup: S = Q K_j^T times scale log2(e) (-inf where masked) and dP = dO V_j^T for
+    // Warpgroup: S = Q K_j^T times scale log2(e), -inf where masked (DQ_SAVED: unscaled and
+    // unmasked), and dP = dO V_j^T for
     // key tile j in `stage` (D / 16 k-steps of m64n{BC}k16 each, one group).
     let scores = #[inline(always)] |j: usize, stage: usize, masked: bool| -> ([[f32; 4]; NS], [[f32; 4]; NS]) {
         let mut s = [[0f32; 4]; NS];
@@ -515,12 +529,14 @@ unsafe fn dq_masked<T: MmaElement, M: Mask, const D: usize, const DN: usize, con
         warpgroup::commit();
         warpgroup::wait::<0, NS>(&mut s);
         warpgroup::fence_operands(&mut dp);
-        for x in s.iter_mut() {
-            for x in x.iter_mut() {
-                *x *= factor;
+        if !saved {
+            for x in s.iter_mut() {
+                for x in x.iter_mut() {
+                    *x *= factor;
+                }
             }
+            mask(&mut s, j, masked, f32::NEG_INFINITY);
         }
-        mask(&mut s, j, masked);
         (s, dp)
     };
 
@@ -548,41 +564,42 @@ unsafe fn dq_masked<T: MmaElement, M: Mask, const D: usize, const DN: usize, con
         } else {
             // Pass 1, thread: dS = P (dP - D_i), P = exp2(S - m_i) / l_i, to 16-bit A fragments
             // (k-step ks: n-tiles 2ks, 2ks + 1); then dQ_i += dS K_j, K_j read MN-major.
+            // (`prep` gives 1 / l_i = 1, and m_i = +inf to rows with no visible key.)
+            let mut pt = s;
+            for x in pt.iter_mut() {
+                for (e, x) in x.iter_mut().enumerate() {
+                    *x = math::ex2(math::fma(*x, factor, -fin[e / 2].0));
+                }
+            }
+            mask(&mut pt, j, j >= n_unmasked, 0.0);
             let mut ds = [[0f32; 4]; NS];
             let mut p_max = [0f32; 2];
             for n in 0..NS {
                 for e in 0..4 {
-                    let (m, inv_l, dd) = fin[e / 2];
-                    let p_ij = math::ex2(s[n][e] - m) * inv_l;
-                    ds[n][e] = p_ij * (dp[n][e] - dd);
-                    if saved {
-                        p_max[e / 2] = p_max[e / 2].max(p_ij);
-                        delta[e / 2] += ds[n][e];
-                    }
+                    let p_ij = pt[n][e];
+                    ds[n][e] = p_ij * (dp[n][e] - fin[e / 2].2);
+                    p_max[e / 2] = p_max[e / 2].max(p_ij);
+                    delta[e / 2] += ds[n][e];
                 }
             }
             let mut da: [[u32; 4]; KS] = core::array::from_fn(|ks| {
                 let (lo, hi) = (ds[2 * ks], ds[2 * ks + 1]);
                 [T::pack2(lo[0], lo[1]), T::pack2(lo[2], lo[3]), T::pack2(hi[0], hi[1]), T::pack2(hi[2], hi[3])]
             });
-            if saved {
-                // Thread: the sum of the rounded dS~ (what the product adds).
-                for f in da.iter() {
-                    for (e, w) in f.iter().enumerate() {
-                        let (a, b) = T::unpack2(*w);
-                        delta_t[e % 2] += a + b;
-                    }
-                }
-            }
             warpgroup::fence_operands(&mut acc_dq);
+            warpgroup::fence_operands(&mut acc_one);
             warpgroup::fence_fragments(&mut da);
             warpgroup::fence();
             let kd = warpgroup::desc_sw128(k_s(it % 2), 0, Sw::<BC, D>::BLOCK_BYTES, 1024).opaque();
+            let od = warpgroup::desc_sw128(ones, 0, 16, 1024).opaque();
             for (ks, f) in da.iter().enumerate() {
                 warpgroup::mma_rs::<DN, true>(*f, kd.advance(ks * 16 * 64 * 2), &mut acc_dq, true, T::BF16);
+                // delta_t += dS~ 1 (the sum of the rounded dS~, what the product adds).
+                warpgroup::mma_rs::<1, false>(*f, od.advance(ks * 32), &mut acc_one, true, T::BF16);
             }
             warpgroup::commit();
             warpgroup::wait::<0, DN>(&mut acc_dq);
+            warpgroup::fence_operands(&mut acc_one);
             warpgroup::fence_fragments(&mut da);
             if saved {
                 // Warp: whether one of its rows has a key with P > HOT_P in this tile.
@@ -618,6 +635,17 @@ unsafe fn dq_masked<T: MmaElement, M: Mask, const D: usize, const DN: usize, con
         // with P > HOT_P), and sigma_i = sum of those P rounded to T (what the product adds).
         let mut acc_b = [[0f32; 4]; DN];
         let mut sigma = [0f32; 2];
+        // Thread: dQ~ parked in the V stages (free now; conflict-free, element-major) while the
+        // hot tiles need the registers.
+        let park = smem.slice((2 * ROWS + 2 * BC) * D, 2 * BC * D).cast::<f32>();
+        let tid = thread::idx() as usize;
+        if n_hot > 0 {
+            for (n, acc) in acc_dq.iter().enumerate() {
+                for (e, x) in acc.iter().enumerate() {
+                    park.st((n * 4 + e) * warpgroup::SIZE as usize + tid, *x);
+                }
+            }
+        }
         for ix in 0..n_hot {
             // The list is written, and the last product is done with stage 0.
             block::sync();
@@ -640,17 +668,11 @@ unsafe fn dq_masked<T: MmaElement, M: Mask, const D: usize, const DN: usize, con
             warpgroup::commit();
             warpgroup::wait::<0, NS>(&mut s);
             for x in s.iter_mut() {
-                for x in x.iter_mut() {
-                    *x *= factor;
-                }
-            }
-            mask(&mut s, j, j >= n_unmasked);
-            for x in s.iter_mut() {
                 for (e, x) in x.iter_mut().enumerate() {
-                    let (m, inv_l, _) = fin[e / 2];
-                    *x = math::ex2(*x - m) * inv_l;
+                    *x = math::ex2(math::fma(*x, factor, -fin[e / 2].0));
                 }
             }
+            mask(&mut s, j, j >= n_unmasked, 0.0);
             let mut pa: [[u32; 4]; KS] = core::array::from_fn(|ks| {
                 let (lo, hi) = (s[2 * ks], s[2 * ks + 1]);
                 [T::pack2(lo[0], lo[1]), T::pack2(lo[2], lo[3]), T::pack2(hi[0], hi[1]), T::pack2(hi[2], hi[3])]
@@ -673,6 +695,13 @@ unsafe fn dq_masked<T: MmaElement, M: Mask, const D: usize, const DN: usize, con
             warpgroup::wait::<0, DN>(&mut acc_b);
             warpgroup::fence_fragments(&mut pa);
         }
+        if n_hot > 0 {
+            for (n, acc) in acc_dq.iter_mut().enumerate() {
+                for (e, x) in acc.iter_mut().enumerate() {
+                    *x = park.ld((n * 4 + e) * warpgroup::SIZE as usize + tid);
+                }
+            }
+        }
         // Lane quad: the rows' delta, delta_t, sigma; D_i = D~_i + delta_i to the workspace
         // for the dK/dV kernel; where the hot tiles hold at least half of a row's P,
         // dQ_i -= (delta_t_i / sigma_i) B_i: the coefficients of K in dQ_i then sum to 0 as the
@@ -681,11 +710,14 @@ unsafe fn dq_masked<T: MmaElement, M: Mask, const D: usize, const DN: usize, con
             let v = v + warp::shfl_xor(v, 1);
             v + warp::shfl_xor(v, 2)
         };
+        // (The row's address rebuilt from an opaque batch index: hoisted from the loads of
+        // `fin` it was kept across the loop and spilled at 128 registers.)
+        let b_late = thread::opaque(b as u64) as u32;
         for half in 0..2 {
-            let (dl, dl_t, sg) = (quad_sum(delta[half]), quad_sum(delta_t[half]), quad_sum(sigma[half]));
+            let (dl, dl_t, sg) = (quad_sum(delta[half]), acc_one[0][2 * half], quad_sum(sigma[half]));
             let r = row_w + (g + 8 * half) as u32;
             if t == 0 && r < sq {
-                unsafe { global::store((p.stats as *mut f32).add(stat_at(p, 2, b, h, r)), fin[half].2 + dl) };
+                unsafe { global::store((p.stats as *mut f32).add(stat_at(p, 2, b_late, h, r)), fin[half].2 + dl) };
             }
             if sg >= 0.5 {
                 let c = dl_t / sg;

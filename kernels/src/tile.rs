@@ -446,7 +446,7 @@ impl WgmmaBwdTile {
     /// The dQ kernel's shared memory in bytes: Q, dO [64] rows and two stages of K, V [dq_bc]
     /// rows, 16-bit.
     pub const fn dq_smem_bytes(&self) -> u32 {
-        (2 * Self::ROWS + 4 * self.dq_bc) * self.head_dim * 2 + (8 + crate::bwd_wgmma::HOT_TILES as u32) * 4
+        (2 * Self::ROWS + 4 * self.dq_bc) * self.head_dim * 2 + 8 * 64 * 2 + (8 + crate::bwd_wgmma::HOT_TILES as u32) * 4
     }
 }
 

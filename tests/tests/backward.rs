@@ -202,6 +202,14 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
             })));
         }
     }
+    // Peaked softmax over several key tiles (scale 1.5, d 64: most rows have a key with P >
+    // 1/8, in any of the four key tiles): the Hopper dQ kernel's hot-tile pass over many tiles.
+    for (dtype, saved) in with_and_without {
+        let case = Case { shape: shape(1, 70, 250, 2, 1, 64), causal: false, softmax_scale: Some(1.5), dtype, seed: 0 };
+        trials.push(mk(format!("{tag}::edge{}::peaked_many_key_tiles::{dtype:?}", suffix(saved)).to_lowercase(), Box::new(move |fa| {
+            check_backward(fa, &Case { seed: fresh_seed(), ..case }, false, saved).map_err(Failed::from)
+        })));
+    }
     for (dtype, saved) in with_and_without {
         let case = Case { shape: shape(2, 45, 70, 4, 2, 64), causal: true, softmax_scale: None, dtype, seed: 0 };
         trials.push(mk(format!("{tag}::deterministic{}::{dtype:?}", suffix(saved)).to_lowercase(), Box::new(move |fa| {
