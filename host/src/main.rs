@@ -21,8 +21,8 @@ run:   one shape (GPU default: batch 8, seqlen 2048, 32 heads of 64, f16 -- the 
 bench: the FA paper's settings (hidden 2048, batch * seqlen = 16k; emulator default: seqlen
        128, hidden 128, 128 tokens), TFLOP/s per shape;
        --backward times dQ, dK, dV instead (--deterministic: only bitwise-deterministic
-       kernels; --residual: after a forward that saves O's residual, so that the statistics
-       come from LSE and O, see FwdOptions::save_residual).";
+       kernels; --residual: after a forward that saves O's residual, so that D~ comes
+       from the unrounded O, see FwdOptions::save_residual).";
 
 #[derive(Clone, Debug)]
 struct Args {

@@ -1,26 +1,16 @@
 //! The backward's preprocessing from what the forward saved (FA2's `dot(dO, O)` step), for
-//! the families that read their row statistics instead of recomputing them (`wgmma` when the
-//! forward wrote O's residual). Per query row, into the `stats` workspace:
+//! the Hopper families (`wgmma`; `wgmma_atomic` with the forward's residual). Per query row,
+//! into the `stats` workspace:
 //! - m_i = LSE_i log2(e) and 1 / l_i = 1, so the kernels' P = exp2(S scale log2(e) - m_i) / l_i
 //!   is exp(S scale - LSE_i);
-//! - D_i = sum_c dO_ic (O_ic + O_lo_ic) in f32, where O + O_lo is the forward's f32 O to about
-//!   twice T's precision (O_lo = T(O_f32 - O), `FwdParams::o_lo`; the sum is exact in f32).
+//! - D~_i = sum_c dO_ic O_ic in f32 (FA2's D, O rounded to T), or with RESIDUAL sum_c dO_ic
+//!   (O_ic + O_lo_ic), where O + O_lo is the forward's f32 O to about twice T's precision
+//!   (O_lo = T(O_f32 - O), `FwdParams::o_lo`; the sum is exact in f32).
 //!
-//! Why the residual: FA2's D_i = dO_i . O_i from O rounded to T carries an error of about a
-//! unit roundoff of |dO_i| |O_i|. Where a row's softmax is saturated (one dominant key) that
-//! is larger than the true dS of its other keys, and with it the backward missed the tests'
-//! bar (twice naive attention's error) in about 1 case in 7 with few visible keys. From the
-//! f32 O the error of D_i is that of the forward's P V product, which rounds each P_ij
-//! (relative to the row's running max, so the dominant key's 1 exactly) to T: the same order
-//! as naive attention's.
-//!
-//! What it does not reach: the statistics the dQ kernel recomputes (the default) give a row's
-//! dominant key P = 1 and D_i = dP_i exactly (the same S and dP values), so dS vanishes
-//! exactly where it should. From the LSE and O they agree with the kernels' S and dP only to
-//! f32 rounding; in a row whose softmax is saturated below that (every other key's weight
-//! under about 1e-7) the true dS is smaller than the rounding, and with few visible keys the
-//! whole gradient can be: the few-keys property tests (causal, seqlen_k <= 3, any scale)
-//! missed their bar in about 1 case in 150 this way. Hence opt-in (`save_residual`).
+//! D~ from O rounded to T carries an error of about a unit roundoff of |dO_i| |O_i|: larger
+//! than the true dS of a row whose softmax has few large weights. The `wgmma` dQ kernel
+//! corrects it exactly and replaces D~_i by D_i (`bwd_wgmma`); `wgmma_atomic` (RESIDUAL only)
+//! uses D~ from O + O_lo as it is (f32-accurate, short of rows saturated below f32 rounding).
 //!
 //! Fully masked rows (LSE = -inf) get (m, 1 / l, D) = (+inf, 0, 0): their P and dS are 0.
 //! One warp per row, `PREP_ROWS` rows per block; lane l reads column pairs 2l + 64i.
@@ -36,7 +26,7 @@ pub const PREP_ROWS: usize = 16;
 /// The statistics of one block's rows (see the module doc).
 ///
 /// # Safety
-/// `p` valid (host-checked), `p.o_lo` the forward's residual of `p.o`, a multiple of 32
+/// `p` valid (host-checked), with RESIDUAL `p.o_lo` the forward's residual of `p.o`, a multiple of 32
 /// threads.
 #[inline(always)]
 pub unsafe fn prep<T: MmaElement, const RESIDUAL: bool>(p: &BwdParams) {

@@ -9,27 +9,6 @@
 //!   With [`DQ_STATS`] the rows' m_i, l_i, D_i from S and dP instead (the `wgmma_atomic`
 //!   family's first kernel, as `bwd_mma::dq`'s pass 0 explains).
 //!
-//! Why a correction: FA2's D_i = dO_i . O_i from O rounded to T carries an error of about a
-//! unit roundoff of |dO_i| |O_i|. Where a row's softmax has few large weights (one dominant
-//! key, or few visible keys) that is larger than the true dS of its other keys: the property
-//! tests' bar (twice naive attention's error) was missed in about 1 case in 7 with few
-//! visible keys. The exact dS_ij = P_ij (dP_ij - D_i) sum to 0 over j (sum_j P_ij = 1); the
-//! kernel's rounded dS~_ij sum to delta~_i instead, and D_i = D~_i + delta_i (delta_i their f32
-//! sum) is D_i to f32 rounding. So, per row, exactly in the kernel's own arithmetic:
-//! - dQ_i = dQ~_i - (delta~_i / sigma_i) B_i with B_i = sum_j P_ij K_j and sigma_i = sum_j P_ij
-//!   (both of P rounded to T, as the product adds them) over the row's *hot* key tiles, those
-//!   where some row of the block has a key with P > 1/8. The coefficients of K then sum to 0
-//!   as the exact dS do; the keys left out (P <= 1/8 in tiles no row found hot) leave an
-//!   error of delta_i times their weight, at most FA2's. Rows whose hot tiles hold less than
-//!   half their weight are left uncorrected (FA2's error). B_i is a second pass over the hot
-//!   tiles alone (S and P recomputed, then B += P K_j): a row has fewer than 8 keys with P >
-//!   1/8, so few tiles (on random inputs of s >= 1k, typically none past the causal
-//!   diagonal's first rows); their list is kept in shared memory ([`HOT_TILES`]).
-//! - The dK/dV kernel's D_i = D~_i + delta_i: in a row saturated to one key (the others'
-//!   weights below f32 rounding), D_i rounds to that key's dP_ij exactly and its dS^T to 0,
-//!   as naive attention's does.
-//! This makes the accuracy of FA2's recomputed-statistics backward (this project's earlier
-//! default, 9 products per tile pair) at the cost of 7 plus the hot tiles.
 //! - [`dkdv`]: one block per (64 keys, KV head, batch); warp w of the warpgroup owns keys
 //!   16w..16w + 16 and the block loops over every query tile (BR rows) of every query head of
 //!   the KV head's group, as `bwd_mma::dkdv` does, in the transposed orientation (keys as the
@@ -41,6 +20,32 @@
 //!   - dV += P^T dO_i and dK += dS^T Q_i: P^T and dS^T from registers (the accumulator
 //!     layout, packed to 16 bits, is wgmma's A layout), dO_i and Q_i read MN-major by the
 //!     instruction.
+//!
+//! Why a correction: FA2's D_i = dO_i . O_i from O rounded to T carries an error of about a
+//! unit roundoff of |dO_i| |O_i|. Where a row's softmax has few large weights (one dominant
+//! key, or few visible keys) that is larger than the true dS of its other keys: the property
+//! tests' bar (twice naive attention's error) was missed in about 1 case in 7 with few
+//! visible keys. The exact dS_ij = P_ij (dP_ij - D_i) sum to 0 over j (sum_j P_ij = 1); the
+//! kernel's dS~_ij = P_ij (dP_ij - D~_i) rounded to T (the product's operand) sum to delta~_i
+//! instead, and D~_i + delta_i (delta_i the f32 sum of the unrounded dS~_ij) is D_i to f32
+//! rounding. So, per row, exactly in the kernel's own arithmetic:
+//! - dQ_i = dQ~_i - (delta~_i / sigma_i) B_i with B_i = sum_j P_ij K_j and sigma_i = sum_j P_ij
+//!   (both of P rounded to T, as the product adds them) over the row's *hot* key tiles, those
+//!   where some row of the block has a key with P > 1/8. The coefficients of K then sum to 0
+//!   as the exact dS do; the keys left out (P <= 1/8 in tiles no row found hot) leave an
+//!   error of delta_i times their weight, at most FA2's. Rows whose hot tiles hold less than
+//!   half their weight are left uncorrected (FA2's error). B_i is a second pass over the hot
+//!   tiles alone (S and P recomputed, then B += P K_j): a row has fewer than 8 keys with P >
+//!   1/8, so few tiles (on random inputs of s >= 1k, typically none past the causal
+//!   diagonal's first rows); their list is kept in shared memory ([`HOT_TILES`]). delta~_i
+//!   comes from the tensor cores (dS~ times a tile of ones, m64n8k16 beside each dQ~ step),
+//!   delta_i from the f32 dS~ on the CUDA cores.
+//! - The dK/dV kernel's D_i = D~_i + delta_i: in a row saturated to one key (the others'
+//!   weights below f32 rounding), D_i rounds to that key's dP_ij exactly and its dS^T to 0,
+//!   as naive attention's does.
+//!
+//! It passes the tests that made this project recompute the statistics instead (its earlier
+//! default, 9 products per tile pair), at 7 products plus the hot tiles.
 //!
 //! Every dK, dV element is summed by one thread in a fixed order: bitwise deterministic.
 //! With DQ (the `wgmma_atomic` family, FA2's single kernel) the dK/dV kernel also writes dS^T

@@ -610,14 +610,15 @@ bwd_variants! {
 }
 
 /// Backward kernel families in the order automatic selection tries them (best first), among
-/// those the device runs: on Hopper `wgmma` (dQ and dK/dV kernels on warpgroup MMA; compute
-/// capability 9.0, f16 and bf16, head_dim <= 128), the tensor-core kernels (`mma`) where they
+/// those the device runs: on Hopper `wgmma` (`prep`, dQ and dK/dV kernels on warpgroup MMA;
+/// compute capability 9.0, f16 and bf16, head_dim <= 128), the tensor-core kernels (`mma`) where they
 /// apply, else SIMT. By name only: `mma_atomic` (FA2's single dK/dV/dQ kernel with atomic dQ;
 /// on the H200 0.69-0.76x of `mma`, benches/RESULTS.md, 6282a3e) and `wgmma_atomic` (the same
 /// structure on warpgroup MMA, 64 keys per block: on the H200, f16, 4256d7d, 0.93-1.01x
 /// `wgmma` at d=64 and 0.85-0.91x at d=128 with recomputed statistics, 0.80-0.92x and
 /// 0.75-0.84x with the forward's residual, s = 1k-16k: its f32 atomics, one per dQ element per
-/// 64 keys, cost more than the dQ kernel they replace).
+/// 64 keys, cost more than the dQ kernel they replace; measured before `wgmma` dropped its
+/// statistics pass, which made `wgmma` faster still).
 #[cfg(not(target_arch = "nvptx64"))]
 pub const BWD_FAMILIES: &[&str] = &["wgmma", "mma", "simt", "mma_atomic", "wgmma_atomic"];
 /// Backward families that are not bitwise deterministic (atomic f32 adds in a run-dependent

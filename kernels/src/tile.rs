@@ -420,7 +420,7 @@ pub struct WgmmaBwdTile {
     pub padded: bool,
     /// `.maxnreg` of the dK/dV kernel (0: none, ptxas's choice).
     pub dkdv_max_regs: u32,
-    /// `.maxnreg` of the dQ kernel with both passes (0: none).
+    /// `.maxnreg` of the dQ kernel (0: none).
     pub dq_max_regs: u32,
 }
 
@@ -444,7 +444,7 @@ impl WgmmaBwdTile {
     /// Query rows per block of the dQ kernel.
     pub const ROWS: u32 = 64;
     /// The dQ kernel's shared memory in bytes: Q, dO [64] rows and two stages of K, V [dq_bc]
-    /// rows, 16-bit.
+    /// rows, 16-bit; 8 x 64 ones (16-bit); 8 votes and the hot-tile list (u32, `bwd_wgmma`).
     pub const fn dq_smem_bytes(&self) -> u32 {
         (2 * Self::ROWS + 4 * self.dq_bc) * self.head_dim * 2 + 8 * 64 * 2 + (8 + crate::bwd_wgmma::HOT_TILES as u32) * 4
     }
@@ -456,10 +456,10 @@ impl WgmmaBwdTile {
 /// Reasons: one warpgroup per block, as in [`wgmma_tile`] (several blocks per SM hide each
 /// other's exponentials); br = dq_bc = 64 keeps S and dP at 32 registers each next to the
 /// accumulators (dK and dV: D / 2 each; dQ: D / 2). ptxas (sm_90a, 13.0), no spills, without
-/// caps: dK/dV 171 registers at d=64 and 244 at d=128, dQ 167 and 213 (the dK/dV kernel builds
-/// its descriptors from one register each, `Desc::opaque`: hoisted as constants they made it
-/// spill 16-68 bytes at d=128; the dQ kernel's second pass alone, with the statistics from
-/// the forward: 128 and 156); with the caps below, 168 and 128 at d=64. Measured on an H200 (33e7e8a, f16, FA paper shapes, s = 1k / 4k / 16k, TFLOP/s of
+/// caps: dK/dV 171 registers at d=64 and 240 at d=128 (it builds its descriptors from one
+/// register each, `Desc::opaque`: hoisted as constants they made it spill 16-68 bytes at
+/// d=128), the dQ kernel (`DQ_SAVED`, with its correction) 145-159 and 206 (3f020a8); with the
+/// caps below, 168 and 128 at d=64. Measured on an H200 (33e7e8a, f16, FA paper shapes, s = 1k / 4k / 16k, TFLOP/s of
 /// the whole backward with mma's dQ kernel): d=64 129 / 140 / 143 non-causal and 116 / 138 /
 /// 141 causal, against the mma dK/dV kernel's 126 / 133 / 135 and 110 / 128 / 132; d=128 150
 /// / 158 / 157 and 128 / 148 / -, against 123 / 128 / - and 106 / 120 / -. With this dQ
@@ -469,8 +469,10 @@ impl WgmmaBwdTile {
 ///
 /// Registers (`.maxnreg`, applied to the PTX when it is loaded): at d=64 the dK/dV kernel in
 /// 168 (three blocks per SM instead of two; ptxas 13.0: no spills once its statistics address
-/// was rebuilt per tile) and the dQ kernel with both passes in 128 (four instead of three, no
-/// spills). Measured on an H200 (7fde370, f16, s = 1k / 4k / 16k, TFLOP/s): with the
+/// was rebuilt per tile) and the dQ kernel in 128 (four instead of three; no spills once its
+/// statistics address is rebuilt after the loop and dQ~ parked in shared memory during the
+/// hot-tile pass, 3f020a8; the cap was first measured on the dQ kernel with both passes of
+/// the recomputed statistics). Measured on an H200 (7fde370, f16, s = 1k / 4k / 16k, TFLOP/s): with the
 /// statistics from the forward 204 / 243 / 257 non-causal and 182 / 234 / 242 causal became
 /// 256 / 296 / 299 and 210 / 275 / 282; recomputed, 159 / 178 / 181 and 145 / 172 / 175 became
 /// 199 / 215 / 209 and 173 / 204 / 203. At d=128 shared memory (96-100 KB per block) allows

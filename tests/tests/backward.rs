@@ -38,8 +38,8 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
         })
     };
     let mut trials = Vec::new();
-    // Automatic selection, the forward saving O's residual (the training path: on Hopper the
-    // statistics from LSE and O), and for the 16-bit types without it (recomputed statistics).
+    // Automatic selection, the forward saving O's residual (on Hopper D~ from O + O_lo) and,
+    // for the 16-bit types, without it (the default: D~ from O).
     for (dtype, saved) in [(Dt::F32, true), (Dt::F16, true), (Dt::Bf16, true), (Dt::F16, false), (Dt::Bf16, false)] {
         let name = format!("{tag}::props{}::{dtype:?}", if saved { "" } else { "_no_residual" }).to_lowercase();
         let (cases, strategy) = match kind {
