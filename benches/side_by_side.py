@@ -74,6 +74,9 @@ def parse_args(argv=None):
     p.add_argument("--iters", default=10, type=int)
     p.add_argument("--backward", action="store_true",
                    help="time the backward pass (dQ, dK, dV from the forward's O, LSE and a random dO); FLOPs 2.5x the forward's")
+    p.add_argument("--fwdbwd", action="store_true",
+                   help="time forward and backward together (a training step's attention: ours `bench --fwdbwd`, "
+                        "PyTorch SDPA then autograd.grad); FLOPs 3.5x the forward's")
     p.add_argument("--ours-args", default="", metavar="ARGS",
                    help="extra arguments for the first run of ours (use --ours-args=..., e.g. "
                         "--ours-args='--kernel wgmma_atomic')")
@@ -104,14 +107,16 @@ def make_shapes(args):
     return shapes
 
 
-BACKWARD = False  # set from --backward in main()
+BACKWARD = False  # set from --backward (or --fwdbwd) in main()
+FWDBWD = False  # set from --fwdbwd in main(): forward and backward timed together
 
 
 def attn_flops(s):
-    """FA paper FLOPs: 4 b h s^2 d, halved when causal, times 2.5 for the backward pass."""
+    """FA paper FLOPs: 4 b h s^2 d, halved when causal, times 2.5 for the backward pass (3.5
+    for forward and backward together)."""
     flops = 4 * s["batch"] * s["heads"] * s["seqlen"] ** 2 * s["head_dim"]
     flops = flops / 2 if s["causal"] else flops
-    return flops * 2.5 if BACKWARD else flops
+    return flops * (3.5 if FWDBWD else 2.5 if BACKWARD else 1)
 
 
 def key(row):
@@ -167,7 +172,7 @@ def run_ours(args, dtype, rng, extra=(), side="ours"):
            "--head-dims", ",".join(map(str, args.head_dims)),
            "--seqlens", ",".join(map(str, args.seqlens)),
            "--hidden", str(args.hidden), "--tokens", str(args.tokens),
-           "--causal", "both", "--iters", str(args.iters), "--json"] + (["--backward"] if args.backward else []) + list(extra)
+           "--causal", "both", "--iters", str(args.iters), "--json"] + (["--fwdbwd"] if args.fwdbwd else ["--backward"] if args.backward else []) + list(extra)
     log("  $ " + " ".join(cmd))
     try:
         proc = subprocess.run(cmd, check=False, capture_output=True, text=True)
@@ -191,7 +196,12 @@ def time_sdpa(torch, backend, q, k, v, causal, iters):
     with warnings.catch_warnings(record=True) as caught, sdpa_kernel(backend):
         warnings.simplefilter("always")
         try:
-            if BACKWARD:
+            if FWDBWD:
+                # A training step's attention: the forward, then autograd.grad of its output.
+                q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
+                d_o = torch.randn_like(q)
+                call = lambda: torch.autograd.grad(sdpa(q, k, v, is_causal=causal), (q, k, v), d_o)
+            elif BACKWARD:
                 # The backward alone: one forward, then autograd.grad of its output repeatedly.
                 q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
                 out = sdpa(q, k, v, is_causal=causal)
@@ -390,6 +400,12 @@ def memory_section(mem):
 
 
 def method_line(args):
+    if FWDBWD:
+        return (f"Method: forward and backward together (PyTorch: SDPA, then torch.autograd.grad of its output "
+                f"with a random dO; ours: forward, then backward from its output), CUDA events around {args.iters} "
+                f"back-to-back steps after {WARMUP} warm-up steps (mean ms/step), ours timed by `bench --fwdbwd --json` "
+                f"with --iters {args.iters}; hidden {args.hidden}, heads = hidden/d, batch = {args.tokens}/seqlen; "
+                f"FLOPs = 3.5 * 4*b*h*s^2*d, halved when causal.")
     if BACKWARD:
         return (f"Method: backward only (dQ, dK, dV given the forward's output and a random dO; PyTorch: "
                 f"torch.autograd.grad of one SDPA output, retain_graph), CUDA events around {args.iters} back-to-back "
@@ -445,7 +461,8 @@ def write_plot(path, args, gpu, rows):
             ax.grid(True, alpha=0.3)
             if ax.lines:
                 ax.legend(fontsize=8)
-    fig.suptitle(f"Attention {'backward' if BACKWARD else 'forward'}, {gpu}, {args.commit} ({args.date})")
+    what = "forward + backward" if FWDBWD else "backward" if BACKWARD else "forward"
+    fig.suptitle(f"Attention {what}, {gpu}, {args.commit} ({args.date})")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -455,9 +472,10 @@ def write_plot(path, args, gpu, rows):
 # ---------------------------------------------------------------- main
 
 def main(argv=None):
-    global BACKWARD
+    global BACKWARD, FWDBWD
     args = parse_args(argv)
-    BACKWARD = args.backward
+    args.backward = args.backward or args.fwdbwd
+    BACKWARD, FWDBWD = args.backward, args.fwdbwd
     rng = random.Random(0)
     shapes = make_shapes(args)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -14,7 +14,7 @@ usage: flashattn [run] [--batch B] [--seqlen S] [--seqlen-k S] [--heads H] [--he
                        [--kernel NAME] [--iters N] [--emulator]
        flashattn bench [--dtype f16|bf16|f32] [--head-dims 64,128] [--seqlens 512,1024,...]
                        [--hidden 2048] [--tokens 16384] [--causal on|off|both] [--kernel NAME]
-                       [--iters N] [--json] [--backward [--deterministic] [--residual]]
+                       [--iters N] [--json] [--backward|--fwdbwd [--deterministic] [--residual]]
 run:   one shape (GPU default: batch 8, seqlen 2048, 32 heads of 64, f16 -- the FA paper's
        hidden 2048 with 16k tokens; emulator default: batch 1, seqlen 128, 2 heads of 64),
        checked on sampled rows against the f64 reference, timed with CUDA events.
@@ -22,7 +22,8 @@ bench: the FA paper's settings (hidden 2048, batch * seqlen = 16k; emulator defa
        128, hidden 128, 128 tokens), TFLOP/s per shape;
        --backward times dQ, dK, dV instead (--deterministic: only bitwise-deterministic
        kernels; --residual: after a forward that saves O's residual, so that D~ comes
-       from the unrounded O, see FwdOptions::save_residual).";
+       from the unrounded O, see FwdOptions::save_residual); --fwdbwd times the forward
+       and the backward together (a training step's attention; FLOPs 3.5x the forward's).";
 
 #[derive(Clone, Debug)]
 struct Args {
@@ -47,6 +48,7 @@ struct Args {
     tokens: Option<usize>,
     json: bool,
     backward: bool,
+    fwdbwd: bool,
     deterministic: bool,
     residual: bool,
 }
@@ -73,6 +75,7 @@ fn parse() -> Result<Args, String> {
         tokens: None,
         json: false,
         backward: false,
+        fwdbwd: false,
         deterministic: false,
         residual: false,
     };
@@ -121,6 +124,10 @@ fn parse() -> Result<Args, String> {
             "--tokens" => a.tokens = Some(val(&flag, it.next())?),
             "--json" => a.json = true,
             "--backward" => a.backward = true,
+            "--fwdbwd" => {
+                a.backward = true;
+                a.fwdbwd = true;
+            }
             "--deterministic" => a.deterministic = true,
             "--residual" => a.residual = true,
             "-h" | "--help" => return Err(String::new()),
@@ -333,10 +340,18 @@ fn bench<T: Dtype>(fa: &FlashAttn, a: &Args) -> flashattn::Result<bool> {
                     let out = fa.forward(&q, &k, &v, &fwd_opts)?;
                     let d_o = fa.upload(&random_problem::<T>(&s, 0xd0).q, &s.q_shape())?;
                     let mut grads = flashattn::BwdOutput { dq: fa.full(T::nan(), &s.q_shape())?, dk: fa.full(T::nan(), &s.kv_shape())?, dv: fa.full(T::nan(), &s.kv_shape())? };
-                    let ms = fa.time_backward(&q, &k, &v, &out, &d_o, &mut grads, &opts, 2, iters)?;
                     let passes = flashattn::select_bwd_variants(T::DTYPE, d, &opts, &fa.archs(), out.o_lo.is_some())?;
                     let names = passes.iter().map(|v| v.name).collect::<Vec<_>>().join("+");
-                    (passes[passes.len() - 1].family.to_string(), names, ms, 2.5 * s.fwd_flops(causal))
+                    let family = passes[passes.len() - 1].family.to_string();
+                    if a.fwdbwd {
+                        // With --fwdbwd the forward too, each step (FLOPs 1 + 2.5 forwards).
+                        let ms = fa.time_forward_backward(&q, &k, &v, &d_o, &mut grads, &fwd_opts, &opts, 2, iters)?;
+                        let fwd = select_variant(T::DTYPE, d, &fwd_opts, &fa.archs())?.name;
+                        (family, format!("{fwd}+{names}"), ms, 3.5 * s.fwd_flops(causal))
+                    } else {
+                        let ms = fa.time_backward(&q, &k, &v, &out, &d_o, &mut grads, &opts, 2, iters)?;
+                        (family, names, ms, 2.5 * s.fwd_flops(causal))
+                    }
                 } else {
                     let variant = select_variant(T::DTYPE, d, &opts, &fa.archs())?;
                     let (q, k, v, mut o, mut lse) = upload_problem::<T>(fa, &s)?;
@@ -344,7 +359,11 @@ fn bench<T: Dtype>(fa: &FlashAttn, a: &Args) -> flashattn::Result<bool> {
                     (variant.family.to_string(), variant.name.to_string(), ms, s.fwd_flops(causal))
                 };
                 let tflops = flops / (ms * 1e-3) / 1e12;
-                let pass = if a.backward { "bwd" } else { "fwd" };
+                let pass = match (a.fwdbwd, a.backward) {
+                    (true, _) => "fwdbwd",
+                    (_, true) => "bwd",
+                    _ => "fwd",
+                };
                 if a.json {
                     println!(
                         "{{\"impl\":\"flashattn-rs/{family}\",\"pass\":\"{pass}\",\"kernel\":\"{name}\",\"dtype\":\"{}\",\"head_dim\":{d},\"seqlen\":{seqlen},\"batch\":{},\"heads\":{heads},\"causal\":{causal},\"ms\":{ms:.5},\"tflops\":{tflops:.3}}}",

@@ -43,6 +43,28 @@ impl FlashAttn {
         self.time_calls(warmup, iters, || self.backward_saved_into(q, k, v, fwd, d_o, grads, opts))
     }
 
+    /// Mean milliseconds per training step of attention over `iters` steps, after `warmup`: the
+    /// forward with `fwd_opts` ([`FlashAttn::forward`], its outputs allocated on the stream
+    /// each step) then the backward from its outputs with `opts` into `grads`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn time_forward_backward<T: Dtype>(
+        &self,
+        q: &Tensor<T>,
+        k: &Tensor<T>,
+        v: &Tensor<T>,
+        d_o: &Tensor<T>,
+        grads: &mut crate::BwdOutput<T>,
+        fwd_opts: &FwdOptions,
+        opts: &FwdOptions,
+        warmup: usize,
+        iters: usize,
+    ) -> Result<f64> {
+        self.time_calls(warmup, iters, || {
+            let out = self.forward(q, k, v, fwd_opts)?;
+            self.backward_saved_into(q, k, v, &out, d_o, grads, opts)
+        })
+    }
+
     /// Mean milliseconds per `call` over `iters` back-to-back calls after `warmup` calls: CUDA
     /// events on this handle's stream, wall clock on the emulator.
     fn time_calls(&self, warmup: usize, iters: usize, mut call: impl FnMut() -> Result<()>) -> Result<f64> {
