@@ -445,14 +445,13 @@ unsafe fn dq_masked<T: MmaElement, M: Mask, const D: usize, const DN: usize, con
 
     let factor = p.scale * LOG2_E;
     let mut acc_dq = [[0f32; 4]; DN];
-    // Rows g and g + 8 of the warp's 16: running statistics (pass 0), then the final m_i,
-    // 1 / l_i, D_i (pass 1).
+    // Rows g and g + 8 of the warp's 16: running statistics (DQ_STATS), or m_i, 1 / l_i, D~_i
+    // from the workspace (DQ_SAVED).
     let mut rows = [QuadRow::INIT; 2];
     let mut fin = [(f32::INFINITY, 0f32, 0f32); 2];
-    // DQ_SAVED, rows g and g + 8: delta_i = sum_j dS~_ij in f32 and delta_t_i of the dS~
-    // rounded to T, dS~ = P (dP - D~_i) with D~_i from O rounded to T; the column of the row's
-    // dominant key (P > 1/2), -1 if none.
-    // (delta_t from the tensor cores: dS~ times the ones, acc_one[0][2 half] = row g + 8 half.)
+    // DQ_SAVED, rows g and g + 8: delta_i = sum_j dS~_ij in f32 (this thread's columns), and
+    // delta~_i, the sum of the dS~ rounded to T, from the tensor cores (dS~ times the ones:
+    // acc_one[0][2 half] is row g + 8 half's, over all columns); dS~ = P (dP - D~_i).
     let (mut delta, mut acc_one) = ([0f32; 2], [[0f32; 4]; 1]);
     if saved {
         // Block: the ones (1024 bytes, a 1024-byte-aligned 128-byte-swizzle atom: every layout
@@ -567,9 +566,10 @@ unsafe fn dq_masked<T: MmaElement, M: Mask, const D: usize, const DN: usize, con
                 row.push(core::array::from_fn::<_, NS, _>(|n| [s[n][2 * half], s[n][2 * half + 1]]), core::array::from_fn(|n| [dp[n][2 * half], dp[n][2 * half + 1]]));
             }
         } else {
-            // Pass 1, thread: dS = P (dP - D_i), P = exp2(S - m_i) / l_i, to 16-bit A fragments
-            // (k-step ks: n-tiles 2ks, 2ks + 1); then dQ_i += dS K_j, K_j read MN-major.
-            // (`prep` gives 1 / l_i = 1, and m_i = +inf to rows with no visible key.)
+            // Thread: P = exp2(S scale log2 e - m_i) (`prep` gives 1 / l_i = 1, and m_i = +inf
+            // to rows with no visible key), 0 where masked; dS~ = P (dP - D~_i) to 16-bit A
+            // fragments (k-step ks: n-tiles 2ks, 2ks + 1); then dQ~_i += dS~ K_j, K_j read
+            // MN-major.
             let mut pt = s;
             for x in pt.iter_mut() {
                 for (e, x) in x.iter_mut().enumerate() {
@@ -707,9 +707,9 @@ unsafe fn dq_masked<T: MmaElement, M: Mask, const D: usize, const DN: usize, con
                 }
             }
         }
-        // Lane quad: the rows' delta, delta_t, sigma; D_i = D~_i + delta_i to the workspace
+        // Lane quad: the rows' delta, delta~, sigma; D_i = D~_i + delta_i to the workspace
         // for the dK/dV kernel; where the hot tiles hold at least half of a row's P,
-        // dQ_i -= (delta_t_i / sigma_i) B_i: the coefficients of K in dQ_i then sum to 0 as the
+        // dQ_i -= (delta~_i / sigma_i) B_i: the coefficients of K in dQ_i then sum to 0 as the
         // exact dS_ij do (see the module doc).
         let quad_sum = |v: f32| {
             let v = v + warp::shfl_xor(v, 1);
