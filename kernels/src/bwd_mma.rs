@@ -58,7 +58,7 @@ pub(crate) fn stat_at(p: &BwdParams, k: usize, b: u32, h: u32, r: u32) -> usize 
 /// The four A-fragment registers of a 16x16 tile from two adjacent m16n8 C fragments (the C
 /// layout of n-tiles 2k, 2k+1 packed to 16 bits is the A layout of k-step k).
 #[inline(always)]
-fn to_a<T: MmaElement>(lo: [f32; 4], hi: [f32; 4]) -> [u32; 4] {
+pub(crate) fn to_a<T: MmaElement>(lo: [f32; 4], hi: [f32; 4]) -> [u32; 4] {
     [T::pack2(lo[0], lo[1]), T::pack2(lo[2], lo[3]), T::pack2(hi[0], hi[1]), T::pack2(hi[2], hi[3])]
 }
 

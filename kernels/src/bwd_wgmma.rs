@@ -57,7 +57,7 @@
 //! and never stored. Query rows past seqlen_q get Q = dO = 0 and (m, 1 / l, D) = (+inf, 0, 0),
 //! so their P and dS are 0.
 
-use crate::bwd_mma::{QuadRow, stat_at, store_rows};
+use crate::bwd_mma::{QuadRow, stat_at, store_rows, to_a};
 use crate::dev::{self, Shared, block, global, math, thread, warp, warpgroup};
 use crate::dtype::MmaElement;
 use crate::fwd_mma::load_tile_in;
@@ -201,10 +201,7 @@ unsafe fn dkdv_masked<T: MmaElement, M: Mask, const D: usize, const DN: usize, c
         };
         // Thread: 16-bit A fragments of X^T from its accumulators (k-step kq: n-tiles 2kq, 2kq + 1).
         let pack = #[inline(always)] |x: &[[f32; 4]; NQ]| -> [[u32; 4]; KQ] {
-            core::array::from_fn(|kq| {
-                let (lo, hi) = (x[2 * kq], x[2 * kq + 1]);
-                [T::pack2(lo[0], lo[1]), T::pack2(lo[2], lo[3]), T::pack2(hi[0], hi[1]), T::pack2(hi[2], hi[3])]
-            })
+            core::array::from_fn(|kq| to_a::<T>(x[2 * kq], x[2 * kq + 1]))
         };
 
         // S^T = K_j Q_i^T.
@@ -511,6 +508,14 @@ unsafe fn dq_masked<T: MmaElement, M: Mask, const D: usize, const DN: usize, con
             }
         }
     };
+    // Warpgroup: acc = A B^T over d, A a [64][D] and B a [BC][D] tile (both K-major): D / 16
+    // k-steps of m64n{BC}k16, issued (the caller commits and waits).
+    let issue_abt = #[inline(always)] |a: warpgroup::Desc, b: warpgroup::Desc, acc: &mut [[f32; 4]; NS]| {
+        for kk in 0..D / 16 {
+            let (ao, bo) = (((kk / 4) * ROWS * 64 + (kk % 4) * 16) * 2, ((kk / 4) * BC * 64 + (kk % 4) * 16) * 2);
+            warpgroup::mma_ss::<NS>(a.advance(ao), b.advance(bo), acc, kk > 0, T::BF16);
+        }
+    };
     // Warpgroup: S = Q K_j^T times scale log2(e), -inf where masked (DQ_SAVED: unscaled and
     // unmasked), and dP = dO V_j^T for
     // key tile j in `stage` (D / 16 k-steps of m64n{BC}k16 each, one group).
@@ -522,14 +527,8 @@ unsafe fn dq_masked<T: MmaElement, M: Mask, const D: usize, const DN: usize, con
         warpgroup::fence();
         let (qd, od) = (warpgroup::desc_sw128(q_s, 0, 16, 1024).opaque(), warpgroup::desc_sw128(do_s, 0, 16, 1024).opaque());
         let (kd, vd) = (warpgroup::desc_sw128(k_s(stage), 0, 16, 1024).opaque(), warpgroup::desc_sw128(v_s(stage), 0, 16, 1024).opaque());
-        for kk in 0..D / 16 {
-            let (a, b) = (((kk / 4) * ROWS * 64 + (kk % 4) * 16) * 2, ((kk / 4) * BC * 64 + (kk % 4) * 16) * 2);
-            warpgroup::mma_ss::<NS>(qd.advance(a), kd.advance(b), &mut s, kk > 0, T::BF16);
-        }
-        for kk in 0..D / 16 {
-            let (a, b) = (((kk / 4) * ROWS * 64 + (kk % 4) * 16) * 2, ((kk / 4) * BC * 64 + (kk % 4) * 16) * 2);
-            warpgroup::mma_ss::<NS>(od.advance(a), vd.advance(b), &mut dp, kk > 0, T::BF16);
-        }
+        issue_abt(qd, kd, &mut s);
+        issue_abt(od, vd, &mut dp);
         warpgroup::commit();
         warpgroup::wait::<0, NS>(&mut s);
         warpgroup::fence_operands(&mut dp);
@@ -578,19 +577,16 @@ unsafe fn dq_masked<T: MmaElement, M: Mask, const D: usize, const DN: usize, con
             }
             mask(&mut pt, j, j >= n_unmasked, 0.0);
             let mut ds = [[0f32; 4]; NS];
-            let mut p_max = [0f32; 2];
+            let mut p_max = 0f32; // over both rows: the warp votes on any of its rows
             for n in 0..NS {
                 for e in 0..4 {
                     let p_ij = pt[n][e];
                     ds[n][e] = p_ij * (dp[n][e] - fin[e / 2].2);
-                    p_max[e / 2] = p_max[e / 2].max(p_ij);
+                    p_max = p_max.max(p_ij);
                     delta[e / 2] += ds[n][e];
                 }
             }
-            let mut da: [[u32; 4]; KS] = core::array::from_fn(|ks| {
-                let (lo, hi) = (ds[2 * ks], ds[2 * ks + 1]);
-                [T::pack2(lo[0], lo[1]), T::pack2(lo[2], lo[3]), T::pack2(hi[0], hi[1]), T::pack2(hi[2], hi[3])]
-            });
+            let mut da: [[u32; 4]; KS] = core::array::from_fn(|ks| to_a::<T>(ds[2 * ks], ds[2 * ks + 1]));
             warpgroup::fence_operands(&mut acc_dq);
             warpgroup::fence_operands(&mut acc_one);
             warpgroup::fence_fragments(&mut da);
@@ -608,7 +604,7 @@ unsafe fn dq_masked<T: MmaElement, M: Mask, const D: usize, const DN: usize, con
             warpgroup::fence_fragments(&mut da);
             if saved {
                 // Warp: whether one of its rows has a key with P > HOT_P in this tile.
-                let v = warp::any(p_max[0] > HOT_P || p_max[1] > HOT_P);
+                let v = warp::any(p_max > HOT_P);
                 if lane == 0 {
                     votes.st(4 * (it % 2) + w, v as u32);
                 }
@@ -666,10 +662,7 @@ unsafe fn dq_masked<T: MmaElement, M: Mask, const D: usize, const DN: usize, con
             warpgroup::fence_operands(&mut s);
             warpgroup::fence();
             let (qd, kd) = (warpgroup::desc_sw128(q_s, 0, 16, 1024).opaque(), warpgroup::desc_sw128(k_s(0), 0, 16, 1024).opaque());
-            for kk in 0..D / 16 {
-                let (a, b) = (((kk / 4) * ROWS * 64 + (kk % 4) * 16) * 2, ((kk / 4) * BC * 64 + (kk % 4) * 16) * 2);
-                warpgroup::mma_ss::<NS>(qd.advance(a), kd.advance(b), &mut s, kk > 0, T::BF16);
-            }
+            issue_abt(qd, kd, &mut s);
             warpgroup::commit();
             warpgroup::wait::<0, NS>(&mut s);
             for x in s.iter_mut() {
@@ -678,10 +671,7 @@ unsafe fn dq_masked<T: MmaElement, M: Mask, const D: usize, const DN: usize, con
                 }
             }
             mask(&mut s, j, j >= n_unmasked, 0.0);
-            let mut pa: [[u32; 4]; KS] = core::array::from_fn(|ks| {
-                let (lo, hi) = (s[2 * ks], s[2 * ks + 1]);
-                [T::pack2(lo[0], lo[1]), T::pack2(lo[2], lo[3]), T::pack2(hi[0], hi[1]), T::pack2(hi[2], hi[3])]
-            });
+            let mut pa: [[u32; 4]; KS] = core::array::from_fn(|ks| to_a::<T>(s[2 * ks], s[2 * ks + 1]));
             for f in pa.iter() {
                 for (e, w) in f.iter().enumerate() {
                     let (a, b) = T::unpack2(*w);
@@ -711,15 +701,11 @@ unsafe fn dq_masked<T: MmaElement, M: Mask, const D: usize, const DN: usize, con
         // for the dK/dV kernel; where the hot tiles hold at least half of a row's P,
         // dQ_i -= (delta~_i / sigma_i) B_i: the coefficients of K in dQ_i then sum to 0 as the
         // exact dS_ij do (see the module doc).
-        let quad_sum = |v: f32| {
-            let v = v + warp::shfl_xor(v, 1);
-            v + warp::shfl_xor(v, 2)
-        };
         // (The row's address rebuilt from an opaque batch index: hoisted from the loads of
         // `fin` it was kept across the loop and spilled at 128 registers.)
         let b_late = thread::opaque(b as u64) as u32;
         for half in 0..2 {
-            let (dl, dl_t, sg) = (quad_sum(delta[half]), acc_one[0][2 * half], quad_sum(sigma[half]));
+            let (dl, dl_t, sg) = (warp::allreduce_sum_in::<4>(delta[half]), acc_one[0][2 * half], warp::allreduce_sum_in::<4>(sigma[half]));
             let r = row_w + (g + 8 * half) as u32;
             if t == 0 && r < sq {
                 unsafe { global::store((p.stats as *mut f32).add(stat_at(p, 2, b_late, h, r)), fin[half].2 + dl) };
