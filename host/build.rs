@@ -45,7 +45,17 @@ fn build_ptx(cargo: &str, kernels: &Path, target_dir: &Path, cpu: &str, features
         .env("CARGO_PROFILE_RELEASE_OPT_LEVEL", "3")
         .stdout(Stdio::from(std::io::stderr()));
     // The outer build's settings are for the host, not for nvptx64.
-    for var in ["RUSTFLAGS", "CARGO_BUILD_RUSTFLAGS", "CARGO_BUILD_TARGET", "CARGO_TARGET_DIR", "CARGO_BUILD_TARGET_DIR", "RUSTC_WRAPPER", "RUSTC_WORKSPACE_WRAPPER", "CARGO_PROFILE_RELEASE_LTO", "CARGO_PROFILE_RELEASE_PANIC"] {
+    for var in [
+        "RUSTFLAGS",
+        "CARGO_BUILD_RUSTFLAGS",
+        "CARGO_BUILD_TARGET",
+        "CARGO_TARGET_DIR",
+        "CARGO_BUILD_TARGET_DIR",
+        "RUSTC_WRAPPER",
+        "RUSTC_WORKSPACE_WRAPPER",
+        "CARGO_PROFILE_RELEASE_LTO",
+        "CARGO_PROFILE_RELEASE_PANIC",
+    ] {
         cmd.env_remove(var);
     }
     let status = cmd.status().unwrap_or_else(|e| panic!("could not run `{cargo}` to build the kernels: {e}"));

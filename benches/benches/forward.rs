@@ -22,7 +22,14 @@ fn bench_forward(c: &mut Criterion) {
         for &(d, seqlen) in &shapes {
             for causal in [false, true] {
                 let heads = if why.is_some() { 2 } else { 2048 / d };
-                let s = AttnShape { batch: (16384 / seqlen).max(1).min(if why.is_some() { 1 } else { usize::MAX }), seqlen_q: seqlen, seqlen_k: seqlen, heads_q: heads, heads_kv: heads, head_dim: d };
+                let s = AttnShape {
+                    batch: (16384 / seqlen).max(1).min(if why.is_some() { 1 } else { usize::MAX }),
+                    seqlen_q: seqlen,
+                    seqlen_k: seqlen,
+                    heads_q: heads,
+                    heads_kv: heads,
+                    head_dim: d,
+                };
                 let opts = FwdOptions { causal, softmax_scale: None, kernel: Some(family), ..Default::default() };
                 // Not every family serves every head_dim (wgmma_wg2: 64 and 128 only),
                 // and sm_90a kernels run on compute capability 9.0 only.

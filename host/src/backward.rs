@@ -51,9 +51,16 @@ pub struct BwdOutput<T> {
 ///
 /// `saved`: the forward's O residual is at hand (the families that use it then run their
 /// [`bwd_passes`] for it).
-pub fn select_bwd_variants(dtype: flashattn_kernels::dtype::DType, head_dim: usize, opts: &FwdOptions, archs: &[Arch], saved: bool) -> Result<Vec<&'static BwdVariant>> {
+pub fn select_bwd_variants(
+    dtype: flashattn_kernels::dtype::DType,
+    head_dim: usize,
+    opts: &FwdOptions,
+    archs: &[Arch],
+    saved: bool,
+) -> Result<Vec<&'static BwdVariant>> {
     let d = head_dim as u32;
-    let get = |family: &'static str| bwd_passes(family, saved).iter().map(|pass| bwd_variant(family, pass, dtype, d)).collect::<Option<Vec<_>>>();
+    let get =
+        |family: &'static str| bwd_passes(family, saved).iter().map(|pass| bwd_variant(family, pass, dtype, d)).collect::<Option<Vec<_>>>();
     let allowed = |family: &str| !(opts.deterministic && BWD_NONDETERMINISTIC.contains(&family));
     match opts.kernel {
         Some(family) if !BWD_FAMILIES.contains(&family) => {
@@ -99,7 +106,15 @@ impl FlashAttn {
     /// As [`FlashAttn::backward`], from everything the forward returned: with its O residual
     /// ([`FwdOptions::save_residual`]) the row statistics come from the LSE and O instead of
     /// a pass over the keys (on Hopper: `wgmma`), otherwise the same as `backward`.
-    pub fn backward_saved<T: Dtype>(&self, q: &Tensor<T>, k: &Tensor<T>, v: &Tensor<T>, fwd: &FwdOutput<T>, d_o: &Tensor<T>, opts: &FwdOptions) -> Result<BwdOutput<T>> {
+    pub fn backward_saved<T: Dtype>(
+        &self,
+        q: &Tensor<T>,
+        k: &Tensor<T>,
+        v: &Tensor<T>,
+        fwd: &FwdOutput<T>,
+        d_o: &Tensor<T>,
+        opts: &FwdOptions,
+    ) -> Result<BwdOutput<T>> {
         let mut out = self.alloc_grads(q, k, v, opts)?;
         self.backward_saved_into(q, k, v, fwd, d_o, &mut out, opts)?;
         Ok(out)
@@ -168,7 +183,9 @@ impl FlashAttn {
         if let Some(t) = o_lo {
             self.check_owner_id(t.owner(), "o_lo")?;
         }
-        for (name, owner) in [("q", q.owner()), ("k", k.owner()), ("v", v.owner()), ("o", o.owner()), ("d_o", d_o.owner()), ("lse", lse.owner())] {
+        for (name, owner) in
+            [("q", q.owner()), ("k", k.owner()), ("v", v.owner()), ("o", o.owner()), ("d_o", d_o.owner()), ("lse", lse.owner())]
+        {
             self.check_owner_id(owner, name)?;
         }
         for (name, owner) in [("dq", grads.dq.owner()), ("dk", grads.dk.owner()), ("dv", grads.dv.owner())] {

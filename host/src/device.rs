@@ -63,7 +63,9 @@ impl FlashAttn {
             cuda("reading the compute capability", ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR))?,
         );
         if cc < (8, 0) {
-            return Err(Error::NoDevice { reason: format!("device {ordinal} has compute capability {}.{}; the kernels need 8.0 or later", cc.0, cc.1) });
+            return Err(Error::NoDevice {
+                reason: format!("device {ordinal} has compute capability {}.{}; the kernels need 8.0 or later", cc.0, cc.1),
+            });
         }
         let mut archs = vec![Arch::Sm80];
         if cc == (9, 0) {
@@ -224,9 +226,11 @@ impl CudaBackend {
                     // A registered kernel is always an entry (tests/tests/ptx.rs): the driver's
                     // own answer for a missing name otherwise.
                     let not_found = cudarc::driver::DriverError(cudarc::driver::sys::CUresult::CUDA_ERROR_NOT_FOUND);
-                    let mut ptx = crate::ptx::entry_module(crate::ptx::loaded(arch), name).ok_or(Error::Cuda { op: "finding a kernel in the PTX", source: not_found })?;
+                    let mut ptx = crate::ptx::entry_module(crate::ptx::loaded(arch), name)
+                        .ok_or(Error::Cuda { op: "finding a kernel in the PTX", source: not_found })?;
                     if let Some((_, regs)) = self.maxnreg.iter().find(|(k, _)| k == name) {
-                        ptx = crate::ptx::with_maxnreg(&ptx, name, *regs).ok_or(Error::Cuda { op: "adding .maxnreg to a kernel's PTX", source: not_found })?;
+                        ptx = crate::ptx::with_maxnreg(&ptx, name, *regs)
+                            .ok_or(Error::Cuda { op: "adding .maxnreg to a kernel's PTX", source: not_found })?;
                     }
                     let module = cuda("loading a kernel's PTX", self.ctx.load_module(Ptx::from_src(ptx)))?;
                     cuda("looking up a kernel", module.load_function(name))?

@@ -183,10 +183,9 @@ impl std::fmt::Display for Error {
             Error::NotDeterministic { family } => {
                 write!(f, "backward kernel family `{family}` is not bitwise deterministic (atomic adds), but deterministic was requested")
             }
-            Error::SharedMemory { kernel, needed, available } => write!(
-                f,
-                "kernel {kernel} needs {needed} bytes of shared memory per block; the device allows {available}"
-            ),
+            Error::SharedMemory { kernel, needed, available } => {
+                write!(f, "kernel {kernel} needs {needed} bytes of shared memory per block; the device allows {available}")
+            }
         }
     }
 }

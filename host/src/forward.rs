@@ -149,14 +149,18 @@ pub struct FwdOutput<T> {
 /// kernels of `archs` ([`FlashAttn::archs`]): the named family's (whatever its arch: launching
 /// it where it cannot run is [`Error::UnsupportedDevice`]), or the first family (in
 /// [`FAMILIES`] order) that has one for these archs.
-pub fn select_variant(dtype: flashattn_kernels::dtype::DType, head_dim: usize, opts: &FwdOptions, archs: &[Arch]) -> Result<&'static FwdVariant> {
+pub fn select_variant(
+    dtype: flashattn_kernels::dtype::DType,
+    head_dim: usize,
+    opts: &FwdOptions,
+    archs: &[Arch],
+) -> Result<&'static FwdVariant> {
     let d = head_dim as u32;
     match opts.kernel {
-        Some(family) if !FAMILIES.contains(&family) => {
-            Err(Error::UnknownKernel { name: family.into(), available: FAMILIES.to_vec() })
+        Some(family) if !FAMILIES.contains(&family) => Err(Error::UnknownKernel { name: family.into(), available: FAMILIES.to_vec() }),
+        Some(family) => {
+            fwd_variant(family, dtype, d).ok_or_else(|| Error::NoVariant { family: family.into(), dtype: dtype.name(), head_dim })
         }
-        Some(family) => fwd_variant(family, dtype, d)
-            .ok_or_else(|| Error::NoVariant { family: family.into(), dtype: dtype.name(), head_dim }),
         None => FAMILIES
             .iter()
             .filter_map(|f| fwd_variant(f, dtype, d))

@@ -25,10 +25,10 @@ mod device;
 mod dtype;
 mod error;
 mod forward;
-mod timing;
 pub mod ptx;
 pub mod reference;
 pub mod rng;
+mod timing;
 
 pub use backward::{BwdOutput, select_bwd_variants};
 pub use device::{FlashAttn, Tensor, driver_present};

@@ -311,7 +311,10 @@ fn bench<T: Dtype>(fa: &FlashAttn, a: &Args) -> flashattn::Result<bool> {
     };
     if !a.json {
         println!("device: {}", fa.device_name());
-        println!("{:<28} {:>5} {:>4} {:>6} {:>6} {:>4} {:>7} {:>10} {:>9}", "kernel", "dtype", "d", "seqlen", "batch", "h", "causal", "ms", "TFLOP/s");
+        println!(
+            "{:<28} {:>5} {:>4} {:>6} {:>6} {:>4} {:>7} {:>10} {:>9}",
+            "kernel", "dtype", "d", "seqlen", "batch", "h", "causal", "ms", "TFLOP/s"
+        );
     }
     // The FA paper's settings on a GPU; on the emulator (minutes per FA shape) one small one.
     let emu = fa.is_emulator();
@@ -330,7 +333,8 @@ fn bench<T: Dtype>(fa: &FlashAttn, a: &Args) -> flashattn::Result<bool> {
                     heads_kv: heads,
                     head_dim: d,
                 };
-                let opts = FwdOptions { causal, softmax_scale: None, kernel: a.kernel, deterministic: a.deterministic, ..Default::default() };
+                let opts =
+                    FwdOptions { causal, softmax_scale: None, kernel: a.kernel, deterministic: a.deterministic, ..Default::default() };
                 let iters = a.iters.unwrap_or(10);
                 let (family, name, ms, flops) = if a.backward {
                     // The forward's O and LSE (automatic kernel), a random dO; then dQ, dK, dV
@@ -339,7 +343,11 @@ fn bench<T: Dtype>(fa: &FlashAttn, a: &Args) -> flashattn::Result<bool> {
                     let (q, k, v, _, _) = upload_problem::<T>(fa, &s)?;
                     let out = fa.forward(&q, &k, &v, &fwd_opts)?;
                     let d_o = fa.upload(&random_problem::<T>(&s, 0xd0).q, &s.q_shape())?;
-                    let mut grads = flashattn::BwdOutput { dq: fa.full(T::nan(), &s.q_shape())?, dk: fa.full(T::nan(), &s.kv_shape())?, dv: fa.full(T::nan(), &s.kv_shape())? };
+                    let mut grads = flashattn::BwdOutput {
+                        dq: fa.full(T::nan(), &s.q_shape())?,
+                        dk: fa.full(T::nan(), &s.kv_shape())?,
+                        dv: fa.full(T::nan(), &s.kv_shape())?,
+                    };
                     let passes = flashattn::select_bwd_variants(T::DTYPE, d, &opts, &fa.archs(), out.o_lo.is_some())?;
                     let names = passes.iter().map(|v| v.name).collect::<Vec<_>>().join("+");
                     let family = passes[passes.len() - 1].family.to_string();

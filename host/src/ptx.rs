@@ -54,10 +54,7 @@ pub fn entries(ptx: &str) -> Vec<&str> {
 /// Declarations of symbols the module uses but does not define, other than the launch-sized
 /// shared memory (an `extern .shared` array by design). A loadable module has none.
 pub fn unresolved(ptx: &str) -> Vec<&str> {
-    ptx.lines()
-        .map(str::trim)
-        .filter(|l| l.starts_with(".extern") && !l.starts_with(".extern .shared"))
-        .collect()
+    ptx.lines().map(str::trim).filter(|l| l.starts_with(".extern") && !l.starts_with(".extern .shared")).collect()
 }
 
 /// A module with the single entry `name` of `ptx`: every top-level item but the other

@@ -82,8 +82,7 @@ pub fn attention_f64(q: &[f64], k: &[f64], v: &[f64], s: &AttnShape, opts: &FwdO
             for i in 0..s.seqlen_q {
                 let at = ((b * s.seqlen_q + i) * s.heads_q + h) * d;
                 let out = &mut o[at..at + d];
-                lse[(b * s.heads_q + h) * s.seqlen_q + i] =
-                    attention_row(q, k, v, s, scale, opts.causal, (b, h, i), out, &mut scores);
+                lse[(b * s.heads_q + h) * s.seqlen_q + i] = attention_row(q, k, v, s, scale, opts.causal, (b, h, i), out, &mut scores);
             }
         }
     }
@@ -123,9 +122,7 @@ pub fn reference_rows<T: Dtype>(
 /// rounded to `T`; O = P V accumulated in f32 and rounded to `T`. For `T = f32` every step is
 /// plain f32 arithmetic. Its error against [`attention_f64`] calibrates [`tolerance`].
 pub fn naive_attention<T: Dtype>(q: &[T], k: &[T], v: &[T], s: &AttnShape, opts: &FwdOptions) -> RefOutput {
-    let rows: Vec<_> = (0..s.batch)
-        .flat_map(|b| (0..s.heads_q).flat_map(move |h| (0..s.seqlen_q).map(move |i| (b, h, i))))
-        .collect();
+    let rows: Vec<_> = (0..s.batch).flat_map(|b| (0..s.heads_q).flat_map(move |h| (0..s.seqlen_q).map(move |i| (b, h, i)))).collect();
     let mut o = vec![0.0; s.batch * s.seqlen_q * s.heads_q * s.head_dim];
     let mut lse = vec![0.0; s.batch * s.heads_q * s.seqlen_q];
     for ((b, h, i), (row, l)) in rows.iter().zip(naive_rows(q, k, v, s, opts, &rows)) {
@@ -203,7 +200,13 @@ pub fn rel_l2(a: &[f64], b: &[f64]) -> f64 {
         num += (x - y) * (x - y);
         den += y * y;
     }
-    if num == 0.0 { 0.0 } else if den == 0.0 { f64::INFINITY } else { (num / den).sqrt() }
+    if num == 0.0 {
+        0.0
+    } else if den == 0.0 {
+        f64::INFINITY
+    } else {
+        (num / den).sqrt()
+    }
 }
 
 /// The accuracy bar for a kernel's output in dtype `T`: twice the relative error of naive

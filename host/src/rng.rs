@@ -32,4 +32,3 @@ impl Rng {
         (0..n).map(|_| T::from_f64(self.normal())).collect()
     }
 }
-

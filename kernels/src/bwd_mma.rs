@@ -65,7 +65,15 @@ pub(crate) fn to_a<T: MmaElement>(lo: [f32; 4], hi: [f32; 4]) -> [u32; 4] {
 /// Warp: stores 16 rows x D columns of C fragments (rows `row0 + g`, `+ 8`) times `factor`
 /// to a [seqlen, d] slice in T, skipping rows at or past `limit` and columns at or past `d`.
 #[inline(always)]
-pub(crate) unsafe fn store_rows<T: MmaElement, const DN: usize>(acc: &[[f32; 4]; DN], factor: f32, dst: *mut T, stride: u64, row0: u32, limit: u32, d: u32) {
+pub(crate) unsafe fn store_rows<T: MmaElement, const DN: usize>(
+    acc: &[[f32; 4]; DN],
+    factor: f32,
+    dst: *mut T,
+    stride: u64,
+    row0: u32,
+    limit: u32,
+    d: u32,
+) {
     let (g, t) = ((warp::lane() / 4) as usize, (warp::lane() % 4) as usize);
     for half in 0..2 {
         let r = row0 + (g + 8 * half) as u32;
@@ -204,8 +212,20 @@ unsafe fn dq_masked<
         if it + 1 < n_iter {
             let c1 = (((it + 1) % n_tiles) * BC) as u32;
             unsafe {
-                load_tile::<T, D, BC, true>(k_s((it + 1) % 2), k_g.add((c1 as u64 * p.k_strides.row) as usize), p.k_strides.row, sk - c1, d);
-                load_tile::<T, D, BC, true>(v_s((it + 1) % 2), v_g.add((c1 as u64 * p.k_strides.row) as usize), p.k_strides.row, sk - c1, d);
+                load_tile::<T, D, BC, true>(
+                    k_s((it + 1) % 2),
+                    k_g.add((c1 as u64 * p.k_strides.row) as usize),
+                    p.k_strides.row,
+                    sk - c1,
+                    d,
+                );
+                load_tile::<T, D, BC, true>(
+                    v_s((it + 1) % 2),
+                    v_g.add((c1 as u64 * p.k_strides.row) as usize),
+                    p.k_strides.row,
+                    sk - c1,
+                    d,
+                );
             }
             thread::cp_async_commit();
             thread::cp_async_wait::<1>();
@@ -322,7 +342,10 @@ impl<T: MmaElement, const D: usize, const DK: usize, const QREG: bool> DqStep<'_
     fn stats<M: Mask, const MASKED: bool, const BC: usize, const NS: usize>(&self, j: usize, rows: &mut [QuadRow; 2]) {
         let (x, dp) = self.scores::<M, MASKED, BC, NS>(j);
         for (half, row) in rows.iter_mut().enumerate() {
-            row.push(core::array::from_fn::<_, NS, _>(|n| [x[n][2 * half], x[n][2 * half + 1]]), core::array::from_fn(|n| [dp[n][2 * half], dp[n][2 * half + 1]]));
+            row.push(
+                core::array::from_fn::<_, NS, _>(|n| [x[n][2 * half], x[n][2 * half + 1]]),
+                core::array::from_fn(|n| [dp[n][2 * half], dp[n][2 * half + 1]]),
+            );
         }
     }
 
@@ -508,7 +531,9 @@ unsafe fn dkdv_masked<
         if tid < BR {
             let r = i0 + tid as u32;
             let valid = r < sq;
-            let ld = |k: usize, dflt: f32| if valid { unsafe { global::load((p.stats as *const f32).add(stat_at(p, k, b, h, r))) } } else { dflt };
+            let ld = |k: usize, dflt: f32| {
+                if valid { unsafe { global::load((p.stats as *const f32).add(stat_at(p, k, b, h, r))) } } else { dflt }
+            };
             m_s(stage).st(tid, ld(0, f32::INFINITY));
             il_s(stage).st(tid, ld(1, 0.0));
             dd_s(stage).st(tid, ld(2, 0.0));

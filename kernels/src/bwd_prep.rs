@@ -44,7 +44,8 @@ pub unsafe fn prep<T: MmaElement, const RESIDUAL: bool>(p: &BwdParams) {
         let mut c = 2 * lane;
         while c < d {
             let i = (at + c as u64) as usize;
-            let (o, g) = unsafe { (global::load((p.o as *const T).add(i) as *const u32), global::load((p.d_o as *const T).add(i) as *const u32)) };
+            let (o, g) =
+                unsafe { (global::load((p.o as *const T).add(i) as *const u32), global::load((p.d_o as *const T).add(i) as *const u32)) };
             let ((o0, o1), (g0, g1)) = (T::unpack2(o), T::unpack2(g));
             if RESIDUAL {
                 let (l0, l1) = T::unpack2(unsafe { global::load((p.o_lo as *const T).add(i) as *const u32) });

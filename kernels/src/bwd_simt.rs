@@ -94,9 +94,7 @@ impl RowStats {
 /// `p` valid (host-checked); launch with `simt_kv_tile(d)`'s threads and shared memory.
 #[inline(always)]
 pub unsafe fn dkdv<T: Element, const RK: usize, const DCH: usize>(p: &BwdParams) {
-    unsafe {
-        if p.causal != 0 { dkdv_masked::<T, Causal, RK, DCH>(p) } else { dkdv_masked::<T, NoMask, RK, DCH>(p) }
-    }
+    unsafe { if p.causal != 0 { dkdv_masked::<T, Causal, RK, DCH>(p) } else { dkdv_masked::<T, NoMask, RK, DCH>(p) } }
 }
 
 #[inline(always)]
@@ -249,9 +247,7 @@ impl FirstVisible for core::ops::Range<u32> {
 /// `p` valid (host-checked); launch with `simt_tile(d)`'s threads and `simt_dq_smem_bytes(d)`.
 #[inline(always)]
 pub unsafe fn dq<T: Element, const ROWS: usize, const DCH: usize, const SC: usize>(p: &BwdParams) {
-    unsafe {
-        if p.causal != 0 { dq_masked::<T, Causal, ROWS, DCH, SC>(p) } else { dq_masked::<T, NoMask, ROWS, DCH, SC>(p) }
-    }
+    unsafe { if p.causal != 0 { dq_masked::<T, Causal, ROWS, DCH, SC>(p) } else { dq_masked::<T, NoMask, ROWS, DCH, SC>(p) } }
 }
 
 #[inline(always)]
@@ -288,7 +284,18 @@ unsafe fn dq_masked<T: Element, M: Mask, const ROWS: usize, const DCH: usize, co
     let row_end = if row0 + br < sq { row0 + br } else { sq };
     let n_tiles = M::visible_cols(row_end, sq, sk).div_ceil(bc);
     let r_w = w * ROWS as u32;
-    let ctx = DqTile { p, q_s, do_s, k_s, v_s, k_g: unsafe { (p.k as *const T).add(kv_at) }, v_g: unsafe { (p.v as *const T).add(kv_at) }, bc, r_w, lane };
+    let ctx = DqTile {
+        p,
+        q_s,
+        do_s,
+        k_s,
+        v_s,
+        k_g: unsafe { (p.k as *const T).add(kv_at) },
+        v_g: unsafe { (p.v as *const T).add(kv_at) },
+        bc,
+        r_w,
+        lane,
+    };
     let hidden = |i: usize, c: usize, c0: u32| {
         let (row, col) = (row0 + r_w + i as u32, c0 + lane + 32 * c as u32);
         row >= sq || col >= sk || M::hides(row, col, sq, sk)

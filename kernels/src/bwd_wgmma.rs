@@ -76,7 +76,16 @@ const KEYS: usize = 64;
 /// `WgmmaBwdTile::dkdv_smem_bytes()` bytes of dynamic shared memory; the dQ kernel has
 /// written the statistics; an sm_90a device.
 #[inline(always)]
-pub unsafe fn dkdv<T: MmaElement, const D: usize, const DN: usize, const BR: usize, const NQ: usize, const KQ: usize, const PAD: bool, const DQ: bool>(
+pub unsafe fn dkdv<
+    T: MmaElement,
+    const D: usize,
+    const DN: usize,
+    const BR: usize,
+    const NQ: usize,
+    const KQ: usize,
+    const PAD: bool,
+    const DQ: bool,
+>(
     p: &BwdParams,
 ) {
     unsafe {
@@ -89,11 +98,29 @@ pub unsafe fn dkdv<T: MmaElement, const D: usize, const DN: usize, const BR: usi
 }
 
 #[inline(always)]
-unsafe fn dkdv_masked<T: MmaElement, M: Mask, const D: usize, const DN: usize, const BR: usize, const NQ: usize, const KQ: usize, const PAD: bool, const DQ: bool>(
+unsafe fn dkdv_masked<
+    T: MmaElement,
+    M: Mask,
+    const D: usize,
+    const DN: usize,
+    const BR: usize,
+    const NQ: usize,
+    const KQ: usize,
+    const PAD: bool,
+    const DQ: bool,
+>(
     p: &BwdParams,
 ) {
     let d = p.head_dim;
-    if d > D as u32 || (!PAD && d != D as u32) || !d.is_multiple_of(8) || DN * 8 != D || NQ * 8 != BR || KQ * 16 != BR || D % 64 != 0 || block::dim() != warpgroup::SIZE {
+    if d > D as u32
+        || (!PAD && d != D as u32)
+        || !d.is_multiple_of(8)
+        || DN * 8 != D
+        || NQ * 8 != BR
+        || KQ * 16 != BR
+        || D % 64 != 0
+        || block::dim() != warpgroup::SIZE
+    {
         thread::trap();
     }
     let (kv_blk, hk, b) = block::idx();
@@ -174,13 +201,15 @@ unsafe fn dkdv_masked<T: MmaElement, M: Mask, const D: usize, const DN: usize, c
 
     // Warpgroup: one query tile (stage `st`, query head h, first row i0); `masked` applies the
     // causal mask (and with DQ hides the keys past seqlen_k).
-    let step = #[inline(always)] |st: usize, h: u32, i0: u32, masked: bool, acc_dk: &mut [[f32; 4]; DN], acc_dv: &mut [[f32; 4]; DN]| {
+    let step = #[inline(always)]
+    |st: usize, h: u32, i0: u32, masked: bool, acc_dk: &mut [[f32; 4]; DN], acc_dv: &mut [[f32; 4]; DN]| {
         let (m_row, il_row, d_row) = (m_s(st), il_s(st), dd_s(st));
         // Thread: the statistics of its query columns n * 8 + 2t, + 1 of n-tile n.
         let stat = |i: usize| (m_row.ld(i), il_row.ld(i), d_row.ld(i));
         // Warpgroup: acc = A_j B_i^T over D (D / 16 k-steps of m64n{BR}k16, A [64][D] and
         // B [BR][D] K-major in shared memory), as one group.
-        let issue_t = #[inline(always)] |a_s: Shared<T>, b_s: Shared<T>, acc: &mut [[f32; 4]; NQ]| {
+        let issue_t = #[inline(always)]
+        |a_s: Shared<T>, b_s: Shared<T>, acc: &mut [[f32; 4]; NQ]| {
             let (a0, b0) = (warpgroup::desc_sw128(a_s, 0, 16, 1024).opaque(), warpgroup::desc_sw128(b_s, 0, 16, 1024).opaque());
             for kk in 0..D / 16 {
                 let a = a0.advance(((kk / 4) * KEYS * 64 + (kk % 4) * 16) * 2);
@@ -191,7 +220,8 @@ unsafe fn dkdv_masked<T: MmaElement, M: Mask, const D: usize, const DN: usize, c
         };
         // Warpgroup: acc += X^T B_i over the tile's queries (BR / 16 k-steps of m64n{D}k16,
         // X^T from registers, B [BR][D] read MN-major), as one group.
-        let issue_acc = #[inline(always)] |x: &[[u32; 4]; KQ], b_s: Shared<T>, acc: &mut [[f32; 4]; DN]| {
+        let issue_acc = #[inline(always)]
+        |x: &[[u32; 4]; KQ], b_s: Shared<T>, acc: &mut [[f32; 4]; DN]| {
             let b0 = warpgroup::desc_sw128(b_s, 0, Sw::<BR, D>::BLOCK_BYTES, 1024).opaque();
             for (kq, f) in x.iter().enumerate() {
                 let b = b0.advance(kq * 16 * 64 * 2);
@@ -200,9 +230,8 @@ unsafe fn dkdv_masked<T: MmaElement, M: Mask, const D: usize, const DN: usize, c
             warpgroup::commit();
         };
         // Thread: 16-bit A fragments of X^T from its accumulators (k-step kq: n-tiles 2kq, 2kq + 1).
-        let pack = #[inline(always)] |x: &[[f32; 4]; NQ]| -> [[u32; 4]; KQ] {
-            core::array::from_fn(|kq| to_a::<T>(x[2 * kq], x[2 * kq + 1]))
-        };
+        let pack = #[inline(always)]
+        |x: &[[f32; 4]; NQ]| -> [[u32; 4]; KQ] { core::array::from_fn(|kq| to_a::<T>(x[2 * kq], x[2 * kq + 1])) };
 
         // S^T = K_j Q_i^T.
         let mut s = [[0f32; 4]; NQ];
@@ -372,7 +401,16 @@ pub const DQ_STATS: u8 = 2;
 /// `WgmmaBwdTile::dq_smem_bytes()` bytes of dynamic shared memory; an sm_90a device; with
 /// DQ_SAVED, the statistics written.
 #[inline(always)]
-pub unsafe fn dq<T: MmaElement, const D: usize, const DN: usize, const BC: usize, const NS: usize, const KS: usize, const PAD: bool, const MODE: u8>(
+pub unsafe fn dq<
+    T: MmaElement,
+    const D: usize,
+    const DN: usize,
+    const BC: usize,
+    const NS: usize,
+    const KS: usize,
+    const PAD: bool,
+    const MODE: u8,
+>(
     p: &BwdParams,
 ) {
     unsafe {
@@ -385,13 +423,31 @@ pub unsafe fn dq<T: MmaElement, const D: usize, const DN: usize, const BC: usize
 }
 
 #[inline(always)]
-unsafe fn dq_masked<T: MmaElement, M: Mask, const D: usize, const DN: usize, const BC: usize, const NS: usize, const KS: usize, const PAD: bool, const MODE: u8>(
+unsafe fn dq_masked<
+    T: MmaElement,
+    M: Mask,
+    const D: usize,
+    const DN: usize,
+    const BC: usize,
+    const NS: usize,
+    const KS: usize,
+    const PAD: bool,
+    const MODE: u8,
+>(
     p: &BwdParams,
 ) {
     const { assert!(MODE == DQ_SAVED || MODE == DQ_STATS) };
     let (saved, stats_only) = (MODE == DQ_SAVED, MODE == DQ_STATS);
     let d = p.head_dim;
-    if d > D as u32 || (!PAD && d != D as u32) || !d.is_multiple_of(8) || DN * 8 != D || NS * 8 != BC || KS * 16 != BC || D % 64 != 0 || block::dim() != warpgroup::SIZE {
+    if d > D as u32
+        || (!PAD && d != D as u32)
+        || !d.is_multiple_of(8)
+        || DN * 8 != D
+        || NS * 8 != BC
+        || KS * 16 != BC
+        || D % 64 != 0
+        || block::dim() != warpgroup::SIZE
+    {
         thread::trap();
     }
     let (q_blk, h, b) = block::idx();
@@ -471,7 +527,13 @@ unsafe fn dq_masked<T: MmaElement, M: Mask, const D: usize, const DN: usize, con
             let r = row_w + (g + 8 * half) as u32;
             if r < sq {
                 let st = p.stats as *const f32;
-                *f = unsafe { (global::load(st.add(stat_at(p, 0, b, h, r))), global::load(st.add(stat_at(p, 1, b, h, r))), global::load(st.add(stat_at(p, 2, b, h, r)))) };
+                *f = unsafe {
+                    (
+                        global::load(st.add(stat_at(p, 0, b, h, r))),
+                        global::load(st.add(stat_at(p, 1, b, h, r))),
+                        global::load(st.add(stat_at(p, 2, b, h, r))),
+                    )
+                };
             }
         }
     }
@@ -494,7 +556,8 @@ unsafe fn dq_masked<T: MmaElement, M: Mask, const D: usize, const DN: usize, con
     };
     // Thread: `hidden` where key tile j hides S (one uniform branch: true on the last tiles
     // only).
-    let mask = #[inline(always)] |s: &mut [[f32; 4]; NS], j: usize, masked: bool, hidden: f32| {
+    let mask = #[inline(always)]
+    |s: &mut [[f32; 4]; NS], j: usize, masked: bool, hidden: f32| {
         if masked {
             let c0 = (j * BC) as u32;
             for (n, x) in s.iter_mut().enumerate() {
@@ -510,7 +573,8 @@ unsafe fn dq_masked<T: MmaElement, M: Mask, const D: usize, const DN: usize, con
     };
     // Warpgroup: acc = A B^T over d, A a [64][D] and B a [BC][D] tile (both K-major): D / 16
     // k-steps of m64n{BC}k16, issued (the caller commits and waits).
-    let issue_abt = #[inline(always)] |a: warpgroup::Desc, b: warpgroup::Desc, acc: &mut [[f32; 4]; NS]| {
+    let issue_abt = #[inline(always)]
+    |a: warpgroup::Desc, b: warpgroup::Desc, acc: &mut [[f32; 4]; NS]| {
         for kk in 0..D / 16 {
             let (ao, bo) = (((kk / 4) * ROWS * 64 + (kk % 4) * 16) * 2, ((kk / 4) * BC * 64 + (kk % 4) * 16) * 2);
             warpgroup::mma_ss::<NS>(a.advance(ao), b.advance(bo), acc, kk > 0, T::BF16);
@@ -519,7 +583,8 @@ unsafe fn dq_masked<T: MmaElement, M: Mask, const D: usize, const DN: usize, con
     // Warpgroup: S = Q K_j^T times scale log2(e), -inf where masked (DQ_SAVED: unscaled and
     // unmasked), and dP = dO V_j^T for
     // key tile j in `stage` (D / 16 k-steps of m64n{BC}k16 each, one group).
-    let scores = #[inline(always)] |j: usize, stage: usize, masked: bool| -> ([[f32; 4]; NS], [[f32; 4]; NS]) {
+    let scores = #[inline(always)]
+    |j: usize, stage: usize, masked: bool| -> ([[f32; 4]; NS], [[f32; 4]; NS]) {
         let mut s = [[0f32; 4]; NS];
         let mut dp = [[0f32; 4]; NS];
         warpgroup::fence_operands(&mut s);
@@ -562,7 +627,10 @@ unsafe fn dq_masked<T: MmaElement, M: Mask, const D: usize, const DN: usize, con
         if stats_only {
             // Pass 0, lane quad: fold tile j into the rows' running statistics.
             for (half, row) in rows.iter_mut().enumerate() {
-                row.push(core::array::from_fn::<_, NS, _>(|n| [s[n][2 * half], s[n][2 * half + 1]]), core::array::from_fn(|n| [dp[n][2 * half], dp[n][2 * half + 1]]));
+                row.push(
+                    core::array::from_fn::<_, NS, _>(|n| [s[n][2 * half], s[n][2 * half + 1]]),
+                    core::array::from_fn(|n| [dp[n][2 * half], dp[n][2 * half + 1]]),
+                );
             }
         } else {
             // Thread: P = exp2(S scale log2 e - m_i) (`prep` gives 1 / l_i = 1, and m_i = +inf
@@ -652,7 +720,15 @@ unsafe fn dq_masked<T: MmaElement, M: Mask, const D: usize, const DN: usize, con
             block::sync();
             let j = hot.ld(ix) as usize;
             let c1 = (j * BC) as u32;
-            unsafe { load_tile_in::<T, Sw<BC, D>, D, BC, 128, true>(k_s(0), k_g.add((c1 as u64 * p.k_strides.row) as usize), p.k_strides.row, sk - c1, d) };
+            unsafe {
+                load_tile_in::<T, Sw<BC, D>, D, BC, 128, true>(
+                    k_s(0),
+                    k_g.add((c1 as u64 * p.k_strides.row) as usize),
+                    p.k_strides.row,
+                    sk - c1,
+                    d,
+                )
+            };
             thread::cp_async_commit();
             thread::cp_async_wait::<0>();
             thread::fence_proxy_async();

@@ -130,7 +130,14 @@ pub(crate) unsafe fn load_tile<T: MmaElement, const D: usize, const ROWS: usize,
 /// copy is a pointer increment (a loop with a thread-dependent trip count cost 27
 /// instructions per 16 bytes, a third of the KV loop's instructions at d=128: SASS of 27ff2b2).
 #[inline(always)]
-pub(crate) unsafe fn load_tile_in<T: MmaElement, L: TileLayout, const D: usize, const ROWS: usize, const THREADS: usize, const BOUNDS: bool>(
+pub(crate) unsafe fn load_tile_in<
+    T: MmaElement,
+    L: TileLayout,
+    const D: usize,
+    const ROWS: usize,
+    const THREADS: usize,
+    const BOUNDS: bool,
+>(
     dst: Shared<T>,
     src: *const T,
     stride: u64,
@@ -226,7 +233,14 @@ unsafe fn fwd<
     let br = tile.br() as usize;
     // Without PAD, head_dim is exactly D and the padding checks compile away.
     let d = if PAD { p.head_dim } else { D as u32 };
-    if p.head_dim > D as u32 || (!PAD && p.head_dim != D as u32) || d % 8 != 0 || DK * 16 != D || DN * 8 != D || NS * 8 != BC || block::dim() != tile.threads() {
+    if p.head_dim > D as u32
+        || (!PAD && p.head_dim != D as u32)
+        || d % 8 != 0
+        || DK * 16 != D
+        || DN * 8 != D
+        || NS * 8 != BC
+        || block::dim() != tile.threads()
+    {
         thread::trap();
     }
     let (q_blk, h, b) = block::idx();
@@ -390,7 +404,9 @@ struct Step<'a, T: Copy, const D: usize, const DK: usize, const MT: usize, const
     c: f32,
 }
 
-impl<T: MmaElement, const D: usize, const DK: usize, const MT: usize, const QREG: bool, const FUSED: bool> Step<'_, T, D, DK, MT, QREG, FUSED> {
+impl<T: MmaElement, const D: usize, const DK: usize, const MT: usize, const QREG: bool, const FUSED: bool>
+    Step<'_, T, D, DK, MT, QREG, FUSED>
+{
     /// One iteration of the KV loop over key tile `j`, for this warp's MT m16 tiles;
     /// MASKED adds the mask and the seqlen_k bound to the scores.
     #[inline(always)]

@@ -19,13 +19,7 @@ use crate::tile::SimtTile;
 /// `tile.threads()` threads and `tile.smem_bytes(head_dim)` bytes of dynamic shared memory.
 #[inline(always)]
 pub unsafe fn entry<T: Element, const ROWS: usize, const DCH: usize, const SC: usize>(p: &FwdParams) {
-    unsafe {
-        if p.causal != 0 {
-            fwd::<T, Causal, ROWS, DCH, SC>(p)
-        } else {
-            fwd::<T, NoMask, ROWS, DCH, SC>(p)
-        }
-    }
+    unsafe { if p.causal != 0 { fwd::<T, Causal, ROWS, DCH, SC>(p) } else { fwd::<T, NoMask, ROWS, DCH, SC>(p) } }
 }
 
 /// Block: copies rows `row0..row0+rows` of a [seqlen, d] slice (row stride `src_stride`) into
@@ -45,11 +39,7 @@ pub(crate) unsafe fn load_tile<T: Element>(
     while e < rows * d {
         let (r, c) = (e / d, e % d);
         let g = row0 + r;
-        let x = if g < row_limit {
-            unsafe { global::load(src.add((g as u64 * src_stride + c as u64) as usize)) }.to_f32()
-        } else {
-            0.0
-        };
+        let x = if g < row_limit { unsafe { global::load(src.add((g as u64 * src_stride + c as u64) as usize)) }.to_f32() } else { 0.0 };
         dst.st((r * dst_stride + c) as usize, x);
         e += block::dim();
     }

@@ -13,10 +13,10 @@
 
 use crate::dev::{self, Shared, block, global, thread, warp, warpgroup};
 use crate::dtype::MmaElement;
+use crate::fwd_mma::{TileLayout, load_tile_in, negate_own_chunks};
 use crate::mask::{Causal, Mask, NoMask};
 use crate::params::FwdParams;
 use crate::softmax::{Domain, RowState};
-use crate::fwd_mma::{TileLayout, load_tile_in, negate_own_chunks};
 use crate::tile::WgmmaTile;
 
 /// Entry body for one tile. The derived counts come in as parameters (stable Rust cannot
@@ -27,16 +27,19 @@ use crate::tile::WgmmaTile;
 /// `p` valid (host-checked), `p.head_dim <= D`, 128 WG threads and the tile's
 /// `smem_bytes()` bytes of dynamic shared memory; an sm_90a device.
 #[inline(always)]
-pub unsafe fn entry<T: MmaElement, const D: usize, const WG: usize, const BC: usize, const NS: usize, const DN: usize, const KS: usize, const PAD: bool>(
+pub unsafe fn entry<
+    T: MmaElement,
+    const D: usize,
+    const WG: usize,
+    const BC: usize,
+    const NS: usize,
+    const DN: usize,
+    const KS: usize,
+    const PAD: bool,
+>(
     p: &FwdParams,
 ) {
-    unsafe {
-        if p.causal != 0 {
-            fwd::<T, Causal, D, WG, BC, NS, DN, KS, PAD>(p)
-        } else {
-            fwd::<T, NoMask, D, WG, BC, NS, DN, KS, PAD>(p)
-        }
-    }
+    unsafe { if p.causal != 0 { fwd::<T, Causal, D, WG, BC, NS, DN, KS, PAD>(p) } else { fwd::<T, NoMask, D, WG, BC, NS, DN, KS, PAD>(p) } }
 }
 
 /// The 128-byte-swizzle canonical layout of a [ROWS][D] 16-bit tile (D a multiple of 64):
@@ -62,14 +65,31 @@ impl<const ROWS: usize, const D: usize> TileLayout for Sw<ROWS, D> {
 }
 
 #[inline(always)]
-unsafe fn fwd<T: MmaElement, M: Mask, const D: usize, const WG: usize, const BC: usize, const NS: usize, const DN: usize, const KS: usize, const PAD: bool>(
+unsafe fn fwd<
+    T: MmaElement,
+    M: Mask,
+    const D: usize,
+    const WG: usize,
+    const BC: usize,
+    const NS: usize,
+    const DN: usize,
+    const KS: usize,
+    const PAD: bool,
+>(
     p: &FwdParams,
 ) {
     let tile = WgmmaTile { warpgroups: WG as u32, bc: BC as u32, head_dim: D as u32, padded: PAD };
     const { assert!(D % 64 == 0 && BC % 16 == 0) };
     let br = tile.br() as usize;
     let d = if PAD { p.head_dim } else { D as u32 };
-    if p.head_dim > D as u32 || (!PAD && p.head_dim != D as u32) || d % 8 != 0 || NS * 8 != BC || DN * 8 != D || KS * 16 != BC || block::dim() != tile.threads() {
+    if p.head_dim > D as u32
+        || (!PAD && p.head_dim != D as u32)
+        || d % 8 != 0
+        || NS * 8 != BC
+        || DN * 8 != D
+        || KS * 16 != BC
+        || block::dim() != tile.threads()
+    {
         thread::trap();
     }
     let (q_blk, h, b) = block::idx();
@@ -96,7 +116,8 @@ unsafe fn fwd<T: MmaElement, M: Mask, const D: usize, const WG: usize, const BC:
     let n_unmasked = ((M::unmasked_cols(row0, sq, sk) / BC as u32) as usize).min(n_tiles);
 
     // Br is 64 WG rows; ROWS must be a constant, so one arm per warpgroup count.
-    let load_q = #[inline(always)] || unsafe {
+    let load_q = #[inline(always)]
+    || unsafe {
         match WG {
             1 => load_tile_in::<T, Sw<64, D>, D, 64, 128, true>(q_s, q_g, p.q_strides.row, sq - row0.min(sq), d),
             2 => load_tile_in::<T, Sw<128, D>, D, 128, 256, true>(q_s, q_g, p.q_strides.row, sq - row0.min(sq), d),
@@ -106,7 +127,8 @@ unsafe fn fwd<T: MmaElement, M: Mask, const D: usize, const WG: usize, const BC:
     };
     // Block: one K (or V) tile of BC keys from key c1 into `stage`; bounds checks only where
     // the tile reaches past seqlen_k or head_dim is padded.
-    let load_one = #[inline(always)] |dst: Shared<T>, src: *const T, stride: u64, c1: u32| unsafe {
+    let load_one = #[inline(always)]
+    |dst: Shared<T>, src: *const T, stride: u64, c1: u32| unsafe {
         let src = src.add((c1 as u64 * stride) as usize);
         let limit = sk - c1;
         macro_rules! one {
@@ -125,8 +147,10 @@ unsafe fn fwd<T: MmaElement, M: Mask, const D: usize, const WG: usize, const BC:
             _ => thread::trap(),
         }
     };
-    let load_k = #[inline(always)] |stage: usize, c1: u32| load_one(k_s(stage), k_g, p.k_strides.row, c1);
-    let load_v = #[inline(always)] |stage: usize, c1: u32| load_one(v_s(stage), v_g, p.v_strides.row, c1);
+    let load_k = #[inline(always)]
+    |stage: usize, c1: u32| load_one(k_s(stage), k_g, p.k_strides.row, c1);
+    let load_v = #[inline(always)]
+    |stage: usize, c1: u32| load_one(v_s(stage), v_g, p.v_strides.row, c1);
 
     // Copy groups: G_0 = {Q, K_0}, then G_j = {K_j, V_(j-1)} for j >= 1 (K_n does not
     // exist): iteration j needs G_j and issues G_(j+1) into the stages iteration j - 1 freed.
@@ -164,7 +188,8 @@ unsafe fn fwd<T: MmaElement, M: Mask, const D: usize, const WG: usize, const BC:
     let q_off = wg * 64 * 64; // this warpgroup's 64 rows of Q
     // Warpgroup: issue S_j = Q K_j (D / 16 k-steps of m64n{BC}k16, both operands in shared
     // memory) as one wgmma group.
-    let issue_s = #[inline(always)] |stage: usize, acc_s: &mut [[f32; 4]; NS]| {
+    let issue_s = #[inline(always)]
+    |stage: usize, acc_s: &mut [[f32; 4]; NS]| {
         for kk in 0..D / 16 {
             let a = warpgroup::desc_sw128(q_s, (kk / 4) * br * 64 + q_off + (kk % 4) * 16, 16, 1024);
             let bk = warpgroup::desc_sw128(k_s(stage), (kk / 4) * BC * 64 + (kk % 4) * 16, 16, 1024);
@@ -174,7 +199,8 @@ unsafe fn fwd<T: MmaElement, M: Mask, const D: usize, const WG: usize, const BC:
     };
     // Warpgroup: issue O += P V_j (BC / 16 k-steps of m64n{D}k16, P from registers, V
     // [keys][D] read MN-major) as one wgmma group.
-    let issue_pv = #[inline(always)] |stage: usize, pa: &[[u32; 4]; KS], acc_o: &mut [[f32; 4]; DN]| {
+    let issue_pv = #[inline(always)]
+    |stage: usize, pa: &[[u32; 4]; KS], acc_o: &mut [[f32; 4]; DN]| {
         for (kv, f) in pa.iter().enumerate() {
             let bv = warpgroup::desc_sw128(v_s(stage), kv * 16 * 64, Sw::<BC, D>::BLOCK_BYTES, 1024);
             warpgroup::mma_rs::<DN, true>(*f, bv, acc_o, true, T::BF16);
@@ -183,7 +209,8 @@ unsafe fn fwd<T: MmaElement, M: Mask, const D: usize, const WG: usize, const BC:
     };
     // Thread: mask tile j's scores (when `masked`) and fold them into the rows' online
     // softmax; the scores become P in place; returns alpha per row.
-    let softmax = #[inline(always)] |j: usize, masked: bool, acc_s: &mut [[f32; 4]; NS], rows: &mut [RowState; 2]| -> [f32; 2] {
+    let softmax = #[inline(always)]
+    |j: usize, masked: bool, acc_s: &mut [[f32; 4]; NS], rows: &mut [RowState; 2]| -> [f32; 2] {
         let c0 = (j * BC) as u32;
         let mut s = [[[0f32; 2]; NS]; 2];
         for (n, a) in acc_s.iter().enumerate() {
@@ -211,7 +238,8 @@ unsafe fn fwd<T: MmaElement, M: Mask, const D: usize, const WG: usize, const BC:
     };
     // Thread: acc_o *= alpha (skipped when no row of the warp got a new max: alpha = 1
     // exactly), and P to 16 bits in wgmma's A layout (k-step kv: S n-tiles 2kv, 2kv + 1).
-    let rescale_and_pack = #[inline(always)] |alpha: [f32; 2], acc_s: &[[f32; 4]; NS], acc_o: &mut [[f32; 4]; DN], pa: &mut [[u32; 4]; KS]| {
+    let rescale_and_pack = #[inline(always)]
+    |alpha: [f32; 2], acc_s: &[[f32; 4]; NS], acc_o: &mut [[f32; 4]; DN], pa: &mut [[u32; 4]; KS]| {
         if warp::any(alpha[0] != 1.0 || alpha[1] != 1.0) {
             for a in acc_o.iter_mut() {
                 a[0] *= alpha[0];
@@ -239,7 +267,13 @@ unsafe fn fwd<T: MmaElement, M: Mask, const D: usize, const WG: usize, const BC:
     }
     // Iteration j >= 1 of the KV loop; `masked` is a literal at each call, so the unmasked
     // iterations carry no mask code.
-    let step = #[inline(always)] |j: usize, masked: bool, acc_s: &mut [[f32; 4]; NS], acc_o: &mut [[f32; 4]; DN], pa: &mut [[u32; 4]; KS], rows: &mut [RowState; 2]| {
+    let step = #[inline(always)]
+    |j: usize,
+                masked: bool,
+                acc_s: &mut [[f32; 4]; NS],
+                acc_o: &mut [[f32; 4]; DN],
+                pa: &mut [[u32; 4]; KS],
+                rows: &mut [RowState; 2]| {
         // Every warpgroup is done with iteration j - 1 (S_(j-1) read K stage (j - 1) % 2,
         // PV_(j-2) read V stage j % 2): G_(j+1) may refill them.
         block::sync();

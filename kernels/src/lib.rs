@@ -28,7 +28,6 @@
         gpu_launch_sized_workgroup_mem
     )
 )]
-
 #![cfg_attr(target_arch = "nvptx64", allow(internal_features))]
 
 #[cfg(not(target_arch = "nvptx64"))]

@@ -9,7 +9,10 @@ use crate::dtype::Bf16;
 #[cfg(not(target_arch = "nvptx64"))]
 use crate::dtype::{DType, Element};
 use crate::params::{BwdParams, FwdParams};
-use crate::tile::{MmaBwdTile, MmaTile, WgmmaBwdTile, WgmmaTile, wgmma_bwd_tile, mma_bwd_tile, wgmma_tile, wgmma_tile_wg2, mma_tile, mma_tile_br64, mma_tile_unfused, simt_dq_smem_bytes, simt_kv_tile, simt_tile};
+use crate::tile::{
+    MmaBwdTile, MmaTile, WgmmaBwdTile, WgmmaTile, mma_bwd_tile, mma_tile, mma_tile_br64, mma_tile_unfused, simt_dq_smem_bytes,
+    simt_kv_tile, simt_tile, wgmma_bwd_tile, wgmma_tile, wgmma_tile_wg2,
+};
 
 /// The PTX module a variant is compiled into, and so the devices it runs on.
 #[cfg(not(target_arch = "nvptx64"))]
@@ -99,7 +102,12 @@ macro_rules! fwd_variants {
 /// One SIMT variant: the head dims that share `simt_tile(D)`, compiled for the largest, D.
 macro_rules! simt {
     ($ty:ty, $d:literal) => {
-        crate::fwd_simt::entry::<$ty, { simt_tile($d).rows_per_warp as usize }, { simt_tile($d).d_chunks as usize }, { simt_tile($d).s_cols as usize }>
+        crate::fwd_simt::entry::<
+            $ty,
+            { simt_tile($d).rows_per_warp as usize },
+            { simt_tile($d).d_chunks as usize },
+            { simt_tile($d).s_cols as usize },
+        >
     };
 }
 
@@ -356,7 +364,12 @@ macro_rules! bwd_kv {
 /// The dQ variant for the head dims sharing `simt_tile(D)`.
 macro_rules! bwd_q {
     ($ty:ty, $d:literal) => {
-        crate::bwd_simt::dq::<$ty, { simt_tile($d).rows_per_warp as usize }, { simt_tile($d).d_chunks as usize }, { simt_tile($d).s_cols as usize }>
+        crate::bwd_simt::dq::<
+            $ty,
+            { simt_tile($d).rows_per_warp as usize },
+            { simt_tile($d).d_chunks as usize },
+            { simt_tile($d).s_cols as usize },
+        >
     };
 }
 

@@ -136,10 +136,6 @@ impl RowState {
     #[inline(always)]
     pub fn finish<Dm: Domain, const W: u32>(&self) -> (f32, f32) {
         let l = warp::allreduce_sum_in::<W>(self.l);
-        if l > 0.0 {
-            (math::rcp(l), Dm::lse(self.m, l))
-        } else {
-            (0.0, f32::NEG_INFINITY)
-        }
+        if l > 0.0 { (math::rcp(l), Dm::lse(self.m, l)) } else { (0.0, f32::NEG_INFINITY) }
     }
 }

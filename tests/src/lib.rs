@@ -142,8 +142,14 @@ impl Gpu {
 
 /// A proptest strategy for forward cases whose problem size (b * hq * sq * sk * d) stays
 /// under `budget`, so the f64 reference stays cheap.
-pub fn case_strategy(max_seqlen: usize, max_d_units: usize, max_heads_kv: usize, max_group: usize, max_batch: usize, budget: usize)
--> impl proptest::strategy::Strategy<Value = Case> {
+pub fn case_strategy(
+    max_seqlen: usize,
+    max_d_units: usize,
+    max_heads_kv: usize,
+    max_group: usize,
+    max_batch: usize,
+    budget: usize,
+) -> impl proptest::strategy::Strategy<Value = Case> {
     use proptest::prelude::*;
     (
         1..=max_batch,
@@ -158,13 +164,16 @@ pub fn case_strategy(max_seqlen: usize, max_d_units: usize, max_heads_kv: usize,
         any::<u64>(),
     )
         .prop_map(move |(batch, sq, sk, hkv, group, du, causal, scale, dtype, seed)| {
-            let mut shape =
-                AttnShape { batch, seqlen_q: sq, seqlen_k: sk, heads_q: hkv * group, heads_kv: hkv, head_dim: du * 8 };
+            let mut shape = AttnShape { batch, seqlen_q: sq, seqlen_k: sk, heads_q: hkv * group, heads_kv: hkv, head_dim: du * 8 };
             // Shrink the longer sequence until the problem fits the budget.
             while shape.batch * shape.heads_q * shape.seqlen_q * shape.seqlen_k * shape.head_dim > budget
                 && shape.seqlen_q.max(shape.seqlen_k) > 1
             {
-                if shape.seqlen_q >= shape.seqlen_k { shape.seqlen_q = shape.seqlen_q.div_ceil(2) } else { shape.seqlen_k = shape.seqlen_k.div_ceil(2) }
+                if shape.seqlen_q >= shape.seqlen_k {
+                    shape.seqlen_q = shape.seqlen_q.div_ceil(2)
+                } else {
+                    shape.seqlen_k = shape.seqlen_k.div_ceil(2)
+                }
             }
             Case { shape, causal, softmax_scale: scale, dtype, seed }
         })
@@ -199,7 +208,13 @@ pub fn check_backward_with(fa: &FlashAttn, case: &Case, repeat: bool, kernel: Op
     })
 }
 
-fn check_backward_typed<T: Dtype>(fa: &FlashAttn, case: &Case, repeat: bool, kernel: Option<&'static str>, saved: bool) -> Result<(), String> {
+fn check_backward_typed<T: Dtype>(
+    fa: &FlashAttn,
+    case: &Case,
+    repeat: bool,
+    kernel: Option<&'static str>,
+    saved: bool,
+) -> Result<(), String> {
     use flashattn::BwdOutput;
     use flashattn::reference::{attention_backward_f64, naive_backward};
     let s = case.shape;
@@ -227,11 +242,21 @@ fn check_backward_typed<T: Dtype>(fa: &FlashAttn, case: &Case, repeat: bool, ker
             (Some(lo), true) => {
                 let (o, lo) = (fa.download(&fwd.o).map_err(e)?, fa.download(lo).map_err(e)?);
                 if let Some(i) = (0..o.len()).find(|&i| !(lo[i].to_f64().abs() <= o[i].to_f64().abs() * T::UNIT_ROUNDOFF + 1e-7)) {
-                    return Err(format!("{case}: O residual {} at element {i} is not a rounding error of O = {}", lo[i].to_f64(), o[i].to_f64()));
+                    return Err(format!(
+                        "{case}: O residual {} at element {i} is not a rounding error of O = {}",
+                        lo[i].to_f64(),
+                        o[i].to_f64()
+                    ));
                 }
             }
             (None, false) => {}
-            (got, _) => return Err(format!("{case}: forward family {family}: O residual {} though it {} write one", if got.is_some() { "returned" } else { "missing" }, if writes { "does" } else { "does not" })),
+            (got, _) => {
+                return Err(format!(
+                    "{case}: forward family {family}: O residual {} though it {} write one",
+                    if got.is_some() { "returned" } else { "missing" },
+                    if writes { "does" } else { "does not" }
+                ));
+            }
         }
     }
     let run = || -> Result<[Vec<f64>; 3], String> {
@@ -245,14 +270,17 @@ fn check_backward_typed<T: Dtype>(fa: &FlashAttn, case: &Case, repeat: bool, ker
         } else {
             fa.backward_into(&qd, &kd, &vd, &fwd.o, &dod, &fwd.lse, &mut g, &opts).map_err(e)?;
         }
-        let w = |t: &flashattn::Tensor<T>| -> Result<Vec<f64>, String> { Ok(fa.download(t).map_err(e)?.iter().map(|x| x.to_f64()).collect()) };
+        let w =
+            |t: &flashattn::Tensor<T>| -> Result<Vec<f64>, String> { Ok(fa.download(t).map_err(e)?.iter().map(|x| x.to_f64()).collect()) };
         Ok([w(&g.dq)?, w(&g.dk)?, w(&g.dv)?])
     };
     let got = run()?;
     let w = |x: &[T]| x.iter().map(|e| e.to_f64()).collect::<Vec<_>>();
     let exact = attention_backward_f64(&w(&q), &w(&k), &w(&v), &w(&d_o), &s, &opts);
     let naive = naive_backward(&q, &k, &v, &d_o, &s, &opts);
-    for (name, g, ex, nv) in [("dQ", &got[0], &exact.dq, &naive.dq), ("dK", &got[1], &exact.dk, &naive.dk), ("dV", &got[2], &exact.dv, &naive.dv)] {
+    for (name, g, ex, nv) in
+        [("dQ", &got[0], &exact.dq, &naive.dq), ("dK", &got[1], &exact.dk, &naive.dk), ("dV", &got[2], &exact.dv, &naive.dv)]
+    {
         let unwritten = g.iter().filter(|x| x.is_nan()).count();
         if unwritten > 0 {
             return Err(format!("{case}: {name}: {unwritten} elements still NaN"));

@@ -6,9 +6,9 @@
 //! (bitwise identical gradients on repeated runs), on the CPU emulator always and on the GPU
 //! when there is one (ignored, loudly, when not; failed when REQUIRE_GPU=1).
 
-use flashattn::{AttnShape, FlashAttn};
 use flashattn::kernels::dtype::DType;
 use flashattn::kernels::registry::{BWD_VARIANTS, bwd_passes};
+use flashattn::{AttnShape, FlashAttn};
 use flashattn_tests::{BackendKind, Case, Dt, Gpu, case_strategy, check_backward, check_backward_with};
 use libtest_mimic::{Arguments, Failed, Trial};
 use proptest::strategy::Strategy;
@@ -46,11 +46,16 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
             BackendKind::Gpu => (env_usize("FLASHATTN_GPU_BWD_CASES", 60), case_strategy(200, 32, 4, 4, 2, 2_000_000)),
             BackendKind::Emulator => (env_usize("FLASHATTN_EMU_BWD_CASES", 8), case_strategy(50, 32, 2, 2, 2, 60_000)),
         };
-        trials.push(mk(name, Box::new(move |fa| {
-            let mut runner = TestRunner::new(Config { cases: cases as u32, failure_persistence: None, ..Config::default() });
-            let strategy = strategy.prop_map(move |c| Case { dtype, ..c });
-            runner.run(&strategy, |case| check_backward(fa, &case, false, saved).map_err(TestCaseError::fail)).map_err(|e| Failed::from(format!("{e}")))
-        })));
+        trials.push(mk(
+            name,
+            Box::new(move |fa| {
+                let mut runner = TestRunner::new(Config { cases: cases as u32, failure_persistence: None, ..Config::default() });
+                let strategy = strategy.prop_map(move |c| Case { dtype, ..c });
+                runner
+                    .run(&strategy, |case| check_backward(fa, &case, false, saved).map_err(TestCaseError::fail))
+                    .map_err(|e| Failed::from(format!("{e}")))
+            }),
+        ));
     }
     // The other families by name for the 16-bit types, which select the Hopper kernels
     // (`wgmma`) automatically where the device has them (the emulator does): the mma.sync ones
@@ -75,13 +80,16 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
             BackendKind::Gpu => (env_usize("FLASHATTN_GPU_BWD_CASES", 60) / 2, case_strategy(200, d_units, 4, 4, 2, 2_000_000)),
             BackendKind::Emulator => (env_usize("FLASHATTN_EMU_BWD_CASES", 8) / 2, case_strategy(50, d_units, 2, 2, 2, 60_000)),
         };
-        trials.push(mk(name, Box::new(move |fa| {
-            let mut runner = TestRunner::new(Config { cases: cases as u32, failure_persistence: None, ..Config::default() });
-            let strategy = strategy.prop_map(move |c| Case { dtype, ..c });
-            runner
-                .run(&strategy, |case| check_backward_with(fa, &case, false, Some(family), saved).map_err(TestCaseError::fail))
-                .map_err(|e| Failed::from(format!("{e}")))
-        })));
+        trials.push(mk(
+            name,
+            Box::new(move |fa| {
+                let mut runner = TestRunner::new(Config { cases: cases as u32, failure_persistence: None, ..Config::default() });
+                let strategy = strategy.prop_map(move |c| Case { dtype, ..c });
+                runner
+                    .run(&strategy, |case| check_backward_with(fa, &case, false, Some(family), saved).map_err(TestCaseError::fail))
+                    .map_err(|e| Failed::from(format!("{e}")))
+            }),
+        ));
     }
     // Few visible keys (causal, seqlen_k <= 3), any scale: the regime where dS of a row's
     // large weights must cancel exactly (FA2's D = rowsum(dO * O) failed here in 1 case in 7;
@@ -113,18 +121,21 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
             BackendKind::Emulator => 3 * env_usize("FLASHATTN_EMU_BWD_CASES", 8),
         };
         let strategy = case_strategy(50, 16, 2, 2, 1, 60_000);
-        trials.push(mk(name, Box::new(move |fa| {
-            let mut runner = TestRunner::new(Config { cases: cases as u32, failure_persistence: None, ..Config::default() });
-            let strategy = strategy.prop_map(move |c| Case {
-                dtype,
-                causal: true,
-                shape: AttnShape { seqlen_k: 1 + c.shape.seqlen_k % 3, ..c.shape },
-                ..c
-            });
-            runner
-                .run(&strategy, |case| check_backward_with(fa, &case, false, family, saved).map_err(TestCaseError::fail))
-                .map_err(|e| Failed::from(format!("{e}")))
-        })));
+        trials.push(mk(
+            name,
+            Box::new(move |fa| {
+                let mut runner = TestRunner::new(Config { cases: cases as u32, failure_persistence: None, ..Config::default() });
+                let strategy = strategy.prop_map(move |c| Case {
+                    dtype,
+                    causal: true,
+                    shape: AttnShape { seqlen_k: 1 + c.shape.seqlen_k % 3, ..c.shape },
+                    ..c
+                });
+                runner
+                    .run(&strategy, |case| check_backward_with(fa, &case, false, family, saved).map_err(TestCaseError::fail))
+                    .map_err(|e| Failed::from(format!("{e}")))
+            }),
+        ));
     }
     // Every registered variant set (a family's passes, with and without the forward's O
     // residual where that changes them), by family name, at the largest head_dim of each
@@ -134,7 +145,9 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
     let archs = fa.as_ref().map(|f| f.archs());
     let lead = |f: &str, saved: bool| bwd_passes(f, saved).iter().copied().find(|p| !p.starts_with("prep"));
     let sets = BWD_VARIANTS.iter().flat_map(|v| [(v, false), (v, true)]);
-    for (v, saved) in sets.filter(|&(v, saved)| lead(v.family, saved) == Some(v.pass) && (!saved || bwd_passes(v.family, true) != bwd_passes(v.family, false))) {
+    for (v, saved) in sets.filter(|&(v, saved)| {
+        lead(v.family, saved) == Some(v.pass) && (!saved || bwd_passes(v.family, true) != bwd_passes(v.family, false))
+    }) {
         let dtype = match v.dtype {
             DType::F32 => Dt::F32,
             DType::F16 => Dt::F16,
@@ -143,16 +156,19 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
         let d = v.head_dims.1 as usize;
         let case = Case { shape: shape(1, 37, 70, 2, 1, d), causal: true, softmax_scale: None, dtype, seed: 0 };
         let (family, name) = (v.family, v.name);
-        let trial = mk(format!("{tag}::variant::{name}"), Box::new(move |fa| {
-            let opts = flashattn::FwdOptions { kernel: Some(family), ..Default::default() };
-            let got = flashattn::select_bwd_variants(v.dtype, d, &opts, &fa.archs(), saved).map_err(|e| Failed::from(e.to_string()))?;
-            let mine = got.iter().find(|g| g.pass == v.pass).map(|g| g.name);
-            if mine != Some(name) || got.iter().any(|g| g.family != family) {
-                let names = got.iter().map(|g| g.name).collect::<Vec<_>>().join(", ");
-                return Err(format!("head_dim {d} selects {names} instead of {name}").into());
-            }
-            check_backward_with(fa, &Case { seed: fresh_seed(), ..case }, false, Some(family), saved).map_err(Failed::from)
-        }));
+        let trial = mk(
+            format!("{tag}::variant::{name}"),
+            Box::new(move |fa| {
+                let opts = flashattn::FwdOptions { kernel: Some(family), ..Default::default() };
+                let got = flashattn::select_bwd_variants(v.dtype, d, &opts, &fa.archs(), saved).map_err(|e| Failed::from(e.to_string()))?;
+                let mine = got.iter().find(|g| g.pass == v.pass).map(|g| g.name);
+                if mine != Some(name) || got.iter().any(|g| g.family != family) {
+                    let names = got.iter().map(|g| g.name).collect::<Vec<_>>().join(", ");
+                    return Err(format!("head_dim {d} selects {names} instead of {name}").into());
+                }
+                check_backward_with(fa, &Case { seed: fresh_seed(), ..case }, false, Some(family), saved).map_err(Failed::from)
+            }),
+        );
         match &archs {
             Some(a) if !a.contains(&v.arch) => {
                 eprintln!("\n*** {tag}::variant::{name}: this device cannot run {:?} kernels: NOT RUN (reported as ignored) ***\n", v.arch);
@@ -185,9 +201,10 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
     for (name, s, causal) in edges {
         for (dtype, saved) in with_and_without {
             let case = Case { shape: s, causal, softmax_scale: None, dtype, seed: 0 };
-            trials.push(mk(format!("{tag}::edge{}::{name}::{dtype:?}", suffix(saved)).to_lowercase(), Box::new(move |fa| {
-                check_backward(fa, &Case { seed: fresh_seed(), ..case }, false, saved).map_err(Failed::from)
-            })));
+            trials.push(mk(
+                format!("{tag}::edge{}::{name}::{dtype:?}", suffix(saved)).to_lowercase(),
+                Box::new(move |fa| check_backward(fa, &Case { seed: fresh_seed(), ..case }, false, saved).map_err(Failed::from)),
+            ));
         }
     }
     // Rows that see one to three keys (dS of a row's only key must come out exactly 0), on
@@ -197,31 +214,35 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
     for (name, s) in [("causal_two_keys", shape(1, 26, 2, 2, 1, 112)), ("causal_three_keys", shape(1, 39, 3, 2, 1, 40))] {
         for (dtype, saved) in with_and_without {
             let case = Case { shape: s, causal: true, softmax_scale: None, dtype, seed: 0 };
-            trials.push(mk(format!("{tag}::edge{}::{name}::{dtype:?}", suffix(saved)).to_lowercase(), Box::new(move |fa| {
-                check_backward(fa, &Case { seed: fresh_seed(), ..case }, false, saved).map_err(Failed::from)
-            })));
+            trials.push(mk(
+                format!("{tag}::edge{}::{name}::{dtype:?}", suffix(saved)).to_lowercase(),
+                Box::new(move |fa| check_backward(fa, &Case { seed: fresh_seed(), ..case }, false, saved).map_err(Failed::from)),
+            ));
         }
     }
     // Peaked softmax over several key tiles (scale 1.5, d 64: most rows have a key with P >
     // 1/8, in any of the four key tiles): the Hopper dQ kernel's hot-tile pass over many tiles.
     for (dtype, saved) in with_and_without {
         let case = Case { shape: shape(1, 70, 250, 2, 1, 64), causal: false, softmax_scale: Some(1.5), dtype, seed: 0 };
-        trials.push(mk(format!("{tag}::edge{}::peaked_many_key_tiles::{dtype:?}", suffix(saved)).to_lowercase(), Box::new(move |fa| {
-            check_backward(fa, &Case { seed: fresh_seed(), ..case }, false, saved).map_err(Failed::from)
-        })));
+        trials.push(mk(
+            format!("{tag}::edge{}::peaked_many_key_tiles::{dtype:?}", suffix(saved)).to_lowercase(),
+            Box::new(move |fa| check_backward(fa, &Case { seed: fresh_seed(), ..case }, false, saved).map_err(Failed::from)),
+        ));
     }
     for (dtype, saved) in with_and_without {
         let case = Case { shape: shape(2, 45, 70, 4, 2, 64), causal: true, softmax_scale: None, dtype, seed: 0 };
-        trials.push(mk(format!("{tag}::deterministic{}::{dtype:?}", suffix(saved)).to_lowercase(), Box::new(move |fa| {
-            check_backward(fa, &Case { seed: fresh_seed(), ..case }, true, saved).map_err(Failed::from)
-        })));
+        trials.push(mk(
+            format!("{tag}::deterministic{}::{dtype:?}", suffix(saved)).to_lowercase(),
+            Box::new(move |fa| check_backward(fa, &Case { seed: fresh_seed(), ..case }, true, saved).map_err(Failed::from)),
+        ));
     }
     // The tensor-core path with K/V re-read from shared memory (head_dim 128), GQA 2:1.
     for (dtype, saved) in with_and_without.into_iter().filter(|&(dt, _)| dt != Dt::F32) {
         let case = Case { shape: shape(1, 70, 45, 4, 2, 128), causal: false, softmax_scale: None, dtype, seed: 0 };
-        trials.push(mk(format!("{tag}::deterministic_d128{}::{dtype:?}", suffix(saved)).to_lowercase(), Box::new(move |fa| {
-            check_backward(fa, &Case { seed: fresh_seed(), ..case }, true, saved).map_err(Failed::from)
-        })));
+        trials.push(mk(
+            format!("{tag}::deterministic_d128{}::{dtype:?}", suffix(saved)).to_lowercase(),
+            Box::new(move |fa| check_backward(fa, &Case { seed: fresh_seed(), ..case }, true, saved).map_err(Failed::from)),
+        ));
     }
     trials
 }
@@ -234,7 +255,10 @@ fn main() {
         Gpu::Required(why) => trials.extend(trials_for(BackendKind::Gpu, None, Some(why))),
         Gpu::Absent(why) => {
             let gpu = trials_for(BackendKind::Gpu, None, None);
-            eprintln!("\n*** NO GPU ({why}): {} GPU backward tests NOT RUN (reported as ignored). Set REQUIRE_GPU=1 to make this a failure. ***\n", gpu.len());
+            eprintln!(
+                "\n*** NO GPU ({why}): {} GPU backward tests NOT RUN (reported as ignored). Set REQUIRE_GPU=1 to make this a failure. ***\n",
+                gpu.len()
+            );
             trials.extend(gpu.into_iter().map(|t| t.with_ignored_flag(true)));
         }
     }

@@ -156,11 +156,14 @@ fn trials() -> Vec<Trial> {
             )
         }),
         Trial::test("trap_is_reported", || {
-            expect_fault(launch("trap", &cfg(0), &[], &|| {
-                if thread::idx() == 77 {
-                    thread::trap();
-                }
-            }), "thread 77 executed trap")
+            expect_fault(
+                launch("trap", &cfg(0), &[], &|| {
+                    if thread::idx() == 77 {
+                        thread::trap();
+                    }
+                }),
+                "thread 77 executed trap",
+            )
         }),
         Trial::test("shuffles_follow_the_ptx_butterfly", || {
             let out = vec![0f32; 2 * N as usize];

@@ -57,9 +57,7 @@ fn fresh_seed() -> u64 {
 fn run_props(fa: &FlashAttn, dtype: Dt, cases: usize, strategy: impl Strategy<Value = Case>) -> Result<(), Failed> {
     let mut runner = TestRunner::new(Config { cases: cases as u32, failure_persistence: None, ..Config::default() });
     let strategy = strategy.prop_map(move |c| Case { dtype, ..c });
-    runner
-        .run(&strategy, |case| check_case(fa, &case).map(|_| ()).map_err(TestCaseError::fail))
-        .map_err(|e| Failed::from(format!("{e}")))
+    runner.run(&strategy, |case| check_case(fa, &case).map(|_| ()).map_err(TestCaseError::fail)).map_err(|e| Failed::from(format!("{e}")))
 }
 
 fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option<String>) -> Vec<Trial> {
@@ -81,13 +79,15 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
         let name = format!("{tag}::props::{dtype:?}").to_lowercase();
         let t = match kind {
             // GPU: sizes up to 257, head_dim to 256, GQA up to 4:1 over 4 KV heads.
-            BackendKind::Gpu => mk(name, Box::new(move |fa| {
-                run_props(fa, dtype, env_usize("FLASHATTN_GPU_CASES", 120), case_strategy(257, 32, 4, 4, 3, 4_000_000))
-            })),
+            BackendKind::Gpu => mk(
+                name,
+                Box::new(move |fa| run_props(fa, dtype, env_usize("FLASHATTN_GPU_CASES", 120), case_strategy(257, 32, 4, 4, 3, 4_000_000))),
+            ),
             // Emulator: small shapes, so CI stays within minutes on two cores.
-            BackendKind::Emulator => mk(name, Box::new(move |fa| {
-                run_props(fa, dtype, env_usize("FLASHATTN_EMU_CASES", 12), case_strategy(70, 32, 2, 3, 2, 120_000))
-            })),
+            BackendKind::Emulator => mk(
+                name,
+                Box::new(move |fa| run_props(fa, dtype, env_usize("FLASHATTN_EMU_CASES", 12), case_strategy(70, 32, 2, 3, 2, 120_000))),
+            ),
         };
         trials.push(t);
     }
@@ -103,14 +103,17 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
         let d = v.head_dims.1 as usize;
         let case = Case { shape: shape(1, 37, 45, 2, 1, d), causal: true, softmax_scale: None, dtype, seed: 0 };
         let (family, name) = (v.family, v.name);
-        let trial = mk(format!("{tag}::variant::{name}"), Box::new(move |fa| {
-            let got = flashattn::select_variant(v.dtype, d, &FwdOptions { kernel: Some(family), ..Default::default() }, &fa.archs())
-                .map_err(|e| Failed::from(e.to_string()))?;
-            if got.name != name {
-                return Err(format!("head_dim {d} selects {} instead of {name}", got.name).into());
-            }
-            check_case_with(fa, &Case { seed: fresh_seed(), ..case }, Some(family)).map(|_| ()).map_err(Failed::from)
-        }));
+        let trial = mk(
+            format!("{tag}::variant::{name}"),
+            Box::new(move |fa| {
+                let got = flashattn::select_variant(v.dtype, d, &FwdOptions { kernel: Some(family), ..Default::default() }, &fa.archs())
+                    .map_err(|e| Failed::from(e.to_string()))?;
+                if got.name != name {
+                    return Err(format!("head_dim {d} selects {} instead of {name}", got.name).into());
+                }
+                check_case_with(fa, &Case { seed: fresh_seed(), ..case }, Some(family)).map(|_| ()).map_err(Failed::from)
+            }),
+        );
         match &archs {
             Some(a) if !a.contains(&v.arch) => {
                 eprintln!("\n*** {tag}::variant::{name}: this device cannot run {:?} kernels: NOT RUN (reported as ignored) ***\n", v.arch);
@@ -122,10 +125,13 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
     for (name, s, causal, scale) in edge_cases(kind) {
         for dtype in [Dt::F32, Dt::F16, Dt::Bf16] {
             let case = Case { shape: s, causal, softmax_scale: scale, dtype, seed: 0 };
-            trials.push(mk(format!("{tag}::edge::{name}::{dtype:?}").to_lowercase(), Box::new(move |fa| {
-                // A fresh seed per run: the same corner, new data each time.
-                check_case(fa, &Case { seed: fresh_seed(), ..case }).map(|_| ()).map_err(Failed::from)
-            })));
+            trials.push(mk(
+                format!("{tag}::edge::{name}::{dtype:?}").to_lowercase(),
+                Box::new(move |fa| {
+                    // A fresh seed per run: the same corner, new data each time.
+                    check_case(fa, &Case { seed: fresh_seed(), ..case }).map(|_| ()).map_err(Failed::from)
+                }),
+            ));
         }
     }
     trials
@@ -142,7 +148,10 @@ fn main() {
         Gpu::Required(why) => trials.extend(trials_for(BackendKind::Gpu, None, Some(why))),
         Gpu::Absent(why) => {
             let gpu = trials_for(BackendKind::Gpu, None, None);
-            eprintln!("\n*** NO GPU ({why}): {} GPU tests NOT RUN (reported as ignored). Set REQUIRE_GPU=1 to make this a failure. ***\n", gpu.len());
+            eprintln!(
+                "\n*** NO GPU ({why}): {} GPU tests NOT RUN (reported as ignored). Set REQUIRE_GPU=1 to make this a failure. ***\n",
+                gpu.len()
+            );
             trials.extend(gpu.into_iter().map(|t| t.with_ignored_flag(true)));
         }
     }

@@ -63,7 +63,11 @@ fn every_entry_splits_into_a_module_of_its_own() {
             // FLASHATTN_MAXNREG's edit: the directive between the parameter list and the body.
             let capped = with_maxnreg(&one, name, 128).unwrap_or_else(|| panic!("{target}: no parameter list for {name}"));
             assert!(capped.contains(")\n.maxnreg 128\n{\n"), "{target} {name}: .maxnreg misplaced");
-            assert_eq!(with_maxnreg(&capped, name, 96).map(|m| m.replace(".maxnreg 96", ".maxnreg 128")), Some(capped.clone()), "{target} {name}: .maxnreg not replaced");
+            assert_eq!(
+                with_maxnreg(&capped, name, 96).map(|m| m.replace(".maxnreg 96", ".maxnreg 128")),
+                Some(capped.clone()),
+                "{target} {name}: .maxnreg not replaced"
+            );
         }
         assert!(entry_module(ptx, "no_such_kernel").is_none());
         // Every line of the module is in exactly one entry's split or in all of them.
@@ -99,7 +103,10 @@ fn find_ptxas() -> Option<PathBuf> {
         return Some(PathBuf::from("ptxas"));
     }
     let out = Command::new("python3")
-        .args(["-c", "import nvidia, os; print(' '.join(os.path.join(p, d, 'bin', 'ptxas') for p in nvidia.__path__ for d in os.listdir(p)))"])
+        .args([
+            "-c",
+            "import nvidia, os; print(' '.join(os.path.join(p, d, 'bin', 'ptxas') for p in nvidia.__path__ for d in os.listdir(p)))",
+        ])
         .output()
         .ok()?;
     String::from_utf8_lossy(&out.stdout).split_whitespace().map(PathBuf::from).find(|p| p.is_file())
@@ -147,7 +154,11 @@ fn ptxas_split_modules(ptxas: PathBuf) {
         std::fs::write(&file, one).unwrap();
         let gpu = if arch == Arch::Sm90a { "sm_90a" } else { "sm_80" };
         let out = Command::new(&ptxas).arg(format!("-arch={gpu}")).arg(&file).arg("-o").arg("/dev/null").output().unwrap();
-        assert!(out.status.success(), "ptxas {gpu} on the split module of {name} ({family} {pass}) failed:\n{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "ptxas {gpu} on the split module of {name} ({family} {pass}) failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -165,7 +176,8 @@ fn main() {
     if ptxas.is_none() && !required {
         eprintln!("\n*** ptxas checks NOT RUN: {absent} (reported as ignored) ***\n");
     }
-    let checks: [(&str, fn(PathBuf)); 2] = [("ptxas_no_spills_no_stack", ptxas_no_spills_no_stack), ("ptxas_split_modules", ptxas_split_modules)];
+    let checks: [(&str, fn(PathBuf)); 2] =
+        [("ptxas_no_spills_no_stack", ptxas_no_spills_no_stack), ("ptxas_split_modules", ptxas_split_modules)];
     for (name, check) in checks {
         trials.push(match ptxas.clone() {
             Some(p) => Trial::test(name, move || Ok(check(p))),

@@ -206,9 +206,8 @@ fn backward_matches_finite_differences() {
         let mut r = Rng::new(22);
         let g: Vec<f64> = (0..q.len()).map(|_| r.normal()).collect();
         let opts = FwdOptions { causal, softmax_scale: Some(0.7), kernel: None, ..Default::default() };
-        let loss = |q: &[f64], k: &[f64], v: &[f64]| -> f64 {
-            attention_f64(q, k, v, &s, &opts).o.iter().zip(&g).map(|(o, g)| o * g).sum()
-        };
+        let loss =
+            |q: &[f64], k: &[f64], v: &[f64]| -> f64 { attention_f64(q, k, v, &s, &opts).o.iter().zip(&g).map(|(o, g)| o * g).sum() };
         let grads = attention_backward_f64(&q, &k, &v, &g, &s, &opts);
         let eps = 1e-6;
         for (which, x, dx) in [(0, &q, &grads.dq), (1, &k, &grads.dk), (2, &v, &grads.dv)] {

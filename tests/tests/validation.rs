@@ -161,8 +161,8 @@ fn every_family_has_variants_and_every_variant_a_family() {
 
 #[test]
 fn registry_matches_tile_functions() {
-    use flashattn::kernels::dtype::DType;
     use flashattn::Arch;
+    use flashattn::kernels::dtype::DType;
     use flashattn::kernels::tile::{mma_tile, simt_tile, wgmma_tile};
     for d in (8..=256u32).step_by(8) {
         for dtype in [DType::F16, DType::Bf16] {
@@ -181,13 +181,20 @@ fn registry_matches_tile_functions() {
         // Hopper: wgmma where its tile applies (16-bit, head_dim <= 128), else the mma tile;
         // without sm_90a, the mma tile.
         for dtype in [DType::F16, DType::Bf16] {
-            let auto = |archs: &[Arch]| flashattn::select_variant(dtype, d as usize, &FwdOptions::default(), archs).unwrap_or_else(|e| panic!("d={d}: {e}"));
+            let auto = |archs: &[Arch]| {
+                flashattn::select_variant(dtype, d as usize, &FwdOptions::default(), archs).unwrap_or_else(|e| panic!("d={d}: {e}"))
+            };
             let hopper = auto(&[Arch::Sm80, Arch::Sm90a]);
             match wgmma_tile(d) {
                 Some(t) => {
                     assert_eq!((hopper.family, hopper.arch), ("wgmma", Arch::Sm90a), "d={d}");
                     assert!(hopper.serves(d) && t.head_dim >= d, "d={d}: {}", hopper.name);
-                    assert_eq!((hopper.br, (hopper.smem_bytes)(d), hopper.threads), (t.br(), t.smem_bytes(), t.threads()), "d={d}: {}", hopper.name);
+                    assert_eq!(
+                        (hopper.br, (hopper.smem_bytes)(d), hopper.threads),
+                        (t.br(), t.smem_bytes(), t.threads()),
+                        "d={d}: {}",
+                        hopper.name
+                    );
                 }
                 None => assert_eq!(hopper.family, "mma", "d={d}"),
             }
@@ -203,7 +210,9 @@ fn backward_selection_and_registry_match_tile_functions() {
     use flashattn::kernels::registry::BWD_VARIANTS;
     use flashattn::kernels::tile::{MmaBwdTile, WgmmaBwdTile, mma_bwd_tile, wgmma_bwd_tile};
     for f in flashattn::BWD_FAMILIES {
-        let any = [DType::F32, DType::F16, DType::Bf16].iter().any(|&dt| (8..=256).step_by(8).any(|d| flashattn::kernels::registry::bwd_variant(f, "dkdv", dt, d).is_some()));
+        let any = [DType::F32, DType::F16, DType::Bf16]
+            .iter()
+            .any(|&dt| (8..=256).step_by(8).any(|d| flashattn::kernels::registry::bwd_variant(f, "dkdv", dt, d).is_some()));
         assert!(any || BWD_VARIANTS.iter().any(|v| v.family == *f), "family {f} has no variant");
     }
     for v in BWD_VARIANTS {
@@ -212,38 +221,65 @@ fn backward_selection_and_registry_match_tile_functions() {
     for d in (8..=256u32).step_by(8) {
         for dtype in [DType::F32, DType::F16, DType::Bf16] {
             let tc = dtype != DType::F32 && d <= 128;
-            let auto = flashattn::select_bwd_variants(dtype, d as usize, &FwdOptions::default(), &[Arch::Sm80], false).unwrap_or_else(|e| panic!("d={d}: {e}"));
+            let auto = flashattn::select_bwd_variants(dtype, d as usize, &FwdOptions::default(), &[Arch::Sm80], false)
+                .unwrap_or_else(|e| panic!("d={d}: {e}"));
             let want = if tc { "mma" } else { "simt" };
             assert!(auto.iter().all(|v| v.family == want && v.serves(d)), "d={d} {dtype:?}: {}", auto[0].name);
             let det = FwdOptions { deterministic: true, ..Default::default() };
-            let auto_det = flashattn::select_bwd_variants(dtype, d as usize, &det, &[Arch::Sm80], false).unwrap_or_else(|e| panic!("d={d}: {e}"));
+            let auto_det =
+                flashattn::select_bwd_variants(dtype, d as usize, &det, &[Arch::Sm80], false).unwrap_or_else(|e| panic!("d={d}: {e}"));
             let want_det = if tc { "mma" } else { "simt" };
             assert!(auto_det.iter().all(|v| v.family == want_det && v.serves(d)), "d={d} {dtype:?}: {}", auto_det[0].name);
             // Hopper: `prep` (m_i, 1 / l_i from the LSE, D~_i from O), the wgmma dQ kernel and
             // the dK/dV kernel, deterministic too.
             for opts in [FwdOptions::default(), det] {
-                let hop = flashattn::select_bwd_variants(dtype, d as usize, &opts, &[Arch::Sm80, Arch::Sm90a], false).unwrap_or_else(|e| panic!("d={d}: {e}"));
+                let hop = flashattn::select_bwd_variants(dtype, d as usize, &opts, &[Arch::Sm80, Arch::Sm90a], false)
+                    .unwrap_or_else(|e| panic!("d={d}: {e}"));
                 let fams: Vec<_> = hop.iter().map(|v| (v.family, v.pass, v.arch)).collect();
                 if let Some(t) = wgmma_bwd_tile(d)
                     && dtype != DType::F32
                 {
-                    assert_eq!(fams, [("wgmma", "prep", Arch::Sm90a), ("wgmma", "dq_saved", Arch::Sm90a), ("wgmma", "dkdv", Arch::Sm90a)], "d={d} {dtype:?}");
+                    assert_eq!(
+                        fams,
+                        [("wgmma", "prep", Arch::Sm90a), ("wgmma", "dq_saved", Arch::Sm90a), ("wgmma", "dkdv", Arch::Sm90a)],
+                        "d={d} {dtype:?}"
+                    );
                     assert!(t.head_dim >= d && hop.iter().all(|v| v.serves(d)));
                     assert_eq!((hop[1].rows, hop[1].threads, (hop[1].smem_bytes)(d)), (WgmmaBwdTile::ROWS, t.threads(), t.dq_smem_bytes()));
-                    assert_eq!((hop[2].rows, hop[2].threads, (hop[2].smem_bytes)(d)), (WgmmaBwdTile::KEYS, t.threads(), t.dkdv_smem_bytes()));
+                    assert_eq!(
+                        (hop[2].rows, hop[2].threads, (hop[2].smem_bytes)(d)),
+                        (WgmmaBwdTile::KEYS, t.threads(), t.dkdv_smem_bytes())
+                    );
                     // With the forward's O residual: D~_i from O + O_lo, then the same dQ and
                     // dK/dV kernels.
-                    let hs = flashattn::select_bwd_variants(dtype, d as usize, &opts, &[Arch::Sm80, Arch::Sm90a], true).unwrap_or_else(|e| panic!("d={d}: {e}"));
-                    assert_eq!(hs.iter().map(|v| (v.family, v.pass)).collect::<Vec<_>>(), [("wgmma", "prep_residual"), ("wgmma", "dq_saved"), ("wgmma", "dkdv")], "d={d}");
-                    assert!(hs.iter().all(|v| v.serves(d) && v.arch == Arch::Sm90a) && hs[1].name == hop[1].name && hs[2].name == hop[2].name);
+                    let hs = flashattn::select_bwd_variants(dtype, d as usize, &opts, &[Arch::Sm80, Arch::Sm90a], true)
+                        .unwrap_or_else(|e| panic!("d={d}: {e}"));
+                    assert_eq!(
+                        hs.iter().map(|v| (v.family, v.pass)).collect::<Vec<_>>(),
+                        [("wgmma", "prep_residual"), ("wgmma", "dq_saved"), ("wgmma", "dkdv")],
+                        "d={d}"
+                    );
+                    assert!(
+                        hs.iter().all(|v| v.serves(d) && v.arch == Arch::Sm90a) && hs[1].name == hop[1].name && hs[2].name == hop[2].name
+                    );
                 } else {
-                    assert_eq!(hop.iter().map(|v| v.family).collect::<Vec<_>>(), auto.iter().map(|v| v.family).collect::<Vec<_>>(), "d={d} {dtype:?}");
-                    let hs = flashattn::select_bwd_variants(dtype, d as usize, &opts, &[Arch::Sm80, Arch::Sm90a], true).unwrap_or_else(|e| panic!("d={d}: {e}"));
-                    assert_eq!(hs.iter().map(|v| v.name).collect::<Vec<_>>(), hop.iter().map(|v| v.name).collect::<Vec<_>>(), "d={d} {dtype:?}");
+                    assert_eq!(
+                        hop.iter().map(|v| v.family).collect::<Vec<_>>(),
+                        auto.iter().map(|v| v.family).collect::<Vec<_>>(),
+                        "d={d} {dtype:?}"
+                    );
+                    let hs = flashattn::select_bwd_variants(dtype, d as usize, &opts, &[Arch::Sm80, Arch::Sm90a], true)
+                        .unwrap_or_else(|e| panic!("d={d}: {e}"));
+                    assert_eq!(
+                        hs.iter().map(|v| v.name).collect::<Vec<_>>(),
+                        hop.iter().map(|v| v.name).collect::<Vec<_>>(),
+                        "d={d} {dtype:?}"
+                    );
                 }
             }
             let simt = FwdOptions { kernel: Some("simt"), ..Default::default() };
-            let s = flashattn::select_bwd_variants(dtype, d as usize, &simt, &[Arch::Sm80, Arch::Sm90a], false).unwrap_or_else(|e| panic!("d={d}: {e}"));
+            let s = flashattn::select_bwd_variants(dtype, d as usize, &simt, &[Arch::Sm80, Arch::Sm90a], false)
+                .unwrap_or_else(|e| panic!("d={d}: {e}"));
             assert!(s.iter().all(|v| v.family == "simt"), "d={d}");
             if let Some(t) = mma_bwd_tile(d)
                 && dtype != DType::F32
@@ -251,9 +287,13 @@ fn backward_selection_and_registry_match_tile_functions() {
                 assert!(t.head_dim >= d);
                 let [dq, kv] = [auto_det[0], auto_det[1]];
                 assert_eq!((dq.pass, dq.rows, dq.threads, (dq.smem_bytes)(d)), ("dq", MmaBwdTile::ROWS, t.threads(), t.dq_smem_bytes()));
-                assert_eq!((kv.pass, kv.rows, kv.threads, (kv.smem_bytes)(d)), ("dkdv", MmaBwdTile::ROWS, t.threads(), t.dkdv_smem_bytes()));
+                assert_eq!(
+                    (kv.pass, kv.rows, kv.threads, (kv.smem_bytes)(d)),
+                    ("dkdv", MmaBwdTile::ROWS, t.threads(), t.dkdv_smem_bytes())
+                );
                 let atomic = FwdOptions { kernel: Some("mma_atomic"), ..Default::default() };
-                let at = flashattn::select_bwd_variants(dtype, d as usize, &atomic, &[Arch::Sm80, Arch::Sm90a], false).unwrap_or_else(|e| panic!("d={d}: {e}"));
+                let at = flashattn::select_bwd_variants(dtype, d as usize, &atomic, &[Arch::Sm80, Arch::Sm90a], false)
+                    .unwrap_or_else(|e| panic!("d={d}: {e}"));
                 let passes: Vec<_> = at.iter().map(|v| v.pass).collect();
                 assert_eq!(passes, ["stats", "dkdvq", "dq_convert"]);
                 assert!(at.iter().all(|v| v.family == "mma_atomic" && v.serves(d)));

@@ -80,20 +80,12 @@ impl std::error::Error for EmuError {}
 /// `regions` lists every global buffer the launch may touch. On the first fault the launch
 /// stops and the fault is returned; the contents of writable buffers are then unspecified.
 /// `FLASHATTN_EMU_THREADS` sets how many OS threads run blocks (default: all cores).
-pub fn launch(
-    kernel: &str,
-    cfg: &LaunchConfig,
-    regions: &[GlobalRegion],
-    body: &(dyn Fn() + Sync),
-) -> Result<(), EmuError> {
+pub fn launch(kernel: &str, cfg: &LaunchConfig, regions: &[GlobalRegion], body: &(dyn Fn() + Sync)) -> Result<(), EmuError> {
     let (gx, gy, gz) = cfg.grid;
     let n_blocks = gx as usize * gy as usize * gz as usize;
     let fail = |message: String| EmuError { kernel: kernel.into(), block: (0, 0, 0), message };
     if cfg.block_threads == 0 || cfg.block_threads % 32 != 0 || cfg.block_threads > 1024 {
-        return Err(fail(std::format!(
-            "block of {} threads: the emulator takes whole warps, 32 to 1024 threads",
-            cfg.block_threads
-        )));
+        return Err(fail(std::format!("block of {} threads: the emulator takes whole warps, 32 to 1024 threads", cfg.block_threads)));
     }
     if n_blocks == 0 {
         return Ok(());

@@ -183,11 +183,33 @@ pub fn pin_u32(_: &mut u32) {}
 /// scheduler writes each thread's accumulators through the pointer it passed.
 #[track_caller]
 pub fn wgmma_ss<const NT: usize, const MN: bool>(a: u64, b: u64, acc: &mut [[f32; 4]; NT], accumulate: bool, bf16: bool) {
-    let ev = Event::Wgmma { a_desc: Some(a), a_regs: [0; 4], b, acc: acc.as_flattened_mut().as_mut_ptr(), nt: NT as u32, accumulate, trans_a: MN, trans_b: MN, bf16, at: Location::caller() };
+    let ev = Event::Wgmma {
+        a_desc: Some(a),
+        a_regs: [0; 4],
+        b,
+        acc: acc.as_flattened_mut().as_mut_ptr(),
+        nt: NT as u32,
+        accumulate,
+        trans_a: MN,
+        trans_b: MN,
+        bf16,
+        at: Location::caller(),
+    };
     current().wait(ev);
 }
 #[track_caller]
 pub fn wgmma_rs<const NT: usize, const TRANS_B: bool>(a: [u32; 4], b: u64, acc: &mut [[f32; 4]; NT], accumulate: bool, bf16: bool) {
-    let ev = Event::Wgmma { a_desc: None, a_regs: a, b, acc: acc.as_flattened_mut().as_mut_ptr(), nt: NT as u32, accumulate, trans_a: false, trans_b: TRANS_B, bf16, at: Location::caller() };
+    let ev = Event::Wgmma {
+        a_desc: None,
+        a_regs: a,
+        b,
+        acc: acc.as_flattened_mut().as_mut_ptr(),
+        nt: NT as u32,
+        accumulate,
+        trans_a: false,
+        trans_b: TRANS_B,
+        bf16,
+        at: Location::caller(),
+    };
     current().wait(ev);
 }

@@ -47,7 +47,11 @@ impl Event {
     fn at(&self) -> &'static Location<'static> {
         match *self {
             Event::Barrier(at) | Event::WarpSync(at) => at,
-            Event::ShflXor { at, .. } | Event::VoteAny { at, .. } | Event::Ldmatrix { at, .. } | Event::Mma { at, .. } | Event::Wgmma { at, .. } => at,
+            Event::ShflXor { at, .. }
+            | Event::VoteAny { at, .. }
+            | Event::Ldmatrix { at, .. }
+            | Event::Mma { at, .. }
+            | Event::Wgmma { at, .. } => at,
         }
     }
     fn what(&self) -> &'static str {
@@ -93,8 +97,7 @@ struct Shadow {
     pending: bool,
 }
 
-const UNWRITTEN: Shadow =
-    Shadow { w_tid: NONE, w_be: 0, w_we: 0, r_tid: NONE, r_warp: NONE, r_be: NO_EPOCH, r_we: 0, pending: false };
+const UNWRITTEN: Shadow = Shadow { w_tid: NONE, w_be: 0, w_we: 0, r_tid: NONE, r_warp: NONE, r_be: NO_EPOCH, r_we: 0, pending: false };
 
 /// Shared state of one running block; only its own OS thread touches it.
 pub(crate) struct BlockState<'a> {
@@ -192,7 +195,9 @@ impl ThreadCtx<'_> {
         if addr < base || off + size > b.smem_len {
             fault(format!(
                 "thread {} {kind}s {size} bytes of shared memory at offset {} outside the block's {} bytes, at {at}",
-                self.tid, addr as isize - base as isize, b.smem_len
+                self.tid,
+                addr as isize - base as isize,
+                b.smem_len
             ));
         }
         let (be, we) = self.epochs();
@@ -202,21 +207,26 @@ impl ThreadCtx<'_> {
             if s.pending {
                 fault(format!(
                     "thread {} {kind}s shared offset {} while thread {}'s cp.async to it is still in flight (no cp_async_wait retired it), at {at}",
-                    self.tid, unit * 2, s.w_tid
+                    self.tid,
+                    unit * 2,
+                    s.w_tid
                 ));
             }
             if write {
                 if s.w_tid != NONE && !self.ordered_after(s.w_tid, s.w_be, s.w_we) {
                     fault(format!(
                         "race: thread {} writes shared offset {} that thread {} wrote with no barrier between, at {at}",
-                        self.tid, unit * 2, s.w_tid
+                        self.tid,
+                        unit * 2,
+                        s.w_tid
                     ));
                 }
                 if s.r_be == be && s.r_tid != self.tid as u16 && !(s.r_warp as usize == self.warp() && s.r_we < we) {
                     let who = if s.r_tid == MANY { "other threads".to_string() } else { format!("thread {}", s.r_tid) };
                     fault(format!(
                         "race: thread {} writes shared offset {} that {who} read with no barrier between, at {at}",
-                        self.tid, unit * 2
+                        self.tid,
+                        unit * 2
                     ));
                 }
                 *s = Shadow { w_tid: self.tid as u16, w_be: be, w_we: we, pending: is_async, ..UNWRITTEN };
@@ -225,15 +235,14 @@ impl ThreadCtx<'_> {
                 }
             } else {
                 if s.w_tid == NONE {
-                    fault(format!(
-                        "thread {} reads shared offset {} that no thread has written, at {at}",
-                        self.tid, unit * 2
-                    ));
+                    fault(format!("thread {} reads shared offset {} that no thread has written, at {at}", self.tid, unit * 2));
                 }
                 if !self.ordered_after(s.w_tid, s.w_be, s.w_we) {
                     fault(format!(
                         "race: thread {} reads shared offset {} that thread {} wrote with no barrier between, at {at}",
-                        self.tid, unit * 2, s.w_tid
+                        self.tid,
+                        unit * 2,
+                        s.w_tid
                     ));
                 }
                 if s.r_be != be {
@@ -416,9 +425,13 @@ pub(crate) fn run_block(
                 let evs: Vec<Event> = lanes
                     .iter()
                     .filter_map(|s| match s {
-                        St::Wait(ev @ (Event::WarpSync(_) | Event::ShflXor { .. } | Event::VoteAny { .. } | Event::Ldmatrix { .. } | Event::Mma { .. })) => {
-                            Some(*ev)
-                        }
+                        St::Wait(
+                            ev @ (Event::WarpSync(_)
+                            | Event::ShflXor { .. }
+                            | Event::VoteAny { .. }
+                            | Event::Ldmatrix { .. }
+                            | Event::Mma { .. }),
+                        ) => Some(*ev),
                         _ => None,
                     })
                     .collect();
@@ -426,10 +439,7 @@ pub(crate) fn run_block(
                     continue;
                 }
                 if !evs.iter().all(|e| e.same_op(&evs[0])) {
-                    return Err(format!(
-                        "divergent warp collective in warp {w}: {}",
-                        describe(&st[w * 32..w * 32 + 32])
-                    ));
+                    return Err(format!("divergent warp collective in warp {w}: {}", describe(&st[w * 32..w * 32 + 32])));
                 }
                 let results: Vec<[u32; 4]> = match evs[0] {
                     Event::WarpSync(_) => {

@@ -131,7 +131,9 @@ pub(crate) fn wgmma(evs: &[Event], lanes: &[ThreadCtx<'_>], smem_len: usize) {
     }
     let (start, lbo, sbo) = desc_fields(b);
     let bm: Vec<[f32; 16]> = (0..n)
-        .map(|col| core::array::from_fn(|k| if trans_b { read(sw128(start, lbo, sbo, k, col)) } else { read(sw128(start, 0, sbo, col, k)) }))
+        .map(|col| {
+            core::array::from_fn(|k| if trans_b { read(sw128(start, lbo, sbo, k, col)) } else { read(sw128(start, 0, sbo, col, k)) })
+        })
         .collect();
     for (l, ev) in evs.iter().enumerate() {
         let Event::Wgmma { acc, .. } = *ev else { unreachable!() };
