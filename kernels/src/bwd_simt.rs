@@ -11,6 +11,7 @@
 //! 2. `dkdv`: one block per (key tile, KV head, batch) loops over every query row of the KV
 //!    head's query-head group, recomputing P from the saved LSE: dV += P^T dO,
 //!    dS = P * (dO V^T - D), dK += scale dS^T Q, in registers.
+//!
 //! Each output element is summed by one thread in a fixed order, so the results are bitwise
 //! deterministic (at the price of computing S and dP three times).
 

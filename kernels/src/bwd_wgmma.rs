@@ -118,7 +118,7 @@ unsafe fn dkdv_masked<
         || DN * 8 != D
         || NQ * 8 != BR
         || KQ * 16 != BR
-        || D % 64 != 0
+        || !D.is_multiple_of(64)
         || block::dim() != warpgroup::SIZE
     {
         thread::trap();
@@ -201,15 +201,13 @@ unsafe fn dkdv_masked<
 
     // Warpgroup: one query tile (stage `st`, query head h, first row i0); `masked` applies the
     // causal mask (and with DQ hides the keys past seqlen_k).
-    let step = #[inline(always)]
-    |st: usize, h: u32, i0: u32, masked: bool, acc_dk: &mut [[f32; 4]; DN], acc_dv: &mut [[f32; 4]; DN]| {
+    let step = inline_closure!(|st: usize, h: u32, i0: u32, masked: bool, acc_dk: &mut [[f32; 4]; DN], acc_dv: &mut [[f32; 4]; DN]| {
         let (m_row, il_row, d_row) = (m_s(st), il_s(st), dd_s(st));
         // Thread: the statistics of its query columns n * 8 + 2t, + 1 of n-tile n.
         let stat = |i: usize| (m_row.ld(i), il_row.ld(i), d_row.ld(i));
         // Warpgroup: acc = A_j B_i^T over D (D / 16 k-steps of m64n{BR}k16, A [64][D] and
         // B [BR][D] K-major in shared memory), as one group.
-        let issue_t = #[inline(always)]
-        |a_s: Shared<T>, b_s: Shared<T>, acc: &mut [[f32; 4]; NQ]| {
+        let issue_t = inline_closure!(|a_s: Shared<T>, b_s: Shared<T>, acc: &mut [[f32; 4]; NQ]| {
             let (a0, b0) = (warpgroup::desc_sw128(a_s, 0, 16, 1024).opaque(), warpgroup::desc_sw128(b_s, 0, 16, 1024).opaque());
             for kk in 0..D / 16 {
                 let a = a0.advance(((kk / 4) * KEYS * 64 + (kk % 4) * 16) * 2);
@@ -217,21 +215,20 @@ unsafe fn dkdv_masked<
                 warpgroup::mma_ss::<NQ>(a, b, acc, kk > 0, T::BF16);
             }
             warpgroup::commit();
-        };
+        });
         // Warpgroup: acc += X^T B_i over the tile's queries (BR / 16 k-steps of m64n{D}k16,
         // X^T from registers, B [BR][D] read MN-major), as one group.
-        let issue_acc = #[inline(always)]
-        |x: &[[u32; 4]; KQ], b_s: Shared<T>, acc: &mut [[f32; 4]; DN]| {
+        let issue_acc = inline_closure!(|x: &[[u32; 4]; KQ], b_s: Shared<T>, acc: &mut [[f32; 4]; DN]| {
             let b0 = warpgroup::desc_sw128(b_s, 0, Sw::<BR, D>::BLOCK_BYTES, 1024).opaque();
             for (kq, f) in x.iter().enumerate() {
                 let b = b0.advance(kq * 16 * 64 * 2);
                 warpgroup::mma_rs::<DN, true>(*f, b, acc, true, T::BF16);
             }
             warpgroup::commit();
-        };
+        });
         // Thread: 16-bit A fragments of X^T from its accumulators (k-step kq: n-tiles 2kq, 2kq + 1).
-        let pack = #[inline(always)]
-        |x: &[[f32; 4]; NQ]| -> [[u32; 4]; KQ] { core::array::from_fn(|kq| to_a::<T>(x[2 * kq], x[2 * kq + 1])) };
+        let pack =
+            inline_closure!(|x: &[[f32; 4]; NQ]| -> [[u32; 4]; KQ] { core::array::from_fn(|kq| to_a::<T>(x[2 * kq], x[2 * kq + 1])) });
 
         // S^T = K_j Q_i^T.
         let mut s = [[0f32; 4]; NQ];
@@ -343,7 +340,7 @@ unsafe fn dkdv_masked<
                 }
             }
         }
-    };
+    });
 
     for it in 0..n_iter {
         // Block: prefetch the next query tile into the other stage while this one is computed.
@@ -445,7 +442,7 @@ unsafe fn dq_masked<
         || DN * 8 != D
         || NS * 8 != BC
         || KS * 16 != BC
-        || D % 64 != 0
+        || !D.is_multiple_of(64)
         || block::dim() != warpgroup::SIZE
     {
         thread::trap();
@@ -556,8 +553,7 @@ unsafe fn dq_masked<
     };
     // Thread: `hidden` where key tile j hides S (one uniform branch: true on the last tiles
     // only).
-    let mask = #[inline(always)]
-    |s: &mut [[f32; 4]; NS], j: usize, masked: bool, hidden: f32| {
+    let mask = inline_closure!(|s: &mut [[f32; 4]; NS], j: usize, masked: bool, hidden: f32| {
         if masked {
             let c0 = (j * BC) as u32;
             for (n, x) in s.iter_mut().enumerate() {
@@ -570,21 +566,19 @@ unsafe fn dq_masked<
                 }
             }
         }
-    };
+    });
     // Warpgroup: acc = A B^T over d, A a [64][D] and B a [BC][D] tile (both K-major): D / 16
     // k-steps of m64n{BC}k16, issued (the caller commits and waits).
-    let issue_abt = #[inline(always)]
-    |a: warpgroup::Desc, b: warpgroup::Desc, acc: &mut [[f32; 4]; NS]| {
+    let issue_abt = inline_closure!(|a: warpgroup::Desc, b: warpgroup::Desc, acc: &mut [[f32; 4]; NS]| {
         for kk in 0..D / 16 {
             let (ao, bo) = (((kk / 4) * ROWS * 64 + (kk % 4) * 16) * 2, ((kk / 4) * BC * 64 + (kk % 4) * 16) * 2);
             warpgroup::mma_ss::<NS>(a.advance(ao), b.advance(bo), acc, kk > 0, T::BF16);
         }
-    };
+    });
     // Warpgroup: S = Q K_j^T times scale log2(e), -inf where masked (DQ_SAVED: unscaled and
     // unmasked), and dP = dO V_j^T for
     // key tile j in `stage` (D / 16 k-steps of m64n{BC}k16 each, one group).
-    let scores = #[inline(always)]
-    |j: usize, stage: usize, masked: bool| -> ([[f32; 4]; NS], [[f32; 4]; NS]) {
+    let scores = inline_closure!(|j: usize, stage: usize, masked: bool| -> ([[f32; 4]; NS], [[f32; 4]; NS]) {
         let mut s = [[0f32; 4]; NS];
         let mut dp = [[0f32; 4]; NS];
         warpgroup::fence_operands(&mut s);
@@ -606,7 +600,7 @@ unsafe fn dq_masked<
             mask(&mut s, j, masked, f32::NEG_INFINITY);
         }
         (s, dp)
-    };
+    });
 
     // One pass over the key tiles (DQ_SAVED: dQ, DQ_STATS: the statistics), double-buffered.
     for it in 0..n_tiles {

@@ -52,15 +52,21 @@ impl Element for f32 {
     }
 }
 
-impl Element for f16 {
+/// IEEE binary16, bit-compatible with `half::f16` on the host (a plain struct rather than
+/// Rust's `f16`, which is nightly-only: the host build compiles on stable).
+#[repr(transparent)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct F16(pub u16);
+
+impl Element for F16 {
     const DTYPE: DType = DType::F16;
     #[inline(always)]
     fn to_f32(self) -> f32 {
-        self as f32
+        crate::dev::math::f16_to_f32(self.0)
     }
     #[inline(always)]
     fn from_f32(x: f32) -> Self {
-        x as f16
+        F16(crate::dev::math::f32_to_f16(x))
     }
 }
 
@@ -101,12 +107,12 @@ pub trait MmaElement: Element {
     /// The two values of a [`MmaElement::pack2`] register, exactly, as f32.
     #[inline(always)]
     fn unpack2(w: u32) -> (f32, f32) {
-        let half = |b: u16| if Self::BF16 { f32::from_bits((b as u32) << 16) } else { f16::from_bits(b) as f32 };
+        let half = |b: u16| if Self::BF16 { f32::from_bits((b as u32) << 16) } else { crate::dev::math::f16_to_f32(b) };
         (half(w as u16), half((w >> 16) as u16))
     }
 }
 
-impl MmaElement for f16 {
+impl MmaElement for F16 {
     type Dm = crate::softmax::Log2;
     const BF16: bool = false;
     #[inline(always)]

@@ -54,7 +54,7 @@ pub(crate) struct Layout<const D: usize>;
 
 impl<const D: usize> Layout<D> {
     /// Swizzled (D a multiple of 64, at least 8 chunks a row) or padded.
-    pub(crate) const SWIZZLED: bool = D % 64 == 0;
+    pub(crate) const SWIZZLED: bool = D.is_multiple_of(64);
     /// Elements per row: D, or D plus one 16-byte chunk of padding.
     pub(crate) const STRIDE: usize = if Self::SWIZZLED { D } else { D + 8 };
     /// Element index of (row r, column c), c a multiple of 8 (chunk start) or inside one.
@@ -150,8 +150,8 @@ pub(crate) unsafe fn load_tile_in<
     for i in 0..(ROWS * cpr).div_ceil(THREADS) {
         let e = x + THREADS * i;
         // Whole-block chunks: row x / cpr + i * THREADS / cpr, column fixed per thread.
-        let (r, c) = if THREADS % cpr == 0 { (x / cpr + i * (THREADS / cpr), (x % cpr) * 8) } else { (e / cpr, (e % cpr) * 8) };
-        if (ROWS * cpr) % THREADS != 0 && e >= ROWS * cpr {
+        let (r, c) = if THREADS.is_multiple_of(cpr) { (x / cpr + i * (THREADS / cpr), (x % cpr) * 8) } else { (e / cpr, (e % cpr) * 8) };
+        if !(ROWS * cpr).is_multiple_of(THREADS) && e >= ROWS * cpr {
             continue;
         }
         let valid = !BOUNDS || ((r as u32) < limit && (c as u32) < d);

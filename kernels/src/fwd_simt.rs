@@ -25,6 +25,7 @@ pub unsafe fn entry<T: Element, const ROWS: usize, const DCH: usize, const SC: u
 /// Block: copies rows `row0..row0+rows` of a [seqlen, d] slice (row stride `src_stride`) into
 /// `dst` as f32 with row stride `dst_stride`; rows at or past `row_limit` become 0.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn load_tile<T: Element>(
     dst: Shared<f32>,
     dst_stride: u32,
@@ -49,6 +50,7 @@ pub(crate) unsafe fn load_tile<T: Element>(
 /// stride `src_stride`) as `T` to rows `row0..` of a [seqlen, d] slice (row stride
 /// `dst_stride`), skipping rows at or past `row_limit`.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn store_tile<T: Element>(
     src: Shared<f32>,
     src_stride: u32,

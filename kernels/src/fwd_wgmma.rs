@@ -79,7 +79,7 @@ unsafe fn fwd<
     p: &FwdParams,
 ) {
     let tile = WgmmaTile { warpgroups: WG as u32, bc: BC as u32, head_dim: D as u32, padded: PAD };
-    const { assert!(D % 64 == 0 && BC % 16 == 0) };
+    const { assert!(D.is_multiple_of(64) && BC.is_multiple_of(16)) };
     let br = tile.br() as usize;
     let d = if PAD { p.head_dim } else { D as u32 };
     if p.head_dim > D as u32
@@ -116,19 +116,17 @@ unsafe fn fwd<
     let n_unmasked = ((M::unmasked_cols(row0, sq, sk) / BC as u32) as usize).min(n_tiles);
 
     // Br is 64 WG rows; ROWS must be a constant, so one arm per warpgroup count.
-    let load_q = #[inline(always)]
-    || unsafe {
+    let load_q = inline_closure!(|| unsafe {
         match WG {
             1 => load_tile_in::<T, Sw<64, D>, D, 64, 128, true>(q_s, q_g, p.q_strides.row, sq - row0.min(sq), d),
             2 => load_tile_in::<T, Sw<128, D>, D, 128, 256, true>(q_s, q_g, p.q_strides.row, sq - row0.min(sq), d),
             3 => load_tile_in::<T, Sw<192, D>, D, 192, 384, true>(q_s, q_g, p.q_strides.row, sq - row0.min(sq), d),
             _ => thread::trap(),
         }
-    };
+    });
     // Block: one K (or V) tile of BC keys from key c1 into `stage`; bounds checks only where
     // the tile reaches past seqlen_k or head_dim is padded.
-    let load_one = #[inline(always)]
-    |dst: Shared<T>, src: *const T, stride: u64, c1: u32| unsafe {
+    let load_one = inline_closure!(|dst: Shared<T>, src: *const T, stride: u64, c1: u32| unsafe {
         let src = src.add((c1 as u64 * stride) as usize);
         let limit = sk - c1;
         macro_rules! one {
@@ -146,11 +144,9 @@ unsafe fn fwd<
             3 => one!(384),
             _ => thread::trap(),
         }
-    };
-    let load_k = #[inline(always)]
-    |stage: usize, c1: u32| load_one(k_s(stage), k_g, p.k_strides.row, c1);
-    let load_v = #[inline(always)]
-    |stage: usize, c1: u32| load_one(v_s(stage), v_g, p.v_strides.row, c1);
+    });
+    let load_k = inline_closure!(|stage: usize, c1: u32| load_one(k_s(stage), k_g, p.k_strides.row, c1));
+    let load_v = inline_closure!(|stage: usize, c1: u32| load_one(v_s(stage), v_g, p.v_strides.row, c1));
 
     // Copy groups: G_0 = {Q, K_0}, then G_j = {K_j, V_(j-1)} for j >= 1 (K_n does not
     // exist): iteration j needs G_j and issues G_(j+1) into the stages iteration j - 1 freed.
@@ -188,29 +184,26 @@ unsafe fn fwd<
     let q_off = wg * 64 * 64; // this warpgroup's 64 rows of Q
     // Warpgroup: issue S_j = Q K_j (D / 16 k-steps of m64n{BC}k16, both operands in shared
     // memory) as one wgmma group.
-    let issue_s = #[inline(always)]
-    |stage: usize, acc_s: &mut [[f32; 4]; NS]| {
+    let issue_s = inline_closure!(|stage: usize, acc_s: &mut [[f32; 4]; NS]| {
         for kk in 0..D / 16 {
             let a = warpgroup::desc_sw128(q_s, (kk / 4) * br * 64 + q_off + (kk % 4) * 16, 16, 1024);
             let bk = warpgroup::desc_sw128(k_s(stage), (kk / 4) * BC * 64 + (kk % 4) * 16, 16, 1024);
             warpgroup::mma_ss::<NS>(a, bk, acc_s, kk > 0, T::BF16);
         }
         warpgroup::commit();
-    };
+    });
     // Warpgroup: issue O += P V_j (BC / 16 k-steps of m64n{D}k16, P from registers, V
     // [keys][D] read MN-major) as one wgmma group.
-    let issue_pv = #[inline(always)]
-    |stage: usize, pa: &[[u32; 4]; KS], acc_o: &mut [[f32; 4]; DN]| {
+    let issue_pv = inline_closure!(|stage: usize, pa: &[[u32; 4]; KS], acc_o: &mut [[f32; 4]; DN]| {
         for (kv, f) in pa.iter().enumerate() {
             let bv = warpgroup::desc_sw128(v_s(stage), kv * 16 * 64, Sw::<BC, D>::BLOCK_BYTES, 1024);
             warpgroup::mma_rs::<DN, true>(*f, bv, acc_o, true, T::BF16);
         }
         warpgroup::commit();
-    };
+    });
     // Thread: mask tile j's scores (when `masked`) and fold them into the rows' online
     // softmax; the scores become P in place; returns alpha per row.
-    let softmax = #[inline(always)]
-    |j: usize, masked: bool, acc_s: &mut [[f32; 4]; NS], rows: &mut [RowState; 2]| -> [f32; 2] {
+    let softmax = inline_closure!(|j: usize, masked: bool, acc_s: &mut [[f32; 4]; NS], rows: &mut [RowState; 2]| -> [f32; 2] {
         let c0 = (j * BC) as u32;
         let mut s = [[[0f32; 2]; NS]; 2];
         for (n, a) in acc_s.iter().enumerate() {
@@ -235,24 +228,24 @@ unsafe fn fwd<
             *a = [s[0][n][0], s[0][n][1], s[1][n][0], s[1][n][1]];
         }
         alpha
-    };
+    });
     // Thread: acc_o *= alpha (skipped when no row of the warp got a new max: alpha = 1
     // exactly), and P to 16 bits in wgmma's A layout (k-step kv: S n-tiles 2kv, 2kv + 1).
-    let rescale_and_pack = #[inline(always)]
-    |alpha: [f32; 2], acc_s: &[[f32; 4]; NS], acc_o: &mut [[f32; 4]; DN], pa: &mut [[u32; 4]; KS]| {
-        if warp::any(alpha[0] != 1.0 || alpha[1] != 1.0) {
-            for a in acc_o.iter_mut() {
-                a[0] *= alpha[0];
-                a[1] *= alpha[0];
-                a[2] *= alpha[1];
-                a[3] *= alpha[1];
+    let rescale_and_pack =
+        inline_closure!(|alpha: [f32; 2], acc_s: &[[f32; 4]; NS], acc_o: &mut [[f32; 4]; DN], pa: &mut [[u32; 4]; KS]| {
+            if warp::any(alpha[0] != 1.0 || alpha[1] != 1.0) {
+                for a in acc_o.iter_mut() {
+                    a[0] *= alpha[0];
+                    a[1] *= alpha[0];
+                    a[2] *= alpha[1];
+                    a[3] *= alpha[1];
+                }
             }
-        }
-        for (kv, f) in pa.iter_mut().enumerate() {
-            let (lo, hi) = (acc_s[2 * kv], acc_s[2 * kv + 1]);
-            *f = [T::pack2(lo[0], lo[1]), T::pack2(lo[2], lo[3]), T::pack2(hi[0], hi[1]), T::pack2(hi[2], hi[3])];
-        }
-    };
+            for (kv, f) in pa.iter_mut().enumerate() {
+                let (lo, hi) = (acc_s[2 * kv], acc_s[2 * kv + 1]);
+                *f = [T::pack2(lo[0], lo[1]), T::pack2(lo[2], lo[3]), T::pack2(hi[0], hi[1]), T::pack2(hi[2], hi[3])];
+            }
+        });
 
     if n_tiles > 0 {
         // Tile 0: S_0, its softmax, P_0 (acc_o is still 0: nothing to rescale).
@@ -267,13 +260,12 @@ unsafe fn fwd<
     }
     // Iteration j >= 1 of the KV loop; `masked` is a literal at each call, so the unmasked
     // iterations carry no mask code.
-    let step = #[inline(always)]
-    |j: usize,
-                masked: bool,
-                acc_s: &mut [[f32; 4]; NS],
-                acc_o: &mut [[f32; 4]; DN],
-                pa: &mut [[u32; 4]; KS],
-                rows: &mut [RowState; 2]| {
+    let step = inline_closure!(|j: usize,
+                                masked: bool,
+                                acc_s: &mut [[f32; 4]; NS],
+                                acc_o: &mut [[f32; 4]; DN],
+                                pa: &mut [[u32; 4]; KS],
+                                rows: &mut [RowState; 2]| {
         // Every warpgroup is done with iteration j - 1 (S_(j-1) read K stage (j - 1) % 2,
         // PV_(j-2) read V stage j % 2): G_(j+1) may refill them.
         block::sync();
@@ -308,7 +300,7 @@ unsafe fn fwd<
         // softmax above and must wait for P V first, which serialises the two (SASS).
         warpgroup::fence_fragments(pa);
         rescale_and_pack(alpha, acc_s, acc_o, pa);
-    };
+    });
     // The unmasked iterations, then the masked ones (the causal diagonal, the seqlen_k edge).
     let split = n_unmasked.clamp(1, n_tiles.max(1));
     for j in 1..split {

@@ -12,10 +12,8 @@
 //! decision, in one place), [`dtype`], [`mask`], [`softmax`], one file per kernel variant
 //! (`fwd_*.rs`), and [`registry`] (one line per variant).
 #![no_std]
-#![feature(f16)]
-// `#[inline(always)]` on the kernels' helper closures: an outlined helper taking a register
-// array by reference puts the array in local memory.
-#![feature(stmt_expr_attributes)]
+// Nightly features for the nvptx build alone (host/build.rs builds it with the pinned nightly):
+// the host build, the emulator, compiles on stable Rust.
 #![cfg_attr(
     target_arch = "nvptx64",
     feature(
@@ -25,10 +23,28 @@
         link_llvm_intrinsics,
         core_intrinsics,
         gpu_intrinsics,
-        gpu_launch_sized_workgroup_mem
+        gpu_launch_sized_workgroup_mem,
+        // `#[inline(always)]` on the kernels' helper closures ([`inline_closure!`]): an
+        // outlined helper taking a register array by reference puts the array in local memory.
+        stmt_expr_attributes
     )
 )]
 #![cfg_attr(target_arch = "nvptx64", allow(internal_features))]
+// Kernel loops index several register arrays with one unrolled counter.
+#![allow(clippy::needless_range_loop)]
+
+/// `#[inline(always)]` on a closure in the nvptx build (attributes on expressions are
+/// nightly-only); the closure as it is in the host build.
+macro_rules! inline_closure {
+    ($c:expr) => {{
+        #[cfg(target_arch = "nvptx64")]
+        let c = #[inline(always)]
+        $c;
+        #[cfg(not(target_arch = "nvptx64"))]
+        let c = $c;
+        c
+    }};
+}
 
 #[cfg(not(target_arch = "nvptx64"))]
 extern crate std;

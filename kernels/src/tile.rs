@@ -108,7 +108,7 @@ impl MmaTile {
     /// Elements per shared-memory row: head_dim when it is a multiple of 64 (the rows are
     /// XOR-swizzled), else head_dim plus one 16-byte chunk of padding.
     pub const fn row_stride(&self) -> u32 {
-        if self.head_dim % 64 == 0 { self.head_dim } else { self.head_dim + 8 }
+        if self.head_dim.is_multiple_of(64) { self.head_dim } else { self.head_dim + 8 }
     }
     /// Shared memory per block, in bytes: Q [br] rows and two stages of K, V [bc] rows, 16-bit.
     pub const fn smem_bytes(&self) -> u32 {
@@ -162,7 +162,7 @@ pub const fn mma_tile(head_dim: u32) -> Option<MmaTile> {
 #[allow(clippy::match_overlapping_arm)] // 0 is taken by the guard first
 pub const fn mma_head_dim(head_dim: u32) -> Option<u32> {
     match head_dim {
-        _ if head_dim == 0 || head_dim % 8 != 0 => None,
+        _ if head_dim == 0 || !head_dim.is_multiple_of(8) => None,
         ..=32 => Some(32),
         ..=64 => Some(64),
         ..=96 => Some(96),
@@ -387,7 +387,7 @@ impl WgmmaTile {
 ///   d=64 (127 registers, two blocks): 293 / - / 311 / 315.
 pub const fn wgmma_tile(head_dim: u32) -> Option<WgmmaTile> {
     match head_dim {
-        _ if head_dim == 0 || head_dim % 8 != 0 || head_dim > 128 => None,
+        _ if head_dim == 0 || !head_dim.is_multiple_of(8) || head_dim > 128 => None,
         ..=64 => Some(WgmmaTile { warpgroups: 1, bc: 128, head_dim: 64, padded: head_dim != 64 }),
         _ => Some(WgmmaTile { warpgroups: 1, bc: 64, head_dim: 128, padded: head_dim != 128 }),
     }
@@ -479,7 +479,7 @@ impl WgmmaBwdTile {
 /// two blocks whatever the registers.
 pub const fn wgmma_bwd_tile(head_dim: u32) -> Option<WgmmaBwdTile> {
     match head_dim {
-        _ if head_dim == 0 || head_dim % 8 != 0 || head_dim > 128 => None,
+        _ if head_dim == 0 || !head_dim.is_multiple_of(8) || head_dim > 128 => None,
         ..=64 => Some(WgmmaBwdTile { br: 64, dq_bc: 64, head_dim: 64, padded: head_dim != 64, dkdv_max_regs: 168, dq_max_regs: 128 }),
         _ => Some(WgmmaBwdTile { br: 64, dq_bc: 64, head_dim: 128, padded: head_dim != 128, dkdv_max_regs: 0, dq_max_regs: 0 }),
     }

@@ -133,7 +133,7 @@ fn ptxas_no_spills_no_stack(ptxas: PathBuf) {
             // ptxas reports these as "info", not warnings: wgmma serialised because a
             // non-wgmma instruction writes an accumulator inside a pipeline stage (C7515), or a
             // wait it had to add (C7517). Either undoes the asynchrony the kernel is built on.
-            for line in report.lines().filter(|l| l.contains("C7515") || l.contains("C7517")) {
+            if let Some(line) = report.lines().find(|l| l.contains("C7515") || l.contains("C7517")) {
                 panic!("{arch} on {target} PTX: {line}");
             }
         }
@@ -167,10 +167,22 @@ fn main() {
     let ptxas = find_ptxas();
     let required = std::env::var("REQUIRE_PTXAS").is_ok_and(|v| v == "1");
     let mut trials = vec![
-        Trial::test("every_registered_kernel_is_an_entry", || Ok(every_registered_kernel_is_an_entry())),
-        Trial::test("nothing_unresolved", || Ok(nothing_unresolved())),
-        Trial::test("every_entry_splits_into_a_module_of_its_own", || Ok(every_entry_splits_into_a_module_of_its_own())),
-        Trial::test("loaded_modules_carry_the_register_caps", || Ok(loaded_modules_carry_the_register_caps())),
+        Trial::test("every_registered_kernel_is_an_entry", || {
+            every_registered_kernel_is_an_entry();
+            Ok(())
+        }),
+        Trial::test("nothing_unresolved", || {
+            nothing_unresolved();
+            Ok(())
+        }),
+        Trial::test("every_entry_splits_into_a_module_of_its_own", || {
+            every_entry_splits_into_a_module_of_its_own();
+            Ok(())
+        }),
+        Trial::test("loaded_modules_carry_the_register_caps", || {
+            loaded_modules_carry_the_register_caps();
+            Ok(())
+        }),
     ];
     let absent = "ptxas not found (pip install nvidia-cuda-nvcc, or set PTXAS)";
     if ptxas.is_none() && !required {
@@ -180,7 +192,10 @@ fn main() {
         [("ptxas_no_spills_no_stack", ptxas_no_spills_no_stack), ("ptxas_split_modules", ptxas_split_modules)];
     for (name, check) in checks {
         trials.push(match ptxas.clone() {
-            Some(p) => Trial::test(name, move || Ok(check(p))),
+            Some(p) => Trial::test(name, move || {
+                let _: () = check(p);
+                Ok(())
+            }),
             None if required => Trial::test(name, move || Err(Failed::from(format!("REQUIRE_PTXAS=1 but {absent}")))),
             None => Trial::test(name, || Ok(())).with_ignored_flag(true),
         });

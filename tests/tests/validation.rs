@@ -123,7 +123,7 @@ fn output_shape_and_host_length() {
 #[test]
 fn tensors_of_another_instance() {
     let (a, b) = (FlashAttn::emulator(), FlashAttn::emulator());
-    let q = a.upload(&vec![1.0f32; 8], &[1, 1, 1, 8]).unwrap();
+    let q = a.upload(&[1.0f32; 8], &[1, 1, 1, 8]).unwrap();
     let e = b.forward(&q, &q, &q, &FwdOptions::default()).err().expect("other instance");
     assert!(matches!(e, Error::WrongDevice { tensor: "q" }), "{e}");
 }
@@ -131,7 +131,7 @@ fn tensors_of_another_instance() {
 #[test]
 fn unknown_kernel_family() {
     let fa = FlashAttn::emulator();
-    let q = fa.upload(&vec![1.0f32; 8], &[1, 1, 1, 8]).unwrap();
+    let q = fa.upload(&[1.0f32; 8], &[1, 1, 1, 8]).unwrap();
     let opts = FwdOptions { kernel: Some("nope"), ..Default::default() };
     let e = fa.forward(&q, &q, &q, &opts).err().expect("unknown kernel");
     assert!(matches!(&e, Error::UnknownKernel { name, .. } if name == "nope"), "{e}");
@@ -329,7 +329,7 @@ fn backward_rejects_bad_shapes_and_kernels_before_launch() {
     let e = fa.backward(&q, &q, &q, &q, &q, &lse, &opts).err().expect("no f32 mma backward");
     assert!(matches!(&e, Error::NoVariant { .. }), "{e}");
     // The atomic family is not deterministic: a typed error when determinism is asked for.
-    let q16 = fa.upload(&vec![half::f16::ONE; 4 * 2 * 8], &[1, 4, 2, 8]).unwrap();
+    let q16 = fa.upload(&[half::f16::ONE; 4 * 2 * 8], &[1, 4, 2, 8]).unwrap();
     let opts = FwdOptions { kernel: Some("mma_atomic"), deterministic: true, ..Default::default() };
     let e = fa.backward(&q16, &q16, &q16, &q16, &q16, &lse, &opts).err().expect("not deterministic");
     assert!(matches!(&e, Error::NotDeterministic { family } if family == "mma_atomic"), "{e}");

@@ -388,6 +388,16 @@ pub mod math {
     pub fn lg2(x: f32) -> f32 {
         imp::lg2(x)
     }
+    /// An f16, given by its bits, widened to f32 (exact; `cvt.f32.f16`).
+    #[inline(always)]
+    pub fn f16_to_f32(h: u16) -> f32 {
+        imp::f16_to_f32(h)
+    }
+    /// An f32 rounded to f16, to nearest even; its bits (`cvt.rn.f16.f32`).
+    #[inline(always)]
+    pub fn f32_to_f16(x: f32) -> u16 {
+        imp::f32_to_f16(x)
+    }
     /// Two f32 rounded to f16 and packed (lo in the low half): an mma operand register.
     #[inline(always)]
     pub fn pack_f16x2(lo: f32, hi: f32) -> u32 {

@@ -203,6 +203,20 @@ pub fn pack_f16x2(lo: f32, hi: f32) -> u32 {
     }
     r
 }
+/// An f16 (its bits) widened to f32, exactly.
+#[inline(always)]
+pub fn f16_to_f32(h: u16) -> f32 {
+    let r: f32;
+    unsafe { asm!("cvt.f32.f16 {r}, {h};", r = out(reg32) r, h = in(reg16) h, options(pure, nomem, nostack)) }
+    r
+}
+/// An f32 rounded to f16 (its bits), to nearest even.
+#[inline(always)]
+pub fn f32_to_f16(x: f32) -> u16 {
+    let r: u16;
+    unsafe { asm!("cvt.rn.f16.f32 {r}, {x};", r = out(reg16) r, x = in(reg32) x, options(pure, nomem, nostack)) }
+    r
+}
 /// Two f32 to a packed bf16x2 (lo in the low half), round to nearest even.
 #[inline(always)]
 pub fn pack_bf16x2(lo: f32, hi: f32) -> u32 {

@@ -84,7 +84,7 @@ pub fn launch(kernel: &str, cfg: &LaunchConfig, regions: &[GlobalRegion], body: 
     let (gx, gy, gz) = cfg.grid;
     let n_blocks = gx as usize * gy as usize * gz as usize;
     let fail = |message: String| EmuError { kernel: kernel.into(), block: (0, 0, 0), message };
-    if cfg.block_threads == 0 || cfg.block_threads % 32 != 0 || cfg.block_threads > 1024 {
+    if cfg.block_threads == 0 || !cfg.block_threads.is_multiple_of(32) || cfg.block_threads > 1024 {
         return Err(fail(std::format!("block of {} threads: the emulator takes whole warps, 32 to 1024 threads", cfg.block_threads)));
     }
     if n_blocks == 0 {

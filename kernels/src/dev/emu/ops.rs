@@ -41,7 +41,7 @@ pub fn vote_any(v: bool) -> bool {
 #[track_caller]
 fn check_global(addr: usize, size: usize, write: bool) {
     let t = current();
-    if addr % size.min(16) != 0 {
+    if !addr.is_multiple_of(size.min(16)) {
         fault(format!(
             "thread {} accesses {size} bytes of global memory at {addr:#x}, not aligned to {size}, at {}",
             t.tid,
@@ -143,7 +143,7 @@ pub fn mma_bf16(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
 pub unsafe fn cp_async_16<T>(dst: *mut T, src: *const T, valid: bool) {
     let t = current();
     let at = Location::caller();
-    if (dst as usize) % 16 != 0 || (valid && (src as usize) % 16 != 0) {
+    if !(dst as usize).is_multiple_of(16) || (valid && !(src as usize).is_multiple_of(16)) {
         fault(format!("thread {} cp.async of 16 bytes with a misaligned address at {at}", t.tid));
     }
     let mut bytes = [0u8; 16];
@@ -160,8 +160,14 @@ pub fn cp_async_commit() {
 pub fn cp_async_wait<const N: u32>() {
     current().async_wait(N as usize)
 }
+pub fn f16_to_f32(h: u16) -> f32 {
+    half::f16::from_bits(h).to_f32()
+}
+pub fn f32_to_f16(x: f32) -> u16 {
+    half::f16::from_f32(x).to_bits()
+}
 pub fn pack_f16x2(lo: f32, hi: f32) -> u32 {
-    (lo as f16).to_bits() as u32 | ((hi as f16).to_bits() as u32) << 16
+    f32_to_f16(lo) as u32 | (f32_to_f16(hi) as u32) << 16
 }
 pub fn pack_bf16x2(lo: f32, hi: f32) -> u32 {
     use crate::dtype::{Bf16, Element};

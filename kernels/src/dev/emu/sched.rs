@@ -400,7 +400,7 @@ pub(crate) fn run_block(
             // Run every ready thread until it waits or exits.
             for t in 0..n {
                 if let St::Ready(v) = st[t] {
-                    CURRENT.with(|c| c.set(&ctxs[t] as *const ThreadCtx as *const ThreadCtx<'static>));
+                    CURRENT.with(|c| c.set((&ctxs[t] as *const ThreadCtx).cast::<ThreadCtx<'static>>()));
                     let co = cos[t].as_mut().expect("live coroutine");
                     let r = co.resume(v);
                     CURRENT.with(|c| c.set(core::ptr::null()));

@@ -6,7 +6,7 @@ use std::format;
 use std::vec::Vec;
 
 fn half_to_f32(h: u16, bf16: bool) -> f32 {
-    if bf16 { f32::from_bits((h as u32) << 16) } else { f16::from_bits(h) as f32 }
+    if bf16 { f32::from_bits((h as u32) << 16) } else { super::ops::f16_to_f32(h) }
 }
 
 /// ldmatrix .x4: lane 8m + r supplies row r of matrix m (8 halves at its address). Without
