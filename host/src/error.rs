@@ -75,10 +75,12 @@ pub enum Error {
         /// The largest value allowed.
         max: usize,
     },
-    /// The softmax scale must be finite.
+    /// The softmax scale must be finite, of magnitude at most [`crate::MAX_SCALE`].
     InvalidScale {
         /// The scale given.
         scale: f32,
+        /// The largest magnitude accepted.
+        max: f32,
     },
     /// An output buffer has the wrong shape.
     OutputShape {
@@ -163,7 +165,10 @@ impl std::fmt::Display for Error {
                 write!(f, "heads_q {heads_q} is not a multiple of heads_kv {heads_kv}")
             }
             Error::TooLarge { what, value, max } => write!(f, "{what} is {value}; at most {max} is supported"),
-            Error::InvalidScale { scale } => write!(f, "softmax_scale {scale} is not a finite number"),
+            Error::InvalidScale { scale, max } => write!(
+                f,
+                "softmax_scale {scale} is outside [-{max}, {max}]: a larger scale leaves the kernels' f32 softmax statistics no precision on ordinary scores (a scale of {max} is already a hard max)"
+            ),
             Error::OutputShape { tensor, expected, got } => {
                 write!(f, "output {tensor} has shape {got:?}; expected {expected:?}")
             }

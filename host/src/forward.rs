@@ -78,6 +78,11 @@ impl AttnShape {
 
 /// Largest batch and heads_q: the launch grid's y and z limits.
 pub const MAX_GRID_YZ: usize = 65_535;
+/// Largest |softmax_scale| accepted: far beyond any temperature in use (1/sqrt(head_dim) is
+/// 0.06 to 1), and past the point where the softmax is a hard max on any data. Larger scales
+/// would carry ordinary scores beyond what the kernels' f32 row statistics (m_i, LSE) hold
+/// exactly; they are refused rather than turned into NaN rows.
+pub const MAX_SCALE: f32 = 65536.0;
 /// Largest sequence length: row indices are u32 in the kernels, with room for one tile past the end.
 pub const MAX_SEQLEN: usize = (i32::MAX as usize) - 1024;
 
@@ -126,9 +131,9 @@ pub fn validate(q: &[usize], k: &[usize], v: &[usize], opts: &FwdOptions) -> Res
         }
     }
     if let Some(scale) = opts.softmax_scale
-        && !scale.is_finite()
+        && !(scale.abs() <= MAX_SCALE)
     {
-        return Err(Error::InvalidScale { scale });
+        return Err(Error::InvalidScale { scale, max: MAX_SCALE });
     }
     Ok(shape)
 }

@@ -36,4 +36,4 @@ pub use dtype::Dtype;
 pub use error::{Error, Result};
 pub use flashattn_kernels as kernels;
 pub use flashattn_kernels::registry::{Arch, BWD_FAMILIES, FAMILIES, FWD_RESIDUAL_FAMILIES};
-pub use forward::{AttnShape, FwdOptions, FwdOutput, MAX_GRID_YZ, MAX_SEQLEN, select_variant, validate};
+pub use forward::{AttnShape, FwdOptions, FwdOutput, MAX_GRID_YZ, MAX_SCALE, MAX_SEQLEN, select_variant, validate};

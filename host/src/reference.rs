@@ -19,7 +19,22 @@ fn causal_hides(row: usize, col: usize, sq: usize, sk: usize) -> bool {
     col as i64 > row as i64 + sk as i64 - sq as i64
 }
 
+/// The scale the softmax applies to the scores (the kernels' rule, `softmax::score_scale`):
+/// softmax_scale, with 0 taken as the smallest positive normal f32, the limit scale -> 0+
+/// (uniform weights over finite scores; an infinite score keeps its sign).
+fn score_scale(scale: f64) -> f64 {
+    if scale == 0.0 { f32::MIN_POSITIVE as f64 } else { scale }
+}
+
+/// Max that propagates NaN (`f64::max` drops it).
+fn nan_max(a: f64, b: f64) -> f64 {
+    if a.is_nan() || b.is_nan() { f64::NAN } else { a.max(b) }
+}
+
 /// One (batch, head, query row) of attention in f64: writes the row of O, returns the LSE.
+/// Only the keys the row sees take part (a masked key is left out, not weighted by 0, so
+/// whatever it holds cannot reach the row); everything else is IEEE arithmetic, so a NaN the
+/// row sees makes its LSE NaN and an infinite value makes the outputs it reaches non-finite.
 #[allow(clippy::too_many_arguments)]
 fn attention_row(
     q: &[f64],
@@ -30,35 +45,30 @@ fn attention_row(
     causal: bool,
     (b, h, i): (usize, usize, usize),
     out: &mut [f64],
-    scores: &mut Vec<f64>,
+    scores: &mut Vec<(usize, f64)>,
 ) -> f64 {
     let d = s.head_dim;
     let hk = h / (s.heads_q / s.heads_kv);
     let q_row = &q[((b * s.seqlen_q + i) * s.heads_q + h) * d..][..d];
+    let sc = score_scale(scale);
     scores.clear();
-    for j in 0..s.seqlen_k {
-        if causal && causal_hides(i, j, s.seqlen_q, s.seqlen_k) {
-            scores.push(f64::NEG_INFINITY);
-            continue;
-        }
+    for j in (0..s.seqlen_k).filter(|&j| !(causal && causal_hides(i, j, s.seqlen_q, s.seqlen_k))) {
         let k_row = &k[((b * s.seqlen_k + j) * s.heads_kv + hk) * d..][..d];
         let dot: f64 = q_row.iter().zip(k_row).map(|(a, b)| a * b).sum();
-        scores.push(dot * scale);
+        scores.push((j, dot * sc));
     }
-    let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let m = scores.iter().fold(f64::NEG_INFINITY, |m, &(_, x)| nan_max(m, x));
     out.iter_mut().for_each(|x| *x = 0.0);
     if m == f64::NEG_INFINITY {
+        // No key visible, or every score -inf: no weights at all.
         return f64::NEG_INFINITY;
     }
     let mut l = 0.0;
-    for x in scores.iter_mut() {
+    for (_, x) in scores.iter_mut() {
         *x = (*x - m).exp();
         l += *x;
     }
-    for (j, &p) in scores.iter().enumerate() {
-        if p == 0.0 {
-            continue;
-        }
+    for &(j, p) in scores.iter() {
         let p = p / l;
         let v_row = &v[((b * s.seqlen_k + j) * s.heads_kv + hk) * d..][..d];
         for (o, x) in out.iter_mut().zip(v_row) {
@@ -243,48 +253,45 @@ pub fn attention_backward_f64(q: &[f64], k: &[f64], v: &[f64], d_o: &[f64], s: &
     let scale = opts.scale(d) as f64;
     let fwd = attention_f64(q, k, v, s, opts);
     let mut g = RefGrads { dq: vec![0.0; q.len()], dk: vec![0.0; k.len()], dv: vec![0.0; v.len()] };
-    let mut p = vec![0.0; s.seqlen_k];
-    let mut dp = vec![0.0; s.seqlen_k];
+    let sc = score_scale(scale);
+    // The keys the row sees, and their P and dP: masked keys take no part (whatever they hold
+    // cannot reach the row), the rest is IEEE arithmetic.
+    let (mut vis, mut p, mut dp) = (Vec::new(), Vec::new(), Vec::new());
     for b in 0..s.batch {
         for h in 0..s.heads_q {
             let hk = h / (s.heads_q / s.heads_kv);
             for i in 0..s.seqlen_q {
                 let lse = fwd.lse[(b * s.heads_q + h) * s.seqlen_q + i];
-                if lse == f64::NEG_INFINITY {
-                    continue;
-                }
                 let qi = ((b * s.seqlen_q + i) * s.heads_q + h) * d;
                 let (q_row, do_row) = (&q[qi..qi + d], &d_o[qi..qi + d]);
-                // P_ij = exp(S_ij - LSE_i), recomputed from the saved LSE as the kernels do.
-                for (j, pj) in p.iter_mut().enumerate() {
-                    let kj = ((b * s.seqlen_k + j) * s.heads_kv + hk) * d;
-                    *pj = if opts.causal && causal_hides(i, j, s.seqlen_q, s.seqlen_k) {
-                        0.0
-                    } else {
-                        let dot: f64 = q_row.iter().zip(&k[kj..kj + d]).map(|(a, b)| a * b).sum();
-                        (dot * scale - lse).exp()
-                    };
-                }
+                vis.clear();
+                vis.extend((0..s.seqlen_k).filter(|&j| !(opts.causal && causal_hides(i, j, s.seqlen_q, s.seqlen_k))));
+                let kj = |j: usize| ((b * s.seqlen_k + j) * s.heads_kv + hk) * d;
+                // P_ij = exp(S_ij - LSE_i), recomputed from the saved LSE as the kernels do
+                // (0 where the row has no weights at all: LSE -inf).
+                p.clear();
+                p.extend(vis.iter().map(|&j| {
+                    let dot: f64 = q_row.iter().zip(&k[kj(j)..kj(j) + d]).map(|(a, b)| a * b).sum();
+                    if lse == f64::NEG_INFINITY { 0.0 } else { (dot * sc - lse).exp() }
+                }));
                 // dP_ij = dO_i . V_j.
-                for (j, dpj) in dp.iter_mut().enumerate() {
-                    let kj = ((b * s.seqlen_k + j) * s.heads_kv + hk) * d;
-                    *dpj = do_row.iter().zip(&v[kj..kj + d]).map(|(a, b)| a * b).sum();
+                dp.clear();
+                dp.extend(vis.iter().map(|&j| do_row.iter().zip(&v[kj(j)..kj(j) + d]).map(|(a, b)| a * b).sum::<f64>()));
+                if vis.is_empty() {
+                    continue;
                 }
                 // Pivot c_i = dP of the largest P; D_i - c_i = sum_j P_ij (dP_ij - c_i).
                 let top = (0..p.len()).fold(0, |t, j| if p[j] > p[t] { j } else { t });
                 let ci = dp[top];
-                let dc: f64 = p.iter().zip(&dp).filter(|(pj, _)| **pj != 0.0).map(|(pj, dpj)| pj * (dpj - ci)).sum();
-                for (j, &pj) in p.iter().enumerate() {
-                    if pj == 0.0 {
-                        continue;
-                    }
-                    let kj = ((b * s.seqlen_k + j) * s.heads_kv + hk) * d;
+                let dc: f64 = p.iter().zip(&dp).map(|(pj, dpj)| pj * (dpj - ci)).sum();
+                for (x, &j) in vis.iter().enumerate() {
+                    let kj = kj(j);
                     // dS_ij = P_ij ((dP_ij - c_i) - (D_i - c_i)).
-                    let ds = pj * ((dp[j] - ci) - dc);
+                    let ds = p[x] * ((dp[x] - ci) - dc);
                     for c in 0..d {
                         g.dq[qi + c] += scale * ds * k[kj + c];
                         g.dk[kj + c] += scale * ds * q_row[c];
-                        g.dv[kj + c] += pj * do_row[c];
+                        g.dv[kj + c] += p[x] * do_row[c];
                     }
                 }
             }
@@ -345,4 +352,61 @@ pub fn naive_backward<T: Dtype>(q: &[T], k: &[T], v: &[T], d_o: &[T], s: &AttnSh
     }
     let out = |x: Vec<f32>| x.into_iter().map(|e| rt(e) as f64).collect();
     RefGrads { dq: out(dq), dk: out(dk), dv: out(dv) }
+}
+
+/// What FlashAttention's backward cannot share with naive attention, as an absolute error
+/// bound per gradient element: it never stores P, so each pass (the forward, the dQ pass, the
+/// dK/dV pass) recomputes S_ij = q_i . k_j and dP_ij = dO_i . v_j in f32, and two
+/// recomputations differ by a rounding of each, dS_ij = u_f32 sum_c |q_ic k_jc| in the score
+/// and ddP_ij = u_f32 sum_c |dO_ic v_jc| in dP (twice that: one rounding in each pass). P_ij
+/// then moves by a relative |scale| dS_ij, and to first order:
+/// - dV_jc by sum_i P_ij |scale| dS_ij |dO_ic|;
+/// - D_i by dD_i = sum_j P_ij (|scale| dS_ij |dP_ij| + ddP_ij);
+/// - dS_ij by P_ij (|scale| dS_ij |dP_ij - D_i| + ddP_ij + dD_i), hence dQ_ic by |scale|
+///   sum_j |k_jc| times that and dK_jc by |scale| sum_i |q_ic| times that.
+///
+/// It matters where the exact gradient is far below naive attention's rounding, which then
+/// cancels exactly: rows saturated to one key at large scales, where P rounds to exactly 1
+/// and 0 in naive attention and dS to exactly 0, while two f32 dot products of the same dP
+/// may differ in their last bit. Fully masked rows contribute nothing.
+pub fn backward_recompute_bound(q: &[f64], k: &[f64], v: &[f64], d_o: &[f64], s: &AttnShape, opts: &FwdOptions) -> RefGrads {
+    let d = s.head_dim;
+    let scale = opts.scale(d) as f64;
+    let sc = score_scale(scale);
+    let u = f32::EPSILON as f64; // two f32 roundings of half an ulp each
+    let fwd = attention_f64(q, k, v, s, opts);
+    let mut g = RefGrads { dq: vec![0.0; q.len()], dk: vec![0.0; k.len()], dv: vec![0.0; v.len()] };
+    for b in 0..s.batch {
+        for h in 0..s.heads_q {
+            let hk = h / (s.heads_q / s.heads_kv);
+            for i in 0..s.seqlen_q {
+                let lse = fwd.lse[(b * s.heads_q + h) * s.seqlen_q + i];
+                if !lse.is_finite() {
+                    continue;
+                }
+                let qi = ((b * s.seqlen_q + i) * s.heads_q + h) * d;
+                let (q_row, do_row) = (&q[qi..qi + d], &d_o[qi..qi + d]);
+                let kj = |j: usize| ((b * s.seqlen_k + j) * s.heads_kv + hk) * d;
+                let vis: Vec<usize> = (0..s.seqlen_k).filter(|&j| !(opts.causal && causal_hides(i, j, s.seqlen_q, s.seqlen_k))).collect();
+                let dot = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>();
+                let dot_abs = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| (x * y).abs()).sum::<f64>();
+                let p: Vec<f64> = vis.iter().map(|&j| (dot(q_row, &k[kj(j)..kj(j) + d]) * sc - lse).exp()).collect();
+                let dp: Vec<f64> = vis.iter().map(|&j| dot(do_row, &v[kj(j)..kj(j) + d])).collect();
+                let ds_s: Vec<f64> = vis.iter().map(|&j| scale.abs() * u * dot_abs(q_row, &k[kj(j)..kj(j) + d])).collect();
+                let ddp: Vec<f64> = vis.iter().map(|&j| u * dot_abs(do_row, &v[kj(j)..kj(j) + d])).collect();
+                let dd: f64 = p.iter().zip(&dp).map(|(pj, dpj)| pj * dpj).sum();
+                let d_err: f64 = (0..vis.len()).map(|x| p[x] * (ds_s[x] * dp[x].abs() + ddp[x])).sum();
+                for (x, &j) in vis.iter().enumerate() {
+                    let kj = kj(j);
+                    let ds_err = p[x] * (ds_s[x] * (dp[x] - dd).abs() + ddp[x] + d_err);
+                    for c in 0..d {
+                        g.dq[qi + c] += scale.abs() * ds_err * k[kj + c].abs();
+                        g.dk[kj + c] += scale.abs() * ds_err * q_row[c].abs();
+                        g.dv[kj + c] += p[x] * ds_s[x] * do_row[c].abs();
+                    }
+                }
+            }
+        }
+    }
+    g
 }

@@ -307,7 +307,7 @@ impl<T: MmaElement, const D: usize, const DK: usize, const QREG: bool> DqStep<'_
         let p = self.p;
         let (g, t) = (self.g, self.t);
         let c0 = (j * BC) as u32;
-        let factor = p.scale * LOG2_E;
+        let factor = crate::softmax::score_scale(p.scale) * LOG2_E;
         let mut s = [[0f32; 4]; NS];
         let mut dp = [[0f32; 4]; NS];
         for kk in 0..DK {
@@ -420,12 +420,19 @@ impl QuadRow {
     }
 
     /// Lane quad: the row's (m_i, 1 / l_i, D_i); (+inf, 0, 0) for a row that sees no key, so
-    /// that exp2(x - m_i) / l_i is 0 without a special case.
+    /// that exp2(x - m_i) / l_i is 0 without a special case; NaNs for a row whose scores hold
+    /// a NaN or whose statistics left f32's range (as the forward's `softmax::finish_stats`).
     #[inline(always)]
     pub(crate) fn finish(&self) -> (f32, f32, f32) {
         let l = warp::allreduce_sum_in::<4>(self.l);
         let n = warp::allreduce_sum_in::<4>(self.n);
-        if l > 0.0 { (self.m, math::rcp(l), n / l) } else { (f32::INFINITY, 0.0, 0.0) }
+        if self.m == f32::NEG_INFINITY && l == 0.0 {
+            (f32::INFINITY, 0.0, 0.0)
+        } else if l > 0.0 && l < f32::INFINITY && self.m.abs() < crate::softmax::STAT_LIMIT {
+            (self.m, math::rcp(l), n / l)
+        } else {
+            (f32::NAN, f32::NAN, f32::NAN)
+        }
     }
 }
 
@@ -652,7 +659,7 @@ impl<T: MmaElement, const D: usize, const DK: usize, const KVREG: bool> KvStep<'
     ) {
         let p = self.p;
         let (g, t) = (self.g, self.t);
-        let factor = p.scale * LOG2_E;
+        let factor = crate::softmax::score_scale(p.scale) * LOG2_E;
 
         // S^T = K_j Q_i^T and dP^T = V_j dO_i^T (keys x queries): NQ n-tiles of m16n8, k over D.
         let mut s = [[0f32; 4]; NQ];

@@ -20,6 +20,7 @@ use crate::dtype::Element;
 use crate::fwd_simt::{load_tile, store_tile};
 use crate::mask::{Causal, Mask, NoMask};
 use crate::params::BwdParams;
+use crate::softmax::score_scale;
 use crate::tile::{SimtKvTile, SimtTile};
 use core::f32::consts::LOG2_E;
 
@@ -75,6 +76,12 @@ impl RowStats {
     #[inline(always)]
     fn finish(&self) -> (f32, f32, f32, f32) {
         let m = warp::allreduce_max(self.m);
+        // A NaN score made its lane's l NaN (the max skips NaNs): the row's statistics are NaN,
+        // so are its P and dS (the forward's `softmax::finish_stats` rule). Every lane takes
+        // the same branch.
+        if warp::any(self.l.is_nan()) {
+            return (f32::NAN, f32::NAN, f32::NAN, f32::NAN);
+        }
         if m == f32::NEG_INFINITY {
             // Every lane: the warp took the same branch, so the reductions below are skipped
             // by all of it.
@@ -85,6 +92,9 @@ impl RowStats {
         let alpha = math::ex2((self.m - m) * LOG2_E);
         let l = warp::allreduce_sum(self.l * alpha);
         let n = warp::allreduce_sum((self.n + self.l * (self.c - c)) * alpha);
+        if !(l < f32::INFINITY) || !(m.abs() < crate::softmax::STAT_LIMIT) {
+            return (f32::NAN, f32::NAN, f32::NAN, f32::NAN);
+        }
         (m, math::rcp(l), n / l, c)
     }
 }
@@ -171,7 +181,7 @@ unsafe fn dkdv_masked<T: Element, M: Mask, const RK: usize, const DCH: usize>(p:
                     dp += do_s.ld((lane * ds + c) as usize) * v_s.ld((jl * ds + c) as usize);
                 }
                 let j = j0 + jl;
-                let pij = prob(s, p.scale, m_i, il_i, i >= sq || j >= sk || M::hides(i, j, sq, sk));
+                let pij = prob(s, score_scale(p.scale), m_i, il_i, i >= sq || j >= sk || M::hides(i, j, sq, sk));
                 p_s.st((jl * bm + lane) as usize, pij);
                 // dS_ij = P_ij ((dP_ij - c_i) - (D_i - c_i)), c_i the row's pivot (see `RowStats`).
                 ds_s.st((jl * bm + lane) as usize, pij * ((dp - c_i) - d_i));
@@ -309,7 +319,7 @@ unsafe fn dq_masked<T: Element, M: Mask, const ROWS: usize, const DCH: usize, co
         let (s, dp) = unsafe { ctx.scores::<ROWS, SC>(jt) };
         for i in 0..ROWS {
             for c in 0..SC {
-                part[i].push(if hidden(i, c, jt * bc) { f32::NEG_INFINITY } else { s[i][c] * p.scale }, dp[i][c]);
+                part[i].push(if hidden(i, c, jt * bc) { f32::NEG_INFINITY } else { s[i][c] * score_scale(p.scale) }, dp[i][c]);
             }
         }
     }
@@ -348,7 +358,7 @@ unsafe fn dq_masked<T: Element, M: Mask, const ROWS: usize, const DCH: usize, co
             let r = (r_w + i as u32) as usize;
             let (m, il, dd, cc) = (m_s.ld(r), il_s.ld(r), d_s.ld(r), c_s.ld(r));
             for c in 0..SC {
-                let pij = prob(s[i][c], p.scale, m, il, hidden(i, c, c0));
+                let pij = prob(s[i][c], score_scale(p.scale), m, il, hidden(i, c, c0));
                 ds_s.st(r * bc as usize + (lane + 32 * c as u32) as usize, pij * ((dp[i][c] - cc) - dd));
             }
         }

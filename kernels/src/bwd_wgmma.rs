@@ -196,7 +196,7 @@ unsafe fn dkdv_masked<
 
     let mut acc_dk = [[0f32; 4]; DN];
     let mut acc_dv = [[0f32; 4]; DN];
-    let factor = p.scale * LOG2_E;
+    let factor = crate::softmax::score_scale(p.scale) * LOG2_E;
     let key0 = j0 + (w * 16) as u32; // first key of this warp
 
     // Warpgroup: one query tile (stage `st`, query head h, first row i0); `masked` applies the
@@ -236,8 +236,17 @@ unsafe fn dkdv_masked<
         warpgroup::fence();
         issue_t(k_s, q_s(st), &mut s);
         warpgroup::wait::<0, NQ>(&mut s);
-        // Thread: P^T = exp2(S^T scale log2(e) - m) / l per query column (0 where masked or
-        // where the row sees no key).
+        // Thread: P^T = exp2(S^T scale log2(e) - m) / l per query column (0 where the row sees
+        // no key: m = +inf), then 0 where masked: after the exponential, since with a negative
+        // scale a masked -inf score would become +inf.
+        for (n, x) in s.iter_mut().enumerate() {
+            let c = n * 8 + 2 * t;
+            let ms = [m_row.ld(c), m_row.ld(c + 1)];
+            let ils = [il_row.ld(c), il_row.ld(c + 1)];
+            for (e, x) in x.iter_mut().enumerate() {
+                *x = math::ex2(*x * factor - ms[e % 2]) * ils[e % 2];
+            }
+        }
         // `masked` is uniform and true on diagonal tiles only: one branch around the whole
         // mask (a branch per element became selects in every tile in the forward kernel).
         if masked {
@@ -245,17 +254,9 @@ unsafe fn dkdv_masked<
                 for (e, x) in x.iter_mut().enumerate() {
                     let key = key0 + (g + 8 * (e / 2)) as u32;
                     if (DQ && key >= sk) || M::hides(i0 + (n * 8 + 2 * t + e % 2) as u32, key, sq, sk) {
-                        *x = f32::NEG_INFINITY;
+                        *x = 0.0;
                     }
                 }
-            }
-        }
-        for (n, x) in s.iter_mut().enumerate() {
-            let c = n * 8 + 2 * t;
-            let ms = [m_row.ld(c), m_row.ld(c + 1)];
-            let ils = [il_row.ld(c), il_row.ld(c + 1)];
-            for (e, x) in x.iter_mut().enumerate() {
-                *x = math::ex2(*x * factor - ms[e % 2]) * ils[e % 2];
             }
         }
         let mut pa = pack(&s);
@@ -493,7 +494,7 @@ unsafe fn dq_masked<
     }
     thread::cp_async_commit();
 
-    let factor = p.scale * LOG2_E;
+    let factor = crate::softmax::score_scale(p.scale) * LOG2_E;
     let mut acc_dq = [[0f32; 4]; DN];
     // Rows g and g + 8 of the warp's 16: running statistics (DQ_STATS), or m_i, 1 / l_i, D~_i
     // from the workspace (DQ_SAVED).

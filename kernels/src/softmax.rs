@@ -29,10 +29,26 @@ pub struct Natural;
 /// carries one more rounding (about 1e-7 relative), far inside the 16-bit kernels' bar.
 pub struct Log2;
 
+/// The scale the softmax applies to the scores: softmax_scale, with 0 taken as the smallest
+/// positive normal f32 (the limit scale -> 0+: uniform weights over finite scores, while an
+/// infinite score keeps its sign instead of becoming 0 * inf = NaN). Gradients are scaled by
+/// the true softmax_scale.
+#[inline(always)]
+pub fn score_scale(scale: f32) -> f32 {
+    if scale == 0.0 { f32::MIN_POSITIVE } else { scale }
+}
+
+/// |m_i| (the row max of the scores in the kernels' scaled domain) up to which a row's
+/// statistics are exact enough in f32: the exponents subtract m_i rounded to f32, which moves
+/// every weight of the row by the same factor 2^e, |e| <= ulp(m_i) / 2 (it cancels in O and
+/// LSE), and below 2^30 that factor stays under 2^64. Rows at or past it, reachable only with
+/// inputs far beyond attention's usual range at the largest scales (`MAX_SCALE`), give NaN.
+pub const STAT_LIMIT: f32 = 1_073_741_824.0;
+
 impl Domain for Natural {
     #[inline(always)]
     fn factor(scale: f32) -> f32 {
-        scale
+        score_scale(scale)
     }
     #[inline(always)]
     fn exp(d: f32) -> f32 {
@@ -47,7 +63,7 @@ impl Domain for Natural {
 impl Domain for Log2 {
     #[inline(always)]
     fn factor(scale: f32) -> f32 {
-        scale * LOG2_E
+        score_scale(scale) * LOG2_E
     }
     #[inline(always)]
     fn exp(d: f32) -> f32 {
@@ -113,8 +129,13 @@ impl RowState {
         let m_new = warp::allreduce_max_in::<W>(mx);
         // m_new c, or 0 while every score so far is masked (-inf), so ex2 gives 0, not NaN.
         let m_c = if m_new == f32::NEG_INFINITY { 0.0 } else { m_new * c };
-        // alpha = 2^(m_old c - m_new c); P_ij = 2^(S_ij c - m_new c); l_i = alpha l_i + rowsum(P_ij).
-        let alpha = math::ex2(math::fma(self.m, c, -m_c));
+        // alpha = 2^(m_old c - m_new c), the difference of the two rounded products that the
+        // exponents subtract, so exactly 1 while the max stays. (FA2's fma(m_old, c, -m_new c)
+        // is 2^(the rounding error of m_new c) then: one more factor on everything before at
+        // each tile, a drift of up to |m_i| 2^-24 per tile in the row's weights, 1e-4 relative
+        // over the 1024 tiles of a 128k-key row.)
+        let alpha = if m_new == self.m { 1.0 } else { math::ex2(self.m * c - m_c) };
+        // P_ij = 2^(S_ij c - m_new c); l_i = alpha l_i + rowsum(P_ij).
         let mut sum = 0.0;
         for x in s.iter_mut() {
             *x = math::ex2(math::fma(*x, c, -m_c));
@@ -131,11 +152,26 @@ impl RowState {
         RowState { m: self.m * c, l: self.l }.finish::<Log2, W>()
     }
 
-    /// Lane group: the row's final 1 / l_i (0 for a fully masked row) and its log-sum-exp in the
-    /// natural log (-inf for a fully masked row).
+    /// Lane group: the row's final 1 / l_i and its log-sum-exp in the natural log:
+    /// (0, -inf) for a row that sees no key (every score masked or -inf), (NaN, NaN) for a row
+    /// whose scores hold a NaN (l_i is NaN: the NaN reached P) or whose statistics left f32's
+    /// range ([`STAT_LIMIT`], or l_i overflowed), else (1 / l_i, m_i + log l_i).
     #[inline(always)]
     pub fn finish<Dm: Domain, const W: u32>(&self) -> (f32, f32) {
         let l = warp::allreduce_sum_in::<W>(self.l);
-        if l > 0.0 { (math::rcp(l), Dm::lse(self.m, l)) } else { (0.0, f32::NEG_INFINITY) }
+        finish_stats::<Dm>(self.m, l)
+    }
+}
+
+/// The row statistics' end (see [`RowState::finish`]) from the scaled max `m` and the whole
+/// row's sum `l`.
+#[inline(always)]
+pub fn finish_stats<Dm: Domain>(m: f32, l: f32) -> (f32, f32) {
+    if m == f32::NEG_INFINITY && l == 0.0 {
+        (0.0, f32::NEG_INFINITY)
+    } else if l > 0.0 && l < f32::INFINITY && m.abs() < STAT_LIMIT {
+        (math::rcp(l), Dm::lse(m, l))
+    } else {
+        (f32::NAN, f32::NAN)
     }
 }

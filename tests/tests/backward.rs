@@ -207,6 +207,27 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
             ));
         }
     }
+    // A negative scale with causal masking (the Hopper dK/dV kernel once masked the raw
+    // scores with -inf before scaling them: with scale < 0 they became +inf and dK, dV NaN),
+    // square and ragged, and the other corners of the scale range.
+    let scaled = [
+        ("negative_scale_causal_64", shape(1, 64, 64, 2, 2, 128), -0.2),
+        ("negative_scale_causal_300", shape(1, 300, 300, 2, 1, 64), -1.0),
+        ("negative_scale_causal_64x300", shape(1, 64, 300, 2, 2, 128), -0.2),
+        ("negative_scale_causal_300x64", shape(1, 300, 64, 2, 1, 96), -1.0),
+        ("zero_scale_causal", shape(1, 70, 90, 2, 1, 64), 0.0),
+        ("large_scale_causal", shape(1, 70, 90, 2, 1, 64), 3000.0),
+        ("large_negative_scale_causal", shape(1, 90, 70, 2, 1, 128), -flashattn::MAX_SCALE),
+    ];
+    for (name, s, scale) in scaled {
+        for (dtype, saved) in with_and_without {
+            let case = Case { shape: s, causal: true, softmax_scale: Some(scale), dtype, seed: 0 };
+            trials.push(mk(
+                format!("{tag}::edge{}::{name}::{dtype:?}", suffix(saved)).to_lowercase(),
+                Box::new(move |fa| check_backward(fa, &Case { seed: fresh_seed(), ..case }, false, saved).map_err(Failed::from)),
+            ));
+        }
+    }
     // Rows that see one to three keys (dS of a row's only key must come out exactly 0), on
     // the tensor-core path (f16, bf16) and the SIMT one (f32: before D_i was taken relative to
     // a pivot, see `bwd_simt`, it missed the bar here in about 1 run in 12, by up to 1.8x, on

@@ -84,10 +84,16 @@ fn sizes_beyond_kernel_limits() {
 
 #[test]
 fn invalid_scale() {
-    for scale in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+    let max = flashattn::MAX_SCALE;
+    for scale in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 1e30, -1e30, max * 1.0001, -max * 1.0001, f32::MAX] {
         let opts = FwdOptions { softmax_scale: Some(scale), ..Default::default() };
         let e = err(&[1, 4, 1, 8], &[1, 4, 1, 8], &[1, 4, 1, 8], opts);
-        assert!(matches!(e, Error::InvalidScale { .. }), "{e}");
+        assert!(matches!(e, Error::InvalidScale { scale: s, max: m } if s.to_bits() == scale.to_bits() && m == max), "{e}");
+        assert!(e.to_string().contains(&format!("{scale}")) && e.to_string().contains(&format!("{max}")), "{e}");
+    }
+    for scale in [0.0, -0.0, 1e-45, -1e-45, f32::MIN_POSITIVE, 1.0, -1.0, max, -max] {
+        let opts = FwdOptions { softmax_scale: Some(scale), ..Default::default() };
+        assert!(validate(&[1, 4, 1, 8], &[1, 4, 1, 8], &[1, 4, 1, 8], &opts).is_ok(), "scale {scale}");
     }
 }
 
