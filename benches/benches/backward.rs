@@ -6,7 +6,7 @@
 //! Without a GPU it says so and benches the emulator at one tiny shape.
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use flashattn::{AttnShape, BWD_FAMILIES, BwdOutput, FlashAttn, FwdOptions};
+use flashattn::{Attention, AttnShape, BWD_FAMILIES, BwdOptions, BwdOutput, FlashAttn, FwdOptions};
 use std::time::Duration;
 
 fn bench_backward(c: &mut Criterion) {
@@ -25,7 +25,8 @@ fn bench_backward(c: &mut Criterion) {
                 let heads = if why.is_some() { 2 } else { 2048 / d };
                 let batch = if why.is_some() { 1 } else { (16384 / seqlen).max(1) };
                 let s = AttnShape { batch, seqlen_q: seqlen, seqlen_k: seqlen, heads_q: heads, heads_kv: heads, head_dim: d };
-                let opts = FwdOptions { causal, softmax_scale: None, kernel: Some(family), ..Default::default() };
+                let attn = Attention { causal, softmax_scale: None };
+                let opts = BwdOptions { kernel: Some(family), ..Default::default() };
                 let n_q = s.batch * s.seqlen_q * s.heads_q * d;
                 let data: Vec<half::f16> = flashattn::rng::Rng::new(d as u64 * seqlen as u64).tensor(n_q);
                 // The family must run here (sm_90a kernels on compute capability 9.0 only); the
@@ -44,7 +45,7 @@ fn bench_backward(c: &mut Criterion) {
                 }
                 let prepared = (|| -> flashattn::Result<_> {
                     let q = fa.upload(&data, &s.q_shape())?;
-                    let fwd = fa.forward(&q, &q, &q, &FwdOptions { kernel: None, ..opts })?;
+                    let fwd = fa.forward(&q, &q, &q, &attn, &FwdOptions::default())?;
                     let grads = BwdOutput {
                         dq: fa.full(half::f16::NAN, &s.q_shape())?,
                         dk: fa.full(half::f16::NAN, &s.kv_shape())?,
@@ -64,7 +65,7 @@ fn bench_backward(c: &mut Criterion) {
                 g.bench_function(id, |b| {
                     b.iter_custom(|iters| {
                         let ms = fa
-                            .time_backward(&q, &q, &q, &fwd, &q, &mut grads, &opts, 1, iters as usize)
+                            .time_backward(&q, &q, &q, &fwd, &q, &opts, &mut grads, 1, iters as usize)
                             .unwrap_or_else(|e| panic!("backward failed: {e}"));
                         Duration::from_secs_f64(ms * 1e-3 * iters as f64)
                     })

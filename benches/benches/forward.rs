@@ -5,7 +5,7 @@
 //! Without a GPU it says so and benches the emulator at one tiny shape.
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use flashattn::{AttnShape, FAMILIES, FlashAttn, FwdOptions};
+use flashattn::{Attention, AttnShape, FAMILIES, FlashAttn, FwdOptions, FwdOutput};
 use std::time::Duration;
 
 fn bench_forward(c: &mut Criterion) {
@@ -30,7 +30,8 @@ fn bench_forward(c: &mut Criterion) {
                     heads_kv: heads,
                     head_dim: d,
                 };
-                let opts = FwdOptions { causal, softmax_scale: None, kernel: Some(family), ..Default::default() };
+                let attn = Attention { causal, softmax_scale: None };
+                let opts = FwdOptions { kernel: Some(family), ..Default::default() };
                 // Not every family serves every head_dim (wgmma_wg2: 64 and 128 only),
                 // and sm_90a kernels run on compute capability 9.0 only.
                 match flashattn::select_variant(flashattn::kernels::dtype::DType::F16, d, &opts, &fa.archs()) {
@@ -46,18 +47,19 @@ fn bench_forward(c: &mut Criterion) {
                 }
                 let n_q = s.batch * s.seqlen_q * s.heads_q * d;
                 let data: Vec<half::f16> = flashattn::rng::Rng::new(d as u64 * seqlen as u64).tensor(n_q);
-                let (Ok(q), Ok(mut o), Ok(mut lse)) =
+                let (Ok(q), Ok(o), Ok(lse)) =
                     (fa.upload(&data, &s.q_shape()), fa.full(half::f16::NAN, &s.q_shape()), fa.full(f32::NAN, &s.lse_shape()))
                 else {
                     eprintln!("skipping {family} d={d} s={seqlen}: allocation failed");
                     continue;
                 };
+                let mut out = FwdOutput::from_buffers(o, lse, None);
                 g.throughput(Throughput::Elements(s.fwd_flops(causal) as u64));
                 let id = BenchmarkId::new(format!("{family}/f16/d{d}/{}", if causal { "causal" } else { "full" }), seqlen);
                 g.bench_function(id, |b| {
                     b.iter_custom(|iters| {
                         let ms = fa
-                            .time_forward(&q, &q, &q, &mut o, &mut lse, &opts, 1, iters as usize)
+                            .time_forward(&q, &q, &q, &attn, &opts, &mut out, 1, iters as usize)
                             .unwrap_or_else(|e| panic!("forward failed: {e}"));
                         Duration::from_secs_f64(ms * 1e-3 * iters as f64)
                     })

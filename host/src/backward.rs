@@ -21,20 +21,25 @@
 //!   from `prep_residual`. Not deterministic; on the H200 slower than `wgmma` (0.75-1.01x,
 //!   4256d7d, `registry::BWD_FAMILIES`).
 //!
-//! Given the forward's O residual ([`FlashAttn::backward_saved`], forward with
-//! `FwdOptions::save_residual`), `wgmma` takes D~_i = dO_i . (O_i + O_lo_i) in f32
-//! (`prep_residual`): D~ is then f32-accurate in the rows the dQ kernel's correction leaves
-//! out too.
+//! Given the forward's O residual (a forward with `FwdOptions::save_residual`), `wgmma` takes
+//! D~_i = dO_i . (O_i + O_lo_i) in f32 (`prep_residual`): D~ is then f32-accurate in the rows
+//! the dQ kernel's correction leaves out too.
+//!
+//! The backward takes the forward's output whole ([`FwdOutput`]): its O, LSE and residual,
+//! and the attention it computed, so that the gradient is always that of the forward's
+//! attention; q, k and v must be the tensors the forward read.
 
 use crate::device::{FlashAttn, Launch, Tensor};
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
-use crate::forward::{FwdOptions, FwdOutput, validate};
+use crate::forward::{FwdOutput, validate};
+use crate::options::{Attention, BwdOptions};
 use flashattn_kernels::dev::emu::GlobalRegion;
 use flashattn_kernels::params::BwdParams;
 use flashattn_kernels::registry::{Arch, BWD_FAMILIES, BWD_NONDETERMINISTIC, BwdVariant, bwd_passes, bwd_variant};
 
 /// What the backward pass returns, in the layouts of Q, K and V.
+#[derive(Debug)]
 pub struct BwdOutput<T> {
     pub dq: Tensor<T>,
     pub dk: Tensor<T>,
@@ -54,7 +59,7 @@ pub struct BwdOutput<T> {
 pub fn select_bwd_variants(
     dtype: flashattn_kernels::dtype::DType,
     head_dim: usize,
-    opts: &FwdOptions,
+    opts: &BwdOptions,
     archs: &[Arch],
     saved: bool,
 ) -> Result<Vec<&'static BwdVariant>> {
@@ -78,61 +83,25 @@ pub fn select_bwd_variants(
 }
 
 impl FlashAttn {
-    /// Gradients of attention: given Q, K, V, the forward's O and LSE, and dO (O's
-    /// gradient), returns dQ, dK, dV. With GQA, dK and dV of a KV head sum over the query
-    /// heads that share it. Options must be the forward's.
-    #[allow(clippy::too_many_arguments)]
+    /// Gradients of the attention `fwd` computed: given Q, K, V (the tensors the forward
+    /// read), the forward's output and dO (O's gradient), returns dQ, dK, dV. With GQA, dK and
+    /// dV of a KV head sum over the query heads that share it. With the forward's O residual
+    /// ([`crate::FwdOptions::save_residual`]), D~ comes from the unrounded O (on Hopper).
     pub fn backward<T: Dtype>(
         &self,
         q: &Tensor<T>,
         k: &Tensor<T>,
         v: &Tensor<T>,
-        o: &Tensor<T>,
-        d_o: &Tensor<T>,
-        lse: &Tensor<f32>,
-        opts: &FwdOptions,
-    ) -> Result<BwdOutput<T>> {
-        let mut out = self.alloc_grads(q, k, v, opts)?;
-        self.backward_into(q, k, v, o, d_o, lse, &mut out, opts)?;
-        Ok(out)
-    }
-
-    /// Uninitialised dQ, dK, dV for the problem of `q`, `k`, `v` (validated).
-    fn alloc_grads<T: Dtype>(&self, q: &Tensor<T>, k: &Tensor<T>, v: &Tensor<T>, opts: &FwdOptions) -> Result<BwdOutput<T>> {
-        let shape = validate(q.shape(), k.shape(), v.shape(), opts)?;
-        Ok(BwdOutput { dq: self.alloc(&shape.q_shape())?, dk: self.alloc(&shape.kv_shape())?, dv: self.alloc(&shape.kv_shape())? })
-    }
-
-    /// As [`FlashAttn::backward`], from everything the forward returned: with its O residual
-    /// ([`FwdOptions::save_residual`]) the row statistics come from the LSE and O instead of
-    /// a pass over the keys (on Hopper: `wgmma`), otherwise the same as `backward`.
-    pub fn backward_saved<T: Dtype>(
-        &self,
-        q: &Tensor<T>,
-        k: &Tensor<T>,
-        v: &Tensor<T>,
         fwd: &FwdOutput<T>,
         d_o: &Tensor<T>,
-        opts: &FwdOptions,
+        opts: &BwdOptions,
     ) -> Result<BwdOutput<T>> {
-        let mut out = self.alloc_grads(q, k, v, opts)?;
-        self.backward_saved_into(q, k, v, fwd, d_o, &mut out, opts)?;
+        let attention = fwd.attention().ok_or(Error::NoForward)?;
+        let shape = validate(q.shape(), k.shape(), v.shape(), &attention)?;
+        let mut out =
+            BwdOutput { dq: self.alloc(&shape.q_shape())?, dk: self.alloc(&shape.kv_shape())?, dv: self.alloc(&shape.kv_shape())? };
+        self.backward_into(q, k, v, fwd, d_o, opts, &mut out)?;
         Ok(out)
-    }
-
-    /// As [`FlashAttn::backward_saved`], writing into existing gradient buffers.
-    #[allow(clippy::too_many_arguments)]
-    pub fn backward_saved_into<T: Dtype>(
-        &self,
-        q: &Tensor<T>,
-        k: &Tensor<T>,
-        v: &Tensor<T>,
-        fwd: &FwdOutput<T>,
-        d_o: &Tensor<T>,
-        grads: &mut BwdOutput<T>,
-        opts: &FwdOptions,
-    ) -> Result<()> {
-        self.backward_impl(q, k, v, &fwd.o, fwd.o_lo.as_ref(), d_o, &fwd.lse, grads, opts)
     }
 
     /// As [`FlashAttn::backward`], writing into existing gradient buffers.
@@ -142,13 +111,19 @@ impl FlashAttn {
         q: &Tensor<T>,
         k: &Tensor<T>,
         v: &Tensor<T>,
-        o: &Tensor<T>,
+        fwd: &FwdOutput<T>,
         d_o: &Tensor<T>,
-        lse: &Tensor<f32>,
+        opts: &BwdOptions,
         grads: &mut BwdOutput<T>,
-        opts: &FwdOptions,
     ) -> Result<()> {
-        self.backward_impl(q, k, v, o, None, d_o, lse, grads, opts)
+        let record = fwd.record().ok_or(Error::NoForward)?;
+        let stream = self.stream();
+        for ((name, t), id) in [("q", q), ("k", k), ("v", v)].into_iter().zip(record.inputs) {
+            if t.identity(stream) != id {
+                return Err(Error::NotForwardInput { tensor: name });
+            }
+        }
+        self.backward_impl(q, k, v, fwd.o(), fwd.o_lo(), d_o, fwd.lse(), grads, &record.attention, opts)
     }
 
     /// The backward, with the forward's O residual when there is one.
@@ -163,9 +138,10 @@ impl FlashAttn {
         d_o: &Tensor<T>,
         lse: &Tensor<f32>,
         grads: &mut BwdOutput<T>,
-        opts: &FwdOptions,
+        attention: &Attention,
+        opts: &BwdOptions,
     ) -> Result<()> {
-        let shape = validate(q.shape(), k.shape(), v.shape(), opts)?;
+        let shape = validate(q.shape(), k.shape(), v.shape(), attention)?;
         let (qs, kvs, ls) = (shape.q_shape(), shape.kv_shape(), shape.lse_shape());
         for (name, got, expected) in [
             ("o", o.shape(), &qs[..]),
@@ -223,8 +199,8 @@ impl FlashAttn {
             seqlen_q: shape.seqlen_q as u32,
             seqlen_k: shape.seqlen_k as u32,
             head_dim: d,
-            scale: opts.scale(shape.head_dim),
-            causal: opts.causal as u32,
+            scale: attention.scale(shape.head_dim),
+            causal: attention.causal as u32,
         };
         let regions = [
             GlobalRegion { start: params.q as usize, len: q.bytes(), writable: false },

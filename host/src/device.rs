@@ -284,11 +284,24 @@ impl<T> HostBuf<T> {
     }
 }
 
+/// A tensor's identity: the [`FlashAttn`] that made it, its address, its size in bytes.
+pub(crate) type TensorId = (u64, u64, usize);
+
 /// A dense row-major tensor on a [`FlashAttn`]'s device (or in the emulator's host memory).
 pub struct Tensor<T> {
     pub(crate) storage: Storage<T>,
     shape: Vec<usize>,
     owner: u64,
+}
+
+impl<T> std::fmt::Debug for Tensor<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let place = match self.storage {
+            Storage::Cuda(_) => "cuda",
+            Storage::Host(_) => "emulator",
+        };
+        write!(f, "Tensor<{}>{:?} on {place}", std::any::type_name::<T>(), self.shape)
+    }
 }
 
 impl<T> Tensor<T> {
@@ -311,6 +324,11 @@ impl<T> Tensor<T> {
     /// Bytes of storage.
     pub fn bytes(&self) -> usize {
         self.len() * std::mem::size_of::<T>()
+    }
+    /// Which memory this is: its owner, address and size (two tensors with the same
+    /// identity are the same elements).
+    pub(crate) fn identity(&self, stream: Option<&CudaStream>) -> TensorId {
+        (self.owner, self.addr(stream), self.bytes())
     }
     /// Device address (CUDA) or host address (emulator) of the first element.
     pub(crate) fn addr(&self, stream: Option<&CudaStream>) -> u64 {

@@ -91,6 +91,21 @@ pub enum Error {
         /// The shape given.
         got: Vec<usize>,
     },
+    /// An output the call must write was not given.
+    MissingOutput {
+        /// Which output.
+        tensor: &'static str,
+        /// Why it is needed.
+        why: &'static str,
+    },
+    /// The backward was given a forward output that no forward has written (or whose forward
+    /// failed).
+    NoForward,
+    /// The backward was given an input other than the one its forward read.
+    NotForwardInput {
+        /// Which input.
+        tensor: &'static str,
+    },
     /// Host data does not fill the shape asked for.
     HostLength {
         /// Elements the shape needs.
@@ -171,6 +186,13 @@ impl std::fmt::Display for Error {
             ),
             Error::OutputShape { tensor, expected, got } => {
                 write!(f, "output {tensor} has shape {got:?}; expected {expected:?}")
+            }
+            Error::MissingOutput { tensor, why } => write!(f, "output {tensor} is missing: {why}"),
+            Error::NoForward => {
+                write!(f, "the forward output given to the backward holds no forward result (no forward wrote it, or the last one failed)")
+            }
+            Error::NotForwardInput { tensor } => {
+                write!(f, "{tensor} is not the tensor the forward read: the backward takes the forward's own q, k and v")
             }
             Error::HostLength { expected, got } => {
                 write!(f, "host data has {got} elements; the shape needs {expected}")

@@ -1,41 +1,12 @@
 //! The forward pass: validation, launch parameters, and the launch on either backend.
 
-use crate::device::{FlashAttn, Launch, Tensor};
+use crate::device::{FlashAttn, Launch, Tensor, TensorId};
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
+use crate::options::{Attention, FwdOptions};
 use flashattn_kernels::dev::emu::GlobalRegion;
 use flashattn_kernels::params::{FwdParams, Strides};
 use flashattn_kernels::registry::{Arch, FAMILIES, FWD_RESIDUAL_FAMILIES, FwdVariant, fwd_variant};
-
-/// Options of the forward pass.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct FwdOptions {
-    /// Causal masking, bottom-right aligned (FlashAttention >= 2.1): query row i sees key
-    /// column j iff j <= i + seqlen_k - seqlen_q. Rows that see no key get O = 0, LSE = -inf.
-    pub causal: bool,
-    /// Scale applied to QK^T before the softmax; `None` means 1/sqrt(head_dim).
-    pub softmax_scale: Option<f32>,
-    /// Kernel family by name (`"simt"`); `None` picks the best one that applies.
-    pub kernel: Option<&'static str>,
-    /// Backward only: bitwise identical gradients from identical inputs on every run. Every
-    /// automatically selected backward is; `mma_atomic` (by name) adds dQ with f32 atomics in
-    /// a run-dependent order, and naming it with this set is an error.
-    pub deterministic: bool,
-    /// Forward only, opt-in: also return O's rounding residual ([`FwdOutput::o_lo`], one more
-    /// tensor of O's size) where the kernel writes it (the Hopper kernels).
-    /// [`FlashAttn::backward_saved`] then takes D~_i = dO_i . (O_i + O_lo_i) in f32 instead of
-    /// dO_i . O_i: f32-accurate also in the rows that the Hopper dQ kernel's exact correction
-    /// leaves out (rows without a softmax weight above 1/8, `bwd_wgmma`), where the default
-    /// carries FA2's error. The same kernels otherwise, about the same speed.
-    pub save_residual: bool,
-}
-
-impl FwdOptions {
-    /// The scale in effect for `head_dim`.
-    pub fn scale(&self, head_dim: usize) -> f32 {
-        self.softmax_scale.unwrap_or(1.0 / (head_dim as f32).sqrt())
-    }
-}
 
 /// The problem's dimensions, as validated from Q and K.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -87,7 +58,7 @@ pub const MAX_SCALE: f32 = 65536.0;
 pub const MAX_SEQLEN: usize = (i32::MAX as usize) - 1024;
 
 /// Checks Q, K, V and the options; returns the problem's dimensions. Runs before any launch.
-pub fn validate(q: &[usize], k: &[usize], v: &[usize], opts: &FwdOptions) -> Result<AttnShape> {
+pub fn validate(q: &[usize], k: &[usize], v: &[usize], attention: &Attention) -> Result<AttnShape> {
     for (tensor, s) in [("q", q), ("k", k), ("v", v)] {
         if s.len() != 4 {
             return Err(Error::Rank { tensor, shape: s.to_vec(), expected: 4 });
@@ -130,7 +101,7 @@ pub fn validate(q: &[usize], k: &[usize], v: &[usize], opts: &FwdOptions) -> Res
             return Err(Error::TooLarge { what, value: n, max: max_elems });
         }
     }
-    if let Some(scale) = opts.softmax_scale
+    if let Some(scale) = attention.softmax_scale
         && !(scale.abs() <= MAX_SCALE)
     {
         return Err(Error::InvalidScale { scale, max: MAX_SCALE });
@@ -138,16 +109,71 @@ pub fn validate(q: &[usize], k: &[usize], v: &[usize], opts: &FwdOptions) -> Res
     Ok(shape)
 }
 
-/// What the forward pass returns.
+/// What the forward pass returns, and what its backward needs: O, LSE, O's residual when
+/// it was saved, and a record of the forward that wrote them (its attention, its inputs).
+/// [`FlashAttn::backward`] takes the attention from here, so it is always the forward's.
 pub struct FwdOutput<T> {
+    o: Tensor<T>,
+    lse: Tensor<f32>,
+    o_lo: Option<Tensor<T>>,
+    written: Option<FwdRecord>,
+}
+
+/// The forward that wrote a [`FwdOutput`].
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct FwdRecord {
+    pub(crate) attention: Attention,
+    pub(crate) shape: AttnShape,
+    /// Q, K, V as the forward read them ([`Tensor::identity`]).
+    pub(crate) inputs: [TensorId; 3],
+    /// Whether it wrote O's residual into `o_lo`.
+    pub(crate) residual: bool,
+}
+
+impl<T> FwdOutput<T> {
+    /// Buffers for [`FlashAttn::forward_into`] to write (a record of no forward yet): O
+    /// [batch, seqlen_q, heads_q, head_dim], LSE [batch, heads_q, seqlen_q] and, to save the
+    /// residual, an O_lo of O's shape.
+    pub fn from_buffers(o: Tensor<T>, lse: Tensor<f32>, o_lo: Option<Tensor<T>>) -> FwdOutput<T> {
+        FwdOutput { o, lse, o_lo, written: None }
+    }
     /// O: [batch, seqlen_q, heads_q, head_dim], in the input dtype.
-    pub o: Tensor<T>,
+    pub fn o(&self) -> &Tensor<T> {
+        &self.o
+    }
     /// LSE: [batch, heads_q, seqlen_q], f32, natural log of each row's softmax denominator
-    /// (after scaling); -inf for rows that see no key.
-    pub lse: Tensor<f32>,
-    /// With [`FwdOptions::save_residual`] and a kernel that writes it: O_lo = T(O_f32 - O),
-    /// laid out like O, so O + O_lo is the unrounded O to about twice T's precision.
-    pub o_lo: Option<Tensor<T>>,
+    /// (after scaling): -inf for rows that see no key, NaN for rows that see a NaN.
+    pub fn lse(&self) -> &Tensor<f32> {
+        &self.lse
+    }
+    /// O_lo = T(O_f32 - O), laid out like O (O + O_lo is the unrounded O to about twice T's
+    /// precision), when the forward saved it ([`FwdOptions::save_residual`] and a kernel that
+    /// writes it).
+    pub fn o_lo(&self) -> Option<&Tensor<T>> {
+        self.written.as_ref().filter(|r| r.residual).and(self.o_lo.as_ref())
+    }
+    /// The attention the forward computed (`None` before any forward wrote these buffers).
+    pub fn attention(&self) -> Option<Attention> {
+        self.written.as_ref().map(|r| r.attention)
+    }
+    /// O, LSE and the residual buffer, given back.
+    pub fn into_parts(self) -> (Tensor<T>, Tensor<f32>, Option<Tensor<T>>) {
+        (self.o, self.lse, self.o_lo)
+    }
+    pub(crate) fn record(&self) -> Option<&FwdRecord> {
+        self.written.as_ref()
+    }
+}
+
+impl<T> std::fmt::Debug for FwdOutput<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FwdOutput")
+            .field("o", &self.o.shape())
+            .field("lse", &self.lse.shape())
+            .field("o_lo", &self.o_lo().map(|t| t.shape()))
+            .field("attention", &self.attention())
+            .finish()
+    }
 }
 
 /// The variant that will run for this dtype, head_dim and options on a device that runs
@@ -188,36 +214,80 @@ impl FlashAttn {
 
     /// Attention forward: O = softmax(scale * Q K^T \[masked\]) V, and its LSE.
     /// Q: [batch, seqlen_q, heads_q, head_dim]; K, V: [batch, seqlen_k, heads_kv, head_dim].
-    pub fn forward<T: Dtype>(&self, q: &Tensor<T>, k: &Tensor<T>, v: &Tensor<T>, opts: &FwdOptions) -> Result<FwdOutput<T>> {
-        let shape = validate(q.shape(), k.shape(), v.shape(), opts)?;
+    /// The output also records the attention for [`FlashAttn::backward`].
+    pub fn forward<T: Dtype>(
+        &self,
+        q: &Tensor<T>,
+        k: &Tensor<T>,
+        v: &Tensor<T>,
+        attention: &Attention,
+        opts: &FwdOptions,
+    ) -> Result<FwdOutput<T>> {
+        let shape = validate(q.shape(), k.shape(), v.shape(), attention)?;
         let variant = self.fwd_variant_for(T::DTYPE, shape.head_dim, opts)?;
-        let mut o = self.alloc::<T>(&shape.q_shape())?;
-        let mut lse = self.alloc::<f32>(&shape.lse_shape())?;
-        let mut o_lo = match opts.save_residual && FWD_RESIDUAL_FAMILIES.contains(&variant.family) {
+        let o = self.alloc::<T>(&shape.q_shape())?;
+        let lse = self.alloc::<f32>(&shape.lse_shape())?;
+        let o_lo = match opts.save_residual && FWD_RESIDUAL_FAMILIES.contains(&variant.family) {
             true => Some(self.alloc::<T>(&shape.q_shape())?),
             false => None,
         };
-        self.forward_impl(q, k, v, &mut o, &mut lse, o_lo.as_mut(), opts)?;
-        Ok(FwdOutput { o, lse, o_lo })
+        let mut out = FwdOutput::from_buffers(o, lse, o_lo);
+        self.forward_into(q, k, v, attention, opts, &mut out)?;
+        Ok(out)
     }
 
-    /// As [`FlashAttn::forward`], writing into existing buffers `o` and `lse`.
+    /// As [`FlashAttn::forward`], writing into the buffers of `out` (which then records this
+    /// forward). With [`FwdOptions::save_residual`] and a kernel that writes the residual,
+    /// `out` must hold an O_lo buffer.
     pub fn forward_into<T: Dtype>(
         &self,
         q: &Tensor<T>,
         k: &Tensor<T>,
         v: &Tensor<T>,
-        o: &mut Tensor<T>,
-        lse: &mut Tensor<f32>,
+        attention: &Attention,
         opts: &FwdOptions,
+        out: &mut FwdOutput<T>,
     ) -> Result<()> {
-        self.forward_impl(q, k, v, o, lse, None, opts)
+        let shape = validate(q.shape(), k.shape(), v.shape(), attention)?;
+        let variant = self.fwd_variant_for(T::DTYPE, shape.head_dim, opts)?;
+        let residual = opts.save_residual && FWD_RESIDUAL_FAMILIES.contains(&variant.family);
+        if residual && out.o_lo.is_none() {
+            return Err(Error::MissingOutput { tensor: "o_lo", why: "save_residual is set and the selected forward kernel writes it" });
+        }
+        let o_lo_shape = out.o_lo.as_ref().filter(|_| residual).map(|t| t.shape().to_vec());
+        let outputs = [
+            ("o", Some(out.o.shape()), shape.q_shape().to_vec()),
+            ("lse", Some(out.lse.shape()), shape.lse_shape().to_vec()),
+            ("o_lo", o_lo_shape.as_deref(), shape.q_shape().to_vec()),
+        ];
+        for (name, got, expected) in outputs {
+            if let Some(got) = got
+                && got != &expected[..]
+            {
+                return Err(Error::OutputShape { tensor: name, expected, got: got.to_vec() });
+            }
+        }
+        for (name, owner) in [("q", q.owner()), ("k", k.owner()), ("v", v.owner()), ("o", out.o.owner()), ("lse", out.lse.owner())] {
+            self.check_owner_id(owner, name)?;
+        }
+        if let Some(t) = out.o_lo.as_ref().filter(|_| residual) {
+            self.check_owner(t, "o_lo")?;
+        }
+        // Everything is checked: from here the buffers change, and until the launch is queued
+        // they hold no forward.
+        out.written = None;
+        let FwdOutput { o, lse, o_lo, .. } = out;
+        self.forward_launch(q, k, v, o, lse, if residual { o_lo.as_mut() } else { None }, attention, &shape, variant)?;
+        let stream = self.stream();
+        let inputs = [q.identity(stream), k.identity(stream), v.identity(stream)];
+        out.written = Some(FwdRecord { attention: *attention, shape, inputs, residual });
+        Ok(())
     }
 
-    /// The forward, writing O's residual to `o_lo` when given (the caller checked that the
-    /// selected kernel writes it).
+    /// The forward's launch, the checks done (`o_lo`: where the selected kernel writes O's
+    /// residual).
     #[allow(clippy::too_many_arguments)]
-    fn forward_impl<T: Dtype>(
+    fn forward_launch<T: Dtype>(
         &self,
         q: &Tensor<T>,
         k: &Tensor<T>,
@@ -225,23 +295,10 @@ impl FlashAttn {
         o: &mut Tensor<T>,
         lse: &mut Tensor<f32>,
         mut o_lo: Option<&mut Tensor<T>>,
-        opts: &FwdOptions,
+        attention: &Attention,
+        shape: &AttnShape,
+        variant: &'static FwdVariant,
     ) -> Result<()> {
-        let shape = validate(q.shape(), k.shape(), v.shape(), opts)?;
-        for (name, got, expected) in [("o", o.shape(), &shape.q_shape()[..]), ("lse", lse.shape(), &shape.lse_shape()[..])] {
-            if got != expected {
-                return Err(Error::OutputShape { tensor: name, expected: expected.to_vec(), got: got.to_vec() });
-            }
-        }
-        self.check_owner(q, "q")?;
-        self.check_owner(k, "k")?;
-        self.check_owner(v, "v")?;
-        self.check_owner(o, "o")?;
-        self.check_owner(lse, "lse")?;
-        if let Some(t) = &o_lo {
-            self.check_owner(*t, "o_lo")?;
-        }
-        let variant = self.fwd_variant_for(T::DTYPE, shape.head_dim, opts)?;
         let d = shape.head_dim as u32;
         let smem = (variant.smem_bytes)(d) as usize;
         let grid = ((shape.seqlen_q as u32).div_ceil(variant.br), shape.heads_q as u32, shape.batch as u32);
@@ -263,8 +320,8 @@ impl FlashAttn {
             seqlen_q: shape.seqlen_q as u32,
             seqlen_k: shape.seqlen_k as u32,
             head_dim: d,
-            scale: opts.scale(shape.head_dim),
-            causal: opts.causal as u32,
+            scale: attention.scale(shape.head_dim),
+            causal: attention.causal as u32,
         };
         let regions = [
             GlobalRegion { start: params.q as usize, len: q.bytes(), writable: false },

@@ -6,7 +6,7 @@
 //! runs on the CPU under an emulator of the CUDA execution model ([`FlashAttn::emulator`]).
 //!
 //! ```no_run
-//! use flashattn::{FlashAttn, FwdOptions};
+//! use flashattn::{Attention, BwdOptions, FlashAttn, FwdOptions};
 //! # fn main() -> Result<(), flashattn::Error> {
 //! let fa = FlashAttn::cuda(0)?; // or FlashAttn::emulator()
 //! let (b, s, h, d) = (2, 1024, 16, 64);
@@ -14,9 +14,13 @@
 //! let q = fa.upload(&host, &[b, s, h, d])?;
 //! let k = fa.upload(&host, &[b, s, h, d])?;
 //! let v = fa.upload(&host, &[b, s, h, d])?;
-//! let out = fa.forward(&q, &k, &v, &FwdOptions { causal: true, ..Default::default() })?;
-//! let o: Vec<half::f16> = fa.download(&out.o)?; // [b, s, h, d]
-//! let lse: Vec<f32> = fa.download(&out.lse)?; // [b, h, s]
+//! let out = fa.forward(&q, &k, &v, &Attention::causal(), &FwdOptions::default())?;
+//! let o: Vec<half::f16> = fa.download(out.o())?; // [b, s, h, d]
+//! let lse: Vec<f32> = fa.download(out.lse())?; // [b, h, s]
+//! // The backward takes the forward's output: its attention, O and LSE.
+//! let d_o = fa.upload(&host, &[b, s, h, d])?;
+//! let grads = fa.backward(&q, &k, &v, &out, &d_o, &BwdOptions::default())?;
+//! let dq: Vec<half::f16> = fa.download(&grads.dq)?;
 //! # Ok(()) }
 //! ```
 
@@ -25,6 +29,7 @@ mod device;
 mod dtype;
 mod error;
 mod forward;
+mod options;
 pub mod ptx;
 pub mod reference;
 pub mod rng;
@@ -36,4 +41,5 @@ pub use dtype::Dtype;
 pub use error::{Error, Result};
 pub use flashattn_kernels as kernels;
 pub use flashattn_kernels::registry::{Arch, BWD_FAMILIES, FAMILIES, FWD_RESIDUAL_FAMILIES};
-pub use forward::{AttnShape, FwdOptions, FwdOutput, MAX_GRID_YZ, MAX_SCALE, MAX_SEQLEN, select_variant, validate};
+pub use forward::{AttnShape, FwdOutput, MAX_GRID_YZ, MAX_SCALE, MAX_SEQLEN, select_variant, validate};
+pub use options::{Attention, BwdOptions, FwdOptions};

@@ -5,7 +5,7 @@
 //! settings. Without a GPU, `run` falls back to the CPU emulator at a small shape.
 
 use flashattn::reference::{naive_rows, reference_rows, rel_l2, tolerance};
-use flashattn::{AttnShape, Dtype, FlashAttn, FwdOptions, Tensor, select_variant};
+use flashattn::{Attention, AttnShape, BwdOptions, Dtype, FlashAttn, FwdOptions, FwdOutput, Tensor, select_variant};
 use std::process::ExitCode;
 
 const USAGE: &str = "\
@@ -220,7 +220,8 @@ fn run<T: Dtype>(fa: &FlashAttn, a: &Args) -> flashattn::Result<bool> {
         heads_kv: a.heads_kv.unwrap_or(heads),
         head_dim,
     };
-    let opts = FwdOptions { causal: a.causal, softmax_scale: a.scale, kernel: a.kernel, ..Default::default() };
+    let attn = Attention { causal: a.causal, softmax_scale: a.scale };
+    let opts = FwdOptions { kernel: a.kernel, ..Default::default() };
     let variant = select_variant(T::DTYPE, s.head_dim, &opts, &fa.archs())?;
     println!("device:  {}", fa.device_name());
     println!(
@@ -234,13 +235,12 @@ fn run<T: Dtype>(fa: &FlashAttn, a: &Args) -> flashattn::Result<bool> {
     let q = fa.upload(&p.q, &s.q_shape())?;
     let k = fa.upload(&p.k, &s.kv_shape())?;
     let v = fa.upload(&p.v, &s.kv_shape())?;
-    let mut o = fa.full(T::nan(), &s.q_shape())?;
-    let mut lse = fa.full(f32::NAN, &s.lse_shape())?;
+    let mut out = FwdOutput::from_buffers(fa.full(T::nan(), &s.q_shape())?, fa.full(f32::NAN, &s.lse_shape())?, None);
     let iters = a.iters.unwrap_or(if emu { 1 } else { 20 });
-    let ms = fa.time_forward(&q, &k, &v, &mut o, &mut lse, &opts, if emu { 0 } else { 3 }, iters)?;
+    let ms = fa.time_forward(&q, &k, &v, &attn, &opts, &mut out, if emu { 0 } else { 3 }, iters)?;
     let free_after = fa.memory_info()?.map(|(f, _)| f);
-    let o_h = fa.download(&o)?;
-    let lse_h = fa.download(&lse)?;
+    let o_h = fa.download(out.o())?;
+    let lse_h = fa.download(out.lse())?;
 
     // Check sampled rows (first, last, and a spread between) against the f64 reference,
     // with the same bar as the tests: twice naive attention's error in this dtype.
@@ -249,8 +249,8 @@ fn run<T: Dtype>(fa: &FlashAttn, a: &Args) -> flashattn::Result<bool> {
         .map(|i| i * (n_rows - 1) / 15)
         .map(|r| (r / (s.heads_q * s.seqlen_q), (r / s.seqlen_q) % s.heads_q, r % s.seqlen_q))
         .collect();
-    let exact = reference_rows(&p.q, &p.k, &p.v, &s, &opts, &rows);
-    let naive = naive_rows(&p.q, &p.k, &p.v, &s, &opts, &rows);
+    let exact = reference_rows(&p.q, &p.k, &p.v, &s, &attn, &rows);
+    let naive = naive_rows(&p.q, &p.k, &p.v, &s, &attn, &rows);
     let d = s.head_dim;
     let (mut got_o, mut got_l, mut ref_o, mut ref_l, mut nv_o, mut nv_l) = (vec![], vec![], vec![], vec![], vec![], vec![]);
     for (((b, h, i), (eo, el)), (no, nl)) in rows.iter().zip(&exact).zip(&naive) {
@@ -275,7 +275,7 @@ fn run<T: Dtype>(fa: &FlashAttn, a: &Args) -> flashattn::Result<bool> {
 
     let flops = s.fwd_flops(a.causal);
     println!("time:    {ms:.3} ms per forward ({iters} timed runs) = {:.2} TFLOP/s", flops / (ms * 1e-3) / 1e12);
-    let tensors = (q.bytes() + k.bytes() + v.bytes() + o.bytes() + lse.bytes()) as f64;
+    let tensors = (q.bytes() + k.bytes() + v.bytes() + out.o().bytes() + out.lse().bytes()) as f64;
     let scores = (s.batch * s.heads_q * s.seqlen_q * s.seqlen_k * std::mem::size_of::<T>()) as f64;
     let used = match (free_before, free_after) {
         (Some(b), Some(a)) => format!("{} device memory in use for the call", fmt_bytes(b.saturating_sub(a) as f64)),
@@ -292,15 +292,9 @@ fn run<T: Dtype>(fa: &FlashAttn, a: &Args) -> flashattn::Result<bool> {
     Ok(ok)
 }
 
-fn upload_problem<T: Dtype>(fa: &FlashAttn, s: &AttnShape) -> flashattn::Result<(Tensor<T>, Tensor<T>, Tensor<T>, Tensor<T>, Tensor<f32>)> {
+fn upload_problem<T: Dtype>(fa: &FlashAttn, s: &AttnShape) -> flashattn::Result<(Tensor<T>, Tensor<T>, Tensor<T>)> {
     let p = random_problem::<T>(s, 0xbe_7c4);
-    Ok((
-        fa.upload(&p.q, &s.q_shape())?,
-        fa.upload(&p.k, &s.kv_shape())?,
-        fa.upload(&p.v, &s.kv_shape())?,
-        fa.full(T::nan(), &s.q_shape())?,
-        fa.full(f32::NAN, &s.lse_shape())?,
-    ))
+    Ok((fa.upload(&p.q, &s.q_shape())?, fa.upload(&p.k, &s.kv_shape())?, fa.upload(&p.v, &s.kv_shape())?))
 }
 
 fn bench<T: Dtype>(fa: &FlashAttn, a: &Args) -> flashattn::Result<bool> {
@@ -333,37 +327,39 @@ fn bench<T: Dtype>(fa: &FlashAttn, a: &Args) -> flashattn::Result<bool> {
                     heads_kv: heads,
                     head_dim: d,
                 };
-                let opts =
-                    FwdOptions { causal, softmax_scale: None, kernel: a.kernel, deterministic: a.deterministic, ..Default::default() };
+                let attn = Attention { causal, softmax_scale: None };
                 let iters = a.iters.unwrap_or(10);
                 let (family, name, ms, flops) = if a.backward {
                     // The forward's O and LSE (automatic kernel), a random dO; then dQ, dK, dV
                     // timed with the requested backward family. FLOPs: 2.5x the forward's.
-                    let fwd_opts = FwdOptions { kernel: None, save_residual: a.residual, ..opts };
-                    let (q, k, v, _, _) = upload_problem::<T>(fa, &s)?;
-                    let out = fa.forward(&q, &k, &v, &fwd_opts)?;
+                    let fwd_opts = FwdOptions { kernel: None, save_residual: a.residual };
+                    let bwd_opts = BwdOptions { kernel: a.kernel, deterministic: a.deterministic };
+                    let (q, k, v) = upload_problem::<T>(fa, &s)?;
+                    let out = fa.forward(&q, &k, &v, &attn, &fwd_opts)?;
                     let d_o = fa.upload(&random_problem::<T>(&s, 0xd0).q, &s.q_shape())?;
                     let mut grads = flashattn::BwdOutput {
                         dq: fa.full(T::nan(), &s.q_shape())?,
                         dk: fa.full(T::nan(), &s.kv_shape())?,
                         dv: fa.full(T::nan(), &s.kv_shape())?,
                     };
-                    let passes = flashattn::select_bwd_variants(T::DTYPE, d, &opts, &fa.archs(), out.o_lo.is_some())?;
+                    let passes = flashattn::select_bwd_variants(T::DTYPE, d, &bwd_opts, &fa.archs(), out.o_lo().is_some())?;
                     let names = passes.iter().map(|v| v.name).collect::<Vec<_>>().join("+");
                     let family = passes[passes.len() - 1].family.to_string();
                     if a.fwdbwd {
                         // With --fwdbwd the forward too, each step (FLOPs 1 + 2.5 forwards).
-                        let ms = fa.time_forward_backward(&q, &k, &v, &d_o, &mut grads, &fwd_opts, &opts, 2, iters)?;
+                        let ms = fa.time_forward_backward(&q, &k, &v, &d_o, &attn, &fwd_opts, &bwd_opts, &mut grads, 2, iters)?;
                         let fwd = select_variant(T::DTYPE, d, &fwd_opts, &fa.archs())?.name;
                         (family, format!("{fwd}+{names}"), ms, 3.5 * s.fwd_flops(causal))
                     } else {
-                        let ms = fa.time_backward(&q, &k, &v, &out, &d_o, &mut grads, &opts, 2, iters)?;
+                        let ms = fa.time_backward(&q, &k, &v, &out, &d_o, &bwd_opts, &mut grads, 2, iters)?;
                         (family, names, ms, 2.5 * s.fwd_flops(causal))
                     }
                 } else {
+                    let opts = FwdOptions { kernel: a.kernel, ..Default::default() };
                     let variant = select_variant(T::DTYPE, d, &opts, &fa.archs())?;
-                    let (q, k, v, mut o, mut lse) = upload_problem::<T>(fa, &s)?;
-                    let ms = fa.time_forward(&q, &k, &v, &mut o, &mut lse, &opts, 2, iters)?;
+                    let (q, k, v) = upload_problem::<T>(fa, &s)?;
+                    let mut out = FwdOutput::from_buffers(fa.full(T::nan(), &s.q_shape())?, fa.full(f32::NAN, &s.lse_shape())?, None);
+                    let ms = fa.time_forward(&q, &k, &v, &attn, &opts, &mut out, 2, iters)?;
                     (variant.family.to_string(), variant.name.to_string(), ms, s.fwd_flops(causal))
                 };
                 let tflops = flops / (ms * 1e-3) / 1e12;

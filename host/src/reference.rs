@@ -6,7 +6,8 @@
 //! is FlashAttention's accuracy bar (FA2's rule), see [`tolerance`].
 
 use crate::dtype::Dtype;
-use crate::forward::{AttnShape, FwdOptions};
+use crate::forward::AttnShape;
+use crate::options::Attention;
 
 /// Output of a reference: O as f64 in Q's layout, LSE [batch, heads_q, seqlen_q].
 #[derive(Clone, Debug)]
@@ -81,7 +82,7 @@ fn attention_row(
 /// Exact attention in f64. Q [b, sq, hq, d], K and V [b, sk, hkv, d], row-major; options
 /// as the kernels take them (scale, causal bottom-right aligned, GQA). Fully masked rows
 /// give O = 0 and LSE = -inf.
-pub fn attention_f64(q: &[f64], k: &[f64], v: &[f64], s: &AttnShape, opts: &FwdOptions) -> RefOutput {
+pub fn attention_f64(q: &[f64], k: &[f64], v: &[f64], s: &AttnShape, opts: &Attention) -> RefOutput {
     let d = s.head_dim;
     let scale = opts.scale(d) as f64;
     let mut o = vec![0.0; s.batch * s.seqlen_q * s.heads_q * d];
@@ -100,7 +101,7 @@ pub fn attention_f64(q: &[f64], k: &[f64], v: &[f64], s: &AttnShape, opts: &FwdO
 }
 
 /// Exact attention in f64 of inputs in any [`Dtype`].
-pub fn reference<T: Dtype>(q: &[T], k: &[T], v: &[T], shape: &AttnShape, opts: &FwdOptions) -> RefOutput {
+pub fn reference<T: Dtype>(q: &[T], k: &[T], v: &[T], shape: &AttnShape, opts: &Attention) -> RefOutput {
     let w = |x: &[T]| x.iter().map(|e| e.to_f64()).collect::<Vec<_>>();
     attention_f64(&w(q), &w(k), &w(v), shape, opts)
 }
@@ -111,7 +112,7 @@ pub fn reference_rows<T: Dtype>(
     k: &[T],
     v: &[T],
     shape: &AttnShape,
-    opts: &FwdOptions,
+    opts: &Attention,
     rows: &[(usize, usize, usize)],
 ) -> Vec<(Vec<f64>, f64)> {
     let w = |x: &[T]| x.iter().map(|e| e.to_f64()).collect::<Vec<_>>();
@@ -131,7 +132,7 @@ pub fn reference_rows<T: Dtype>(
 /// S = Q K^T accumulated in f32 and rounded to `T`; softmax of scale * S in f32 with P
 /// rounded to `T`; O = P V accumulated in f32 and rounded to `T`. For `T = f32` every step is
 /// plain f32 arithmetic. Its error against [`attention_f64`] calibrates [`tolerance`].
-pub fn naive_attention<T: Dtype>(q: &[T], k: &[T], v: &[T], s: &AttnShape, opts: &FwdOptions) -> RefOutput {
+pub fn naive_attention<T: Dtype>(q: &[T], k: &[T], v: &[T], s: &AttnShape, opts: &Attention) -> RefOutput {
     let rows: Vec<_> = (0..s.batch).flat_map(|b| (0..s.heads_q).flat_map(move |h| (0..s.seqlen_q).map(move |i| (b, h, i)))).collect();
     let mut o = vec![0.0; s.batch * s.seqlen_q * s.heads_q * s.head_dim];
     let mut lse = vec![0.0; s.batch * s.heads_q * s.seqlen_q];
@@ -149,7 +150,7 @@ pub fn naive_rows<T: Dtype>(
     k: &[T],
     v: &[T],
     s: &AttnShape,
-    opts: &FwdOptions,
+    opts: &Attention,
     rows: &[(usize, usize, usize)],
 ) -> Vec<(Vec<f64>, f64)> {
     let d = s.head_dim;
@@ -248,7 +249,7 @@ pub struct RefGrads {
 /// that key's whole dS once the other keys' P fall below about 1e-16 (scores 37 or more below
 /// the max). dS of that key then came out 0 here, as in naive attention, and a kernel that
 /// computes it right (the f32 SIMT kernel) was measured as wrong by up to 100%.
-pub fn attention_backward_f64(q: &[f64], k: &[f64], v: &[f64], d_o: &[f64], s: &AttnShape, opts: &FwdOptions) -> RefGrads {
+pub fn attention_backward_f64(q: &[f64], k: &[f64], v: &[f64], d_o: &[f64], s: &AttnShape, opts: &Attention) -> RefGrads {
     let d = s.head_dim;
     let scale = opts.scale(d) as f64;
     let fwd = attention_f64(q, k, v, s, opts);
@@ -305,7 +306,7 @@ pub fn attention_backward_f64(q: &[f64], k: &[f64], v: &[f64], d_o: &[f64], s: &
 /// rowsum(dP * P)), dQ = scale dS K, dK = scale dS^T Q, each product accumulated in f32 and
 /// rounded to `T`. Its error against [`attention_backward_f64`] calibrates the backward's
 /// tolerance, as the naive forward's does the forward's.
-pub fn naive_backward<T: Dtype>(q: &[T], k: &[T], v: &[T], d_o: &[T], s: &AttnShape, opts: &FwdOptions) -> RefGrads {
+pub fn naive_backward<T: Dtype>(q: &[T], k: &[T], v: &[T], d_o: &[T], s: &AttnShape, opts: &Attention) -> RefGrads {
     let d = s.head_dim;
     let scale = opts.scale(d);
     let rt = |x: f32| T::from_f32(x).to_f32();
@@ -369,7 +370,7 @@ pub fn naive_backward<T: Dtype>(q: &[T], k: &[T], v: &[T], d_o: &[T], s: &AttnSh
 /// cancels exactly: rows saturated to one key at large scales, where P rounds to exactly 1
 /// and 0 in naive attention and dS to exactly 0, while two f32 dot products of the same dP
 /// may differ in their last bit. Fully masked rows contribute nothing.
-pub fn backward_recompute_bound(q: &[f64], k: &[f64], v: &[f64], d_o: &[f64], s: &AttnShape, opts: &FwdOptions) -> RefGrads {
+pub fn backward_recompute_bound(q: &[f64], k: &[f64], v: &[f64], d_o: &[f64], s: &AttnShape, opts: &Attention) -> RefGrads {
     let d = s.head_dim;
     let scale = opts.scale(d) as f64;
     let sc = score_scale(scale);

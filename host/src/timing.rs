@@ -4,29 +4,30 @@
 use crate::device::{Backend, FlashAttn, Tensor};
 use crate::dtype::Dtype;
 use crate::error::{Result, cuda};
-use crate::forward::FwdOptions;
+use crate::options::{Attention, BwdOptions, FwdOptions};
 use cudarc::driver::sys::CUevent_flags;
 
 impl FlashAttn {
-    /// Mean milliseconds per forward launch over `iters` launches, after `warmup` launches.
+    /// Mean milliseconds per forward launch over `iters` launches, after `warmup` launches,
+    /// writing into `out`.
     #[allow(clippy::too_many_arguments)]
     pub fn time_forward<T: Dtype>(
         &self,
         q: &Tensor<T>,
         k: &Tensor<T>,
         v: &Tensor<T>,
-        o: &mut Tensor<T>,
-        lse: &mut Tensor<f32>,
+        attention: &Attention,
         opts: &FwdOptions,
+        out: &mut crate::FwdOutput<T>,
         warmup: usize,
         iters: usize,
     ) -> Result<f64> {
-        self.time_calls(warmup, iters, || self.forward_into(q, k, v, o, lse, opts))
+        self.time_calls(warmup, iters, || self.forward_into(q, k, v, attention, opts, out))
     }
 
     /// Mean milliseconds per backward pass (its launches, and the allocation of its
-    /// statistics workspace) from the forward's outputs `fwd` ([`FlashAttn::backward_saved`]:
-    /// with its O residual if it has one) over `iters` passes, after `warmup` passes.
+    /// statistics workspace) from the forward's output `fwd` (with its O residual if it has
+    /// one) over `iters` passes, after `warmup` passes.
     #[allow(clippy::too_many_arguments)]
     pub fn time_backward<T: Dtype>(
         &self,
@@ -35,17 +36,17 @@ impl FlashAttn {
         v: &Tensor<T>,
         fwd: &crate::FwdOutput<T>,
         d_o: &Tensor<T>,
+        opts: &BwdOptions,
         grads: &mut crate::BwdOutput<T>,
-        opts: &FwdOptions,
         warmup: usize,
         iters: usize,
     ) -> Result<f64> {
-        self.time_calls(warmup, iters, || self.backward_saved_into(q, k, v, fwd, d_o, grads, opts))
+        self.time_calls(warmup, iters, || self.backward_into(q, k, v, fwd, d_o, opts, grads))
     }
 
     /// Mean milliseconds per training step of attention over `iters` steps, after `warmup`: the
     /// forward with `fwd_opts` ([`FlashAttn::forward`], its outputs allocated on the stream
-    /// each step) then the backward from its outputs with `opts` into `grads`.
+    /// each step) then the backward from its output with `bwd_opts` into `grads`.
     #[allow(clippy::too_many_arguments)]
     pub fn time_forward_backward<T: Dtype>(
         &self,
@@ -53,15 +54,16 @@ impl FlashAttn {
         k: &Tensor<T>,
         v: &Tensor<T>,
         d_o: &Tensor<T>,
-        grads: &mut crate::BwdOutput<T>,
+        attention: &Attention,
         fwd_opts: &FwdOptions,
-        opts: &FwdOptions,
+        bwd_opts: &BwdOptions,
+        grads: &mut crate::BwdOutput<T>,
         warmup: usize,
         iters: usize,
     ) -> Result<f64> {
         self.time_calls(warmup, iters, || {
-            let out = self.forward(q, k, v, fwd_opts)?;
-            self.backward_saved_into(q, k, v, &out, d_o, grads, opts)
+            let out = self.forward(q, k, v, attention, fwd_opts)?;
+            self.backward_into(q, k, v, &out, d_o, bwd_opts, grads)
         })
     }
 

@@ -2,7 +2,7 @@
 //! one and on the CPU emulator always, so CI (no GPU) and the GPU machine run the same checks.
 
 use flashattn::reference::{naive_attention, reference, rel_l2, tolerance};
-use flashattn::{AttnShape, Dtype, FlashAttn, FwdOptions};
+use flashattn::{Attention, AttnShape, BwdOptions, Dtype, FlashAttn, FwdOptions, FwdOutput};
 use std::fmt;
 
 pub use flashattn::rng::Rng;
@@ -30,6 +30,13 @@ pub struct Case {
     pub softmax_scale: Option<f32>,
     pub dtype: Dt,
     pub seed: u64,
+}
+
+impl Case {
+    /// The attention the case computes.
+    pub fn attention(&self) -> Attention {
+        Attention { causal: self.causal, softmax_scale: self.softmax_scale }
+    }
 }
 
 impl fmt::Display for Case {
@@ -73,7 +80,8 @@ pub fn check_case_with(fa: &FlashAttn, case: &Case, kernel: Option<&'static str>
 
 fn check_typed<T: Dtype>(fa: &FlashAttn, case: &Case, kernel: Option<&'static str>) -> Result<Measured, String> {
     let s = case.shape;
-    let opts = FwdOptions { causal: case.causal, softmax_scale: case.softmax_scale, kernel, ..Default::default() };
+    let attn = case.attention();
+    let opts = FwdOptions { kernel, ..Default::default() };
     let mut rng = Rng::new(case.seed);
     let q: Vec<T> = rng.tensor(s.batch * s.seqlen_q * s.heads_q * s.head_dim);
     let k: Vec<T> = rng.tensor(s.batch * s.seqlen_k * s.heads_kv * s.head_dim);
@@ -82,14 +90,13 @@ fn check_typed<T: Dtype>(fa: &FlashAttn, case: &Case, kernel: Option<&'static st
     let qd = fa.upload(&q, &s.q_shape()).map_err(e)?;
     let kd = fa.upload(&k, &s.kv_shape()).map_err(e)?;
     let vd = fa.upload(&v, &s.kv_shape()).map_err(e)?;
-    let mut o = fa.full(T::nan(), &s.q_shape()).map_err(e)?;
-    let mut lse = fa.full(f32::NAN, &s.lse_shape()).map_err(e)?;
-    fa.forward_into(&qd, &kd, &vd, &mut o, &mut lse, &opts).map_err(e)?;
-    let o: Vec<f64> = fa.download(&o).map_err(e)?.iter().map(|x| x.to_f64()).collect();
-    let lse: Vec<f64> = fa.download(&lse).map_err(e)?.iter().map(|&x| x as f64).collect();
+    let mut out = FwdOutput::from_buffers(fa.full(T::nan(), &s.q_shape()).map_err(e)?, fa.full(f32::NAN, &s.lse_shape()).map_err(e)?, None);
+    fa.forward_into(&qd, &kd, &vd, &attn, &opts, &mut out).map_err(e)?;
+    let o: Vec<f64> = fa.download(out.o()).map_err(e)?.iter().map(|x| x.to_f64()).collect();
+    let lse: Vec<f64> = fa.download(out.lse()).map_err(e)?.iter().map(|&x| x as f64).collect();
 
-    let exact = reference(&q, &k, &v, &s, &opts);
-    let naive = naive_attention(&q, &k, &v, &s, &opts);
+    let exact = reference(&q, &k, &v, &s, &attn);
+    let naive = naive_attention(&q, &k, &v, &s, &attn);
     let m = Measured {
         o_err: rel_l2(&o, &exact.o),
         o_tol: tolerance::<T>(rel_l2(&naive.o, &exact.o)),
@@ -202,10 +209,8 @@ pub fn case_strategy(
 /// Gradient buffers are poisoned with NaN first. With `repeat`, runs the backward again and
 /// requires bitwise identical gradients (determinism).
 ///
-/// `saved`: the forward saves O's residual (`FwdOptions::save_residual`) and the backward gets
-/// everything the forward returned (`FlashAttn::backward_saved_into`): on Hopper D~ then
-/// comes from O + O_lo (`prep_residual`). Otherwise the backward gets O and LSE only
-/// (`backward_into`).
+/// `saved`: the forward saves O's residual (`FwdOptions::save_residual`): on Hopper the
+/// backward's D~ then comes from O + O_lo (`prep_residual`).
 pub fn check_backward(fa: &FlashAttn, case: &Case, repeat: bool, saved: bool) -> Result<(), String> {
     check_backward_with(fa, case, repeat, None, saved)
 }
@@ -237,8 +242,9 @@ fn check_backward_typed<T: Dtype>(
     let s = case.shape;
     // With `repeat`, determinism is asked for; a backward-only family (`mma_atomic`) runs
     // after the automatically chosen forward.
-    let opts = FwdOptions { causal: case.causal, softmax_scale: case.softmax_scale, kernel, deterministic: repeat, save_residual: false };
-    let fwd_opts = FwdOptions { kernel: kernel.filter(|k| flashattn::FAMILIES.contains(k)), save_residual: saved, ..opts };
+    let attn = case.attention();
+    let opts = BwdOptions { kernel: kernel.filter(|k| flashattn::BWD_FAMILIES.contains(k)), deterministic: repeat };
+    let fwd_opts = FwdOptions { kernel: kernel.filter(|k| flashattn::FAMILIES.contains(k)), save_residual: saved };
     let mut rng = Rng::new(case.seed);
     let (nq, nk) = (s.batch * s.seqlen_q * s.heads_q * s.head_dim, s.batch * s.seqlen_k * s.heads_kv * s.head_dim);
     let (q, k, v, d_o): (Vec<T>, Vec<T>, Vec<T>, Vec<T>) = (rng.tensor(nq), rng.tensor(nk), rng.tensor(nk), rng.tensor(nq));
@@ -249,15 +255,15 @@ fn check_backward_typed<T: Dtype>(
         fa.upload(&v, &s.kv_shape()).map_err(e)?,
         fa.upload(&d_o, &s.q_shape()).map_err(e)?,
     );
-    let fwd = fa.forward(&qd, &kd, &vd, &fwd_opts).map_err(e)?;
+    let fwd = fa.forward(&qd, &kd, &vd, &attn, &fwd_opts).map_err(e)?;
     if saved {
         // The residual is there exactly when the forward's kernel writes it, and each element
         // is O's rounding error: at most half a unit in the last place of O.
         let family = flashattn::select_variant(T::DTYPE, s.head_dim, &fwd_opts, &fa.archs()).map_err(e)?.family;
         let writes = T::DTYPE != flashattn::kernels::dtype::DType::F32 && flashattn::FWD_RESIDUAL_FAMILIES.contains(&family);
-        match (&fwd.o_lo, writes) {
+        match (fwd.o_lo(), writes) {
             (Some(lo), true) => {
-                let (o, lo) = (fa.download(&fwd.o).map_err(e)?, fa.download(lo).map_err(e)?);
+                let (o, lo) = (fa.download(fwd.o()).map_err(e)?, fa.download(lo).map_err(e)?);
                 if let Some(i) = (0..o.len()).find(|&i| !(lo[i].to_f64().abs() <= o[i].to_f64().abs() * T::UNIT_ROUNDOFF + 1e-7)) {
                     return Err(format!(
                         "{case}: O residual {} at element {i} is not a rounding error of O = {}",
@@ -282,20 +288,16 @@ fn check_backward_typed<T: Dtype>(
             dk: fa.full(T::nan(), &s.kv_shape()).map_err(e)?,
             dv: fa.full(T::nan(), &s.kv_shape()).map_err(e)?,
         };
-        if saved {
-            fa.backward_saved_into(&qd, &kd, &vd, &fwd, &dod, &mut g, &opts).map_err(e)?;
-        } else {
-            fa.backward_into(&qd, &kd, &vd, &fwd.o, &dod, &fwd.lse, &mut g, &opts).map_err(e)?;
-        }
+        fa.backward_into(&qd, &kd, &vd, &fwd, &dod, &opts, &mut g).map_err(e)?;
         let w =
             |t: &flashattn::Tensor<T>| -> Result<Vec<f64>, String> { Ok(fa.download(t).map_err(e)?.iter().map(|x| x.to_f64()).collect()) };
         Ok([w(&g.dq)?, w(&g.dk)?, w(&g.dv)?])
     };
     let got = run()?;
     let w = |x: &[T]| x.iter().map(|e| e.to_f64()).collect::<Vec<_>>();
-    let exact = attention_backward_f64(&w(&q), &w(&k), &w(&v), &w(&d_o), &s, &opts);
-    let naive = naive_backward(&q, &k, &v, &d_o, &s, &opts);
-    let floor = flashattn::reference::backward_recompute_bound(&w(&q), &w(&k), &w(&v), &w(&d_o), &s, &opts);
+    let exact = attention_backward_f64(&w(&q), &w(&k), &w(&v), &w(&d_o), &s, &attn);
+    let naive = naive_backward(&q, &k, &v, &d_o, &s, &attn);
+    let floor = flashattn::reference::backward_recompute_bound(&w(&q), &w(&k), &w(&v), &w(&d_o), &s, &attn);
     for (name, g, ex, nv, fl) in [
         ("dQ", &got[0], &exact.dq, &naive.dq, &floor.dq),
         ("dK", &got[1], &exact.dk, &naive.dk, &floor.dk),
@@ -313,7 +315,7 @@ fn check_backward_typed<T: Dtype>(
             let amax = |x: &[T]| x.iter().fold(0f64, |m, e| m.max(e.to_f64().abs()));
             let row = |x: &[T], r: usize| -> f64 { x[r * s.head_dim..(r + 1) * s.head_dim].iter().map(|e| e.to_f64().abs()).sum() };
             let dov = (0..d_o.len() / s.head_dim).map(|r| row(&d_o, r)).fold(0f64, f64::max) * amax(&v);
-            let bound = 4.0 * T::UNIT_ROUNDOFF * (opts.scale(s.head_dim) as f64).abs() * dov * amax(&k).max(amax(&q));
+            let bound = 4.0 * T::UNIT_ROUNDOFF * (attn.scale(s.head_dim) as f64).abs() * dov * amax(&k).max(amax(&q));
             let worst = g.iter().fold(0f64, |m, x| m.max(x.abs()));
             if !within(worst, bound) {
                 return Err(format!("{case}: {name} is exactly 0; got max |{name}| {worst:.3e} (bound {bound:.3e})"));

@@ -159,7 +159,7 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
         let trial = mk(
             format!("{tag}::variant::{name}"),
             Box::new(move |fa| {
-                let opts = flashattn::FwdOptions { kernel: Some(family), ..Default::default() };
+                let opts = flashattn::BwdOptions { kernel: Some(family), ..Default::default() };
                 let got = flashattn::select_bwd_variants(v.dtype, d, &opts, &fa.archs(), saved).map_err(|e| Failed::from(e.to_string()))?;
                 let mine = got.iter().find(|g| g.pass == v.pass).map(|g| g.name);
                 if mine != Some(name) || got.iter().any(|g| g.family != family) {

@@ -1,7 +1,7 @@
 //! Properties of the f64 reference itself (CPU only), so the ground truth is trusted.
 
 use flashattn::reference::{attention_f64, naive_attention, reference, rel_l2};
-use flashattn::{AttnShape, FwdOptions};
+use flashattn::{Attention, AttnShape};
 use flashattn_tests::Rng;
 use proptest::prelude::*;
 
@@ -27,7 +27,7 @@ proptest! {
     fn probabilities_sum_to_one((s, causal, seed) in small_shape()) {
         let (q, k, _) = inputs(&s, seed);
         let v = vec![1.0; k.len()];
-        let opts = FwdOptions { causal, ..Default::default() };
+        let opts = Attention { causal, softmax_scale: None };
         let r = attention_f64(&q, &k, &v, &s, &opts);
         for row in r.o.chunks(s.head_dim) {
             for &x in row {
@@ -40,7 +40,7 @@ proptest! {
     #[test]
     fn output_is_convex_combination((s, causal, seed) in small_shape()) {
         let (q, k, v) = inputs(&s, seed);
-        let r = attention_f64(&q, &k, &v, &s, &FwdOptions { causal, ..Default::default() });
+        let r = attention_f64(&q, &k, &v, &s, &Attention { causal, softmax_scale: None });
         let d = s.head_dim;
         for b in 0..s.batch { for i in 0..s.seqlen_q { for h in 0..s.heads_q {
             let hk = h / (s.heads_q / s.heads_kv);
@@ -59,7 +59,7 @@ proptest! {
     #[test]
     fn kv_permutation_invariance((s, _causal, seed) in small_shape(), rot in 0usize..100) {
         let (q, k, v) = inputs(&s, seed);
-        let opts = FwdOptions::default();
+        let opts = Attention::default();
         let a = attention_f64(&q, &k, &v, &s, &opts);
         let row = s.heads_kv * s.head_dim;
         let permute = |x: &[f64]| -> Vec<f64> {
@@ -81,7 +81,7 @@ proptest! {
     #[test]
     fn linear_in_v((s, causal, seed) in small_shape(), c in -3.0f64..3.0) {
         let (q, k, v) = inputs(&s, seed);
-        let opts = FwdOptions { causal, ..Default::default() };
+        let opts = Attention { causal, softmax_scale: None };
         let a = attention_f64(&q, &k, &v, &s, &opts);
         let vc: Vec<f64> = v.iter().map(|x| x * c).collect();
         let b = attention_f64(&q, &k, &vc, &s, &opts);
@@ -97,7 +97,7 @@ proptest! {
 fn causal_row0_equals_v_row0() {
     let s = shape(1, 9, 9, 2, 1, 16);
     let (q, k, v) = inputs(&s, 3);
-    let opts = FwdOptions { causal: true, softmax_scale: Some(0.5), kernel: None, ..Default::default() };
+    let opts = Attention { causal: true, softmax_scale: Some(0.5) };
     let r = attention_f64(&q, &k, &v, &s, &opts);
     for h in 0..2 {
         let o = &r.o[h * 16..h * 16 + 16];
@@ -112,7 +112,7 @@ fn causal_row0_equals_v_row0() {
 fn causal_bottom_right_alignment() {
     let s = shape(1, 7, 3, 1, 1, 8);
     let (q, k, v) = inputs(&s, 4);
-    let r = attention_f64(&q, &k, &v, &s, &FwdOptions { causal: true, ..Default::default() });
+    let r = attention_f64(&q, &k, &v, &s, &Attention::causal());
     for i in 0..7 {
         let fully_masked = i < 4;
         assert_eq!(r.lse[i] == f64::NEG_INFINITY, fully_masked, "row {i}");
@@ -121,7 +121,7 @@ fn causal_bottom_right_alignment() {
         }
     }
     // The last row sees every key: it equals the non-causal last row.
-    let nc = attention_f64(&q, &k, &v, &s, &FwdOptions::default());
+    let nc = attention_f64(&q, &k, &v, &s, &Attention::default());
     assert_eq!(&r.o[6 * 8..], &nc.o[6 * 8..]);
 }
 
@@ -140,7 +140,7 @@ fn gqa_equals_repeated_kv_heads() {
         out
     };
     let mha = shape(2, 5, 6, 4, 4, 8);
-    let opts = FwdOptions { causal: true, ..Default::default() };
+    let opts = Attention::causal();
     let a = attention_f64(&q, &k, &v, &s, &opts);
     let b = attention_f64(&q, &rep(&k), &rep(&v), &mha, &opts);
     assert_eq!(a.o, b.o);
@@ -160,7 +160,7 @@ fn naive_error_ordered_by_dtype() {
     let conv = |x: &[f32]| -> (Vec<half::f16>, Vec<half::bf16>) {
         (x.iter().map(|&e| half::f16::from_f32(e)).collect(), x.iter().map(|&e| half::bf16::from_f32(e)).collect())
     };
-    let opts = FwdOptions::default();
+    let opts = Attention::default();
     let err = |o: &[f64], e: &[f64]| rel_l2(o, e);
     let e32 = err(&naive_attention(&q32, &k32, &v32, &s, &opts).o, &reference(&q32, &k32, &v32, &s, &opts).o);
     let ((q16, qb), (k16, kb), (v16, vb)) = (conv(&q32), conv(&k32), conv(&v32));
@@ -177,7 +177,7 @@ fn naive_error_ordered_by_dtype() {
 fn finite_difference_in_v_matches_probabilities() {
     let s = shape(1, 3, 4, 1, 1, 8);
     let (q, k, v) = inputs(&s, 6);
-    let opts = FwdOptions::default();
+    let opts = Attention::default();
     let base = attention_f64(&q, &k, &v, &s, &opts);
     let eps = 1e-6;
     for j in 0..4 {
@@ -205,7 +205,7 @@ fn backward_matches_finite_differences() {
         let (q, k, v) = inputs(&s, 21);
         let mut r = Rng::new(22);
         let g: Vec<f64> = (0..q.len()).map(|_| r.normal()).collect();
-        let opts = FwdOptions { causal, softmax_scale: Some(0.7), kernel: None, ..Default::default() };
+        let opts = Attention { causal, softmax_scale: Some(0.7) };
         let loss =
             |q: &[f64], k: &[f64], v: &[f64]| -> f64 { attention_f64(q, k, v, &s, &opts).o.iter().zip(&g).map(|(o, g)| o * g).sum() };
         let grads = attention_backward_f64(&q, &k, &v, &g, &s, &opts);

@@ -1,21 +1,21 @@
 //! Every input error is found before any launch and names the offending values (CPU only:
 //! validation does not depend on the backend, so the emulator stands in for the device).
 
-use flashattn::{Error, FlashAttn, FwdOptions, validate};
+use flashattn::{Attention, BwdOptions, Error, FlashAttn, FwdOptions, FwdOutput, validate};
 
-fn err(q: &[usize], k: &[usize], v: &[usize], opts: FwdOptions) -> Error {
+fn err(q: &[usize], k: &[usize], v: &[usize], opts: Attention) -> Error {
     validate(q, k, v, &opts).expect_err("must be rejected")
 }
 
 #[test]
 fn valid_shapes_pass() {
-    let s = validate(&[2, 10, 8, 64], &[2, 20, 2, 64], &[2, 20, 2, 64], &FwdOptions::default()).expect("valid");
+    let s = validate(&[2, 10, 8, 64], &[2, 20, 2, 64], &[2, 20, 2, 64], &Attention::default()).expect("valid");
     assert_eq!((s.batch, s.seqlen_q, s.seqlen_k, s.heads_q, s.heads_kv, s.head_dim), (2, 10, 20, 8, 2, 64));
 }
 
 #[test]
 fn wrong_rank() {
-    let e = err(&[2, 10, 64], &[2, 10, 1, 64], &[2, 10, 1, 64], FwdOptions::default());
+    let e = err(&[2, 10, 64], &[2, 10, 1, 64], &[2, 10, 1, 64], Attention::default());
     assert!(matches!(&e, Error::Rank { tensor: "q", shape, expected: 4 } if shape == &vec![2, 10, 64]), "{e}");
     assert!(e.to_string().contains("[2, 10, 64]"));
 }
@@ -25,22 +25,22 @@ fn zero_sized_dimensions() {
     for (i, t) in [(0, "q"), (1, "k"), (2, "v")] {
         let mut shapes = [vec![1, 4, 2, 8], vec![1, 4, 2, 8], vec![1, 4, 2, 8]];
         shapes[i][1] = 0;
-        let e = err(&shapes[0], &shapes[1], &shapes[2], FwdOptions::default());
+        let e = err(&shapes[0], &shapes[1], &shapes[2], Attention::default());
         assert!(matches!(&e, Error::EmptyDimension { tensor, .. } if *tensor == t), "{e}");
     }
 }
 
 #[test]
 fn k_v_shape_mismatch() {
-    let e = err(&[1, 4, 2, 8], &[1, 4, 2, 8], &[1, 5, 2, 8], FwdOptions::default());
+    let e = err(&[1, 4, 2, 8], &[1, 4, 2, 8], &[1, 5, 2, 8], Attention::default());
     assert!(matches!(&e, Error::KvShapeMismatch { k, v } if k[1] == 4 && v[1] == 5), "{e}");
 }
 
 #[test]
 fn batch_and_head_dim_mismatch() {
-    let e = err(&[2, 4, 2, 8], &[3, 4, 2, 8], &[3, 4, 2, 8], FwdOptions::default());
+    let e = err(&[2, 4, 2, 8], &[3, 4, 2, 8], &[3, 4, 2, 8], Attention::default());
     assert!(matches!(e, Error::ShapeMismatch { left: 2, right: 3, .. }), "{e}");
-    let e = err(&[2, 4, 2, 16], &[2, 4, 2, 8], &[2, 4, 2, 8], FwdOptions::default());
+    let e = err(&[2, 4, 2, 16], &[2, 4, 2, 8], &[2, 4, 2, 8], Attention::default());
     assert!(matches!(e, Error::ShapeMismatch { left: 16, right: 8, .. }), "{e}");
     assert!(e.to_string().contains("16") && e.to_string().contains("8"));
 }
@@ -48,37 +48,37 @@ fn batch_and_head_dim_mismatch() {
 #[test]
 fn unsupported_head_dims() {
     for d in [4, 12, 100, 264, 512] {
-        let e = err(&[1, 4, 1, d], &[1, 4, 1, d], &[1, 4, 1, d], FwdOptions::default());
+        let e = err(&[1, 4, 1, d], &[1, 4, 1, d], &[1, 4, 1, d], Attention::default());
         assert!(matches!(e, Error::UnsupportedHeadDim { head_dim } if head_dim == d), "{e}");
         assert!(e.to_string().contains(&d.to_string()));
     }
     for d in (8..=256).step_by(8) {
-        assert!(validate(&[1, 4, 1, d], &[1, 4, 1, d], &[1, 4, 1, d], &FwdOptions::default()).is_ok(), "d={d}");
+        assert!(validate(&[1, 4, 1, d], &[1, 4, 1, d], &[1, 4, 1, d], &Attention::default()).is_ok(), "d={d}");
     }
 }
 
 #[test]
 fn heads_not_divisible() {
-    let e = err(&[1, 4, 6, 8], &[1, 4, 4, 8], &[1, 4, 4, 8], FwdOptions::default());
+    let e = err(&[1, 4, 6, 8], &[1, 4, 4, 8], &[1, 4, 4, 8], Attention::default());
     assert!(matches!(e, Error::HeadsNotDivisible { heads_q: 6, heads_kv: 4 }), "{e}");
-    let e = err(&[1, 4, 2, 8], &[1, 4, 4, 8], &[1, 4, 4, 8], FwdOptions::default());
+    let e = err(&[1, 4, 2, 8], &[1, 4, 4, 8], &[1, 4, 4, 8], Attention::default());
     assert!(matches!(e, Error::HeadsNotDivisible { heads_q: 2, heads_kv: 4 }), "{e}");
 }
 
 #[test]
 fn sizes_beyond_kernel_limits() {
     let big = flashattn::MAX_GRID_YZ + 1;
-    let e = err(&[big, 1, 1, 8], &[big, 1, 1, 8], &[big, 1, 1, 8], FwdOptions::default());
+    let e = err(&[big, 1, 1, 8], &[big, 1, 1, 8], &[big, 1, 1, 8], Attention::default());
     assert!(matches!(e, Error::TooLarge { what: "batch", value, .. } if value == big), "{e}");
-    let e = err(&[1, 1, big, 8], &[1, 1, 1, 8], &[1, 1, 1, 8], FwdOptions::default());
+    let e = err(&[1, 1, big, 8], &[1, 1, 1, 8], &[1, 1, 1, 8], Attention::default());
     assert!(matches!(e, Error::TooLarge { what: "heads_q", .. }), "{e}");
     let s = flashattn::MAX_SEQLEN + 1;
-    let e = err(&[1, s, 1, 8], &[1, 1, 1, 8], &[1, 1, 1, 8], FwdOptions::default());
+    let e = err(&[1, s, 1, 8], &[1, 1, 1, 8], &[1, 1, 1, 8], Attention::default());
     assert!(matches!(e, Error::TooLarge { what: "seqlen_q", .. }), "{e}");
-    let e = err(&[1, 1, 1, 8], &[1, s, 1, 8], &[1, s, 1, 8], FwdOptions::default());
+    let e = err(&[1, 1, 1, 8], &[1, s, 1, 8], &[1, s, 1, 8], Attention::default());
     assert!(matches!(e, Error::TooLarge { what: "seqlen_k", .. }), "{e}");
     // Element count that overflows the host's byte arithmetic.
-    let e = err(&[60_000, 1 << 30, 60_000, 256], &[60_000, 1, 1, 256], &[60_000, 1, 1, 256], FwdOptions::default());
+    let e = err(&[60_000, 1 << 30, 60_000, 256], &[60_000, 1, 1, 256], &[60_000, 1, 1, 256], Attention::default());
     assert!(matches!(e, Error::TooLarge { what: "elements of q", .. }), "{e}");
 }
 
@@ -86,13 +86,13 @@ fn sizes_beyond_kernel_limits() {
 fn invalid_scale() {
     let max = flashattn::MAX_SCALE;
     for scale in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 1e30, -1e30, max * 1.0001, -max * 1.0001, f32::MAX] {
-        let opts = FwdOptions { softmax_scale: Some(scale), ..Default::default() };
+        let opts = Attention { softmax_scale: Some(scale), ..Default::default() };
         let e = err(&[1, 4, 1, 8], &[1, 4, 1, 8], &[1, 4, 1, 8], opts);
         assert!(matches!(e, Error::InvalidScale { scale: s, max: m } if s.to_bits() == scale.to_bits() && m == max), "{e}");
         assert!(e.to_string().contains(&format!("{scale}")) && e.to_string().contains(&format!("{max}")), "{e}");
     }
     for scale in [0.0, -0.0, 1e-45, -1e-45, f32::MIN_POSITIVE, 1.0, -1.0, max, -max] {
-        let opts = FwdOptions { softmax_scale: Some(scale), ..Default::default() };
+        let opts = Attention { softmax_scale: Some(scale), ..Default::default() };
         assert!(validate(&[1, 4, 1, 8], &[1, 4, 1, 8], &[1, 4, 1, 8], &opts).is_ok(), "scale {scale}");
     }
 }
@@ -102,25 +102,24 @@ fn forward_rejects_before_launch_and_leaves_outputs_alone() {
     let fa = FlashAttn::emulator();
     let q = fa.upload(&vec![1.0f32; 4 * 6 * 8], &[1, 4, 6, 8]).unwrap();
     let k = fa.upload(&vec![1.0f32; 4 * 4 * 8], &[1, 4, 4, 8]).unwrap();
-    let mut o = fa.full(7.0f32, &[1, 4, 6, 8]).unwrap();
-    let mut lse = fa.full(7.0f32, &[1, 6, 4]).unwrap();
-    let e = fa.forward_into(&q, &k, &k, &mut o, &mut lse, &FwdOptions::default()).expect_err("6 % 4 != 0");
+    let mut out = FwdOutput::from_buffers(fa.full(7.0f32, &[1, 4, 6, 8]).unwrap(), fa.full(7.0f32, &[1, 6, 4]).unwrap(), None);
+    let e = fa.forward_into(&q, &k, &k, &Attention::default(), &FwdOptions::default(), &mut out).expect_err("6 % 4 != 0");
     assert!(matches!(e, Error::HeadsNotDivisible { heads_q: 6, heads_kv: 4 }));
-    assert!(fa.download(&o).unwrap().iter().all(|&x| x == 7.0));
-    assert!(fa.download(&lse).unwrap().iter().all(|&x| x == 7.0));
+    assert!(fa.download(out.o()).unwrap().iter().all(|&x| x == 7.0));
+    assert!(fa.download(out.lse()).unwrap().iter().all(|&x| x == 7.0));
+    assert!(out.attention().is_none(), "a rejected forward records nothing");
 }
 
 #[test]
 fn output_shape_and_host_length() {
     let fa = FlashAttn::emulator();
     let q = fa.upload(&vec![1.0f32; 4 * 2 * 8], &[1, 4, 2, 8]).unwrap();
-    let mut o = fa.full(0.0f32, &[1, 4, 2, 16]).unwrap();
-    let mut lse = fa.full(0.0f32, &[1, 2, 4]).unwrap();
-    let e = fa.forward_into(&q, &q, &q, &mut o, &mut lse, &FwdOptions::default()).expect_err("o shape");
+    let (attn, opts) = (Attention::default(), FwdOptions::default());
+    let mut out = FwdOutput::from_buffers(fa.full(0.0f32, &[1, 4, 2, 16]).unwrap(), fa.full(0.0f32, &[1, 2, 4]).unwrap(), None);
+    let e = fa.forward_into(&q, &q, &q, &attn, &opts, &mut out).expect_err("o shape");
     assert!(matches!(&e, Error::OutputShape { tensor: "o", got, .. } if got == &vec![1, 4, 2, 16]), "{e}");
-    let mut o = fa.full(0.0f32, &[1, 4, 2, 8]).unwrap();
-    let mut lse = fa.full(0.0f32, &[1, 4, 2]).unwrap();
-    let e = fa.forward_into(&q, &q, &q, &mut o, &mut lse, &FwdOptions::default()).expect_err("lse shape");
+    let mut out = FwdOutput::from_buffers(fa.full(0.0f32, &[1, 4, 2, 8]).unwrap(), fa.full(0.0f32, &[1, 4, 2]).unwrap(), None);
+    let e = fa.forward_into(&q, &q, &q, &attn, &opts, &mut out).expect_err("lse shape");
     assert!(matches!(&e, Error::OutputShape { tensor: "lse", .. }), "{e}");
     let e = fa.upload(&[1.0f32; 3], &[1, 2, 2, 1]).err().expect("length");
     assert!(matches!(e, Error::HostLength { expected: 4, got: 3 }), "{e}");
@@ -130,7 +129,7 @@ fn output_shape_and_host_length() {
 fn tensors_of_another_instance() {
     let (a, b) = (FlashAttn::emulator(), FlashAttn::emulator());
     let q = a.upload(&[1.0f32; 8], &[1, 1, 1, 8]).unwrap();
-    let e = b.forward(&q, &q, &q, &FwdOptions::default()).err().expect("other instance");
+    let e = b.forward(&q, &q, &q, &Attention::default(), &FwdOptions::default()).err().expect("other instance");
     assert!(matches!(e, Error::WrongDevice { tensor: "q" }), "{e}");
 }
 
@@ -139,7 +138,7 @@ fn unknown_kernel_family() {
     let fa = FlashAttn::emulator();
     let q = fa.upload(&[1.0f32; 8], &[1, 1, 1, 8]).unwrap();
     let opts = FwdOptions { kernel: Some("nope"), ..Default::default() };
-    let e = fa.forward(&q, &q, &q, &opts).err().expect("unknown kernel");
+    let e = fa.forward(&q, &q, &q, &Attention::default(), &opts).err().expect("unknown kernel");
     assert!(matches!(&e, Error::UnknownKernel { name, .. } if name == "nope"), "{e}");
 }
 
@@ -227,18 +226,18 @@ fn backward_selection_and_registry_match_tile_functions() {
     for d in (8..=256u32).step_by(8) {
         for dtype in [DType::F32, DType::F16, DType::Bf16] {
             let tc = dtype != DType::F32 && d <= 128;
-            let auto = flashattn::select_bwd_variants(dtype, d as usize, &FwdOptions::default(), &[Arch::Sm80], false)
+            let auto = flashattn::select_bwd_variants(dtype, d as usize, &BwdOptions::default(), &[Arch::Sm80], false)
                 .unwrap_or_else(|e| panic!("d={d}: {e}"));
             let want = if tc { "mma" } else { "simt" };
             assert!(auto.iter().all(|v| v.family == want && v.serves(d)), "d={d} {dtype:?}: {}", auto[0].name);
-            let det = FwdOptions { deterministic: true, ..Default::default() };
+            let det = BwdOptions { deterministic: true, ..Default::default() };
             let auto_det =
                 flashattn::select_bwd_variants(dtype, d as usize, &det, &[Arch::Sm80], false).unwrap_or_else(|e| panic!("d={d}: {e}"));
             let want_det = if tc { "mma" } else { "simt" };
             assert!(auto_det.iter().all(|v| v.family == want_det && v.serves(d)), "d={d} {dtype:?}: {}", auto_det[0].name);
             // Hopper: `prep` (m_i, 1 / l_i from the LSE, D~_i from O), the wgmma dQ kernel and
             // the dK/dV kernel, deterministic too.
-            for opts in [FwdOptions::default(), det] {
+            for opts in [BwdOptions::default(), det] {
                 let hop = flashattn::select_bwd_variants(dtype, d as usize, &opts, &[Arch::Sm80, Arch::Sm90a], false)
                     .unwrap_or_else(|e| panic!("d={d}: {e}"));
                 let fams: Vec<_> = hop.iter().map(|v| (v.family, v.pass, v.arch)).collect();
@@ -283,7 +282,7 @@ fn backward_selection_and_registry_match_tile_functions() {
                     );
                 }
             }
-            let simt = FwdOptions { kernel: Some("simt"), ..Default::default() };
+            let simt = BwdOptions { kernel: Some("simt"), ..Default::default() };
             let s = flashattn::select_bwd_variants(dtype, d as usize, &simt, &[Arch::Sm80, Arch::Sm90a], false)
                 .unwrap_or_else(|e| panic!("d={d}: {e}"));
             assert!(s.iter().all(|v| v.family == "simt"), "d={d}");
@@ -297,7 +296,7 @@ fn backward_selection_and_registry_match_tile_functions() {
                     (kv.pass, kv.rows, kv.threads, (kv.smem_bytes)(d)),
                     ("dkdv", MmaBwdTile::ROWS, t.threads(), t.dkdv_smem_bytes())
                 );
-                let atomic = FwdOptions { kernel: Some("mma_atomic"), ..Default::default() };
+                let atomic = BwdOptions { kernel: Some("mma_atomic"), ..Default::default() };
                 let at = flashattn::select_bwd_variants(dtype, d as usize, &atomic, &[Arch::Sm80, Arch::Sm90a], false)
                     .unwrap_or_else(|e| panic!("d={d}: {e}"));
                 let passes: Vec<_> = at.iter().map(|v| v.pass).collect();
@@ -309,7 +308,7 @@ fn backward_selection_and_registry_match_tile_functions() {
         }
     }
     // Naming the atomic family with `deterministic` is a typed error, before any launch.
-    let bad = FwdOptions { kernel: Some("mma_atomic"), deterministic: true, ..Default::default() };
+    let bad = BwdOptions { kernel: Some("mma_atomic"), deterministic: true };
     match flashattn::select_bwd_variants(DType::F16, 64, &bad, &[Arch::Sm80], false) {
         Err(flashattn::Error::NotDeterministic { family }) => assert_eq!(family, "mma_atomic"),
         other => panic!("expected NotDeterministic, got {:?}", other.map(|v| v.len())),
@@ -320,33 +319,69 @@ fn backward_selection_and_registry_match_tile_functions() {
 fn backward_rejects_bad_shapes_and_kernels_before_launch() {
     let fa = FlashAttn::emulator();
     let q = fa.upload(&vec![1.0f32; 4 * 2 * 8], &[1, 4, 2, 8]).unwrap();
-    let lse = fa.full(0.0f32, &[1, 2, 4]).unwrap();
+    let fwd = fa.forward(&q, &q, &q, &Attention::default(), &FwdOptions::default()).unwrap();
+    let bwd = BwdOptions::default();
     let bad_do = fa.full(0.0f32, &[1, 4, 2, 16]).unwrap();
-    let e = fa.backward(&q, &q, &q, &q, &bad_do, &lse, &FwdOptions::default()).err().expect("d_o shape");
+    let e = fa.backward(&q, &q, &q, &fwd, &bad_do, &bwd).err().expect("d_o shape");
     assert!(matches!(&e, Error::OutputShape { tensor: "d_o", .. }), "{e}");
-    let bad_lse = fa.full(0.0f32, &[1, 4, 2]).unwrap();
-    let e = fa.backward(&q, &q, &q, &q, &q, &bad_lse, &FwdOptions::default()).err().expect("lse shape");
-    assert!(matches!(&e, Error::OutputShape { tensor: "lse", .. }), "{e}");
-    let opts = FwdOptions { kernel: Some("nope"), ..Default::default() };
-    let e = fa.backward(&q, &q, &q, &q, &q, &lse, &opts).err().expect("unknown family");
+    let opts = BwdOptions { kernel: Some("nope"), ..Default::default() };
+    let e = fa.backward(&q, &q, &q, &fwd, &q, &opts).err().expect("unknown family");
     assert!(matches!(&e, Error::UnknownKernel { name, available } if name == "nope" && available == flashattn::BWD_FAMILIES), "{e}");
+    // Forward family names are not backward ones.
+    let opts = BwdOptions { kernel: Some("mma_br64"), ..Default::default() };
+    let e = fa.backward(&q, &q, &q, &fwd, &q, &opts).err().expect("a forward-only family");
+    assert!(matches!(&e, Error::UnknownKernel { name, .. } if name == "mma_br64"), "{e}");
     // The tensor-core backward has no f32 variant.
-    let opts = FwdOptions { kernel: Some("mma"), ..Default::default() };
-    let e = fa.backward(&q, &q, &q, &q, &q, &lse, &opts).err().expect("no f32 mma backward");
+    let opts = BwdOptions { kernel: Some("mma"), ..Default::default() };
+    let e = fa.backward(&q, &q, &q, &fwd, &q, &opts).err().expect("no f32 mma backward");
     assert!(matches!(&e, Error::NoVariant { .. }), "{e}");
     // The atomic family is not deterministic: a typed error when determinism is asked for.
     let q16 = fa.upload(&[half::f16::ONE; 4 * 2 * 8], &[1, 4, 2, 8]).unwrap();
-    let opts = FwdOptions { kernel: Some("mma_atomic"), deterministic: true, ..Default::default() };
-    let e = fa.backward(&q16, &q16, &q16, &q16, &q16, &lse, &opts).err().expect("not deterministic");
+    let fwd16 = fa.forward(&q16, &q16, &q16, &Attention::default(), &FwdOptions::default()).unwrap();
+    let opts = BwdOptions { kernel: Some("mma_atomic"), deterministic: true };
+    let e = fa.backward(&q16, &q16, &q16, &fwd16, &q16, &opts).err().expect("not deterministic");
     assert!(matches!(&e, Error::NotDeterministic { family } if family == "mma_atomic"), "{e}");
-    let k = fa.upload(&vec![1.0f32; 4 * 3 * 8], &[1, 4, 3, 8]).unwrap();
-    let e = fa.backward(&q, &k, &k, &q, &q, &lse, &FwdOptions::default()).err().expect("2 % 3");
-    assert!(matches!(e, Error::HeadsNotDivisible { heads_q: 2, heads_kv: 3 }), "{e}");
-    // The forward's O residual must have O's shape.
+}
+
+/// The backward computes the gradient of the forward's own attention on the forward's own
+/// inputs: its options come from the forward's output, and other inputs are refused.
+#[test]
+fn backward_takes_the_forwards_attention_and_inputs() {
+    let fa = FlashAttn::emulator();
+    let data: Vec<half::f16> = flashattn::rng::Rng::new(3).tensor(4 * 2 * 8);
+    let q = fa.upload(&data, &[1, 4, 2, 8]).unwrap();
+    let k = fa.upload(&data, &[1, 4, 2, 8]).unwrap();
+    let v = fa.upload(&data, &[1, 4, 2, 8]).unwrap();
+    let attn = Attention::causal().with_scale(-0.7);
+    let fwd = fa.forward(&q, &k, &v, &attn, &FwdOptions::default()).unwrap();
+    assert_eq!(fwd.attention(), Some(attn));
+    let bwd = BwdOptions::default();
+    assert!(fa.backward(&q, &k, &v, &fwd, &q, &bwd).is_ok());
+    // Another tensor with the same contents is not the forward's input.
+    let k2 = fa.upload(&data, &[1, 4, 2, 8]).unwrap();
+    let e = fa.backward(&q, &k2, &v, &fwd, &q, &bwd).err().expect("k is not the forward's");
+    assert!(matches!(e, Error::NotForwardInput { tensor: "k" }), "{e}");
+    let e = fa.backward(&v, &k, &q, &fwd, &q, &bwd).err().expect("q and v swapped");
+    assert!(matches!(e, Error::NotForwardInput { tensor: "q" }), "{e}");
+    // Buffers no forward wrote hold no attention.
+    let blank = FwdOutput::from_buffers(fa.full(half::f16::ZERO, &[1, 4, 2, 8]).unwrap(), fa.full(0.0f32, &[1, 2, 4]).unwrap(), None);
+    let e = fa.backward(&q, &k, &v, &blank, &q, &bwd).err().expect("no forward");
+    assert!(matches!(e, Error::NoForward), "{e}");
+    // A forward refused before it writes anything leaves the buffers, and their record, as
+    // they were.
+    let mut out = fa.forward(&q, &k, &v, &attn, &FwdOptions::default()).unwrap();
+    let bad = FwdOptions { kernel: Some("nope"), ..Default::default() };
+    assert!(fa.forward_into(&q, &k, &v, &Attention::default(), &bad, &mut out).is_err());
+    assert_eq!(out.attention(), Some(attn));
+    // Saving the residual needs a buffer for it when the kernel writes one.
+    let mut out = FwdOutput::from_buffers(fa.full(half::f16::ZERO, &[1, 4, 2, 8]).unwrap(), fa.full(0.0f32, &[1, 2, 4]).unwrap(), None);
     let train = FwdOptions { save_residual: true, ..Default::default() };
-    let mut fwd = fa.forward(&q16, &q16, &q16, &train).unwrap();
-    assert!(fwd.o_lo.is_some(), "the emulator runs the Hopper forward, which writes the residual");
-    fwd.o_lo = Some(fa.full(half::f16::ZERO, &[1, 4, 2, 16]).unwrap());
-    let e = fa.backward_saved(&q16, &q16, &q16, &fwd, &q16, &train).err().expect("o_lo shape");
-    assert!(matches!(&e, Error::OutputShape { tensor: "o_lo", .. }), "{e}");
+    let e = fa.forward_into(&q, &k, &v, &attn, &train, &mut out).err().expect("no o_lo buffer");
+    assert!(matches!(e, Error::MissingOutput { tensor: "o_lo", .. }), "{e}");
+    let fwd = fa.forward(&q, &k, &v, &attn, &train).unwrap();
+    assert!(fwd.o_lo().is_some(), "the emulator runs the Hopper forward, which writes the residual");
+    // A later forward into the same buffers without the residual: the stale residual is not used.
+    let mut fwd = fwd;
+    fa.forward_into(&q, &k, &v, &attn, &FwdOptions::default(), &mut fwd).unwrap();
+    assert!(fwd.o_lo().is_none());
 }

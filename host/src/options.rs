@@ -1,0 +1,62 @@
+//! What a call computes ([`Attention`]) and how its forward and backward run
+//! ([`FwdOptions`], [`BwdOptions`]).
+//!
+//! The attention is given to the forward only: its output ([`crate::FwdOutput`]) records it,
+//! and the backward takes it from there, so a backward can never compute the gradient of
+//! another attention than the forward's.
+
+/// The attention computed: O = softmax(scale * Q K^T \[masked\]) V. Shared by a forward and
+/// the backward that takes its output.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Attention {
+    /// Causal masking, bottom-right aligned (FlashAttention >= 2.1): query row i sees key
+    /// column j iff j <= i + seqlen_k - seqlen_q. Rows that see no key get O = 0, LSE = -inf.
+    pub causal: bool,
+    /// Scale applied to Q K^T before the softmax; `None` means 1/sqrt(head_dim) (the true
+    /// head_dim, whatever the kernel pads it to). Any finite value of magnitude at most
+    /// [`crate::MAX_SCALE`], of either sign; 0 is the limit scale -> 0+ (uniform weights over
+    /// the visible keys).
+    pub softmax_scale: Option<f32>,
+}
+
+impl Attention {
+    /// Causal attention with the default scale.
+    pub fn causal() -> Attention {
+        Attention { causal: true, softmax_scale: None }
+    }
+    /// The same attention with softmax scale `scale`.
+    pub fn with_scale(self, scale: f32) -> Attention {
+        Attention { softmax_scale: Some(scale), ..self }
+    }
+    /// The scale in effect for `head_dim`.
+    pub fn scale(&self, head_dim: usize) -> f32 {
+        self.softmax_scale.unwrap_or(1.0 / (head_dim as f32).sqrt())
+    }
+}
+
+/// How the forward pass runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct FwdOptions {
+    /// Forward kernel family by name ([`crate::FAMILIES`]: `"wgmma"`, `"mma"`, `"simt"`, ...);
+    /// `None` picks the best one that applies.
+    pub kernel: Option<&'static str>,
+    /// Opt-in: also return O's rounding residual ([`crate::FwdOutput::o_lo`], one more
+    /// tensor of O's size) where the kernel writes it (the Hopper kernels). The backward then
+    /// takes D~_i = dO_i . (O_i + O_lo_i) in f32 instead of dO_i . O_i: f32-accurate also in
+    /// the rows that the Hopper dQ kernel's exact correction leaves out (rows without a
+    /// softmax weight above 1/8, `bwd_wgmma`), where the default carries FA2's error. The same
+    /// kernels otherwise, about the same speed.
+    pub save_residual: bool,
+}
+
+/// How the backward pass runs (the attention is the forward's).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct BwdOptions {
+    /// Backward kernel family by name ([`crate::BWD_FAMILIES`]: `"wgmma"`, `"mma"`, `"simt"`,
+    /// `"mma_atomic"`, `"wgmma_atomic"`); `None` picks the best one that applies.
+    pub kernel: Option<&'static str>,
+    /// Bitwise identical gradients from identical inputs on every run. Every automatically
+    /// selected backward is; `mma_atomic` and `wgmma_atomic` (by name) add dQ with f32 atomics
+    /// in a run-dependent order, and naming one of them with this set is an error.
+    pub deterministic: bool,
+}
