@@ -8,7 +8,7 @@ use cudarc::nvrtc::Ptx;
 use flashattn_kernels::registry::Arch;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -25,10 +25,20 @@ pub(crate) struct CudaBackend {
     /// `FLASHATTN_MAXNREG=name=regs[,name=regs..]` (an experiment's knob, lazy loading only):
     /// load kernel `name` with `.maxnreg regs` ([`crate::ptx::with_maxnreg`]).
     maxnreg: Vec<(String, u32)>,
-    /// Loaded functions, with the dynamic shared memory each is allowed so far.
-    functions: Mutex<HashMap<&'static str, (CudaFunction, usize)>>,
+    /// Functions, each loaded once (on first use, by whichever thread asks first: other
+    /// kernels load meanwhile, each JIT compilation taking about a second), with the dynamic
+    /// shared memory each is allowed so far.
+    functions: Mutex<HashMap<&'static str, Arc<LoadedFn>>>,
     /// Largest dynamic shared memory a block may opt into.
     pub(crate) max_smem_optin: usize,
+}
+
+/// One kernel as loaded: the function (or why it could not be loaded) and its shared-memory
+/// allowance.
+#[derive(Default)]
+pub(crate) struct LoadedFn {
+    f: OnceLock<std::result::Result<CudaFunction, Error>>,
+    smem_allowed: Mutex<usize>,
 }
 
 pub(crate) enum Backend {
@@ -214,37 +224,43 @@ impl CudaBackend {
         if smem > self.max_smem_optin {
             return Err(Error::SharedMemory { kernel: name, needed: smem, available: self.max_smem_optin });
         }
-        let mut fns = self.functions.lock().unwrap_or_else(|p| p.into_inner());
-        if !fns.contains_key(name) {
-            let Some((_, module)) = self.modules.iter().find(|(a, _)| *a == arch) else {
-                let device = self.ctx.name().unwrap_or_else(|_| "this device".into());
-                return Err(Error::UnsupportedDevice { kernel: name, needs: arch, device });
-            };
-            let f = match module {
-                Some(module) => cuda("looking up a kernel", module.load_function(name))?,
-                None => {
-                    // A registered kernel is always an entry (tests/tests/ptx.rs): the driver's
-                    // own answer for a missing name otherwise.
-                    let not_found = cudarc::driver::DriverError(cudarc::driver::sys::CUresult::CUDA_ERROR_NOT_FOUND);
-                    let mut ptx = crate::ptx::entry_module(crate::ptx::loaded(arch), name)
-                        .ok_or(Error::Cuda { op: "finding a kernel in the PTX", source: not_found })?;
-                    if let Some((_, regs)) = self.maxnreg.iter().find(|(k, _)| k == name) {
-                        ptx = crate::ptx::with_maxnreg(&ptx, name, *regs)
-                            .ok_or(Error::Cuda { op: "adding .maxnreg to a kernel's PTX", source: not_found })?;
-                    }
-                    let module = cuda("loading a kernel's PTX", self.ctx.load_module(Ptx::from_src(ptx)))?;
-                    cuda("looking up a kernel", module.load_function(name))?
-                }
-            };
-            fns.insert(name, (f, 0));
-        }
-        let (f, allowed) = fns.get_mut(name).expect("inserted above");
+        let entry = {
+            let mut fns = self.functions.lock().unwrap_or_else(|p| p.into_inner());
+            fns.entry(name).or_default().clone()
+        };
+        let f = entry.f.get_or_init(|| self.load_function(name, arch)).clone()?;
+        let mut allowed = entry.smem_allowed.lock().unwrap_or_else(|p| p.into_inner());
         if smem > *allowed {
             use cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES as MAX_DYN;
             cuda("raising a kernel's shared-memory limit", f.set_attribute(MAX_DYN, smem as i32))?;
             *allowed = smem;
         }
-        Ok(f.clone())
+        Ok(f)
+    }
+
+    /// Loads kernel `name` of the module of `arch`: looked up in the whole module when it was
+    /// loaded eagerly, else JIT-compiled as a module of its own.
+    fn load_function(&self, name: &'static str, arch: Arch) -> Result<CudaFunction> {
+        let Some((_, module)) = self.modules.iter().find(|(a, _)| *a == arch) else {
+            let device = self.ctx.name().unwrap_or_else(|_| "this device".into());
+            return Err(Error::UnsupportedDevice { kernel: name, needs: arch, device });
+        };
+        match module {
+            Some(module) => cuda("looking up a kernel", module.load_function(name)),
+            None => {
+                // A registered kernel is always an entry (tests/tests/ptx.rs): the driver's
+                // own answer for a missing name otherwise.
+                let not_found = cudarc::driver::DriverError(cudarc::driver::sys::CUresult::CUDA_ERROR_NOT_FOUND);
+                let mut ptx = crate::ptx::entry_module(crate::ptx::loaded(arch), name)
+                    .ok_or(Error::Cuda { op: "finding a kernel in the PTX", source: not_found })?;
+                if let Some((_, regs)) = self.maxnreg.iter().find(|(k, _)| k == name) {
+                    ptx = crate::ptx::with_maxnreg(&ptx, name, *regs)
+                        .ok_or(Error::Cuda { op: "adding .maxnreg to a kernel's PTX", source: not_found })?;
+                }
+                let module = cuda("loading a kernel's PTX", self.ctx.load_module(Ptx::from_src(ptx)))?;
+                cuda("looking up a kernel", module.load_function(name))
+            }
+        }
     }
 }
 

@@ -352,3 +352,16 @@ pub fn within(err: f64, bar: f64) -> bool {
 pub fn l2(x: &[f64]) -> f64 {
     x.iter().map(|v| v * v).sum::<f64>().sqrt()
 }
+
+/// `total` cases split into shards of at most `size`, each run as a trial of its own (the
+/// harness runs trials in parallel, so a GPU run of thousands of cases takes minutes, not an
+/// hour of one thread's f64 references).
+pub fn shards(total: usize, size: usize) -> Vec<usize> {
+    let n = total.div_ceil(size.max(1));
+    (0..n).map(|i| (total - i * total / n) - (total - (i + 1) * total / n)).filter(|&c| c > 0).collect()
+}
+
+/// A `usize` from the environment, or `default`.
+pub fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}

@@ -9,15 +9,11 @@
 use flashattn::kernels::dtype::DType;
 use flashattn::kernels::registry::{BWD_VARIANTS, bwd_passes};
 use flashattn::{AttnShape, FlashAttn};
-use flashattn_tests::{BackendKind, Case, Dt, Gpu, case_strategy, check_backward, check_backward_with};
+use flashattn_tests::{BackendKind, Case, Dt, Gpu, case_strategy, check_backward, check_backward_with, env_usize, shards};
 use libtest_mimic::{Arguments, Failed, Trial};
 use proptest::strategy::Strategy;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use std::sync::Arc;
-
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
 
 fn shape(batch: usize, seqlen_q: usize, seqlen_k: usize, heads_q: usize, heads_kv: usize, head_dim: usize) -> AttnShape {
     AttnShape { batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim }
@@ -38,104 +34,81 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
         })
     };
     let mut trials = Vec::new();
-    // Automatic selection, the forward saving O's residual (on Hopper D~ from O + O_lo) and,
-    // for the 16-bit types, without it (the default: D~ from O).
+    // Random cases, FLASHATTN_GPU_BWD_CASES (GPU) or FLASHATTN_EMU_BWD_CASES (emulator) in
+    // all, shared among the configurations below by weight, each in shards that run in
+    // parallel. (family: None for automatic selection; saved: the forward saves O's residual;
+    // few_keys: causal with seqlen_k <= 3.)
+    // - Automatic selection, with the residual (on Hopper D~ from O + O_lo) and, for the
+    //   16-bit types, without it (the default: D~ from O).
+    // - The other families by name for the 16-bit types, which select the Hopper kernels
+    //   (`wgmma`) automatically where the device has them (the emulator does): the mma.sync
+    //   ones (the choice elsewhere), SIMT and the atomic tensor-core kernels (`wgmma_atomic`
+    //   also with the residual, which changes its first pass).
+    // - Few visible keys, any scale: the regime where dS of a row's large weights must cancel
+    //   exactly (FA2's D = rowsum(dO * O) failed here in 1 case in 7; the Hopper dQ kernel's
+    //   correction, `bwd_wgmma`, is what passes it: with a dominant key alone, K_dom instead
+    //   of B_i, it still missed by 1.1x within 1200 cases). f32, the SIMT kernel, is left out:
+    //   with one query head the whole gradient can come from a single row of 2-3 dS values,
+    //   naive's error is then now and then far below one unit roundoff by luck (0.25 u seen),
+    //   and the kernel's error of 1-3 u misses twice it in about 1 case in 200; the two f32
+    //   edge cases below cover the cancellation.
+    struct Props {
+        family: Option<&'static str>,
+        dtype: Dt,
+        saved: bool,
+        few_keys: bool,
+        weight: usize,
+    }
+    let p = |family, dtype, saved, few_keys, weight| Props { family, dtype, saved, few_keys, weight };
+    let mut configs = vec![];
     for (dtype, saved) in [(Dt::F32, true), (Dt::F16, true), (Dt::Bf16, true), (Dt::F16, false), (Dt::Bf16, false)] {
-        let name = format!("{tag}::props{}::{dtype:?}", if saved { "" } else { "_no_residual" }).to_lowercase();
-        let (cases, strategy) = match kind {
-            BackendKind::Gpu => (env_usize("FLASHATTN_GPU_BWD_CASES", 60), case_strategy(200, 32, 4, 4, 2, 2_000_000)),
-            BackendKind::Emulator => (env_usize("FLASHATTN_EMU_BWD_CASES", 8), case_strategy(50, 32, 2, 2, 2, 60_000)),
-        };
-        trials.push(mk(
-            name,
-            Box::new(move |fa| {
-                let mut runner = TestRunner::new(Config { cases: cases as u32, failure_persistence: None, ..Config::default() });
-                let strategy = strategy.prop_map(move |c| Case { dtype, ..c });
-                runner
-                    .run(&strategy, |case| check_backward(fa, &case, false, saved).map_err(TestCaseError::fail))
-                    .map_err(|e| Failed::from(format!("{e}")))
-            }),
-        ));
+        configs.push(p(None, dtype, saved, false, 2));
     }
-    // The other families by name for the 16-bit types, which select the Hopper kernels
-    // (`wgmma`) automatically where the device has them (the emulator does): the mma.sync ones
-    // (the choice elsewhere), SIMT and the atomic tensor-core kernels.
-    // (`wgmma_atomic` also with the forward's O residual, which changes its first pass.)
-    for (family, dtype, saved) in [
-        ("mma", Dt::F16, false),
-        ("mma", Dt::Bf16, false),
-        ("simt", Dt::F16, false),
-        ("simt", Dt::Bf16, false),
-        ("mma_atomic", Dt::F16, false),
-        ("mma_atomic", Dt::Bf16, false),
-        ("wgmma_atomic", Dt::F16, false),
-        ("wgmma_atomic", Dt::Bf16, false),
-        ("wgmma_atomic", Dt::F16, true),
-        ("wgmma_atomic", Dt::Bf16, true),
-    ] {
-        let name = format!("{tag}::props_{family}{}::{dtype:?}", if saved { "_residual" } else { "" }).to_lowercase();
-        // The tensor-core kernels serve head_dim <= 128 (16 units of 8).
-        let d_units = if family == "simt" { 32 } else { 16 };
-        let (cases, strategy) = match kind {
-            BackendKind::Gpu => (env_usize("FLASHATTN_GPU_BWD_CASES", 60) / 2, case_strategy(200, d_units, 4, 4, 2, 2_000_000)),
-            BackendKind::Emulator => (env_usize("FLASHATTN_EMU_BWD_CASES", 8) / 2, case_strategy(50, d_units, 2, 2, 2, 60_000)),
-        };
-        trials.push(mk(
-            name,
-            Box::new(move |fa| {
-                let mut runner = TestRunner::new(Config { cases: cases as u32, failure_persistence: None, ..Config::default() });
-                let strategy = strategy.prop_map(move |c| Case { dtype, ..c });
-                runner
-                    .run(&strategy, |case| check_backward_with(fa, &case, false, Some(family), saved).map_err(TestCaseError::fail))
-                    .map_err(|e| Failed::from(format!("{e}")))
-            }),
-        ));
-    }
-    // Few visible keys (causal, seqlen_k <= 3), any scale: the regime where dS of a row's
-    // large weights must cancel exactly (FA2's D = rowsum(dO * O) failed here in 1 case in 7;
-    // the Hopper dQ kernel's correction, `bwd_wgmma`, is what passes it: with a dominant key
-    // alone, K_dom instead of B_i, it still missed by 1.1x within 1200 cases).
-    // (f32, the SIMT kernel, is left out: with one query head the whole gradient can come
-    // from a single row of 2-3 dS values, naive's error is then now and then far below one
-    // unit roundoff by luck (0.25 u seen), and the kernel's error of 1-3 u misses twice it in
-    // about 1 case in 200; the two f32 edge cases below cover the cancellation.)
-    // Automatic selection (the deterministic tensor-core kernels; also with the forward's O
-    // residual, which changes Hopper's D~) and the atomic ones by name.
-    for (family, dtype, saved) in [
-        (None, Dt::F16, false),
-        (None, Dt::Bf16, false),
-        (None, Dt::F16, true),
-        (None, Dt::Bf16, true),
-        (Some("mma_atomic"), Dt::F16, false),
-        (Some("mma_atomic"), Dt::Bf16, false),
-        (Some("wgmma_atomic"), Dt::F16, false),
-        (Some("wgmma_atomic"), Dt::Bf16, false),
-    ] {
-        let name = match family {
-            None => format!("{tag}::props_few_keys{}::{dtype:?}", if saved { "_residual" } else { "" }),
-            Some(f) => format!("{tag}::props_few_keys_{f}::{dtype:?}"),
+    for (family, saved) in [("mma", false), ("simt", false), ("mma_atomic", false), ("wgmma_atomic", false), ("wgmma_atomic", true)] {
+        for dtype in [Dt::F16, Dt::Bf16] {
+            configs.push(p(Some(family), dtype, saved, false, 1));
         }
-        .to_lowercase();
-        let cases = match kind {
-            BackendKind::Gpu => env_usize("FLASHATTN_GPU_BWD_CASES", 60),
-            BackendKind::Emulator => 3 * env_usize("FLASHATTN_EMU_BWD_CASES", 8),
+    }
+    for (family, saved) in [(None, false), (None, true), (Some("mma_atomic"), false), (Some("wgmma_atomic"), false)] {
+        for dtype in [Dt::F16, Dt::Bf16] {
+            configs.push(p(family, dtype, saved, true, 6));
+        }
+    }
+    let (total, size) = match kind {
+        BackendKind::Gpu => (env_usize("FLASHATTN_GPU_BWD_CASES", 4000), 60),
+        BackendKind::Emulator => (env_usize("FLASHATTN_EMU_BWD_CASES", 272), 8),
+    };
+    let weights: usize = configs.iter().map(|c| c.weight).sum();
+    for c in configs {
+        let (family, dtype, saved, few_keys) = (c.family, c.dtype, c.saved, c.few_keys);
+        let kind_name = match (few_keys, family) {
+            (false, None) => format!("props{}", if saved { "" } else { "_no_residual" }),
+            (false, Some(f)) => format!("props_{f}{}", if saved { "_residual" } else { "" }),
+            (true, None) => format!("props_few_keys{}", if saved { "_residual" } else { "" }),
+            (true, Some(f)) => format!("props_few_keys_{f}"),
         };
-        let strategy = case_strategy(50, 16, 2, 2, 1, 60_000);
-        trials.push(mk(
-            name,
-            Box::new(move |fa| {
-                let mut runner = TestRunner::new(Config { cases: cases as u32, failure_persistence: None, ..Config::default() });
-                let strategy = strategy.prop_map(move |c| Case {
-                    dtype,
-                    causal: true,
-                    shape: AttnShape { seqlen_k: 1 + c.shape.seqlen_k % 3, ..c.shape },
-                    ..c
-                });
-                runner
-                    .run(&strategy, |case| check_backward_with(fa, &case, false, family, saved).map_err(TestCaseError::fail))
-                    .map_err(|e| Failed::from(format!("{e}")))
-            }),
-        ));
+        // The tensor-core kernels serve head_dim <= 128 (16 units of 8).
+        let d_units = if family == Some("simt") || family.is_none() && !few_keys { 32 } else { 16 };
+        let (max_s, max_d, max_hkv, max_group, max_b, budget) = match (kind, few_keys) {
+            (_, true) => (50, 16, 2, 2, 1, 60_000),
+            (BackendKind::Gpu, false) => (200, d_units, 4, 4, 2, 2_000_000),
+            (BackendKind::Emulator, false) => (50, d_units, 2, 2, 2, 60_000),
+        };
+        for (i, cases) in shards(total * c.weight / weights, size).into_iter().enumerate() {
+            trials.push(mk(
+                format!("{tag}::{kind_name}::{dtype:?}::{i:03}").to_lowercase(),
+                Box::new(move |fa| {
+                    let mut runner = TestRunner::new(Config { cases: cases as u32, failure_persistence: None, ..Config::default() });
+                    let strategy = case_strategy(max_s, max_d, max_hkv, max_group, max_b, budget).prop_map(move |c| match few_keys {
+                        true => Case { dtype, causal: true, shape: AttnShape { seqlen_k: 1 + c.shape.seqlen_k % 3, ..c.shape }, ..c },
+                        false => Case { dtype, ..c },
+                    });
+                    runner
+                        .run(&strategy, |case| check_backward_with(fa, &case, false, family, saved).map_err(TestCaseError::fail))
+                        .map_err(|e| Failed::from(format!("{e}")))
+                }),
+            ));
+        }
     }
     // Every registered variant set (a family's passes, with and without the forward's O
     // residual where that changes them), by family name, at the largest head_dim of each

@@ -2,20 +2,16 @@
 //! dtypes, and named edge cases, each on the CPU emulator (always) and on the GPU (when there
 //! is one; ignored, loudly, when not; failed when REQUIRE_GPU=1).
 //!
-//! `FLASHATTN_GPU_CASES` / `FLASHATTN_EMU_CASES` set the random cases per dtype.
+//! `FLASHATTN_GPU_CASES` / `FLASHATTN_EMU_CASES` set the number of random cases (all dtypes).
 
 use flashattn::kernels::dtype::DType;
 use flashattn::kernels::registry::FWD_VARIANTS;
 use flashattn::{AttnShape, FlashAttn, FwdOptions};
-use flashattn_tests::{BackendKind, Case, Dt, Gpu, case_strategy, check_case, check_case_with};
+use flashattn_tests::{BackendKind, Case, Dt, Gpu, case_strategy, check_case, check_case_with, env_usize, shards};
 use libtest_mimic::{Arguments, Failed, Trial};
 use proptest::strategy::Strategy;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use std::sync::Arc;
-
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
 
 fn shape(batch: usize, seqlen_q: usize, seqlen_k: usize, heads_q: usize, heads_kv: usize, head_dim: usize) -> AttnShape {
     AttnShape { batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim }
@@ -75,21 +71,24 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
             (None, None) => Err("no backend".into()),
         })
     };
-    for dtype in [Dt::F32, Dt::F16, Dt::Bf16] {
-        let name = format!("{tag}::props::{dtype:?}").to_lowercase();
-        let t = match kind {
-            // GPU: sizes up to 257, head_dim to 256, GQA up to 4:1 over 4 KV heads.
-            BackendKind::Gpu => mk(
-                name,
-                Box::new(move |fa| run_props(fa, dtype, env_usize("FLASHATTN_GPU_CASES", 120), case_strategy(257, 32, 4, 4, 3, 4_000_000))),
-            ),
-            // Emulator: small shapes, so CI stays within minutes on two cores.
-            BackendKind::Emulator => mk(
-                name,
-                Box::new(move |fa| run_props(fa, dtype, env_usize("FLASHATTN_EMU_CASES", 12), case_strategy(70, 32, 2, 3, 2, 120_000))),
-            ),
-        };
-        trials.push(t);
+    // Random cases over the whole option space, in shards (trials run in parallel), the
+    // dtypes taking turns. GPU: sizes up to 257, head_dim to 256, GQA up to 4:1 over 4 KV
+    // heads, FLASHATTN_GPU_CASES in all. Emulator: small shapes, so CI stays within minutes on
+    // two cores, FLASHATTN_EMU_CASES in all.
+    let (total, size) = match kind {
+        BackendKind::Gpu => (env_usize("FLASHATTN_GPU_CASES", 6000), 150),
+        BackendKind::Emulator => (env_usize("FLASHATTN_EMU_CASES", 36), 12),
+    };
+    for (i, cases) in shards(total, size).into_iter().enumerate() {
+        let dtype = [Dt::F32, Dt::F16, Dt::Bf16][i % 3];
+        let name = format!("{tag}::props::{dtype:?}::{i:03}").to_lowercase();
+        trials.push(mk(
+            name,
+            Box::new(move |fa| match kind {
+                BackendKind::Gpu => run_props(fa, dtype, cases, case_strategy(257, 32, 4, 4, 3, 4_000_000)),
+                BackendKind::Emulator => run_props(fa, dtype, cases, case_strategy(70, 32, 2, 3, 2, 120_000)),
+            }),
+        ));
     }
     // Every registered variant, by name, at the largest head_dim its tile serves; a GPU
     // without the variant's architecture (sm_90a kernels off Hopper) reports it ignored.
