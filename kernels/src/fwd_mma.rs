@@ -13,8 +13,9 @@
 use crate::dev::{self, Shared, block, global, thread, warp};
 use crate::dtype::MmaElement;
 use crate::mask::{Causal, Mask, NoMask};
+use crate::nonfinite::{own_chunks_nonfinite, warp_fix_stored_o, zero_own_nonfinite};
 use crate::params::FwdParams;
-use crate::softmax::{Domain, RowState};
+use crate::softmax::{Domain, RowState, normalize};
 use crate::tile::{MMA_WARPS, MmaTile};
 
 /// Entry body for one tile. Stable Rust cannot size arrays from expressions of const
@@ -259,6 +260,12 @@ unsafe fn fwd<
     let q_s = smem.slice(0, br * rs);
     let k_s = |stage: usize| smem.slice((br + stage * BC) * rs, BC * rs);
     let v_s = |stage: usize| smem.slice((br + (2 + stage) * BC) * rs, BC * rs);
+    // After the tiles: whether a masked tile's V held a NaN or an infinity (`nonfinite`), in
+    // shared memory rather than a register kept live across the KV loop (d = 128 spilled).
+    let bad_flag: Shared<u32> = smem.after(4);
+    if thread::idx() == 0 {
+        bad_flag.st(0, 0);
+    }
 
     let q_g = unsafe { (p.q as *const T).add(p.q_strides.offset(b, row0.min(sq), h) as usize) };
     let k_g = unsafe { (p.k as *const T).add(p.k_strides.offset(b, 0, h_kv) as usize) };
@@ -287,10 +294,10 @@ unsafe fn fwd<
     let v_addr = LaneAddr::new::<D>(lane % 8 + 8 * ((lane / 8) % 2), lane / 16);
     // Scores stay raw (Q K^T); c = |softmax_scale| log2 e turns them into the exponent with
     // one FFMA. A negative scale is a positive one on -Q: Q's sign bits are flipped in shared
-    // memory once. (c is at least the smallest normal, so a zero scale gives uniform weights
-    // rather than 0 * -inf = NaN at masked keys.)
+    // memory once. (A zero scale is the smallest normal one, `softmax::score_scale`: uniform
+    // weights rather than 0 * -inf = NaN at masked keys.)
     // Without FUSED, c is the signed factor and the scores are scaled before the softmax.
-    let c = if FUSED { T::Dm::factor(p.scale.abs()).max(f32::MIN_POSITIVE) } else { T::Dm::factor(p.scale) };
+    let c = if FUSED { T::Dm::factor(p.scale.abs()) } else { T::Dm::factor(p.scale) };
     if FUSED && p.scale < 0.0 {
         thread::cp_async_wait::<0>();
         negate_own_chunks::<Layout<D>, D, { (MMA_WARPS * 32) as usize }>(q_s.cast(), br);
@@ -308,7 +315,19 @@ unsafe fn fwd<
         } else {
             thread::cp_async_wait::<0>();
         }
-        block::sync();
+        // Masked tiles: this thread's chunks of V_j with their NaNs and infinities set to 0,
+        // and the block told whether there were any (`nonfinite`).
+        let masked = j >= n_unmasked;
+        let bad_v = if masked {
+            let found = own_chunks_nonfinite::<T, Layout<D>, D, BC, { (MMA_WARPS * 32) as usize }>(v_s(j % 2));
+            if found {
+                zero_own_nonfinite::<T, Layout<D>, D, BC, { (MMA_WARPS * 32) as usize }>(v_s(j % 2));
+            }
+            block::sync_any(found)
+        } else {
+            block::sync();
+            false
+        };
         if QREG && j == 0 {
             for (mt, qf) in q_frag.iter_mut().enumerate() {
                 for (kk, f) in qf.iter_mut().enumerate() {
@@ -331,10 +350,14 @@ unsafe fn fwd<
             v_addr,
             c,
         };
-        if j < n_unmasked {
+        if !masked {
             ctx.step::<M, false, DN, BC, NS>(j, &mut acc_o, &mut rows);
         } else {
             ctx.step::<M, true, DN, BC, NS>(j, &mut acc_o, &mut rows);
+        }
+        if bad_v && thread::idx() == 0 {
+            // Zeroed for the product, added back after the loop.
+            bad_flag.st(0, 1);
         }
         // Everyone is done with stage j % 2 before iteration j + 1 refills it.
         block::sync();
@@ -358,7 +381,7 @@ unsafe fn fwd<
             let (inv_l, lse) = if FUSED { rows[mt][half].finish_raw::<4>(c) } else { rows[mt][half].finish::<T::Dm, 4>() };
             let r_tile = (w * MT + mt) * 16 + g + 8 * half;
             for (n, acc) in acc_o[mt].iter().enumerate() {
-                let packed = T::pack2(acc[2 * half] * inv_l, acc[2 * half + 1] * inv_l);
+                let packed = T::pack2(normalize(acc[2 * half], inv_l), normalize(acc[2 * half + 1], inv_l));
                 o_words.st(Layout::<D>::at(r_tile, n * 8 + 2 * t) / 2, packed);
             }
             let r = row0 + r_tile as u32;
@@ -380,6 +403,26 @@ unsafe fn fwd<
             let at = r as u64 * p.o_strides.row + col as u64;
             unsafe { global::store_16(o_g.add(at as usize) as *mut dev::Chunk16, v) };
         }
+    }
+    // (Written before the loop's last barrier, or with no loop, unwritten and 0.)
+    if bad_flag.ld(0) != 0 {
+        // The zeroed values of the masked tiles' V, into the stored O of the rows that see
+        // their keys (`nonfinite`). What it needs is rebuilt here from the block index
+        // (`opaque`): kept live across the KV loop, it made d = 128 spill.
+        warp::sync();
+        let (q_blk, h, b) = block::idx();
+        let (h, b) = (thread::opaque(h as u64) as u32, thread::opaque(b as u64) as u32);
+        let q_blk = if M::CAUSAL { sq.div_ceil(br as u32) - 1 - q_blk } else { q_blk };
+        let row0 = q_blk * br as u32;
+        let n_tiles = M::visible_cols((row0 + br as u32).min(sq), sq, sk).div_ceil(BC as u32);
+        let c0 = (M::unmasked_cols(row0, sq, sk) / BC as u32).min(n_tiles) * BC as u32;
+        let v0 = p.v + 2 * p.v_strides.offset(b, 0, h / (p.heads_q / p.heads_kv));
+        let o_g = p.o + 2 * p.o_strides.offset(b, 0, h);
+        let lse_g = p.lse + 4 * (b as u64 * p.heads_q as u64 + h as u64) * sq as u64;
+        let rows = ((row0 as u64 + (w * MT * 16) as u64) << 32) | (((MT * 16) as u64) << 16) | d as u64;
+        let keys = ((c0 as u64) << 32) | (n_tiles * BC as u32 - c0) as u64;
+        // SAFETY: O and LSE rows below seqlen_q, V rows below seqlen_k.
+        unsafe { warp_fix_stored_o::<T, M>(o_g, p.o_strides.row, lse_g, v0, p.v_strides.row, rows, keys, ((sq as u64) << 32) | sk as u64) };
     }
 }
 

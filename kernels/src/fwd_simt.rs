@@ -9,7 +9,7 @@ use crate::dev::{self, Shared, block, global, thread, warp};
 use crate::dtype::Element;
 use crate::mask::{Causal, Mask, NoMask};
 use crate::params::FwdParams;
-use crate::softmax::{Domain, Natural, RowState};
+use crate::softmax::{Domain, Natural, RowState, normalize};
 use crate::tile::SimtTile;
 
 /// Entry body for one tile shape; causal or not is chosen at run time.
@@ -127,7 +127,7 @@ unsafe fn fwd<T: Element, M: Mask, const ROWS: usize, const DCH: usize, const SC
                 let col = lane + 32 * ch as u32;
                 if col < d {
                     let at = r as u64 * p.o_strides.row + col as u64;
-                    unsafe { global::store(o_g.add(at as usize), T::from_f32(a * inv_l)) };
+                    unsafe { global::store(o_g.add(at as usize), T::from_f32(normalize(*a, inv_l))) };
                 }
             }
             if lane == 0 {
@@ -214,7 +214,8 @@ impl<T: Element> Step<'_, T> {
         }
         warp::sync();
 
-        // acc_o += P_ij V_j.
+        // acc_o += P_ij V_j, over the keys each row sees (MASKED: a masked key's P is 0, and
+        // 0 times a NaN or an infinity in its V would still reach the row).
         for kk in 0..kv_len {
             let mut v_row = [0f32; DCH];
             for (ch, v) in v_row.iter_mut().enumerate() {
@@ -224,6 +225,9 @@ impl<T: Element> Step<'_, T> {
                 }
             }
             for (i, a_row) in acc_o.iter_mut().enumerate() {
+                if MASKED && M::hides(self.row0 + r_w + i as u32, c0 + kk, sq, sk) {
+                    continue;
+                }
                 let pv = self.p_s.ld(((r_w + i as u32) * bc + kk) as usize);
                 for (ch, a) in a_row.iter_mut().enumerate() {
                     *a += pv * v_row[ch];

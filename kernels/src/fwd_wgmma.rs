@@ -15,8 +15,9 @@ use crate::dev::{self, Shared, block, global, thread, warp, warpgroup};
 use crate::dtype::MmaElement;
 use crate::fwd_mma::{TileLayout, load_tile_in, negate_own_chunks};
 use crate::mask::{Causal, Mask, NoMask};
+use crate::nonfinite::{add_nonfinite, own_chunks_nonfinite, row_at, zero_own_nonfinite};
 use crate::params::FwdParams;
-use crate::softmax::{Domain, RowState};
+use crate::softmax::{Domain, RowState, normalize};
 use crate::tile::WgmmaTile;
 
 /// Entry body for one tile. The derived counts come in as parameters (stable Rust cannot
@@ -165,7 +166,7 @@ unsafe fn fwd<
 
     // Raw scores; c = |scale| log2 e turns them into the exponent with one FFMA; a negative
     // scale is a positive one on -Q (sign bits flipped once in shared memory).
-    let c = T::Dm::factor(p.scale.abs()).max(f32::MIN_POSITIVE);
+    let c = T::Dm::factor(p.scale.abs());
     if p.scale < 0.0 {
         thread::cp_async_wait::<0>();
         match WG {
@@ -260,6 +261,32 @@ unsafe fn fwd<
     }
     // Iteration j >= 1 of the KV loop; `masked` is a literal at each call, so the unmasked
     // iterations carry no mask code.
+    // Masked tiles (see `nonfinite`), block: this thread's chunks of V tile `stage` with their
+    // NaNs and infinities set to 0 (its copies complete), and whether the block found any, at
+    // the barrier that publishes the tile; without `masked`, the barrier alone.
+    let sync_v = inline_closure!(|stage: usize, masked: bool| -> bool {
+        if !masked {
+            thread::fence_proxy_async();
+            block::sync();
+            return false;
+        }
+        macro_rules! scan {
+            ($threads:literal) => {{
+                let found = own_chunks_nonfinite::<T, Sw<BC, D>, D, BC, $threads>(v_s(stage));
+                if found {
+                    zero_own_nonfinite::<T, Sw<BC, D>, D, BC, $threads>(v_s(stage));
+                }
+                found
+            }};
+        }
+        let found = match WG {
+            1 => scan!(128),
+            2 => scan!(256),
+            _ => scan!(384),
+        };
+        thread::fence_proxy_async();
+        block::sync_any(found)
+    });
     let step = inline_closure!(|j: usize,
                                 masked: bool,
                                 acc_s: &mut [[f32; 4]; NS],
@@ -274,10 +301,10 @@ unsafe fn fwd<
         }
         load_v(j % 2, (j * BC) as u32);
         thread::cp_async_commit();
-        // G_j (K_j, V_(j-1)) landed, for every thread and for the async proxy.
+        // G_j (K_j, V_(j-1)) landed, for every thread and for the async proxy (V_(j-1) checked
+        // for NaNs and infinities if it is a masked tile).
         thread::cp_async_wait::<1>();
-        thread::fence_proxy_async();
-        block::sync();
+        let bad_v = sync_v((j - 1) % 2, masked && j - 1 >= n_unmasked);
         // S_j = Q K_j, then O += P_(j-1) V_(j-1), then the softmax of tile j (FA3's
         // intra-warpgroup order; ptxas still waits for P V before the softmax, so the overlap
         // comes from the other blocks on the SM: see `tile::wgmma_tile`).
@@ -300,20 +327,23 @@ unsafe fn fwd<
         // softmax above and must wait for P V first, which serialises the two (SASS).
         warpgroup::fence_fragments(pa);
         rescale_and_pack(alpha, acc_s, acc_o, pa);
+        bad_v
     });
     // The unmasked iterations, then the masked ones (the causal diagonal, the seqlen_k edge).
     let split = n_unmasked.clamp(1, n_tiles.max(1));
     for j in 1..split {
         step(j, false, &mut acc_s, &mut acc_o, &mut pa, &mut rows);
     }
+    // Whether a masked tile's V held a NaN or an infinity (zeroed for the product, added back
+    // after the loop).
+    let mut bad_v = false;
     for j in split..n_tiles {
-        step(j, true, &mut acc_s, &mut acc_o, &mut pa, &mut rows);
+        bad_v |= step(j, true, &mut acc_s, &mut acc_o, &mut pa, &mut rows);
     }
     if n_tiles > 0 {
         // O += P_(n-1) V_(n-1).
         thread::cp_async_wait::<0>();
-        thread::fence_proxy_async();
-        block::sync();
+        bad_v |= sync_v((n_tiles - 1) % 2, n_tiles - 1 >= n_unmasked);
         warpgroup::fence_operands(&mut acc_o);
         warpgroup::fence_fragments(&mut pa);
         warpgroup::fence();
@@ -328,6 +358,23 @@ unsafe fn fwd<
     // The epilogue overwrites this warp's rows of Q, which only its own warpgroup's S
     // wgmma read (all complete).
 
+    if bad_v {
+        // The zeroed values of the masked tiles' V, back into the outputs of the rows that
+        // see their keys (`nonfinite`).
+        let c0 = (n_unmasked * BC) as u32;
+        let v0 = unsafe { v_g.add((c0 as u64 * p.v_strides.row) as usize) };
+        let r = row_w + g as u32;
+        // SAFETY: rows below sk - c0 of V's slice.
+        unsafe {
+            add_nonfinite::<T, DN>(
+                &mut acc_o,
+                (n_tiles - n_unmasked) * BC,
+                d,
+                |k| row_at(v0, p.v_strides.row, sk - c0, k),
+                |h, k| !M::hides(r + 8 * h as u32, c0 + k as u32, sq, sk),
+            )
+        };
+    }
     // O = acc_o / l_i, LSE = m_i + log l_i. The warp stages its 16 rows of O in its own rows
     // of the Q tile, then writes whole 16-byte chunks.
     let o_g = unsafe { (p.o as *mut T).add(p.o_strides.offset(b, 0, h) as usize) };
@@ -345,7 +392,7 @@ unsafe fn fwd<
         inv[half] = inv_l;
         let r_tile = r_warp + g + 8 * half;
         for (n, acc) in acc_o.iter().enumerate() {
-            let packed = T::pack2(acc[2 * half] * inv_l, acc[2 * half + 1] * inv_l);
+            let packed = T::pack2(normalize(acc[2 * half], inv_l), normalize(acc[2 * half + 1], inv_l));
             o_words.st(at(r_tile, n * 8 + 2 * t) / 2, packed);
         }
         let r = row0 + r_tile as u32;
@@ -376,7 +423,7 @@ unsafe fn fwd<
         for half in 0..2 {
             let r_tile = r_warp + g + 8 * half;
             for (n, acc) in acc_o.iter().enumerate() {
-                let (x0, x1) = (acc[2 * half] * inv[half], acc[2 * half + 1] * inv[half]);
+                let (x0, x1) = (normalize(acc[2 * half], inv[half]), normalize(acc[2 * half + 1], inv[half]));
                 let (h0, h1) = T::unpack2(T::pack2(x0, x1));
                 o_words.st(at(r_tile, n * 8 + 2 * t) / 2, T::pack2(x0 - h0, x1 - h1));
             }

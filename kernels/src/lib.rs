@@ -59,6 +59,7 @@ pub mod fwd_mma;
 pub mod fwd_simt;
 pub mod fwd_wgmma;
 pub mod mask;
+pub mod nonfinite;
 pub mod params;
 pub mod registry;
 pub mod softmax;

@@ -238,9 +238,7 @@ fwd_variants! {
     flash_fwd_mma_br64_bf16_d64  => "mma_br64" @ Sm80, [mma!(Bf16, mma_tile_br64, 64)],  Bf16, (64, 64),   64,          MMA_THREADS, mma_br64_smem;
     flash_fwd_mma_br64_bf16_d128 => "mma_br64" @ Sm80, [mma!(Bf16, mma_tile_br64, 128)], Bf16, (128, 128), 64,          MMA_THREADS, mma_br64_smem;
     flash_fwd_mma_unfused_f16_d64   => "mma_unfused" @ Sm80, [mma!(F16, mma_tile_unfused, 64)],   F16,  (64, 64),   mma_br(64),  MMA_THREADS, mma_smem;
-    flash_fwd_mma_unfused_f16_d128  => "mma_unfused" @ Sm80, [mma!(F16, mma_tile_unfused, 128)],  F16,  (128, 128), mma_br(128), MMA_THREADS, mma_smem;
     flash_fwd_mma_unfused_bf16_d64  => "mma_unfused" @ Sm80, [mma!(Bf16, mma_tile_unfused, 64)],  Bf16, (64, 64),   mma_br(64),  MMA_THREADS, mma_smem;
-    flash_fwd_mma_unfused_bf16_d128 => "mma_unfused" @ Sm80, [mma!(Bf16, mma_tile_unfused, 128)], Bf16, (128, 128), mma_br(128), MMA_THREADS, mma_smem;
     flash_fwd_wgmma_f16_d64p  => "wgmma" @ Sm90a,     [wgmma!(F16, wgmma_tile, 56)],    F16,   (8, 56),    wg_br(wgmma_tile(56)), wg_threads(wgmma_tile(56)), wg_smem;
     flash_fwd_wgmma_f16_d64   => "wgmma" @ Sm90a,     [wgmma!(F16, wgmma_tile, 64)],    F16,   (64, 64),   wg_br(wgmma_tile(64)), wg_threads(wgmma_tile(64)), wg_smem;
     flash_fwd_wgmma_f16_d128p => "wgmma" @ Sm90a,     [wgmma!(F16, wgmma_tile, 120)],   F16,   (72, 120),  wg_br(wgmma_tile(120)), wg_threads(wgmma_tile(120)), wg_smem;
@@ -268,7 +266,7 @@ fwd_variants! {
 /// device runs: the Hopper kernel (`wgmma`, compute capability 9.0, 16-bit, head_dim <= 128),
 /// the tensor-core kernel (`mma`, sm_80+, 16-bit), else SIMT. Chosen only by name, for
 /// comparison: `mma_br64` (the first tensor-core tile), `mma_unfused` (the softmax on scaled
-/// scores), `wgmma_wg2` (the first Hopper tile: two warpgroups per block, d = 64 and 128).
+/// scores, head_dim 64), `wgmma_wg2` (the first Hopper tile: two warpgroups per block, d = 64 and 128).
 #[cfg(not(target_arch = "nvptx64"))]
 pub const FAMILIES: &[&str] = &["wgmma", "mma", "simt", "mma_br64", "mma_unfused", "wgmma_wg2"];
 /// The forward families whose kernels write O's rounding residual when asked

@@ -175,3 +175,11 @@ pub fn finish_stats<Dm: Domain>(m: f32, l: f32) -> (f32, f32) {
         (f32::NAN, f32::NAN)
     }
 }
+
+/// O = acc_o / l_i from `inv_l` ([`finish_stats`]): exactly 0 for a row without weights
+/// (inv_l = 0: no key visible, or every score -inf), whatever 0 times its keys' V gave (an
+/// infinite V times a weight of 0 is NaN); NaN for a NaN row.
+#[inline(always)]
+pub fn normalize(acc: f32, inv_l: f32) -> f32 {
+    if inv_l == 0.0 { 0.0 } else { acc * inv_l }
+}

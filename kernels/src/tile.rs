@@ -110,9 +110,10 @@ impl MmaTile {
     pub const fn row_stride(&self) -> u32 {
         if self.head_dim.is_multiple_of(64) { self.head_dim } else { self.head_dim + 8 }
     }
-    /// Shared memory per block, in bytes: Q [br] rows and two stages of K, V [bc] rows, 16-bit.
+    /// Shared memory per block, in bytes: Q [br] rows and two stages of K, V [bc] rows, 16-bit;
+    /// 16 bytes of flags (`fwd_mma`).
     pub const fn smem_bytes(&self) -> u32 {
-        (self.br() + 4 * self.bc) * self.row_stride() * 2
+        (self.br() + 4 * self.bc) * self.row_stride() * 2 + 16
     }
 }
 
@@ -183,8 +184,12 @@ pub const fn mma_tile_br64(head_dim: u32) -> Option<MmaTile> {
 }
 
 /// [`mma_tile`] with the softmax on scaled scores (`fused_exp: false`), for comparison
-/// (family `mma_unfused`).
+/// (family `mma_unfused`), at head_dim 64 only: at 128 the kernel with the non-finite
+/// fix-up call (`nonfinite::warp_fix_stored_o`) spills 4 bytes.
 pub const fn mma_tile_unfused(head_dim: u32) -> Option<MmaTile> {
+    if head_dim != 64 {
+        return None;
+    }
     match mma_tile(head_dim) {
         Some(t) => Some(MmaTile { fused_exp: false, ..t }),
         None => None,

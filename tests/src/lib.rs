@@ -5,6 +5,8 @@ use flashattn::reference::{naive_attention, reference, rel_l2, tolerance};
 use flashattn::{Attention, AttnShape, BwdOptions, Dtype, FlashAttn, FwdOptions, FwdOutput};
 use std::fmt;
 
+pub mod nonfinite;
+
 pub use flashattn::rng::Rng;
 
 /// Which backend a check runs on.

@@ -7,7 +7,7 @@
 use flashattn::kernels::dtype::DType;
 use flashattn::kernels::registry::FWD_VARIANTS;
 use flashattn::{AttnShape, FlashAttn, FwdOptions};
-use flashattn_tests::{BackendKind, Case, Dt, Gpu, case_strategy, check_case, check_case_with, env_usize, shards};
+use flashattn_tests::{BackendKind, Case, Dt, Gpu, case_strategy, check_case, check_case_with, env_usize, nonfinite, shards};
 use libtest_mimic::{Arguments, Failed, Trial};
 use proptest::strategy::Strategy;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
@@ -89,6 +89,43 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
                 BackendKind::Emulator => run_props(fa, dtype, cases, case_strategy(70, 32, 2, 3, 2, 120_000)),
             }),
         ));
+    }
+    // NaN and infinities planted in Q, K, V (README, "NaN and Inf"): every family, the rule
+    // checked element by element (FLASHATTN_GPU_NONFINITE_CASES / _EMU_ in all).
+    let (total, size) = match kind {
+        BackendKind::Gpu => (env_usize("FLASHATTN_GPU_NONFINITE_CASES", 1200), 100),
+        BackendKind::Emulator => (env_usize("FLASHATTN_EMU_NONFINITE_CASES", 48), 8),
+    };
+    let families: [(Option<&'static str>, &[Dt], usize); 4] = [
+        (None, &[Dt::F32, Dt::F16, Dt::Bf16], 32),
+        (Some("wgmma"), &[Dt::F16, Dt::Bf16], 16),
+        (Some("mma"), &[Dt::F16, Dt::Bf16], 32),
+        (Some("simt"), &[Dt::F32, Dt::F16, Dt::Bf16], 32),
+    ];
+    let per = shards(total / families.len(), size);
+    for (family, dtypes, d_units) in families {
+        for (i, &cases) in per.iter().enumerate() {
+            let dtype = dtypes[i % dtypes.len()];
+            let name = format!("{tag}::props_nonfinite_{}::{dtype:?}::{i:03}", family.unwrap_or("auto")).to_lowercase();
+            let limits = match kind {
+                BackendKind::Gpu => (200, 4, 4, 2, 2_000_000),
+                BackendKind::Emulator => (70, 2, 2, 2, 60_000),
+            };
+            let trial = mk(
+                name,
+                Box::new(move |fa| {
+                    let mut runner = TestRunner::new(Config { cases: cases as u32, failure_persistence: None, ..Config::default() });
+                    let (s, hkv, g, b, budget) = limits;
+                    let strategy = (case_strategy(s, d_units, hkv, g, b, budget), nonfinite::plants_strategy(false));
+                    runner
+                        .run(&strategy, |(c, plants)| {
+                            nonfinite::check_forward(fa, &Case { dtype, ..c }, &plants, family).map_err(TestCaseError::fail)
+                        })
+                        .map_err(|e| Failed::from(format!("{e}")))
+                }),
+            );
+            trials.push(trial);
+        }
     }
     // Every registered variant, by name, at the largest head_dim its tile serves; a GPU
     // without the variant's architecture (sm_90a kernels off Hopper) reports it ignored.

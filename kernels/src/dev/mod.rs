@@ -97,6 +97,14 @@ pub mod block {
     pub fn sync() {
         imp::sync_block()
     }
+    /// [`sync`] that also returns, to every thread, whether `v` holds on any thread of the
+    /// block (`bar.red.or.pred`, CUDA's `__syncthreads_or`): a block-wide vote at the cost of
+    /// the barrier alone.
+    #[inline(always)]
+    #[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
+    pub fn sync_any(v: bool) -> bool {
+        imp::sync_block_any(v)
+    }
 }
 
 /// Collective operations of the 32 lanes of one warp. Every lane must take part.

@@ -35,6 +35,15 @@ pub fn trap() -> ! {
 pub fn sync_block() {
     unsafe { nvptx::_syncthreads() }
 }
+/// `bar.red.or.pred`: the block barrier that also ORs a predicate over every thread.
+#[inline(always)]
+pub fn sync_block_any(v: bool) -> bool {
+    let r: u32;
+    unsafe {
+        asm!("{{ .reg .pred p, q; setp.ne.u32 p, {v}, 0; bar.red.or.pred q, 0, p; selp.u32 {r}, 1, 0, q; }}", v = in(reg32) v as u32, r = out(reg32) r, options(nostack));
+    }
+    r != 0
+}
 #[inline(always)]
 pub fn sync_warp() {
     unsafe { nvvm_bar_warp_sync(0xffff_ffff) }

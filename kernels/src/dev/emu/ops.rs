@@ -19,7 +19,11 @@ pub fn trap() -> ! {
 }
 #[track_caller]
 pub fn sync_block() {
-    current().wait(Event::Barrier(Location::caller()));
+    current().wait(Event::Barrier { vote: None, at: Location::caller() });
+}
+#[track_caller]
+pub fn sync_block_any(v: bool) -> bool {
+    current().wait(Event::Barrier { vote: Some(v), at: Location::caller() })[0] != 0
 }
 #[track_caller]
 pub fn sync_warp() {

@@ -14,8 +14,8 @@ use std::vec::Vec;
 /// Where a thread stopped to wait for others.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Event {
-    /// `block::sync`.
-    Barrier(&'static Location<'static>),
+    /// `block::sync` (vote None) or `block::sync_any` (this thread's predicate).
+    Barrier { vote: Option<bool>, at: &'static Location<'static> },
     /// `warp::sync`.
     WarpSync(&'static Location<'static>),
     /// `warp::shfl_xor`: this lane's value and lane mask.
@@ -46,8 +46,9 @@ pub(crate) enum Event {
 impl Event {
     fn at(&self) -> &'static Location<'static> {
         match *self {
-            Event::Barrier(at) | Event::WarpSync(at) => at,
-            Event::ShflXor { at, .. }
+            Event::WarpSync(at) => at,
+            Event::Barrier { at, .. }
+            | Event::ShflXor { at, .. }
             | Event::VoteAny { at, .. }
             | Event::Ldmatrix { at, .. }
             | Event::Mma { at, .. }
@@ -56,7 +57,7 @@ impl Event {
     }
     fn what(&self) -> &'static str {
         match self {
-            Event::Barrier(_) => "block barrier",
+            Event::Barrier { .. } => "block barrier",
             Event::WarpSync(_) => "warp barrier",
             Event::ShflXor { .. } => "warp shuffle",
             Event::VoteAny { .. } => "warp vote",
@@ -459,7 +460,7 @@ pub(crate) fn run_block(
                     }
                     Event::Ldmatrix { .. } => super::warp_ops::ldmatrix(&evs, &ctxs[w * 32..w * 32 + 32]),
                     Event::Mma { .. } => super::warp_ops::mma(&evs),
-                    Event::Barrier(_) | Event::Wgmma { .. } => unreachable!(),
+                    Event::Barrier { .. } | Event::Wgmma { .. } => unreachable!(),
                 };
                 for (l, r) in results.into_iter().enumerate() {
                     st[w * 32 + l] = St::Ready(r);
@@ -492,22 +493,24 @@ pub(crate) fn run_block(
                 continue;
             }
             // Block barrier: resolved once every thread waits at the same one.
-            let at_barrier: Vec<&'static Location<'static>> = st
+            let at_barrier: Vec<(&'static Location<'static>, Option<bool>)> = st
                 .iter()
                 .filter_map(|s| match s {
-                    St::Wait(Event::Barrier(at)) => Some(*at),
+                    St::Wait(Event::Barrier { at, vote }) => Some((*at, *vote)),
                     _ => None,
                 })
                 .collect();
             if at_barrier.len() == n {
-                if at_barrier.iter().any(|a| *a != at_barrier[0]) {
+                if at_barrier.iter().any(|a| a.0 != at_barrier[0].0) {
                     return Err(format!("divergent block barrier: {}", describe(&st)));
                 }
+                // `block::sync_any`: every thread gets whether any thread's predicate held.
+                let any = at_barrier.iter().any(|a| a.1 == Some(true)) as u32;
                 state.block_epoch.set(state.block_epoch.get() + 1);
                 for e in &state.warp_epoch {
                     e.set(e.get() + 1);
                 }
-                st.iter_mut().for_each(|s| *s = St::Ready([0; 4]));
+                st.iter_mut().for_each(|s| *s = St::Ready([any, 0, 0, 0]));
                 continue;
             }
             // Nothing can move: some threads wait for others that will never come.

@@ -1,0 +1,181 @@
+//! Keys a row cannot see never reach it, whatever they hold (README, "NaN and Inf").
+//!
+//! The tensor-core products add over whole tiles: a masked pair's weight is 0, and 0 times a
+//! NaN or an infinity is NaN. On the masked tiles (the causal diagonal; keys past seqlen_k
+//! are zero-filled already), an accumulating product's operand tile (V for O += P V; K for
+//! dQ += dS K; Q and dO for dK += dS^T Q and dV += P^T dO) is scanned by the threads that
+//! copied it, and the block votes at a barrier it has anyway ([`block::sync_any`]). Where a
+//! NaN or an infinity is there (never on finite inputs), its threads replace those values by 0
+//! before the product ([`zero_own_nonfinite`]), and after it [`add_nonfinite`] adds each one
+//! to the outputs whose row sees it, which makes exactly those non-finite again (finite plus
+//! NaN or an infinity is not finite; as in IEEE arithmetic, a NaN stays NaN).
+//!
+//! Products that only feed a masked score (S = Q K^T, dP = dO V^T) need nothing: the mask
+//! replaces the masked scores, P and dS.
+
+use crate::dev::{Shared, block, global, thread, warp};
+use crate::dtype::{Element, MmaElement};
+use crate::fwd_mma::TileLayout;
+use crate::mask::Mask;
+
+/// Whether either 16-bit half of `w` is a NaN or an infinity (all exponent bits set).
+#[inline(always)]
+fn pair_nonfinite<T: MmaElement>(w: u32) -> bool {
+    let e: u32 = if T::BF16 { 0x7f80 } else { 0x7c00 };
+    (w & e) == e || ((w >> 16) & e) == e
+}
+
+/// Thread (one of THREADS that copied a [ROWS][D] tile of layout L with
+/// `fwd_mma::load_tile_in`, the same chunks): whether a chunk it copied holds a NaN or an
+/// infinity. After this thread's copies completed (its own data: no barrier needed).
+#[inline(always)]
+pub(crate) fn own_chunks_nonfinite<T: MmaElement, L: TileLayout, const D: usize, const ROWS: usize, const THREADS: usize>(
+    tile: Shared<T>,
+) -> bool {
+    let words: Shared<u32> = tile.cast();
+    let mut found = false;
+    each_own_chunk::<D, ROWS, THREADS>(|r, c| {
+        // One chunk at a time (a load behind the branch on the last): four chunks in flight
+        // took 16 registers, which the 255-register kernels do not have.
+        if !found {
+            let w = words.ld_16(L::at(r, c) / 2).0;
+            found = pair_nonfinite::<T>(w[0]) | pair_nonfinite::<T>(w[1]) | pair_nonfinite::<T>(w[2]) | pair_nonfinite::<T>(w[3]);
+        }
+    });
+    found
+}
+
+/// Thread: replaces by 0 every NaN and infinity in the chunks it copied into `tile` (as
+/// [`own_chunks_nonfinite`]). Other threads see the writes after a barrier; wgmma after this
+/// thread's `thread::fence_proxy_async` and then a barrier.
+#[inline(always)]
+pub(crate) fn zero_own_nonfinite<T: MmaElement, L: TileLayout, const D: usize, const ROWS: usize, const THREADS: usize>(tile: Shared<T>) {
+    let words: Shared<u32> = tile.cast();
+    let e: u32 = if T::BF16 { 0x7f80 } else { 0x7c00 };
+    each_own_chunk::<D, ROWS, THREADS>(|r, c| {
+        let at = L::at(r, c) / 2;
+        for k in 0..4 {
+            let w = words.ld(at + k);
+            let lo = if (w & e) == e { 0 } else { w & 0xffff };
+            let hi = if ((w >> 16) & e) == e { 0 } else { w & 0xffff_0000 };
+            if (lo | hi) != w {
+                words.st(at + k, lo | hi);
+            }
+        }
+    });
+}
+
+/// Thread `x` of THREADS: the (row, column) of each 16-byte chunk of a [ROWS][D] tile that
+/// `fwd_mma::load_tile_in` gives it (chunks x + THREADS i).
+#[inline(always)]
+fn each_own_chunk<const D: usize, const ROWS: usize, const THREADS: usize>(mut f: impl FnMut(usize, usize)) {
+    let cpr = D / 8;
+    // Recomputed where used (`opaque`), not hoisted out of the KV loop as live addresses.
+    let x = thread::opaque(thread::idx() as u64) as usize;
+    let mut e = x;
+    while e < ROWS * cpr {
+        f(e / cpr, (e % cpr) * 8);
+        e += THREADS;
+    }
+}
+
+/// Thread, in the C-fragment layout of a 16-row tile (lane 4g + t holds rows g and g + 8 at
+/// columns 8n + 2t, + 1 of `acc[n]`): after a product whose operand had its NaNs and
+/// infinities replaced by 0, adds each of them, read back from the operand in global memory
+/// (row k of it at `row(k)`, `None` past its end; the `keys` rows of the tile), to the
+/// outputs of the rows that see k (`visible(h, k)`, h = 0 for row g, 1 for g + 8), columns
+/// below `d`.
+///
+/// # Safety
+/// `row(k)` must point to `d` readable elements.
+#[inline(always)]
+pub(crate) unsafe fn add_nonfinite<T: Element, const DN: usize>(
+    acc: &mut [[f32; 4]; DN],
+    keys: usize,
+    d: u32,
+    row: impl Fn(usize) -> Option<*const T>,
+    visible: impl Fn(usize, usize) -> bool,
+) {
+    let t = (warp::lane() % 4) as usize;
+    // A loop at run time, not unrolled: it runs only where a NaN or infinity was found. The
+    // lane's column offset is added to the row address once per row (an address per column,
+    // hoisted out of the loop, made the 256-column kernels spill).
+    let keys = thread::opaque(keys as u64) as usize;
+    for k in 0..keys {
+        let Some(r) = row(k) else { continue };
+        let r = thread::opaque(unsafe { r.add(2 * t) } as u64) as *const T;
+        for (n, a) in acc.iter_mut().enumerate() {
+            for e in 0..2 {
+                if ((n * 8 + 2 * t + e) as u32) < d {
+                    let v = unsafe { global::load(r.add(n * 8 + e)) }.to_f32();
+                    if !v.is_finite() {
+                        for h in 0..2 {
+                            if visible(h, k) {
+                                a[2 * h + e] += v;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Row `r` of a [rows][d] slice in global memory at `base` (row stride `stride`), `None` at
+/// or past row `limit`.
+#[inline(always)]
+pub(crate) fn row_at<T: Element>(base: *const T, stride: u64, limit: u32, r: usize) -> Option<*const T> {
+    ((r as u32) < limit).then(|| base.wrapping_add((r as u64 * stride) as usize))
+}
+
+/// Warp, after the forward stored its rows of O and LSE and `warp::sync`: the same as
+/// [`add_nonfinite`] on the stored O instead of the accumulators, over keys
+/// `c0..c0 + keys` (below seqlen_k), for the `rows` rows of the warp from `row0` (below
+/// seqlen_q): O and LSE of those rows at `o` (row stride `o_stride`) and `lse`, V's rows from
+/// key 0 at `v` (row stride `v_stride`); mask M. For a kernel with no registers to spare for
+/// it in the accumulators' company: a function of its own, not inlined (inlined, its code
+/// made the d = 128 tensor-core forward spill, and so did a call with the launch parameters
+/// by value or a dozen arguments: the pairs are packed into u64s). Rows without weights (LSE
+/// -inf: O is 0) are left alone.
+///
+/// # Safety
+/// The slices must be live and in bounds for those rows.
+#[inline(never)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn warp_fix_stored_o<T: Element, M: Mask>(
+    o: u64,
+    o_stride: u64,
+    lse: u64,
+    v: u64,
+    v_stride: u64,
+    rows_from: u64,
+    keys_from: u64,
+    seqlens: u64,
+) {
+    let (o, lse, v) = (o as *mut T, lse as *const f32, v as *const T);
+    let (row0, rows, d) = ((rows_from >> 32) as u32, (rows_from >> 16) as u32 & 0xffff, rows_from as u32 & 0xffff);
+    let (c0, keys) = ((keys_from >> 32) as u32, keys_from as u32);
+    let (sq, sk) = ((seqlens >> 32) as u32, seqlens as u32);
+    let mut e = warp::lane();
+    while e < rows * d {
+        let (r, c) = (row0 + e / d, e % d);
+        if r < sq && unsafe { global::load(lse.add(r as usize)) } != f32::NEG_INFINITY {
+            let mut add = 0f32;
+            let mut key = c0;
+            while key < (c0 + keys).min(sk) {
+                if !M::hides(r, key, sq, sk) {
+                    let x = unsafe { global::load(v.add((key as u64 * v_stride + c as u64) as usize)) }.to_f32();
+                    if !x.is_finite() {
+                        add += x;
+                    }
+                }
+                key += 1;
+            }
+            if !add.is_finite() {
+                let at = unsafe { o.add((r as u64 * o_stride + c as u64) as usize) };
+                unsafe { global::store(at, T::from_f32(global::load(at).to_f32() + add)) };
+            }
+        }
+        e += warp::SIZE;
+    }
+}

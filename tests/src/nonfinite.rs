@@ -1,0 +1,222 @@
+//! Checks of the NaN/Inf rule (README, "NaN and Inf"): inputs with a few values replaced by
+//! NaN or an infinity, outputs compared with exact attention element by element.
+//!
+//! The rule: an output element is finite exactly where the f64 reference's is (a key a row
+//! cannot see, by the mask or by length, never reaches it; everything else is IEEE
+//! arithmetic); where the reference's is NaN, so is the kernel's when only NaNs were planted
+//! (an infinity may turn into NaN or stay infinite as the order of the operations makes it);
+//! LSE is NaN exactly where the reference's is, and -inf exactly where it is; the finite
+//! elements meet the usual bar.
+
+use crate::Rng;
+use crate::{Case, Dt, within};
+use flashattn::reference::{attention_backward_f64, attention_f64, rel_l2, tolerance};
+use flashattn::{AttnShape, BwdOptions, Dtype, FlashAttn, FwdOptions, FwdOutput};
+use std::fmt;
+
+/// Which input a planted value goes into.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Input {
+    Q,
+    K,
+    V,
+    /// dO (backward only).
+    DO,
+}
+
+/// A value planted into an input: at element `at` (taken modulo the input's length).
+#[derive(Clone, Copy, Debug)]
+pub struct Plant {
+    pub input: Input,
+    pub at: u64,
+    /// NaN, +inf or -inf.
+    pub value: f64,
+}
+
+impl fmt::Display for Plant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}[{}]={}", self.input, self.at, self.value)
+    }
+}
+
+/// Where an element of a pair (kernel, reference) disagrees with the rule, if anywhere.
+fn class_mismatch(got: &[f64], exact: &[f64], nan_only: bool) -> Option<usize> {
+    (0..got.len()).find(|&i| got[i].is_finite() != exact[i].is_finite() || (nan_only && exact[i].is_nan() && !got[i].is_nan()))
+}
+
+/// Relative L2 error over the elements finite in both, and its bar: the usual one, from
+/// naive attention's error on the same inputs without the planted values (`naive_err`; on
+/// the few finite elements of a small case naive attention can be exact by luck, where the
+/// kernels round P before normalizing it).
+fn finite_error<T: Dtype>(got: &[f64], exact: &[f64], naive_err: f64) -> (f64, f64) {
+    let keep: Vec<usize> = (0..got.len()).filter(|&i| got[i].is_finite() && exact[i].is_finite()).collect();
+    let pick = |x: &[f64]| keep.iter().map(|&i| x[i]).collect::<Vec<_>>();
+    (rel_l2(&pick(got), &pick(exact)), tolerance::<T>(naive_err))
+}
+
+/// Random inputs of `case` with `plants` in them: (Q, K, V, dO).
+fn inputs<T: Dtype>(case: &Case, plants: &[Plant]) -> [Vec<T>; 4] {
+    let s = case.shape;
+    let mut rng = Rng::new(case.seed);
+    let (nq, nk) = (s.batch * s.seqlen_q * s.heads_q * s.head_dim, s.batch * s.seqlen_k * s.heads_kv * s.head_dim);
+    let mut x = [rng.tensor(nq), rng.tensor(nk), rng.tensor(nk), rng.tensor(nq)];
+    for p in plants {
+        let t = &mut x[p.input as usize];
+        let n = t.len() as u64;
+        t[(p.at % n) as usize] = T::from_f64(p.value);
+    }
+    x
+}
+
+/// Forward of `case` with `plants` in Q, K, V, on `fa` (family `kernel` or automatic),
+/// against the rule.
+pub fn check_forward(fa: &FlashAttn, case: &Case, plants: &[Plant], kernel: Option<&'static str>) -> Result<(), String> {
+    match case.dtype {
+        Dt::F32 => forward_typed::<f32>(fa, case, plants, kernel),
+        Dt::F16 => forward_typed::<half::f16>(fa, case, plants, kernel),
+        Dt::Bf16 => forward_typed::<half::bf16>(fa, case, plants, kernel),
+    }
+}
+
+fn describe(case: &Case, plants: &[Plant], kernel: Option<&str>) -> String {
+    let p: Vec<String> = plants.iter().map(|p| p.to_string()).collect();
+    format!("[{}] {case} planted {}", kernel.unwrap_or("auto"), p.join(", "))
+}
+
+fn forward_typed<T: Dtype>(fa: &FlashAttn, case: &Case, plants: &[Plant], kernel: Option<&'static str>) -> Result<(), String> {
+    let s = case.shape;
+    let what = describe(case, plants, kernel);
+    let e = |e: flashattn::Error| format!("{what}: {e}");
+    let [q, k, v, _] = inputs::<T>(case, plants);
+    let (qd, kd, vd) =
+        (fa.upload(&q, &s.q_shape()).map_err(e)?, fa.upload(&k, &s.kv_shape()).map_err(e)?, fa.upload(&v, &s.kv_shape()).map_err(e)?);
+    // Poisoned with a finite value: NaN is a legitimate output here.
+    let poison = T::from_f64(-7777.0);
+    let mut out = FwdOutput::from_buffers(fa.full(poison, &s.q_shape()).map_err(e)?, fa.full(-7777.0f32, &s.lse_shape()).map_err(e)?, None);
+    fa.forward_into(&qd, &kd, &vd, &case.attention(), &FwdOptions { kernel, ..Default::default() }, &mut out).map_err(e)?;
+    let o: Vec<f64> = fa.download(out.o()).map_err(e)?.iter().map(|x| x.to_f64()).collect();
+    let lse: Vec<f64> = fa.download(out.lse()).map_err(e)?.iter().map(|&x| x as f64).collect();
+    let w = |x: &[T]| x.iter().map(|e| e.to_f64()).collect::<Vec<_>>();
+    let exact = attention_f64(&w(&q), &w(&k), &w(&v), &s, &case.attention());
+    let [q0, k0, v0, _] = inputs::<T>(case, &[]);
+    let naive_err = rel_l2(
+        &flashattn::reference::naive_attention(&q0, &k0, &v0, &s, &case.attention()).o,
+        &flashattn::reference::reference(&q0, &k0, &v0, &s, &case.attention()).o,
+    );
+    let nan_only = plants.iter().all(|p| p.value.is_nan());
+    if let Some(i) = o.iter().chain(lse.iter()).position(|&x| x == -7777.0) {
+        return Err(format!("{what}: output element {i} (O then LSE) not written"));
+    }
+    if let Some(i) = class_mismatch(&o, &exact.o, nan_only) {
+        return Err(format!("{what}: O[{i}] = {} where exact attention gives {} ({})", o[i], exact.o[i], at(&s, i, false)));
+    }
+    if let Some(i) = (0..lse.len())
+        .find(|&i| lse[i].is_nan() != exact.lse[i].is_nan() || (lse[i] == f64::NEG_INFINITY) != (exact.lse[i] == f64::NEG_INFINITY))
+    {
+        return Err(format!("{what}: LSE[{i}] = {} where exact attention gives {}", lse[i], exact.lse[i]));
+    }
+    let (err, tol) = finite_error::<T>(&o, &exact.o, naive_err);
+    if !within(err, tol) {
+        return Err(format!("{what}: finite O elements rel err {err:.3e} (tol {tol:.3e})"));
+    }
+    Ok(())
+}
+
+/// Where element `i` of Q's layout (or K's, `kv`) is: (b, position, head, column).
+fn at(s: &AttnShape, i: usize, kv: bool) -> String {
+    let (seq, heads) = if kv { (s.seqlen_k, s.heads_kv) } else { (s.seqlen_q, s.heads_q) };
+    let (c, r) = (i % s.head_dim, i / s.head_dim);
+    let (h, r) = (r % heads, r / heads);
+    let (pos, b) = (r % seq, r / seq);
+    format!("b={b} {}={pos} h={h} c={c}", if kv { "key" } else { "row" })
+}
+
+/// Forward then backward of `case` with `plants` in Q, K, V, dO (backward family `kernel` or
+/// automatic; `saved`: the forward saves O's residual), against the rule for dQ, dK, dV.
+pub fn check_backward(fa: &FlashAttn, case: &Case, plants: &[Plant], kernel: Option<&'static str>, saved: bool) -> Result<(), String> {
+    match case.dtype {
+        Dt::F32 => backward_typed::<f32>(fa, case, plants, kernel, saved),
+        Dt::F16 => backward_typed::<half::f16>(fa, case, plants, kernel, saved),
+        Dt::Bf16 => backward_typed::<half::bf16>(fa, case, plants, kernel, saved),
+    }
+}
+
+fn backward_typed<T: Dtype>(
+    fa: &FlashAttn,
+    case: &Case,
+    plants: &[Plant],
+    kernel: Option<&'static str>,
+    saved: bool,
+) -> Result<(), String> {
+    let s = case.shape;
+    let what = format!("{}{}", describe(case, plants, kernel), if saved { ", residual" } else { "" });
+    let e = |e: flashattn::Error| format!("{what}: {e}");
+    let [q, k, v, d_o] = inputs::<T>(case, plants);
+    let (qd, kd, vd, dod) = (
+        fa.upload(&q, &s.q_shape()).map_err(e)?,
+        fa.upload(&k, &s.kv_shape()).map_err(e)?,
+        fa.upload(&v, &s.kv_shape()).map_err(e)?,
+        fa.upload(&d_o, &s.q_shape()).map_err(e)?,
+    );
+    let fwd = fa.forward(&qd, &kd, &vd, &case.attention(), &FwdOptions { kernel: None, save_residual: saved }).map_err(e)?;
+    let poison = T::from_f64(-7777.0);
+    let mut g = flashattn::BwdOutput {
+        dq: fa.full(poison, &s.q_shape()).map_err(e)?,
+        dk: fa.full(poison, &s.kv_shape()).map_err(e)?,
+        dv: fa.full(poison, &s.kv_shape()).map_err(e)?,
+    };
+    fa.backward_into(&qd, &kd, &vd, &fwd, &dod, &BwdOptions { kernel, deterministic: false }, &mut g).map_err(e)?;
+    let down =
+        |t: &flashattn::Tensor<T>| -> Result<Vec<f64>, String> { Ok(fa.download(t).map_err(e)?.iter().map(|x| x.to_f64()).collect()) };
+    let got = [down(&g.dq)?, down(&g.dk)?, down(&g.dv)?];
+    let w = |x: &[T]| x.iter().map(|e| e.to_f64()).collect::<Vec<_>>();
+    let exact = attention_backward_f64(&w(&q), &w(&k), &w(&v), &w(&d_o), &s, &case.attention());
+    // The bar's naive error from the same inputs without the planted values (see
+    // `finite_error`).
+    let [q0, k0, v0, do0] = inputs::<T>(case, &[]);
+    let naive = flashattn::reference::naive_backward(&q0, &k0, &v0, &do0, &s, &case.attention());
+    let exact0 = attention_backward_f64(&w(&q0), &w(&k0), &w(&v0), &w(&do0), &s, &case.attention());
+    let floor = flashattn::reference::backward_recompute_bound(&w(&q0), &w(&k0), &w(&v0), &w(&do0), &s, &case.attention());
+    let nan_only = plants.iter().all(|p| p.value.is_nan());
+    for (name, g, ex, (nv, ex0, fl), kv) in [
+        ("dQ", &got[0], &exact.dq, (&naive.dq, &exact0.dq, &floor.dq), false),
+        ("dK", &got[1], &exact.dk, (&naive.dk, &exact0.dk, &floor.dk), true),
+        ("dV", &got[2], &exact.dv, (&naive.dv, &exact0.dv, &floor.dv), true),
+    ] {
+        if let Some(i) = g.iter().position(|&x| x == -7777.0) {
+            return Err(format!("{what}: {name}[{i}] not written"));
+        }
+        if let Some(i) = class_mismatch(g, ex, nan_only) {
+            return Err(format!("{what}: {name}[{i}] = {} where exact attention gives {} ({})", g[i], ex[i], at(&s, i, kv)));
+        }
+        let keep: Vec<usize> = (0..g.len()).filter(|&i| g[i].is_finite() && ex[i].is_finite()).collect();
+        let pick = |x: &[f64]| keep.iter().map(|&i| x[i]).collect::<Vec<_>>();
+        let (gp, ep, fp) = (pick(g), pick(ex), pick(fl));
+        if ex0.iter().all(|&x| x == 0.0) || ep.iter().all(|&x| x == 0.0) {
+            // Gradients that vanish exactly (a single key): the regular tests bound them.
+            continue;
+        }
+        let (err, tol) = (rel_l2(&gp, &ep), tolerance::<T>(rel_l2(nv, ex0)) + crate::l2(&fp) / crate::l2(&ep));
+        if !within(err, tol) {
+            return Err(format!("{what}: finite {name} elements rel err {err:.3e} (tol {tol:.3e})"));
+        }
+    }
+    Ok(())
+}
+
+/// A proptest strategy of 1 to 3 planted values in the inputs a pass reads (dO only with
+/// `backward`), NaN in half the cases and an infinity of either sign otherwise.
+pub fn plants_strategy(backward: bool) -> impl proptest::strategy::Strategy<Value = Vec<Plant>> {
+    use proptest::prelude::*;
+    let inputs = if backward { vec![Input::Q, Input::K, Input::V, Input::DO] } else { vec![Input::Q, Input::K, Input::V] };
+    let one = (proptest::sample::select(inputs), any::<u64>(), 0..4u8).prop_map(|(input, at, kind)| Plant {
+        input,
+        at,
+        value: match kind {
+            0 | 1 => f64::NAN,
+            2 => f64::INFINITY,
+            _ => f64::NEG_INFINITY,
+        },
+    });
+    proptest::collection::vec(one, 1..=3)
+}
