@@ -28,7 +28,7 @@ fn bench_backward(c: &mut Criterion) {
                 let attn = Attention { causal, softmax_scale: None };
                 let opts = BwdOptions { kernel: Some(family), ..Default::default() };
                 let n_q = s.batch * s.seqlen_q * s.heads_q * d;
-                let data: Vec<half::f16> = flashattn::rng::Rng::new(d as u64 * seqlen as u64).tensor(n_q);
+                let data: Vec<half::f16> = flashattn::rng::normal_tensor(d as u64 * seqlen as u64, n_q);
                 // The family must run here (sm_90a kernels on compute capability 9.0 only); the
                 // forward is the automatic one (backward-only families are no forward family).
                 let archs = fa.archs();

@@ -46,7 +46,7 @@ fn bench_forward(c: &mut Criterion) {
                     }
                 }
                 let n_q = s.batch * s.seqlen_q * s.heads_q * d;
-                let data: Vec<half::f16> = flashattn::rng::Rng::new(d as u64 * seqlen as u64).tensor(n_q);
+                let data: Vec<half::f16> = flashattn::rng::normal_tensor(d as u64 * seqlen as u64, n_q);
                 let (Ok(q), Ok(o), Ok(lse)) =
                     (fa.upload(&data, &s.q_shape()), fa.full(half::f16::NAN, &s.q_shape()), fa.full(f32::NAN, &s.lse_shape()))
                 else {

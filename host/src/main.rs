@@ -1,23 +1,36 @@
 //! `flashattn`: runs the FlashAttention forward kernel, checks it, and times it.
 //!
 //! `flashattn [run] [options]` runs one shape, checks sampled rows against the f64 reference,
-//! and prints time, TFLOP/s and memory. `flashattn bench [options]` times the FA paper's
-//! settings. Without a GPU, `run` falls back to the CPU emulator at a small shape.
+//! and prints time, TFLOP/s and memory; with `--backward`, the same for dQ, dK, dV.
+//! `flashattn bench [options]` times the FA paper's settings. Without a GPU, `run` falls back
+//! to the CPU emulator at a small shape.
 
-use flashattn::reference::{naive_rows, reference_rows, rel_l2, tolerance};
-use flashattn::{Attention, AttnShape, BwdOptions, Dtype, FlashAttn, FwdOptions, FwdOutput, Tensor, select_variant};
+use flashattn::kernels::registry::{BwdVariant, FwdVariant};
+use flashattn::reference::{
+    attention_backward_f64, backward_recompute_bound, naive_backward, naive_rows, reference_rows, rel_l2, tolerance,
+};
+use flashattn::{
+    Attention, AttnShape, BWD_FAMILIES, BwdOptions, BwdOutput, Dtype, Error, FAMILIES, FWD_RESIDUAL_FAMILIES, FlashAttn, FwdOptions,
+    FwdOutput, Tensor,
+};
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 const USAGE: &str = "\
 usage: flashattn [run] [--batch B] [--seqlen S] [--seqlen-k S] [--heads H] [--heads-kv H]
                        [--head-dim D] [--dtype f16|bf16|f32] [--causal] [--scale X]
                        [--kernel NAME] [--iters N] [--emulator]
+                       [--backward|--fwdbwd [--deterministic] [--residual]]
        flashattn bench [--dtype f16|bf16|f32] [--head-dims 64,128] [--seqlens 512,1024,...]
                        [--hidden 2048] [--tokens 16384] [--causal on|off|both] [--kernel NAME]
                        [--iters N] [--json] [--backward|--fwdbwd [--deterministic] [--residual]]
 run:   one shape (GPU default: batch 8, seqlen 2048, 32 heads of 64, f16 -- the FA paper's
        hidden 2048 with 16k tokens; emulator default: batch 1, seqlen 128, 2 heads of 64),
-       checked on sampled rows against the f64 reference, timed with CUDA events.
+       checked on sampled rows against the f64 reference, timed with CUDA events;
+       --backward also checks dQ, dK, dV (on sampled (batch, KV head) slices, all of them
+       for small shapes) and times the backward (--kernel names the forward's family, the
+       backward's, or both); --fwdbwd also times the two together.
 bench: the FA paper's settings (hidden 2048, batch * seqlen = 16k; emulator default: seqlen
        128, hidden 128, 128 tokens), TFLOP/s per shape;
        --backward times dQ, dK, dV instead (--deterministic: only bitwise-deterministic
@@ -137,6 +150,12 @@ fn parse() -> Result<Args, String> {
     if !["f16", "bf16", "f32"].contains(&a.dtype.as_str()) {
         return Err(format!("--dtype: `{}` is not one of f16, bf16, f32", a.dtype));
     }
+    if let Some(k) = a.kernel
+        && !a.backward
+        && !flashattn::FAMILIES.contains(&k)
+    {
+        return Err(format!("--kernel: `{k}` is a backward kernel family (no forward of that name): add --backward"));
+    }
     if !["on", "off", "both"].contains(&a.causal_mode.as_str()) {
         return Err(format!("--causal: `{}` is not one of on, off, both", a.causal_mode));
     }
@@ -195,16 +214,128 @@ struct Problem<T> {
     v: Vec<T>,
 }
 
-/// Standard normal Q, K, V for shape `s`.
+/// Standard normal Q, K, V for shape `s`, generated on all cores ([`flashattn::rng::normal_tensor`]:
+/// the values depend on the seed alone, not on the number of threads).
 fn random_problem<T: Dtype>(s: &AttnShape, seed: u64) -> Problem<T> {
-    let mut rng = flashattn::rng::Rng::new(seed);
     let nq = s.batch * s.seqlen_q * s.heads_q * s.head_dim;
     let nk = s.batch * s.seqlen_k * s.heads_kv * s.head_dim;
-    Problem { q: rng.tensor(nq), k: rng.tensor(nk), v: rng.tensor(nk) }
+    let start = Instant::now();
+    let p = Problem { q: random_tensor(seed, nq), k: random_tensor(seed ^ 0x6b, nk), v: random_tensor(seed ^ 0x76, nk) };
+    if start.elapsed() > Duration::from_secs(2) {
+        println!("inputs:  {} random elements in {:.1} s", nq + 2 * nk, start.elapsed().as_secs_f64());
+    }
+    p
+}
+
+fn random_tensor<T: Dtype>(seed: u64, n: usize) -> Vec<T> {
+    flashattn::rng::normal_tensor(seed, n)
 }
 
 fn fmt_bytes(b: f64) -> String {
     if b >= 1e9 { format!("{:.2} GB", b / 1e9) } else { format!("{:.1} MB", b / 1e6) }
+}
+
+/// The kernels a request runs, found before anything about it is printed or launched.
+struct Plan {
+    fwd: &'static FwdVariant,
+    fwd_opts: FwdOptions,
+    /// The backward's passes (with `--backward`), and its options.
+    bwd: Vec<&'static BwdVariant>,
+    bwd_opts: BwdOptions,
+    /// The forward saves O's residual (`--residual` and a forward kernel that writes it).
+    saved: bool,
+}
+
+/// Checks everything about a request that can be refused: the shape and options
+/// ([`flashattn::validate`]), a kernel for the dtype and head_dim, and that this device runs
+/// it. `--kernel` names the forward's family, or with `--backward` the backward's: in `run`
+/// a family of both names both (the other pass chosen automatically otherwise), in `bench`
+/// the backward only (the forward automatic, as the bench has always timed it).
+fn plan<T: Dtype>(fa: &FlashAttn, s: &AttnShape, attn: &Attention, a: &Args) -> flashattn::Result<Plan> {
+    flashattn::validate(&s.q_shape(), &s.kv_shape(), &s.kv_shape(), attn)?;
+    let archs = fa.archs();
+    let runs = |kernel: &'static str, needs| match archs.contains(&needs) {
+        true => Ok(()),
+        false => Err(Error::UnsupportedDevice { kernel, needs, device: fa.device_name() }),
+    };
+    let (fwd_kernel, bwd_kernel) = match (a.backward, a.cmd == "bench") {
+        (false, _) => (a.kernel, None),
+        (true, true) => (None, a.kernel),
+        (true, false) => (a.kernel.filter(|k| FAMILIES.contains(k)), a.kernel.filter(|k| BWD_FAMILIES.contains(k))),
+    };
+    let fwd_opts = FwdOptions { kernel: fwd_kernel, save_residual: a.backward && a.residual };
+    let fwd = flashattn::select_variant(T::DTYPE, s.head_dim, &fwd_opts, &archs)?;
+    runs(fwd.name, fwd.arch)?;
+    let saved = fwd_opts.save_residual && FWD_RESIDUAL_FAMILIES.contains(&fwd.family);
+    let bwd_opts = BwdOptions { kernel: bwd_kernel, deterministic: a.deterministic };
+    let bwd = match a.backward {
+        true => flashattn::select_bwd_variants(T::DTYPE, s.head_dim, &bwd_opts, &archs, saved)?,
+        false => vec![],
+    };
+    for v in &bwd {
+        runs(v.name, v.arch)?;
+    }
+    Ok(Plan { fwd, fwd_opts, bwd, bwd_opts, saved })
+}
+
+/// `f` of each item, on all cores, in the items' order. Once it has taken more than a few
+/// seconds, a line on stderr every few seconds says how far it is (`what`: what it computes).
+fn par_map<I: Sync, R: Send>(items: &[I], what: &str, f: impl Fn(&I) -> R + Sync) -> Vec<R> {
+    const EVERY: Duration = Duration::from_secs(3);
+    let threads = std::thread::available_parallelism().map_or(1, |t| t.get()).clamp(1, items.len().max(1));
+    let (next, done, start) = (AtomicUsize::new(0), AtomicUsize::new(0), Instant::now());
+    let parts: Vec<Vec<(usize, R)>> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut mine = vec![];
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(item) = items.get(i) else { break mine };
+                        mine.push((i, f(item)));
+                        done.fetch_add(1, Ordering::Relaxed);
+                    }
+                })
+            })
+            .collect();
+        let mut last = start;
+        while workers.iter().any(|w| !w.is_finished()) {
+            std::thread::sleep(Duration::from_millis(50));
+            if last.elapsed() >= EVERY {
+                last = Instant::now();
+                let n = done.load(Ordering::Relaxed);
+                eprintln!("  {what}: {n} of {} done after {:.0} s", items.len(), start.elapsed().as_secs_f64());
+            }
+        }
+        workers.into_iter().map(|w| w.join().unwrap_or_else(|e| std::panic::resume_unwind(e))).collect()
+    });
+    let mut out: Vec<Option<R>> = items.iter().map(|_| None).collect();
+    for (i, r) in parts.into_iter().flatten() {
+        out[i] = Some(r);
+    }
+    out.into_iter().map(|r| r.expect("every item mapped")).collect()
+}
+
+/// Query row `(b, h, i)` as a problem of its own: that row of Q, and K, V of its KV head cut
+/// to the keys it sees (causal: columns up to i + seqlen_k - seqlen_q), not causal. The
+/// references compute the same thing, in the same order, as for the row of the whole problem
+/// (they leave masked keys out, or add their exact zeros), without converting all of K and V.
+fn row_problem<T: Dtype>(p: &Problem<T>, s: &AttnShape, causal: bool, (b, h, i): (usize, usize, usize)) -> (Problem<T>, AttnShape) {
+    let d = s.head_dim;
+    let hk = h / (s.heads_q / s.heads_kv);
+    let visible = match causal {
+        true => (i as i64 + s.seqlen_k as i64 - s.seqlen_q as i64 + 1).clamp(0, s.seqlen_k as i64) as usize,
+        false => s.seqlen_k,
+    };
+    let keys = |x: &[T]| (0..visible).flat_map(|j| &x[((b * s.seqlen_k + j) * s.heads_kv + hk) * d..][..d]).copied().collect();
+    let q = p.q[((b * s.seqlen_q + i) * s.heads_q + h) * d..][..d].to_vec();
+    let shape = AttnShape { batch: 1, seqlen_q: 1, seqlen_k: visible, heads_q: 1, heads_kv: 1, head_dim: d };
+    (Problem { q, k: keys(&p.k), v: keys(&p.v) }, shape)
+}
+
+/// Heads `h0 .. h0 + nh` of batch `b` of a [batch, rows, heads, d] tensor: [1, rows, nh, d].
+fn heads_of<T: Copy>(x: &[T], rows: usize, heads: usize, d: usize, (b, h0, nh): (usize, usize, usize)) -> Vec<T> {
+    (0..rows).flat_map(|r| &x[((b * rows + r) * heads + h0) * d..][..nh * d]).copied().collect()
 }
 
 fn run<T: Dtype>(fa: &FlashAttn, a: &Args) -> flashattn::Result<bool> {
@@ -221,57 +352,33 @@ fn run<T: Dtype>(fa: &FlashAttn, a: &Args) -> flashattn::Result<bool> {
         head_dim,
     };
     let attn = Attention { causal: a.causal, softmax_scale: a.scale };
-    let opts = FwdOptions { kernel: a.kernel, ..Default::default() };
-    let variant = select_variant(T::DTYPE, s.head_dim, &opts, &fa.archs())?;
+    // The whole request is checked before anything about it is printed.
+    let plan = plan::<T>(fa, &s, &attn, a)?;
     println!("device:  {}", fa.device_name());
     println!(
         "problem: batch {} seqlen_q {} seqlen_k {} heads_q {} heads_kv {} head_dim {} {} causal={}",
         s.batch, s.seqlen_q, s.seqlen_k, s.heads_q, s.heads_kv, s.head_dim, a.dtype, a.causal
     );
-    println!("kernel:  {}", variant.name);
+    println!("kernel:  {}", plan.fwd.name);
+    if a.backward {
+        let names = plan.bwd.iter().map(|v| v.name).collect::<Vec<_>>().join(" + ");
+        println!("backward: {names}{}", if plan.saved { " (from the forward's saved O residual)" } else { "" });
+    }
 
     let p = random_problem::<T>(&s, 0x5eed);
     let free_before = fa.memory_info()?.map(|(f, _)| f);
     let q = fa.upload(&p.q, &s.q_shape())?;
     let k = fa.upload(&p.k, &s.kv_shape())?;
     let v = fa.upload(&p.v, &s.kv_shape())?;
-    let mut out = FwdOutput::from_buffers(fa.full(T::nan(), &s.q_shape())?, fa.full(f32::NAN, &s.lse_shape())?, None);
+    let o_lo = if plan.saved { Some(fa.full(T::nan(), &s.q_shape())?) } else { None };
+    let mut out = FwdOutput::from_buffers(fa.full(T::nan(), &s.q_shape())?, fa.full(f32::NAN, &s.lse_shape())?, o_lo);
     let iters = a.iters.unwrap_or(if emu { 1 } else { 20 });
-    let ms = fa.time_forward(&q, &k, &v, &attn, &opts, &mut out, if emu { 0 } else { 3 }, iters)?;
+    let warmup = if emu { 0 } else { 3 };
+    let ms = fa.time_forward(&q, &k, &v, &attn, &plan.fwd_opts, &mut out, warmup, iters)?;
     let free_after = fa.memory_info()?.map(|(f, _)| f);
     let o_h = fa.download(out.o())?;
     let lse_h = fa.download(out.lse())?;
-
-    // Check sampled rows (first, last, and a spread between) against the f64 reference,
-    // with the same bar as the tests: twice naive attention's error in this dtype.
-    let n_rows = s.batch * s.heads_q * s.seqlen_q;
-    let rows: Vec<(usize, usize, usize)> = (0..16)
-        .map(|i| i * (n_rows - 1) / 15)
-        .map(|r| (r / (s.heads_q * s.seqlen_q), (r / s.seqlen_q) % s.heads_q, r % s.seqlen_q))
-        .collect();
-    let exact = reference_rows(&p.q, &p.k, &p.v, &s, &attn, &rows);
-    let naive = naive_rows(&p.q, &p.k, &p.v, &s, &attn, &rows);
-    let d = s.head_dim;
-    let (mut got_o, mut got_l, mut ref_o, mut ref_l, mut nv_o, mut nv_l) = (vec![], vec![], vec![], vec![], vec![], vec![]);
-    for (((b, h, i), (eo, el)), (no, nl)) in rows.iter().zip(&exact).zip(&naive) {
-        let at = ((b * s.seqlen_q + i) * s.heads_q + h) * d;
-        got_o.extend(o_h[at..at + d].iter().map(|x| x.to_f64()));
-        got_l.push(lse_h[(b * s.heads_q + h) * s.seqlen_q + i] as f64);
-        ref_o.extend_from_slice(eo);
-        ref_l.push(*el);
-        nv_o.extend_from_slice(no);
-        nv_l.push(*nl);
-    }
-    let unwritten = o_h.iter().filter(|x| x.to_f64().is_nan()).count() + lse_h.iter().filter(|x| x.is_nan()).count();
-    let (err_o, err_l) = (rel_l2(&got_o, &ref_o), rel_l2(&got_l, &ref_l));
-    let (tol_o, tol_l) = (tolerance::<T>(rel_l2(&nv_o, &ref_o)), tolerance::<f32>(rel_l2(&nv_l, &ref_l)));
-    let ok = unwritten == 0 && err_o <= tol_o && err_l <= tol_l;
-    println!(
-        "check:   {} sampled rows vs f64 reference: O rel err {err_o:.2e} (bar {tol_o:.2e}), LSE rel err {err_l:.2e} (bar {tol_l:.2e}); {} unwritten elements: {}",
-        rows.len(),
-        unwritten,
-        if ok { "OK" } else { "FAILED" }
-    );
+    let mut ok = check_forward(&p, &s, &attn, &o_h, &lse_h);
 
     let flops = s.fwd_flops(a.causal);
     println!("time:    {ms:.3} ms per forward ({iters} timed runs) = {:.2} TFLOP/s", flops / (ms * 1e-3) / 1e12);
@@ -286,10 +393,141 @@ fn run<T: Dtype>(fa: &FlashAttn, a: &Args) -> flashattn::Result<bool> {
         fmt_bytes(tensors),
         fmt_bytes(scores)
     );
+
+    if a.backward {
+        // dQ, dK, dV for a random dO from the timed forward's output (the last run's).
+        let d_o_h: Vec<T> = random_tensor(0xd0, p.q.len());
+        let d_o = fa.upload(&d_o_h, &s.q_shape())?;
+        let mut grads = BwdOutput {
+            dq: fa.full(T::nan(), &s.q_shape())?,
+            dk: fa.full(T::nan(), &s.kv_shape())?,
+            dv: fa.full(T::nan(), &s.kv_shape())?,
+        };
+        let bwd_ms = fa.time_backward(&q, &k, &v, &out, &d_o, &plan.bwd_opts, &mut grads, warmup, iters)?;
+        let got = [fa.download(&grads.dq)?, fa.download(&grads.dk)?, fa.download(&grads.dv)?];
+        ok &= check_backward(&p, &d_o_h, &s, &attn, &got);
+        println!(
+            "time:    {bwd_ms:.3} ms per backward ({iters} timed runs) = {:.2} TFLOP/s (2.5 forwards' FLOPs)",
+            2.5 * flops / (bwd_ms * 1e-3) / 1e12
+        );
+        if a.fwdbwd {
+            let step = fa.time_forward_backward(&q, &k, &v, &d_o, &attn, &plan.fwd_opts, &plan.bwd_opts, &mut grads, warmup, iters)?;
+            println!(
+                "time:    {step:.3} ms per forward + backward ({iters} timed runs) = {:.2} TFLOP/s (3.5 forwards' FLOPs)",
+                3.5 * flops / (step * 1e-3) / 1e12
+            );
+        }
+    }
     if emu {
         println!("note:    emulated on the CPU: the time says nothing about GPU speed.");
     }
     Ok(ok)
+}
+
+/// Checks O and LSE on sampled rows (first, last, and a spread between) against the f64
+/// reference, with the same bar as the tests: twice naive attention's error in this dtype
+/// (for LSE, always f32, in f32), plus a unit roundoff ([`tolerance`]). Prints the result.
+///
+/// Naive attention's LSE error includes both the rounding of S to the dtype and its f32 sum of
+/// every exponential in row order. At 131072 keys (one query, head_dim 128, emulator) that is
+/// 1.9e-6 in bf16, 5.5e-7 in f16 and 1.4e-7 in f32 (the sum alone), so the LSE bar in bf16 is
+/// about 4e-6, while a kernel's f32 scores and blockwise sums give about 5e-8 there: an LSE
+/// above the bar (5.9e-6 on an H200 before alpha was exactly 1 while the max stays) is a
+/// kernel error growing with the row, not a bar blind to the long f32 sum.
+fn check_forward<T: Dtype>(p: &Problem<T>, s: &AttnShape, attn: &Attention, o_h: &[T], lse_h: &[f32]) -> bool {
+    let n_rows = s.batch * s.heads_q * s.seqlen_q;
+    let mut rows: Vec<(usize, usize, usize)> = (0..16)
+        .map(|i| i * (n_rows - 1) / 15)
+        .map(|r| (r / (s.heads_q * s.seqlen_q), (r / s.seqlen_q) % s.heads_q, r % s.seqlen_q))
+        .collect();
+    rows.dedup();
+    // Each row on its own (its query, the keys it sees): the references then need neither all
+    // of K and V in f64 nor one core for every row.
+    let checked = par_map(&rows, "forward check (f64 reference and naive attention per sampled row)", |&r| {
+        let (rp, rs) = row_problem(p, s, attn.causal, r);
+        let one = Attention { causal: false, ..*attn };
+        let exact = reference_rows(&rp.q, &rp.k, &rp.v, &rs, &one, &[(0, 0, 0)]).remove(0);
+        let naive = naive_rows(&rp.q, &rp.k, &rp.v, &rs, &one, &[(0, 0, 0)]).remove(0);
+        (exact, naive)
+    });
+    let d = s.head_dim;
+    let (mut got_o, mut got_l, mut ref_o, mut ref_l, mut nv_o, mut nv_l) = (vec![], vec![], vec![], vec![], vec![], vec![]);
+    for ((b, h, i), ((eo, el), (no, nl))) in rows.iter().zip(checked) {
+        let at = ((b * s.seqlen_q + i) * s.heads_q + h) * d;
+        got_o.extend(o_h[at..at + d].iter().map(|x| x.to_f64()));
+        got_l.push(lse_h[(b * s.heads_q + h) * s.seqlen_q + i] as f64);
+        ref_o.extend(eo);
+        ref_l.push(el);
+        nv_o.extend(no);
+        nv_l.push(nl);
+    }
+    let unwritten = o_h.iter().filter(|x| x.to_f64().is_nan()).count() + lse_h.iter().filter(|x| x.is_nan()).count();
+    let (err_o, err_l) = (rel_l2(&got_o, &ref_o), rel_l2(&got_l, &ref_l));
+    let (tol_o, tol_l) = (tolerance::<T>(rel_l2(&nv_o, &ref_o)), tolerance::<f32>(rel_l2(&nv_l, &ref_l)));
+    let ok = unwritten == 0 && err_o <= tol_o && err_l <= tol_l;
+    println!(
+        "check:   {} sampled rows vs f64 reference: O rel err {err_o:.2e} (bar {tol_o:.2e}), LSE rel err {err_l:.2e} (bar {tol_l:.2e}); {} unwritten elements: {}",
+        rows.len(),
+        unwritten,
+        if ok { "OK" } else { "FAILED" }
+    );
+    ok
+}
+
+/// Checks dQ, dK, dV against the f64 gradients, on up to 4 (batch, KV head) slices spread over
+/// the problem (all of them when there are at most 4): a slice's dK, dV and the dQ of its query
+/// heads depend on nothing outside it. The bar is the tests': twice naive (autograd-style)
+/// attention's error in this dtype plus a unit roundoff, plus the f32 recomputation of S and
+/// dP that naive attention does not incur ([`backward_recompute_bound`]). Prints the result.
+fn check_backward<T: Dtype>(p: &Problem<T>, d_o: &[T], s: &AttnShape, attn: &Attention, got: &[Vec<T>; 3]) -> bool {
+    let (d, group) = (s.head_dim, s.heads_q / s.heads_kv);
+    let total = s.batch * s.heads_kv;
+    let picks: Vec<usize> = if total <= 4 { (0..total).collect() } else { (0..4).map(|x| x * (total - 1) / 3).collect() };
+    let sub = AttnShape { batch: 1, heads_q: group, heads_kv: 1, ..*s };
+    let w = |x: &[T]| x.iter().map(|e| e.to_f64()).collect::<Vec<_>>();
+    let slices = par_map(&picks, "backward check (f64 gradients and naive backward per slice)", |&bk| {
+        let (b, hk) = (bk / s.heads_kv, bk % s.heads_kv);
+        let qs = |x: &[T]| heads_of(x, s.seqlen_q, s.heads_q, d, (b, hk * group, group));
+        let ks = |x: &[T]| heads_of(x, s.seqlen_k, s.heads_kv, d, (b, hk, 1));
+        let (q, k, v, d_o) = (qs(&p.q), ks(&p.k), ks(&p.v), qs(d_o));
+        let (qf, kf, vf, dof) = (w(&q), w(&k), w(&v), w(&d_o));
+        let exact = attention_backward_f64(&qf, &kf, &vf, &dof, &sub, attn);
+        let naive = naive_backward(&q, &k, &v, &d_o, &sub, attn);
+        let floor = backward_recompute_bound(&qf, &kf, &vf, &dof, &sub, attn);
+        let mine = [w(&qs(&got[0])), w(&ks(&got[1])), w(&ks(&got[2]))];
+        // The bar of a gradient that is exactly 0 (seqlen_k = 1: P = 1, dS = 0), as the tests
+        // set it: 4 unit roundoffs of T times |scale| max_i |dO_i| |V| max(|K|, |Q|).
+        let amax = |x: &[f64]| x.iter().fold(0f64, |m, e| m.max(e.abs()));
+        let dov = dof.chunks(d).map(|r| r.iter().map(|x| x.abs()).sum::<f64>()).fold(0f64, f64::max) * amax(&vf);
+        let zero_bar = 4.0 * T::UNIT_ROUNDOFF * (attn.scale(d) as f64).abs() * dov * amax(&kf).max(amax(&qf));
+        ([mine, [exact.dq, exact.dk, exact.dv], [naive.dq, naive.dk, naive.dv], [floor.dq, floor.dk, floor.dv]], zero_bar)
+    });
+    let l2 = |x: &[f64]| x.iter().map(|v| v * v).sum::<f64>().sqrt();
+    let mut ok = true;
+    let mut report = vec![];
+    for (g, name) in ["dQ", "dK", "dV"].into_iter().enumerate() {
+        // Over the slices: the kernel's, the exact, naive attention's, the recomputation bound.
+        let cat = |which: usize| slices.iter().flat_map(|x| x.0[which][g].iter().copied()).collect::<Vec<f64>>();
+        let (mine, exact, naive, floor) = (cat(0), cat(1), cat(2), cat(3));
+        let (err, bar) = if exact.iter().all(|&x| x == 0.0) {
+            let worst = mine.iter().fold(0f64, |m, x| if x.is_nan() { f64::NAN } else { m.max(x.abs()) });
+            (worst, slices.iter().map(|x| x.1).fold(0f64, f64::max))
+        } else {
+            (rel_l2(&mine, &exact), tolerance::<T>(rel_l2(&naive, &exact)) + l2(&floor) / l2(&exact))
+        };
+        ok &= err <= bar;
+        let kind = if exact.iter().all(|&x| x == 0.0) { "max abs (exactly 0)" } else { "rel err" };
+        report.push(format!("{name} {kind} {err:.2e} (bar {bar:.2e})"));
+    }
+    let unwritten: usize = got.iter().map(|t| t.iter().filter(|x| x.to_f64().is_nan()).count()).sum();
+    ok &= unwritten == 0;
+    println!(
+        "check:   backward on {} of {total} (batch, KV head) slices vs f64 gradients: {}; {unwritten} unwritten elements: {}",
+        picks.len(),
+        report.join(", "),
+        if ok { "OK" } else { "FAILED" }
+    );
+    ok
 }
 
 fn upload_problem<T: Dtype>(fa: &FlashAttn, s: &AttnShape) -> flashattn::Result<(Tensor<T>, Tensor<T>, Tensor<T>)> {
@@ -303,24 +541,19 @@ fn bench<T: Dtype>(fa: &FlashAttn, a: &Args) -> flashattn::Result<bool> {
         "off" => &[false],
         _ => &[false, true],
     };
-    if !a.json {
-        println!("device: {}", fa.device_name());
-        println!(
-            "{:<28} {:>5} {:>4} {:>6} {:>6} {:>4} {:>7} {:>10} {:>9}",
-            "kernel", "dtype", "d", "seqlen", "batch", "h", "causal", "ms", "TFLOP/s"
-        );
-    }
     // The FA paper's settings on a GPU; on the emulator (minutes per FA shape) one small one.
     let emu = fa.is_emulator();
     let seqlens = a.seqlens.clone().unwrap_or_else(|| if emu { vec![128] } else { vec![512, 1024, 2048, 4096, 8192, 16384] });
     let hidden = a.hidden.unwrap_or(if emu { 128 } else { 2048 });
     let tokens = a.tokens.unwrap_or(if emu { 128 } else { 16384 });
+    // Every shape, and its kernels, checked before anything is printed or launched.
+    let mut cases = vec![];
     for &d in &a.head_dims {
         for &seqlen in &seqlens {
             for &causal in causals {
-                let heads = (hidden / d).max(1);
+                let heads = (hidden / d.max(1)).max(1);
                 let s = AttnShape {
-                    batch: (tokens / seqlen).max(1),
+                    batch: (tokens / seqlen.max(1)).max(1),
                     seqlen_q: seqlen,
                     seqlen_k: seqlen,
                     heads_q: heads,
@@ -328,55 +561,60 @@ fn bench<T: Dtype>(fa: &FlashAttn, a: &Args) -> flashattn::Result<bool> {
                     head_dim: d,
                 };
                 let attn = Attention { causal, softmax_scale: None };
-                let iters = a.iters.unwrap_or(10);
-                let (family, name, ms, flops) = if a.backward {
-                    // The forward's O and LSE (automatic kernel), a random dO; then dQ, dK, dV
-                    // timed with the requested backward family. FLOPs: 2.5x the forward's.
-                    let fwd_opts = FwdOptions { kernel: None, save_residual: a.residual };
-                    let bwd_opts = BwdOptions { kernel: a.kernel, deterministic: a.deterministic };
-                    let (q, k, v) = upload_problem::<T>(fa, &s)?;
-                    let out = fa.forward(&q, &k, &v, &attn, &fwd_opts)?;
-                    let d_o = fa.upload(&random_problem::<T>(&s, 0xd0).q, &s.q_shape())?;
-                    let mut grads = flashattn::BwdOutput {
-                        dq: fa.full(T::nan(), &s.q_shape())?,
-                        dk: fa.full(T::nan(), &s.kv_shape())?,
-                        dv: fa.full(T::nan(), &s.kv_shape())?,
-                    };
-                    let passes = flashattn::select_bwd_variants(T::DTYPE, d, &bwd_opts, &fa.archs(), out.o_lo().is_some())?;
-                    let names = passes.iter().map(|v| v.name).collect::<Vec<_>>().join("+");
-                    let family = passes[passes.len() - 1].family.to_string();
-                    if a.fwdbwd {
-                        // With --fwdbwd the forward too, each step (FLOPs 1 + 2.5 forwards).
-                        let ms = fa.time_forward_backward(&q, &k, &v, &d_o, &attn, &fwd_opts, &bwd_opts, &mut grads, 2, iters)?;
-                        let fwd = select_variant(T::DTYPE, d, &fwd_opts, &fa.archs())?.name;
-                        (family, format!("{fwd}+{names}"), ms, 3.5 * s.fwd_flops(causal))
-                    } else {
-                        let ms = fa.time_backward(&q, &k, &v, &out, &d_o, &bwd_opts, &mut grads, 2, iters)?;
-                        (family, names, ms, 2.5 * s.fwd_flops(causal))
-                    }
-                } else {
-                    let opts = FwdOptions { kernel: a.kernel, ..Default::default() };
-                    let variant = select_variant(T::DTYPE, d, &opts, &fa.archs())?;
-                    let (q, k, v) = upload_problem::<T>(fa, &s)?;
-                    let mut out = FwdOutput::from_buffers(fa.full(T::nan(), &s.q_shape())?, fa.full(f32::NAN, &s.lse_shape())?, None);
-                    let ms = fa.time_forward(&q, &k, &v, &attn, &opts, &mut out, 2, iters)?;
-                    (variant.family.to_string(), variant.name.to_string(), ms, s.fwd_flops(causal))
-                };
-                let tflops = flops / (ms * 1e-3) / 1e12;
-                let pass = match (a.fwdbwd, a.backward) {
-                    (true, _) => "fwdbwd",
-                    (_, true) => "bwd",
-                    _ => "fwd",
-                };
-                if a.json {
-                    println!(
-                        "{{\"impl\":\"flashattn-rs/{family}\",\"pass\":\"{pass}\",\"kernel\":\"{name}\",\"dtype\":\"{}\",\"head_dim\":{d},\"seqlen\":{seqlen},\"batch\":{},\"heads\":{heads},\"causal\":{causal},\"ms\":{ms:.5},\"tflops\":{tflops:.3}}}",
-                        a.dtype, s.batch
-                    );
-                } else {
-                    println!("{name:<28} {:>5} {d:>4} {seqlen:>6} {:>6} {heads:>4} {causal:>7} {ms:>10.3} {tflops:>9.2}", a.dtype, s.batch);
-                }
+                let plan = plan::<T>(fa, &s, &attn, a)?;
+                cases.push((s, attn, plan));
             }
+        }
+    }
+    if !a.json {
+        println!("device: {}", fa.device_name());
+        println!(
+            "{:<28} {:>5} {:>4} {:>6} {:>6} {:>4} {:>7} {:>10} {:>9}",
+            "kernel", "dtype", "d", "seqlen", "batch", "h", "causal", "ms", "TFLOP/s"
+        );
+    }
+    for (s, attn, plan) in cases {
+        let (d, seqlen, heads, causal) = (s.head_dim, s.seqlen_q, s.heads_q, attn.causal);
+        let iters = a.iters.unwrap_or(10);
+        let (q, k, v) = upload_problem::<T>(fa, &s)?;
+        let (family, name, ms, flops) = if a.backward {
+            // The forward's O and LSE (automatic kernel), a random dO; then dQ, dK, dV
+            // timed with the requested backward family. FLOPs: 2.5x the forward's.
+            let out = fa.forward(&q, &k, &v, &attn, &plan.fwd_opts)?;
+            let d_o = fa.upload(&random_tensor::<T>(0xd0, q.len()), &s.q_shape())?;
+            let mut grads = BwdOutput {
+                dq: fa.full(T::nan(), &s.q_shape())?,
+                dk: fa.full(T::nan(), &s.kv_shape())?,
+                dv: fa.full(T::nan(), &s.kv_shape())?,
+            };
+            let names = plan.bwd.iter().map(|v| v.name).collect::<Vec<_>>().join("+");
+            let family = plan.bwd[plan.bwd.len() - 1].family.to_string();
+            if a.fwdbwd {
+                // With --fwdbwd the forward too, each step (FLOPs 1 + 2.5 forwards).
+                let ms = fa.time_forward_backward(&q, &k, &v, &d_o, &attn, &plan.fwd_opts, &plan.bwd_opts, &mut grads, 2, iters)?;
+                (family, format!("{}+{names}", plan.fwd.name), ms, 3.5 * s.fwd_flops(causal))
+            } else {
+                let ms = fa.time_backward(&q, &k, &v, &out, &d_o, &plan.bwd_opts, &mut grads, 2, iters)?;
+                (family, names, ms, 2.5 * s.fwd_flops(causal))
+            }
+        } else {
+            let mut out = FwdOutput::from_buffers(fa.full(T::nan(), &s.q_shape())?, fa.full(f32::NAN, &s.lse_shape())?, None);
+            let ms = fa.time_forward(&q, &k, &v, &attn, &plan.fwd_opts, &mut out, 2, iters)?;
+            (plan.fwd.family.to_string(), plan.fwd.name.to_string(), ms, s.fwd_flops(causal))
+        };
+        let tflops = flops / (ms * 1e-3) / 1e12;
+        let pass = match (a.fwdbwd, a.backward) {
+            (true, _) => "fwdbwd",
+            (_, true) => "bwd",
+            _ => "fwd",
+        };
+        if a.json {
+            println!(
+                "{{\"impl\":\"flashattn-rs/{family}\",\"pass\":\"{pass}\",\"kernel\":\"{name}\",\"dtype\":\"{}\",\"head_dim\":{d},\"seqlen\":{seqlen},\"batch\":{},\"heads\":{heads},\"causal\":{causal},\"ms\":{ms:.5},\"tflops\":{tflops:.3}}}",
+                a.dtype, s.batch
+            );
+        } else {
+            println!("{name:<28} {:>5} {d:>4} {seqlen:>6} {:>6} {heads:>4} {causal:>7} {ms:>10.3} {tflops:>9.2}", a.dtype, s.batch);
         }
     }
     Ok(true)
