@@ -13,7 +13,7 @@
 //!   kernel (each row's m_i, l_i and D_i = sum P dP in f32), then one dK/dV kernel over key
 //!   tiles that also adds dQ_i += dS_ij K_j into an f32 accumulator with atomics, then dQ's
 //!   conversion to T. Not bitwise deterministic (the atomics' order varies), and on the H200
-//!   0.69-0.76x of `mma` (benches/RESULTS.md, 6282a3e). `FwdOptions::deterministic` rules it
+//!   0.69-0.76x of `mma` (benches/RESULTS.md, 6282a3e). `BwdOptions::deterministic` rules it
 //!   out.
 //! - `wgmma_atomic` (Hopper, by name only): the same structure on warpgroup MMA (the dK/dV
 //!   kernel writes dS^T to shared memory and adds dQ_i = dS_ij K_j, a wgmma, to the f32

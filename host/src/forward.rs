@@ -102,7 +102,7 @@ pub fn validate(q: &[usize], k: &[usize], v: &[usize], attention: &Attention) ->
         }
     }
     if let Some(scale) = attention.softmax_scale
-        && !(scale.abs() <= MAX_SCALE)
+        && (scale.is_nan() || scale.abs() > MAX_SCALE)
     {
         return Err(Error::InvalidScale { scale, max: MAX_SCALE });
     }

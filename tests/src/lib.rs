@@ -121,7 +121,7 @@ fn check_typed<T: Dtype>(fa: &FlashAttn, case: &Case, kernel: Option<&'static st
     if unwritten > 0 {
         return Err(format!("{case}: {unwritten} output elements still NaN (not written, or NaN computed)"));
     }
-    if !(m.o_err <= m.o_tol) || !(m.lse_err <= m.lse_tol) {
+    if !within(m.o_err, m.o_tol) || !within(m.lse_err, m.lse_tol) {
         return Err(format!(
             "{case}: O rel err {:.3e} (tol {:.3e}), LSE rel err {:.3e} (tol {:.3e})",
             m.o_err, m.o_tol, m.lse_err, m.lse_tol
@@ -266,7 +266,7 @@ fn check_backward_typed<T: Dtype>(
         match (fwd.o_lo(), writes) {
             (Some(lo), true) => {
                 let (o, lo) = (fa.download(fwd.o()).map_err(e)?, fa.download(lo).map_err(e)?);
-                if let Some(i) = (0..o.len()).find(|&i| !(lo[i].to_f64().abs() <= o[i].to_f64().abs() * T::UNIT_ROUNDOFF + 1e-7)) {
+                if let Some(i) = (0..o.len()).find(|&i| !within(lo[i].to_f64().abs(), o[i].to_f64().abs() * T::UNIT_ROUNDOFF + 1e-7)) {
                     return Err(format!(
                         "{case}: O residual {} at element {i} is not a rounding error of O = {}",
                         lo[i].to_f64(),

@@ -14,6 +14,9 @@ use libtest_mimic::{Arguments, Failed, Trial};
 use std::path::PathBuf;
 use std::process::Command;
 
+/// A check that runs ptxas (found at the given path) over the PTX; it panics on failure.
+type PtxasCheck = fn(PathBuf);
+
 fn every_registered_kernel_is_an_entry() {
     for (target, arch, ptx) in MODULES {
         let names = entries(ptx);
@@ -188,7 +191,7 @@ fn main() {
     if ptxas.is_none() && !required {
         eprintln!("\n*** ptxas checks NOT RUN: {absent} (reported as ignored) ***\n");
     }
-    let checks: [(&str, fn(PathBuf)); 2] =
+    let checks: [(&str, PtxasCheck); 2] =
         [("ptxas_no_spills_no_stack", ptxas_no_spills_no_stack), ("ptxas_split_modules", ptxas_split_modules)];
     for (name, check) in checks {
         trials.push(match ptxas.clone() {

@@ -121,7 +121,7 @@ fn output_shape_and_host_length() {
     let mut out = FwdOutput::from_buffers(fa.full(0.0f32, &[1, 4, 2, 8]).unwrap(), fa.full(0.0f32, &[1, 4, 2]).unwrap(), None);
     let e = fa.forward_into(&q, &q, &q, &attn, &opts, &mut out).expect_err("lse shape");
     assert!(matches!(&e, Error::OutputShape { tensor: "lse", .. }), "{e}");
-    let e = fa.upload(&[1.0f32; 3], &[1, 2, 2, 1]).err().expect("length");
+    let e = fa.upload(&[1.0f32; 3], &[1, 2, 2, 1]).expect_err("length");
     assert!(matches!(e, Error::HostLength { expected: 4, got: 3 }), "{e}");
 }
 
@@ -129,7 +129,7 @@ fn output_shape_and_host_length() {
 fn tensors_of_another_instance() {
     let (a, b) = (FlashAttn::emulator(), FlashAttn::emulator());
     let q = a.upload(&[1.0f32; 8], &[1, 1, 1, 8]).unwrap();
-    let e = b.forward(&q, &q, &q, &Attention::default(), &FwdOptions::default()).err().expect("other instance");
+    let e = b.forward(&q, &q, &q, &Attention::default(), &FwdOptions::default()).expect_err("other instance");
     assert!(matches!(e, Error::WrongDevice { tensor: "q" }), "{e}");
 }
 
@@ -138,7 +138,7 @@ fn unknown_kernel_family() {
     let fa = FlashAttn::emulator();
     let q = fa.upload(&[1.0f32; 8], &[1, 1, 1, 8]).unwrap();
     let opts = FwdOptions { kernel: Some("nope"), ..Default::default() };
-    let e = fa.forward(&q, &q, &q, &Attention::default(), &opts).err().expect("unknown kernel");
+    let e = fa.forward(&q, &q, &q, &Attention::default(), &opts).expect_err("unknown kernel");
     assert!(matches!(&e, Error::UnknownKernel { name, .. } if name == "nope"), "{e}");
 }
 
@@ -322,24 +322,24 @@ fn backward_rejects_bad_shapes_and_kernels_before_launch() {
     let fwd = fa.forward(&q, &q, &q, &Attention::default(), &FwdOptions::default()).unwrap();
     let bwd = BwdOptions::default();
     let bad_do = fa.full(0.0f32, &[1, 4, 2, 16]).unwrap();
-    let e = fa.backward(&q, &q, &q, &fwd, &bad_do, &bwd).err().expect("d_o shape");
+    let e = fa.backward(&q, &q, &q, &fwd, &bad_do, &bwd).expect_err("d_o shape");
     assert!(matches!(&e, Error::OutputShape { tensor: "d_o", .. }), "{e}");
     let opts = BwdOptions { kernel: Some("nope"), ..Default::default() };
-    let e = fa.backward(&q, &q, &q, &fwd, &q, &opts).err().expect("unknown family");
+    let e = fa.backward(&q, &q, &q, &fwd, &q, &opts).expect_err("unknown family");
     assert!(matches!(&e, Error::UnknownKernel { name, available } if name == "nope" && available == flashattn::BWD_FAMILIES), "{e}");
     // Forward family names are not backward ones.
     let opts = BwdOptions { kernel: Some("mma_br64"), ..Default::default() };
-    let e = fa.backward(&q, &q, &q, &fwd, &q, &opts).err().expect("a forward-only family");
+    let e = fa.backward(&q, &q, &q, &fwd, &q, &opts).expect_err("a forward-only family");
     assert!(matches!(&e, Error::UnknownKernel { name, .. } if name == "mma_br64"), "{e}");
     // The tensor-core backward has no f32 variant.
     let opts = BwdOptions { kernel: Some("mma"), ..Default::default() };
-    let e = fa.backward(&q, &q, &q, &fwd, &q, &opts).err().expect("no f32 mma backward");
+    let e = fa.backward(&q, &q, &q, &fwd, &q, &opts).expect_err("no f32 mma backward");
     assert!(matches!(&e, Error::NoVariant { .. }), "{e}");
     // The atomic family is not deterministic: a typed error when determinism is asked for.
     let q16 = fa.upload(&[half::f16::ONE; 4 * 2 * 8], &[1, 4, 2, 8]).unwrap();
     let fwd16 = fa.forward(&q16, &q16, &q16, &Attention::default(), &FwdOptions::default()).unwrap();
     let opts = BwdOptions { kernel: Some("mma_atomic"), deterministic: true };
-    let e = fa.backward(&q16, &q16, &q16, &fwd16, &q16, &opts).err().expect("not deterministic");
+    let e = fa.backward(&q16, &q16, &q16, &fwd16, &q16, &opts).expect_err("not deterministic");
     assert!(matches!(&e, Error::NotDeterministic { family } if family == "mma_atomic"), "{e}");
 }
 
@@ -359,13 +359,13 @@ fn backward_takes_the_forwards_attention_and_inputs() {
     assert!(fa.backward(&q, &k, &v, &fwd, &q, &bwd).is_ok());
     // Another tensor with the same contents is not the forward's input.
     let k2 = fa.upload(&data, &[1, 4, 2, 8]).unwrap();
-    let e = fa.backward(&q, &k2, &v, &fwd, &q, &bwd).err().expect("k is not the forward's");
+    let e = fa.backward(&q, &k2, &v, &fwd, &q, &bwd).expect_err("k is not the forward's");
     assert!(matches!(e, Error::NotForwardInput { tensor: "k" }), "{e}");
-    let e = fa.backward(&v, &k, &q, &fwd, &q, &bwd).err().expect("q and v swapped");
+    let e = fa.backward(&v, &k, &q, &fwd, &q, &bwd).expect_err("q and v swapped");
     assert!(matches!(e, Error::NotForwardInput { tensor: "q" }), "{e}");
     // Buffers no forward wrote hold no attention.
     let blank = FwdOutput::from_buffers(fa.full(half::f16::ZERO, &[1, 4, 2, 8]).unwrap(), fa.full(0.0f32, &[1, 2, 4]).unwrap(), None);
-    let e = fa.backward(&q, &k, &v, &blank, &q, &bwd).err().expect("no forward");
+    let e = fa.backward(&q, &k, &v, &blank, &q, &bwd).expect_err("no forward");
     assert!(matches!(e, Error::NoForward), "{e}");
     // A forward refused before it writes anything leaves the buffers, and their record, as
     // they were.
@@ -376,7 +376,7 @@ fn backward_takes_the_forwards_attention_and_inputs() {
     // Saving the residual needs a buffer for it when the kernel writes one.
     let mut out = FwdOutput::from_buffers(fa.full(half::f16::ZERO, &[1, 4, 2, 8]).unwrap(), fa.full(0.0f32, &[1, 2, 4]).unwrap(), None);
     let train = FwdOptions { save_residual: true, ..Default::default() };
-    let e = fa.forward_into(&q, &k, &v, &attn, &train, &mut out).err().expect("no o_lo buffer");
+    let e = fa.forward_into(&q, &k, &v, &attn, &train, &mut out).expect_err("no o_lo buffer");
     assert!(matches!(e, Error::MissingOutput { tensor: "o_lo", .. }), "{e}");
     let fwd = fa.forward(&q, &k, &v, &attn, &train).unwrap();
     assert!(fwd.o_lo().is_some(), "the emulator runs the Hopper forward, which writes the residual");
