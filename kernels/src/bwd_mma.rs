@@ -40,6 +40,7 @@ use crate::dev::{self, Shared, block, global, math, thread, warp};
 use crate::dtype::MmaElement;
 use crate::fwd_mma::{LaneAddr, Layout, load_tile};
 use crate::mask::{Causal, Mask, NoMask};
+use crate::nonfinite::{add_nonfinite, finite_frag, row_at};
 use crate::params::BwdParams;
 use crate::tile::MMA_WARPS;
 use core::f32::consts::LOG2_E;
@@ -342,7 +343,7 @@ impl<T: MmaElement, const D: usize, const DK: usize, const QREG: bool> DqStep<'_
     fn stats<M: Mask, const MASKED: bool, const BC: usize, const NS: usize>(&self, j: usize, rows: &mut [QuadRow; 2]) {
         let (x, dp) = self.scores::<M, MASKED, BC, NS>(j);
         for (half, row) in rows.iter_mut().enumerate() {
-            row.push(
+            row.push::<MASKED, NS>(
                 core::array::from_fn::<_, NS, _>(|n| [x[n][2 * half], x[n][2 * half + 1]]),
                 core::array::from_fn(|n| [dp[n][2 * half], dp[n][2 * half + 1]]),
             );
@@ -359,21 +360,25 @@ impl<T: MmaElement, const D: usize, const DK: usize, const QREG: bool> DqStep<'_
         acc_dq: &mut [[f32; 4]; DN],
     ) {
         let (mut s, dp) = self.scores::<M, MASKED, BC, NS>(j);
-        // P_ij = exp2(S_ij - m_i) / l_i (0 where masked or where the row sees no key), then
-        // dS_ij = P_ij (dP_ij - D_i), in place of S.
+        // P_ij = exp2(S_ij - m_i) / l_i (0 where the row sees no key), then dS_ij = P_ij
+        // (dP_ij - D_i), in place of S; 0 where masked, whatever the row's statistics and dP.
         for n in 0..NS {
             for e in 0..4 {
                 let (m, inv_l, dd) = fin[e / 2];
-                s[n][e] = math::ex2(s[n][e] - m) * inv_l * (dp[n][e] - dd);
+                let hidden = MASKED && s[n][e] == f32::NEG_INFINITY;
+                s[n][e] = if hidden { 0.0 } else { math::ex2(s[n][e] - m) * inv_l * (dp[n][e] - dd) };
             }
         }
 
         // dQ_i += dS_ij K_j: dS's C fragments are the A fragments; K is the B operand with
-        // keys as the reduction dimension (ldmatrix .trans, as the forward reads V).
+        // keys as the reduction dimension (ldmatrix .trans, as the forward reads V). On masked
+        // tiles K's NaNs and infinities are taken as 0: a masked key's dS is 0, and a visible
+        // one's is NaN already (its score was: `nonfinite`).
         for kc in 0..NS / 2 {
             let a = to_a::<T>(s[2 * kc], s[2 * kc + 1]);
             for dn in 0..DN / 2 {
                 let kb = warp::ldmatrix_x4_trans(self.k, self.a_addr.at::<D>(kc, dn));
+                let kb = if MASKED { finite_frag::<T>(kb).0 } else { kb };
                 acc_dq[2 * dn] = T::mma(a, [kb[0], kb[1]], acc_dq[2 * dn]);
                 acc_dq[2 * dn + 1] = T::mma(a, [kb[2], kb[3]], acc_dq[2 * dn + 1]);
             }
@@ -395,9 +400,10 @@ pub(crate) struct QuadRow {
 impl QuadRow {
     pub(crate) const INIT: QuadRow = QuadRow { m: f32::NEG_INFINITY, l: 0.0, n: 0.0 };
 
-    /// Lane quad: folds this lane's scaled scores `x` (-inf: masked) and their dP in.
+    /// Lane quad: folds this lane's scaled scores `x` (-inf: masked, with MASKED) and their dP
+    /// in; a masked key adds nothing, whatever its dP holds.
     #[inline(always)]
-    pub(crate) fn push<const NS: usize>(&mut self, x: [[f32; 2]; NS], dp: [[f32; 2]; NS]) {
+    pub(crate) fn push<const MASKED: bool, const NS: usize>(&mut self, x: [[f32; 2]; NS], dp: [[f32; 2]; NS]) {
         let mut mx = self.m;
         for x in x.iter() {
             mx = mx.max(x[0]).max(x[1]);
@@ -411,7 +417,7 @@ impl QuadRow {
             for e in 0..2 {
                 let pe = math::ex2(x[e] - base);
                 l += pe;
-                n += pe * dp[e];
+                n += if MASKED && x[e] == f32::NEG_INFINITY { 0.0 } else { pe * dp[e] };
             }
         }
         self.l = self.l * alpha + l;
@@ -574,7 +580,7 @@ unsafe fn dkdv_masked<
                 v_frag[kk] = warp::ldmatrix_x4(v_s, a_addr.at::<D>(w, kk));
             }
         }
-        let (_, i0) = tile_of(it);
+        let (h, i0) = tile_of(it);
         let ctx = KvStep::<T, D, DK, KVREG> {
             p,
             k: k_s,
@@ -594,9 +600,15 @@ unsafe fn dkdv_masked<
             g,
             t,
             ds: ds_s,
+            b,
+            h,
         };
-        // Diagonal tiles: the tile's first row hides the block's last key.
-        if M::hides(i0, j0 + bc as u32 - 1, sq, sk) {
+        // Masked tiles: the diagonal (the tile's first row hides the block's last key), the
+        // tile past seqlen_q (its zero-filled rows' scores are NaN against an infinite key),
+        // with DQ the block past seqlen_k (its zero-filled keys' P is not 0, and can overflow:
+        // dS K_j must not see it).
+        let masked = M::hides(i0, j0 + bc as u32 - 1, sq, sk) || i0 + BR as u32 > sq || (DQ && j0 + bc as u32 > sk);
+        if masked {
             ctx.step::<M, true, DN, BR, NQ, DQ>(&mut acc_dk, &mut acc_dv);
         } else {
             ctx.step::<M, false, DN, BR, NQ, DQ>(&mut acc_dk, &mut acc_dv);
@@ -606,7 +618,7 @@ unsafe fn dkdv_masked<
             block::sync();
             let (h, _) = tile_of(it);
             let base = (b as u64 * p.heads_q as u64 + h as u64) * sq as u64 * d as u64;
-            ctx.dq_atomic::<BR>(unsafe { (p.dq_accum as *mut f32).add(base as usize) });
+            ctx.dq_atomic::<BR>(unsafe { (p.dq_accum as *mut f32).add(base as usize) }, masked);
         }
         // Everyone is done with stage it % 2 before iteration it + 1 refills it.
         block::sync();
@@ -646,6 +658,9 @@ struct KvStep<'a, T: Copy, const D: usize, const DK: usize, const KVREG: bool> {
     t: usize,
     /// dS of the tile, [BR][64] as a `Layout<64>` tile (only with DQ).
     ds: Shared<u16>,
+    /// Batch and query head of the tile.
+    b: u32,
+    h: u32,
 }
 
 impl<T: MmaElement, const D: usize, const DK: usize, const KVREG: bool> KvStep<'_, T, D, DK, KVREG> {
@@ -685,16 +700,13 @@ impl<T: MmaElement, const D: usize, const DK: usize, const KVREG: bool> KvStep<'
             let cols = [stat(c), stat(c + 1)];
             for e in 0..4 {
                 let (m, inv_l, dd) = cols[e % 2];
-                let mut x = s[n][e] * factor - m;
-                if MASKED {
-                    let key = self.key0 + (g + 8 * (e / 2)) as u32;
-                    if M::hides(self.i0 + (c + e % 2) as u32, key, p.seqlen_q, p.seqlen_k) {
-                        x = f32::NEG_INFINITY;
-                    }
-                }
-                let pe = math::ex2(x) * inv_l;
+                let key = self.key0 + (g + 8 * (e / 2)) as u32;
+                let query = self.i0 + (c + e % 2) as u32;
+                let hidden = MASKED && (query >= p.seqlen_q || (DQ && key >= p.seqlen_k) || M::hides(query, key, p.seqlen_q, p.seqlen_k));
+                // 0 where masked, whatever the row's statistics and dP hold.
+                let pe = if hidden { 0.0 } else { math::ex2(s[n][e] * factor - m) * inv_l };
                 s[n][e] = pe;
-                dp[n][e] = pe * (dp[n][e] - dd);
+                dp[n][e] = if hidden { 0.0 } else { pe * (dp[n][e] - dd) };
             }
         }
 
@@ -718,17 +730,44 @@ impl<T: MmaElement, const D: usize, const DK: usize, const KVREG: bool> KvStep<'
 
         // dV_j += P^T dO_i and dK_j += dS^T Q_i: P^T and dS^T C fragments are A fragments;
         // dO and Q are B operands with queries as the reduction dimension (ldmatrix .trans).
+        // On masked tiles their NaNs and infinities are taken as 0 (`nonfinite`): a masked
+        // pair's P and dS are 0; a visible pair's dS is NaN already where Q or dO is (the row's
+        // statistics or D are), and dO's are added back to dV after the product.
+        let mut bad = false;
         for kc in 0..NQ / 2 {
             let pa = to_a::<T>(s[2 * kc], s[2 * kc + 1]);
             let da = to_a::<T>(dp[2 * kc], dp[2 * kc + 1]);
             for dn in 0..DN / 2 {
                 let ob = warp::ldmatrix_x4_trans(self.d_o, self.a_addr.at::<D>(kc, dn));
+                let ob = if MASKED {
+                    let (f, b) = finite_frag::<T>(ob);
+                    bad |= b;
+                    f
+                } else {
+                    ob
+                };
                 acc_dv[2 * dn] = T::mma(pa, [ob[0], ob[1]], acc_dv[2 * dn]);
                 acc_dv[2 * dn + 1] = T::mma(pa, [ob[2], ob[3]], acc_dv[2 * dn + 1]);
                 let qb = warp::ldmatrix_x4_trans(self.q, self.a_addr.at::<D>(kc, dn));
+                let qb = if MASKED { finite_frag::<T>(qb).0 } else { qb };
                 acc_dk[2 * dn] = T::mma(da, [qb[0], qb[1]], acc_dk[2 * dn]);
                 acc_dk[2 * dn + 1] = T::mma(da, [qb[2], qb[3]], acc_dk[2 * dn + 1]);
             }
+        }
+        if MASKED && warp::any(bad) {
+            // The warp's fragments cover the whole dO tile: dO_i's NaNs and infinities into dV_j
+            // where row i sees key j (rows past seqlen_q were zero-filled).
+            let (sq, sk) = (p.seqlen_q, p.seqlen_k);
+            let do_g = unsafe { (p.d_o as *const T).add(p.q_strides.offset(self.b, self.i0, self.h) as usize) };
+            unsafe {
+                add_nonfinite::<T, DN>(
+                    acc_dv,
+                    BR,
+                    p.head_dim,
+                    |k| row_at(do_g, p.q_strides.row, sq - self.i0.min(sq), k),
+                    |h, k| !M::hides(self.i0 + k as u32, self.key0 + (g + 8 * h) as u32, sq, sk),
+                )
+            };
         }
     }
 
@@ -738,7 +777,7 @@ impl<T: MmaElement, const D: usize, const DK: usize, const KVREG: bool> KvStep<'
     /// the warps round robin; a unit's k-loop reads dS (A, ldmatrix) and K (B, keys as the
     /// reduction dimension, ldmatrix .trans) from shared memory.
     #[inline(always)]
-    fn dq_atomic<const BR: usize>(&self, acc: *mut f32) {
+    fn dq_atomic<const BR: usize>(&self, acc: *mut f32, masked: bool) {
         let p = self.p;
         // Rebuilt per query tile (`opaque`), not hoisted out of the loop as live registers.
         let acc = thread::opaque(acc as u64) as *mut f32;
@@ -754,6 +793,8 @@ impl<T: MmaElement, const D: usize, const DK: usize, const KVREG: bool> KvStep<'
                     for kc in 0..BLOCK_ROWS / 16 {
                         let a = warp::ldmatrix_x4(self.ds, ds_addr.at::<64>(mt, kc));
                         let kb = warp::ldmatrix_x4_trans(self.k, self.a_addr.at::<D>(kc, cp));
+                        // K's NaNs and infinities as 0 on masked tiles (as in the dQ kernel).
+                        let kb = if masked { finite_frag::<T>(kb).0 } else { kb };
                         c[0] = T::mma(a, [kb[0], kb[1]], c[0]);
                         c[1] = T::mma(a, [kb[2], kb[3]], c[1]);
                     }

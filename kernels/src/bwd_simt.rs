@@ -92,7 +92,8 @@ impl RowStats {
         let alpha = math::ex2((self.m - m) * LOG2_E);
         let l = warp::allreduce_sum(self.l * alpha);
         let n = warp::allreduce_sum((self.n + self.l * (self.c - c)) * alpha);
-        if !(l < f32::INFINITY) || !(m.abs() < crate::softmax::STAT_LIMIT) {
+        // (NaN l or m fails both comparisons: a NaN row.)
+        if l.is_nan() || l >= f32::INFINITY || m.is_nan() || m.abs() >= crate::softmax::STAT_LIMIT {
             return (f32::NAN, f32::NAN, f32::NAN, f32::NAN);
         }
         (m, math::rcp(l), n / l, c)
@@ -181,10 +182,12 @@ unsafe fn dkdv_masked<T: Element, M: Mask, const RK: usize, const DCH: usize>(p:
                     dp += do_s.ld((lane * ds + c) as usize) * v_s.ld((jl * ds + c) as usize);
                 }
                 let j = j0 + jl;
-                let pij = prob(s, score_scale(p.scale), m_i, il_i, i >= sq || j >= sk || M::hides(i, j, sq, sk));
+                let hidden = i >= sq || j >= sk || M::hides(i, j, sq, sk);
+                let pij = prob(s, score_scale(p.scale), m_i, il_i, hidden);
                 p_s.st((jl * bm + lane) as usize, pij);
-                // dS_ij = P_ij ((dP_ij - c_i) - (D_i - c_i)), c_i the row's pivot (see `RowStats`).
-                ds_s.st((jl * bm + lane) as usize, pij * ((dp - c_i) - d_i));
+                // dS_ij = P_ij ((dP_ij - c_i) - (D_i - c_i)), c_i the row's pivot (see `RowStats`);
+                // 0 where hidden, whatever dP holds there.
+                ds_s.st((jl * bm + lane) as usize, if hidden { 0.0 } else { pij * ((dp - c_i) - d_i) });
             }
             warp::sync();
             // dV_j += sum_i P_ij dO_i, dK_j += sum_i dS_ij Q_i (scale applied at the end).
@@ -200,6 +203,10 @@ unsafe fn dkdv_masked<T: Element, M: Mask, const RK: usize, const DCH: usize>(p:
                 }
                 for r in 0..RK {
                     let jl = w * RK as u32 + r as u32;
+                    // A hidden pair adds nothing (its Q and dO may hold anything).
+                    if i0 + l >= sq || M::hides(i0 + l, j0 + jl, sq, sk) {
+                        continue;
+                    }
                     let (pv, dsv) = (p_s.ld((jl * bm + l) as usize), ds_s.ld((jl * bm + l) as usize));
                     for ch in 0..DCH {
                         acc_dv[r][ch] += pv * do_row[ch];
@@ -358,8 +365,10 @@ unsafe fn dq_masked<T: Element, M: Mask, const ROWS: usize, const DCH: usize, co
             let r = (r_w + i as u32) as usize;
             let (m, il, dd, cc) = (m_s.ld(r), il_s.ld(r), d_s.ld(r), c_s.ld(r));
             for c in 0..SC {
-                let pij = prob(s[i][c], score_scale(p.scale), m, il, hidden(i, c, c0));
-                ds_s.st(r * bc as usize + (lane + 32 * c as u32) as usize, pij * ((dp[i][c] - cc) - dd));
+                let hid = hidden(i, c, c0);
+                let pij = prob(s[i][c], score_scale(p.scale), m, il, hid);
+                let ds = if hid { 0.0 } else { pij * ((dp[i][c] - cc) - dd) };
+                ds_s.st(r * bc as usize + (lane + 32 * c as u32) as usize, ds);
             }
         }
         warp::sync();
@@ -372,6 +381,11 @@ unsafe fn dq_masked<T: Element, M: Mask, const ROWS: usize, const DCH: usize, co
                 }
             }
             for i in 0..ROWS {
+                // A hidden pair adds nothing (its K may hold anything).
+                let row = row0 + r_w + i as u32;
+                if row >= sq || M::hides(row, c0 + kk, sq, sk) {
+                    continue;
+                }
                 let dsv = ds_s.ld(((r_w + i as u32) * bc + kk) as usize);
                 for ch in 0..DCH {
                     acc_dq[i][ch] += dsv * k_row[ch];

@@ -63,6 +63,7 @@ use crate::dtype::MmaElement;
 use crate::fwd_mma::load_tile_in;
 use crate::fwd_wgmma::Sw;
 use crate::mask::{Causal, Mask, NoMask};
+use crate::nonfinite::{add_nonfinite, own_chunks_nonfinite, row_at, zero_own_nonfinite};
 use crate::params::BwdParams;
 use core::f32::consts::LOG2_E;
 
@@ -148,8 +149,11 @@ unsafe fn dkdv_masked<
     // Block: K_j, V_j (zero rows past seqlen_k: their dK, dV are computed and not stored).
     let kv_at = p.k_strides.offset(b, 0, hk) as usize;
     let first = (j0.min(sk) as u64 * p.k_strides.row) as usize;
+    let load_k = || unsafe {
+        load_tile_in::<T, Sw<KEYS, D>, D, KEYS, 128, true>(k_s, (p.k as *const T).add(kv_at + first), p.k_strides.row, sk - j0.min(sk), d)
+    };
     unsafe {
-        load_tile_in::<T, Sw<KEYS, D>, D, KEYS, 128, true>(k_s, (p.k as *const T).add(kv_at + first), p.k_strides.row, sk - j0.min(sk), d);
+        load_k();
         load_tile_in::<T, Sw<KEYS, D>, D, KEYS, 128, true>(v_s, (p.v as *const T).add(kv_at + first), p.k_strides.row, sk - j0.min(sk), d);
     }
 
@@ -196,12 +200,22 @@ unsafe fn dkdv_masked<
 
     let mut acc_dk = [[0f32; 4]; DN];
     let mut acc_dv = [[0f32; 4]; DN];
+    let mut k_bad = false;
     let factor = crate::softmax::score_scale(p.scale) * LOG2_E;
     let key0 = j0 + (w * 16) as u32; // first key of this warp
 
     // Warpgroup: one query tile (stage `st`, query head h, first row i0); `masked` applies the
     // causal mask (and with DQ hides the keys past seqlen_k).
-    let step = inline_closure!(|st: usize, h: u32, i0: u32, masked: bool, acc_dk: &mut [[f32; 4]; DN], acc_dv: &mut [[f32; 4]; DN]| {
+    // `bad`: the tile's Q or dO held a NaN or an infinity, replaced by 0 in shared memory
+    // (`nonfinite`); `k_bad`: K does (with DQ).
+    let step = inline_closure!(|st: usize,
+                                h: u32,
+                                i0: u32,
+                                masked: bool,
+                                bad: bool,
+                                k_bad: bool,
+                                acc_dk: &mut [[f32; 4]; DN],
+                                acc_dv: &mut [[f32; 4]; DN]| {
         let (m_row, il_row, d_row) = (m_s(st), il_s(st), dd_s(st));
         // Thread: the statistics of its query columns n * 8 + 2t, + 1 of n-tile n.
         let stat = |i: usize| (m_row.ld(i), il_row.ld(i), d_row.ld(i));
@@ -249,11 +263,14 @@ unsafe fn dkdv_masked<
         }
         // `masked` is uniform and true on diagonal tiles only: one branch around the whole
         // mask (a branch per element became selects in every tile in the forward kernel).
+        let hidden = |n: usize, e: usize| {
+            let (key, query) = (key0 + (g + 8 * (e / 2)) as u32, i0 + (n * 8 + 2 * t + e % 2) as u32);
+            (DQ && key >= sk) || query >= sq || M::hides(query, key, sq, sk)
+        };
         if masked {
             for (n, x) in s.iter_mut().enumerate() {
                 for (e, x) in x.iter_mut().enumerate() {
-                    let key = key0 + (g + 8 * (e / 2)) as u32;
-                    if (DQ && key >= sk) || M::hides(i0 + (n * 8 + 2 * t + e % 2) as u32, key, sq, sk) {
+                    if hidden(n, e) {
                         *x = 0.0;
                     }
                 }
@@ -277,6 +294,16 @@ unsafe fn dkdv_masked<
             let dd = [stat(c).2, stat(c + 1).2];
             for (e, x) in x.iter_mut().enumerate() {
                 *x = s[n][e] * (*x - dd[e % 2]);
+            }
+        }
+        if masked {
+            // 0 where masked, whatever the row's D and dP hold.
+            for (n, x) in dp.iter_mut().enumerate() {
+                for (e, x) in x.iter_mut().enumerate() {
+                    if hidden(n, e) {
+                        *x = 0.0;
+                    }
+                }
             }
         }
         let mut da = pack(&dp);
@@ -303,10 +330,31 @@ unsafe fn dkdv_masked<
         issue_acc(&da, q_s(st), acc_dk);
         warpgroup::wait::<0, DN>(acc_dk);
         warpgroup::fence_fragments(&mut da);
+        if bad {
+            // dO_i's NaNs and infinities (zeroed for the products) into dV_j where row i sees
+            // key j, read back from global memory (rows past seqlen_q were zero-filled).
+            let do_g = unsafe { (p.d_o as *const T).add(p.q_strides.offset(b, i0, h) as usize) };
+            unsafe {
+                add_nonfinite::<T, DN>(
+                    acc_dv,
+                    BR,
+                    d,
+                    |k| row_at(do_g, p.q_strides.row, sq - i0.min(sq), k),
+                    |hh, k| !M::hides(i0 + k as u32, key0 + (g + 8 * hh) as u32, sq, sk),
+                )
+            };
+        }
         if DQ {
             // Warpgroup: dQ_i = dS_ij K_j over the block's 64 keys (4 k-steps of m64n64k16 per
             // 64 columns, dS and K_j both read MN-major); every warp's dS^T landed first, for
             // the async proxy too.
+            if masked && k_bad {
+                // Every warp's S^T read K (its wgmma complete), then K's NaNs and infinities
+                // as 0 for this product (a masked pair's dS is 0, a
+                // visible one's NaN already), restored from global memory after it.
+                block::sync();
+                zero_own_nonfinite::<T, Sw<KEYS, D>, D, KEYS, 128>(k_s);
+            }
             thread::fence_proxy_async();
             block::sync();
             // Thread: its dQ_i elements (rows 16w + g, + 8, columns 8n + 2t, + 1) added to the
@@ -340,6 +388,12 @@ unsafe fn dkdv_masked<
                     }
                 }
             }
+            if masked && k_bad {
+                block::sync();
+                load_k();
+                thread::cp_async_commit();
+                thread::cp_async_wait::<0>();
+            }
         }
     });
 
@@ -352,15 +406,38 @@ unsafe fn dkdv_masked<
         } else {
             thread::cp_async_wait::<0>();
         }
-        // This tile's copies (and K, V) landed, for every thread and for the async proxy.
-        thread::fence_proxy_async();
-        block::sync();
         let (h, i0) = tile_of(it);
-        // Diagonal tiles: the tile's first row hides the block's last key; with DQ, the block
-        // past seqlen_k too (its zero-filled keys' P is not 0, and dS K_j must not see an
-        // overflowed one).
-        let masked = M::hides(i0, j0 + KEYS as u32 - 1, sq, sk) || (DQ && j0 + KEYS as u32 > sk);
-        step(it % 2, h, i0, masked, &mut acc_dk, &mut acc_dv);
+        // Diagonal tiles: the tile's first row hides the block's last key; the tile past
+        // seqlen_q (its zero-filled rows' scores are NaN against an infinite key); with DQ,
+        // the block past seqlen_k too (its zero-filled keys' P is not 0, and dS K_j must not
+        // see an overflowed one).
+        let masked = M::hides(i0, j0 + KEYS as u32 - 1, sq, sk) || i0 + BR as u32 > sq || (DQ && j0 + KEYS as u32 > sk);
+        // This tile's copies (and K, V) landed, for every thread and for the async proxy; on
+        // masked tiles Q's and dO's NaNs and infinities replaced by 0 first, and with DQ at
+        // the first tile the block votes on K's (`nonfinite`).
+        let (mut bad, mut kb) = (false, false);
+        if masked {
+            let (qs, ds) = (q_s(it % 2), do_s(it % 2));
+            bad = own_chunks_nonfinite::<T, Sw<BR, D>, D, BR, 128>(qs) | own_chunks_nonfinite::<T, Sw<BR, D>, D, BR, 128>(ds);
+            if bad {
+                zero_own_nonfinite::<T, Sw<BR, D>, D, BR, 128>(qs);
+                zero_own_nonfinite::<T, Sw<BR, D>, D, BR, 128>(ds);
+            }
+        }
+        if DQ && it == 0 {
+            kb = own_chunks_nonfinite::<T, Sw<KEYS, D>, D, KEYS, 128>(k_s);
+        }
+        thread::fence_proxy_async();
+        if DQ && it == 0 {
+            // K's vote, once (K stays for the whole loop), then the tile's.
+            k_bad = block::sync_any(kb);
+            bad = block::sync_any(bad);
+        } else if masked {
+            bad = block::sync_any(bad);
+        } else {
+            block::sync();
+        }
+        step(it % 2, h, i0, masked, bad, k_bad, &mut acc_dk, &mut acc_dv);
         // Everyone is done with stage it % 2 (its wgmma complete) before iteration it + 1
         // refills it.
         block::sync();
@@ -568,6 +645,30 @@ unsafe fn dq_masked<
             }
         }
     });
+    // Block, after the copies of key tile `stage` landed: the barrier that makes them visible
+    // (to the async proxy too); with `check`, it also votes on whether K holds a NaN or an
+    // infinity (`nonfinite`).
+    let clean_k_vote = inline_closure!(|stage: usize, check: bool| -> bool {
+        let found = check && own_chunks_nonfinite::<T, Sw<BC, D>, D, BC, 128>(k_s(stage));
+        thread::fence_proxy_async();
+        if check {
+            block::sync_any(found)
+        } else {
+            block::sync();
+            false
+        }
+    });
+    // Block, once S = Q K^T is done with key tile `stage` and with `bad`: K's NaNs and
+    // infinities replaced by 0 for the products that add over keys (dS K, P K), where a masked
+    // key's weight is 0 and a visible one's is NaN already (its score was).
+    let clean_k = inline_closure!(|stage: usize, bad: bool| {
+        if bad {
+            block::sync();
+            zero_own_nonfinite::<T, Sw<BC, D>, D, BC, 128>(k_s(stage));
+            thread::fence_proxy_async();
+            block::sync();
+        }
+    });
     // Warpgroup: acc = A B^T over d, A a [64][D] and B a [BC][D] tile (both K-major): D / 16
     // k-steps of m64n{BC}k16, issued (the caller commits and waits).
     let issue_abt = inline_closure!(|a: warpgroup::Desc, b: warpgroup::Desc, acc: &mut [[f32; 4]; NS]| {
@@ -615,17 +716,20 @@ unsafe fn dq_masked<
         } else {
             thread::cp_async_wait::<0>();
         }
-        // This tile's copies landed, for every thread and for the async proxy.
-        thread::fence_proxy_async();
-        block::sync();
-        let (s, dp) = scores(j, it % 2, j >= n_unmasked);
+        // This tile's copies landed, for every thread and for the async proxy; on masked tiles
+        // the block votes on whether K holds a NaN or an infinity (`nonfinite`).
+        let masked = j >= n_unmasked;
+        let bad_k = clean_k_vote(it % 2, masked && !stats_only);
+        let (s, dp) = scores(j, it % 2, masked);
+        clean_k(it % 2, bad_k);
         if stats_only {
             // Pass 0, lane quad: fold tile j into the rows' running statistics.
             for (half, row) in rows.iter_mut().enumerate() {
-                row.push(
+                let (x, dpx) = (
                     core::array::from_fn::<_, NS, _>(|n| [s[n][2 * half], s[n][2 * half + 1]]),
                     core::array::from_fn(|n| [dp[n][2 * half], dp[n][2 * half + 1]]),
                 );
+                if masked { row.push::<true, NS>(x, dpx) } else { row.push::<false, NS>(x, dpx) }
             }
         } else {
             // Thread: P = exp2(S scale log2 e - m_i) (`prep` gives 1 / l_i = 1, and m_i = +inf
@@ -643,9 +747,14 @@ unsafe fn dq_masked<
             let mut p_max = 0f32; // over both rows: the warp votes on any of its rows
             for n in 0..NS {
                 for e in 0..4 {
-                    let p_ij = pt[n][e];
-                    ds[n][e] = p_ij * (dp[n][e] - fin[e / 2].2);
-                    p_max = p_max.max(p_ij);
+                    ds[n][e] = pt[n][e] * (dp[n][e] - fin[e / 2].2);
+                }
+            }
+            // 0 where masked, whatever the row's D and dP hold.
+            mask(&mut ds, j, masked, 0.0);
+            for n in 0..NS {
+                for e in 0..4 {
+                    p_max = p_max.max(pt[n][e]);
                     delta[e / 2] += ds[n][e];
                 }
             }
@@ -726,8 +835,7 @@ unsafe fn dq_masked<
             };
             thread::cp_async_commit();
             thread::cp_async_wait::<0>();
-            thread::fence_proxy_async();
-            block::sync();
+            let bad_k = clean_k_vote(0, j >= n_unmasked);
             // Warpgroup: S = Q K_j^T, then thread: P to 16-bit A fragments.
             let mut s = [[0f32; 4]; NS];
             warpgroup::fence_operands(&mut s);
@@ -736,6 +844,7 @@ unsafe fn dq_masked<
             issue_abt(qd, kd, &mut s);
             warpgroup::commit();
             warpgroup::wait::<0, NS>(&mut s);
+            clean_k(0, bad_k);
             for x in s.iter_mut() {
                 for (e, x) in x.iter_mut().enumerate() {
                     *x = math::ex2(math::fma(*x, factor, -fin[e / 2].0));

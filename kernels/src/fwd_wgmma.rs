@@ -304,7 +304,7 @@ unsafe fn fwd<
         // G_j (K_j, V_(j-1)) landed, for every thread and for the async proxy (V_(j-1) checked
         // for NaNs and infinities if it is a masked tile).
         thread::cp_async_wait::<1>();
-        let bad_v = sync_v((j - 1) % 2, masked && j - 1 >= n_unmasked);
+        let bad_v = sync_v((j - 1) % 2, masked && j > n_unmasked);
         // S_j = Q K_j, then O += P_(j-1) V_(j-1), then the softmax of tile j (FA3's
         // intra-warpgroup order; ptxas still waits for P V before the softmax, so the overlap
         // comes from the other blocks on the SM: see `tile::wgmma_tile`).
@@ -343,7 +343,7 @@ unsafe fn fwd<
     if n_tiles > 0 {
         // O += P_(n-1) V_(n-1).
         thread::cp_async_wait::<0>();
-        bad_v |= sync_v((n_tiles - 1) % 2, n_tiles - 1 >= n_unmasked);
+        bad_v |= sync_v((n_tiles - 1) % 2, n_tiles > n_unmasked);
         warpgroup::fence_operands(&mut acc_o);
         warpgroup::fence_fragments(&mut pa);
         warpgroup::fence();

@@ -4,16 +4,23 @@
 //! NaN or an infinity is NaN. On the masked tiles (the causal diagonal; keys past seqlen_k
 //! are zero-filled already), an accumulating product's operand tile (V for O += P V; K for
 //! dQ += dS K; Q and dO for dK += dS^T Q and dV += P^T dO) is scanned by the threads that
-//! copied it, and the block votes at a barrier it has anyway ([`block::sync_any`]). Where a
+//! copied it, and the block votes at a barrier it has anyway ([`crate::dev::block::sync_any`]). Where a
 //! NaN or an infinity is there (never on finite inputs), its threads replace those values by 0
 //! before the product ([`zero_own_nonfinite`]), and after it [`add_nonfinite`] adds each one
 //! to the outputs whose row sees it, which makes exactly those non-finite again (finite plus
 //! NaN or an infinity is not finite; as in IEEE arithmetic, a NaN stays NaN).
 //!
 //! Products that only feed a masked score (S = Q K^T, dP = dO V^T) need nothing: the mask
-//! replaces the masked scores, P and dS.
+//! replaces the masked scores, P and dS (by a select: 0 times NaN is NaN).
+//!
+//! In the backward, an operand held in registers (the mma kernels' ldmatrix fragments: each
+//! warp reads the whole tile it multiplies) is cleaned in the registers ([`finite_frag`]).
+//! Only dO needs its values added back (into dV): where K, Q or dO is not finite for a visible
+//! pair, that pair's dS is NaN already (the row's statistics are, or its D), and an infinity
+//! that meets only a 0 weight (exp(-inf) = 0, where exact arithmetic would give 0 * inf = NaN)
+//! leaves the gradient finite (README, "NaN and Inf").
 
-use crate::dev::{Shared, block, global, thread, warp};
+use crate::dev::{Shared, global, thread, warp};
 use crate::dtype::{Element, MmaElement};
 use crate::fwd_mma::TileLayout;
 use crate::mask::Mask;
@@ -43,6 +50,22 @@ pub(crate) fn own_chunks_nonfinite<T: MmaElement, L: TileLayout, const D: usize,
         }
     });
     found
+}
+
+/// Thread: a 16-bit fragment (4 registers of 2 values) with its NaNs and infinities replaced
+/// by 0, and whether it had any. For operands held in registers (ldmatrix), where each warp
+/// reads the whole operand tile it multiplies: no barrier, no shared-memory write.
+#[inline(always)]
+pub(crate) fn finite_frag<T: MmaElement>(f: [u32; 4]) -> ([u32; 4], bool) {
+    let e: u32 = if T::BF16 { 0x7f80 } else { 0x7c00 };
+    let mut bad = false;
+    let out = f.map(|w| {
+        let lo = if (w & e) == e { 0 } else { w & 0xffff };
+        let hi = if ((w >> 16) & e) == e { 0 } else { w & 0xffff_0000 };
+        bad |= (lo | hi) != w;
+        lo | hi
+    });
+    (out, bad)
 }
 
 /// Thread: replaces by 0 every NaN and infinity in the chunks it copied into `tile` (as

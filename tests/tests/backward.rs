@@ -9,11 +9,14 @@
 use flashattn::kernels::dtype::DType;
 use flashattn::kernels::registry::{BWD_VARIANTS, bwd_passes};
 use flashattn::{AttnShape, FlashAttn};
-use flashattn_tests::{BackendKind, Case, Dt, Gpu, case_strategy, check_backward, check_backward_with, env_usize, shards};
+use flashattn_tests::{BackendKind, Case, Dt, Gpu, case_strategy, check_backward, check_backward_with, env_usize, nonfinite, shards};
 use libtest_mimic::{Arguments, Failed, Trial};
 use proptest::strategy::Strategy;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use std::sync::Arc;
+
+/// A trial's body, given the backend it runs on.
+type TrialBody = Box<dyn FnOnce(&FlashAttn) -> Result<(), Failed> + Send>;
 
 fn shape(batch: usize, seqlen_q: usize, seqlen_k: usize, heads_q: usize, heads_kv: usize, head_dim: usize) -> AttnShape {
     AttnShape { batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim }
@@ -25,7 +28,7 @@ fn fresh_seed() -> u64 {
 
 fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option<String>) -> Vec<Trial> {
     let tag = if kind == BackendKind::Gpu { "gpu" } else { "emulator" };
-    let mk = |name: String, f: Box<dyn FnOnce(&FlashAttn) -> Result<(), Failed> + Send>| {
+    let mk = |name: String, f: TrialBody| {
         let (fa, unavailable) = (fa.clone(), unavailable.clone());
         Trial::test(name, move || match (fa, unavailable) {
             (Some(fa), _) => f(&fa),
@@ -105,6 +108,48 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
                     });
                     runner
                         .run(&strategy, |case| check_backward_with(fa, &case, false, family, saved).map_err(TestCaseError::fail))
+                        .map_err(|e| Failed::from(format!("{e}")))
+                }),
+            ));
+        }
+    }
+    // NaN and infinities planted in Q, K, V, dO (README, "NaN and Inf"): every family, with
+    // and without the forward's residual, the rule checked element by element
+    // (FLASHATTN_GPU_NONFINITE_BWD_CASES / _EMU_ in all).
+    let (total, size) = match kind {
+        BackendKind::Gpu => (env_usize("FLASHATTN_GPU_NONFINITE_BWD_CASES", 1200), 60),
+        BackendKind::Emulator => (env_usize("FLASHATTN_EMU_NONFINITE_BWD_CASES", 56), 8),
+    };
+    let families: [(Option<&'static str>, bool, &[Dt], usize); 7] = [
+        (None, false, &[Dt::F32, Dt::F16, Dt::Bf16], 32),
+        (None, true, &[Dt::F16, Dt::Bf16], 16),
+        (Some("mma"), false, &[Dt::F16, Dt::Bf16], 16),
+        (Some("simt"), false, &[Dt::F32, Dt::F16, Dt::Bf16], 32),
+        (Some("mma_atomic"), false, &[Dt::F16, Dt::Bf16], 16),
+        (Some("wgmma_atomic"), false, &[Dt::F16, Dt::Bf16], 16),
+        (Some("wgmma_atomic"), true, &[Dt::F16, Dt::Bf16], 16),
+    ];
+    let per = shards(total / families.len(), size);
+    for (family, saved, dtypes, d_units) in families {
+        for (i, &cases) in per.iter().enumerate() {
+            let dtype = dtypes[i % dtypes.len()];
+            let name =
+                format!("{tag}::props_nonfinite_{}{}::{dtype:?}::{i:03}", family.unwrap_or("auto"), if saved { "_residual" } else { "" })
+                    .to_lowercase();
+            let limits = match kind {
+                BackendKind::Gpu => (150, 4, 4, 2, 1_000_000),
+                BackendKind::Emulator => (50, 2, 2, 2, 40_000),
+            };
+            trials.push(mk(
+                name,
+                Box::new(move |fa| {
+                    let mut runner = TestRunner::new(Config { cases: cases as u32, failure_persistence: None, ..Config::default() });
+                    let (s, hkv, g, b, budget) = limits;
+                    let strategy = (case_strategy(s, d_units, hkv, g, b, budget), nonfinite::plants_strategy(true));
+                    runner
+                        .run(&strategy, |(c, plants)| {
+                            nonfinite::check_backward(fa, &Case { dtype, ..c }, &plants, family, saved).map_err(TestCaseError::fail)
+                        })
                         .map_err(|e| Failed::from(format!("{e}")))
                 }),
             ));

@@ -13,6 +13,9 @@ use proptest::strategy::Strategy;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use std::sync::Arc;
 
+/// A trial's body, given the backend it runs on.
+type TrialBody = Box<dyn FnOnce(&FlashAttn) -> Result<(), Failed> + Send>;
+
 fn shape(batch: usize, seqlen_q: usize, seqlen_k: usize, heads_q: usize, heads_kv: usize, head_dim: usize) -> AttnShape {
     AttnShape { batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim }
 }
@@ -62,7 +65,7 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
         BackendKind::Emulator => "emulator",
     };
     let mut trials = Vec::new();
-    let mk = |name: String, f: Box<dyn FnOnce(&FlashAttn) -> Result<(), Failed> + Send>| {
+    let mk = |name: String, f: TrialBody| {
         let fa = fa.clone();
         let unavailable = unavailable.clone();
         Trial::test(name, move || match (fa, unavailable) {
