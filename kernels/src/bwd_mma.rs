@@ -618,7 +618,7 @@ unsafe fn dkdv_masked<
             block::sync();
             let (h, _) = tile_of(it);
             let base = (b as u64 * p.heads_q as u64 + h as u64) * sq as u64 * d as u64;
-            ctx.dq_atomic::<BR>(unsafe { (p.dq_accum as *mut f32).add(base as usize) }, masked);
+            ctx.dq_atomic::<BR>(unsafe { (p.dq_accum as *mut f32).add(base as usize) });
         }
         // Everyone is done with stage it % 2 before iteration it + 1 refills it.
         block::sync();
@@ -757,8 +757,10 @@ impl<T: MmaElement, const D: usize, const DK: usize, const KVREG: bool> KvStep<'
         if MASKED && warp::any(bad) {
             // The warp's fragments cover the whole dO tile: dO_i's NaNs and infinities into dV_j
             // where row i sees key j (rows past seqlen_q were zero-filled).
+            // Rebuilt here from opaque indices, not kept live across the loop.
             let (sq, sk) = (p.seqlen_q, p.seqlen_k);
-            let do_g = unsafe { (p.d_o as *const T).add(p.q_strides.offset(self.b, self.i0, self.h) as usize) };
+            let (b, h) = (thread::opaque(self.b as u64) as u32, thread::opaque(self.h as u64) as u32);
+            let do_g = unsafe { (p.d_o as *const T).add(p.q_strides.offset(b, self.i0, h) as usize) };
             unsafe {
                 add_nonfinite::<T, DN>(
                     acc_dv,
@@ -777,7 +779,7 @@ impl<T: MmaElement, const D: usize, const DK: usize, const KVREG: bool> KvStep<'
     /// the warps round robin; a unit's k-loop reads dS (A, ldmatrix) and K (B, keys as the
     /// reduction dimension, ldmatrix .trans) from shared memory.
     #[inline(always)]
-    fn dq_atomic<const BR: usize>(&self, acc: *mut f32, masked: bool) {
+    fn dq_atomic<const BR: usize>(&self, acc: *mut f32) {
         let p = self.p;
         // Rebuilt per query tile (`opaque`), not hoisted out of the loop as live registers.
         let acc = thread::opaque(acc as u64) as *mut f32;
@@ -793,8 +795,9 @@ impl<T: MmaElement, const D: usize, const DK: usize, const KVREG: bool> KvStep<'
                     for kc in 0..BLOCK_ROWS / 16 {
                         let a = warp::ldmatrix_x4(self.ds, ds_addr.at::<64>(mt, kc));
                         let kb = warp::ldmatrix_x4_trans(self.k, self.a_addr.at::<D>(kc, cp));
-                        // K's NaNs and infinities as 0 on masked tiles (as in the dQ kernel).
-                        let kb = if masked { finite_frag::<T>(kb).0 } else { kb };
+                        // K's NaNs and infinities as 0 (as in the dQ kernel; on every tile:
+                        // a branch on `masked` here took d = 96 past 255 registers).
+                        let kb = finite_frag::<T>(kb).0;
                         c[0] = T::mma(a, [kb[0], kb[1]], c[0]);
                         c[1] = T::mma(a, [kb[2], kb[3]], c[1]);
                     }

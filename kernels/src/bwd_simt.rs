@@ -203,14 +203,14 @@ unsafe fn dkdv_masked<T: Element, M: Mask, const RK: usize, const DCH: usize>(p:
                 }
                 for r in 0..RK {
                     let jl = w * RK as u32 + r as u32;
-                    // A hidden pair adds nothing (its Q and dO may hold anything).
-                    if i0 + l >= sq || M::hides(i0 + l, j0 + jl, sq, sk) {
-                        continue;
-                    }
+                    // A hidden pair adds nothing (its Q and dO may hold anything): selects, not
+                    // a `continue`, which stopped the unroll and sent the accumulators to local
+                    // memory.
+                    let vis = i0 + l < sq && !M::hides(i0 + l, j0 + jl, sq, sk);
                     let (pv, dsv) = (p_s.ld((jl * bm + l) as usize), ds_s.ld((jl * bm + l) as usize));
                     for ch in 0..DCH {
-                        acc_dv[r][ch] += pv * do_row[ch];
-                        acc_dk[r][ch] += dsv * q_row[ch];
+                        acc_dv[r][ch] += if vis { pv * do_row[ch] } else { 0.0 };
+                        acc_dk[r][ch] += if vis { dsv * q_row[ch] } else { 0.0 };
                     }
                 }
             }
@@ -381,14 +381,12 @@ unsafe fn dq_masked<T: Element, M: Mask, const ROWS: usize, const DCH: usize, co
                 }
             }
             for i in 0..ROWS {
-                // A hidden pair adds nothing (its K may hold anything).
+                // A hidden pair adds nothing (its K may hold anything): selects, as in `dkdv`.
                 let row = row0 + r_w + i as u32;
-                if row >= sq || M::hides(row, c0 + kk, sq, sk) {
-                    continue;
-                }
+                let vis = row < sq && !M::hides(row, c0 + kk, sq, sk);
                 let dsv = ds_s.ld(((r_w + i as u32) * bc + kk) as usize);
                 for ch in 0..DCH {
-                    acc_dq[i][ch] += dsv * k_row[ch];
+                    acc_dq[i][ch] += if vis { dsv * k_row[ch] } else { 0.0 };
                 }
             }
         }

@@ -63,7 +63,7 @@ use crate::dtype::MmaElement;
 use crate::fwd_mma::load_tile_in;
 use crate::fwd_wgmma::Sw;
 use crate::mask::{Causal, Mask, NoMask};
-use crate::nonfinite::{add_nonfinite, own_chunks_nonfinite, row_at, zero_own_nonfinite};
+use crate::nonfinite::{clean_own_pair, own_chunks_nonfinite, warp_fix_stored_dv, zero_own_nonfinite};
 use crate::params::BwdParams;
 use core::f32::consts::LOG2_E;
 
@@ -200,19 +200,17 @@ unsafe fn dkdv_masked<
 
     let mut acc_dk = [[0f32; 4]; DN];
     let mut acc_dv = [[0f32; 4]; DN];
-    let mut k_bad = false;
+    let (mut k_bad, mut any_bad) = (false, false);
     let factor = crate::softmax::score_scale(p.scale) * LOG2_E;
     let key0 = j0 + (w * 16) as u32; // first key of this warp
 
     // Warpgroup: one query tile (stage `st`, query head h, first row i0); `masked` applies the
     // causal mask (and with DQ hides the keys past seqlen_k).
-    // `bad`: the tile's Q or dO held a NaN or an infinity, replaced by 0 in shared memory
-    // (`nonfinite`); `k_bad`: K does (with DQ).
+    // `k_bad`: K holds a NaN or an infinity (with DQ; `nonfinite`).
     let step = inline_closure!(|st: usize,
                                 h: u32,
                                 i0: u32,
                                 masked: bool,
-                                bad: bool,
                                 k_bad: bool,
                                 acc_dk: &mut [[f32; 4]; DN],
                                 acc_dv: &mut [[f32; 4]; DN]| {
@@ -268,10 +266,11 @@ unsafe fn dkdv_masked<
             (DQ && key >= sk) || query >= sq || M::hides(query, key, sq, sk)
         };
         if masked {
+            // -0.0 marks a masked pair for dS below (a visible P is +0.0 or more).
             for (n, x) in s.iter_mut().enumerate() {
                 for (e, x) in x.iter_mut().enumerate() {
                     if hidden(n, e) {
-                        *x = 0.0;
+                        *x = -0.0;
                     }
                 }
             }
@@ -297,10 +296,10 @@ unsafe fn dkdv_masked<
             }
         }
         if masked {
-            // 0 where masked, whatever the row's D and dP hold.
+            // 0 where masked (P = -0.0), whatever the row's D and dP hold.
             for (n, x) in dp.iter_mut().enumerate() {
                 for (e, x) in x.iter_mut().enumerate() {
-                    if hidden(n, e) {
+                    if s[n][e].to_bits() == 0x8000_0000 {
                         *x = 0.0;
                     }
                 }
@@ -330,20 +329,6 @@ unsafe fn dkdv_masked<
         issue_acc(&da, q_s(st), acc_dk);
         warpgroup::wait::<0, DN>(acc_dk);
         warpgroup::fence_fragments(&mut da);
-        if bad {
-            // dO_i's NaNs and infinities (zeroed for the products) into dV_j where row i sees
-            // key j, read back from global memory (rows past seqlen_q were zero-filled).
-            let do_g = unsafe { (p.d_o as *const T).add(p.q_strides.offset(b, i0, h) as usize) };
-            unsafe {
-                add_nonfinite::<T, DN>(
-                    acc_dv,
-                    BR,
-                    d,
-                    |k| row_at(do_g, p.q_strides.row, sq - i0.min(sq), k),
-                    |hh, k| !M::hides(i0 + k as u32, key0 + (g + 8 * hh) as u32, sq, sk),
-                )
-            };
-        }
         if DQ {
             // Warpgroup: dQ_i = dS_ij K_j over the block's 64 keys (4 k-steps of m64n64k16 per
             // 64 columns, dS and K_j both read MN-major); every warp's dS^T landed first, for
@@ -417,12 +402,7 @@ unsafe fn dkdv_masked<
         // the first tile the block votes on K's (`nonfinite`).
         let (mut bad, mut kb) = (false, false);
         if masked {
-            let (qs, ds) = (q_s(it % 2), do_s(it % 2));
-            bad = own_chunks_nonfinite::<T, Sw<BR, D>, D, BR, 128>(qs) | own_chunks_nonfinite::<T, Sw<BR, D>, D, BR, 128>(ds);
-            if bad {
-                zero_own_nonfinite::<T, Sw<BR, D>, D, BR, 128>(qs);
-                zero_own_nonfinite::<T, Sw<BR, D>, D, BR, 128>(ds);
-            }
+            bad = clean_own_pair::<T, Sw<BR, D>, D, BR, 128>(q_s(it % 2), do_s(it % 2));
         }
         if DQ && it == 0 {
             kb = own_chunks_nonfinite::<T, Sw<KEYS, D>, D, KEYS, 128>(k_s);
@@ -437,7 +417,9 @@ unsafe fn dkdv_masked<
         } else {
             block::sync();
         }
-        step(it % 2, h, i0, masked, bad, k_bad, &mut acc_dk, &mut acc_dv);
+        step(it % 2, h, i0, masked, k_bad, &mut acc_dk, &mut acc_dv);
+        // dO's NaNs and infinities are added back into dV after the store.
+        any_bad |= bad;
         // Everyone is done with stage it % 2 (its wgmma complete) before iteration it + 1
         // refills it.
         block::sync();
@@ -450,6 +432,27 @@ unsafe fn dkdv_masked<
     unsafe {
         store_rows::<T, DN>(&acc_dk, p.scale, (p.dk as *mut T).add(kv_at), p.k_strides.row, key0, sk, d);
         store_rows::<T, DN>(&acc_dv, 1.0, (p.dv as *mut T).add(kv_at), p.k_strides.row, key0, sk, d);
+    }
+    if any_bad {
+        // dO's NaNs and infinities, zeroed on the masked tiles, into the stored dV of the rows
+        // that see them (`nonfinite`).
+        warp::sync();
+        let group = p.heads_q / p.heads_kv;
+        let d_o = p.d_o + 2 * p.q_strides.offset(b, 0, hk * group);
+        let do_strides = (p.q_strides.row << 32) | p.q_strides.offset(0, 0, 1);
+        let shape = ((group as u64) << 48) | ((d as u64) << 32) | ((BR as u64) << 16) | DQ as u64;
+        // SAFETY: dV rows below seqlen_k, dO rows below seqlen_q of the group's heads.
+        unsafe {
+            warp_fix_stored_dv::<T, M>(
+                p.dv + 2 * kv_at as u64,
+                p.k_strides.row,
+                d_o,
+                do_strides,
+                ((key0 as u64) << 32) | j0 as u64,
+                ((sq as u64) << 32) | sk as u64,
+                shape,
+            )
+        };
     }
 }
 

@@ -68,6 +68,29 @@ pub(crate) fn finite_frag<T: MmaElement>(f: [u32; 4]) -> ([u32; 4], bool) {
     (out, bad)
 }
 
+/// [`own_chunks_nonfinite`] of two tiles copied alike (one index walk for both), and where
+/// found [`zero_own_nonfinite`] of both: whether either held a NaN or an infinity.
+#[inline(always)]
+pub(crate) fn clean_own_pair<T: MmaElement, L: TileLayout, const D: usize, const ROWS: usize, const THREADS: usize>(
+    a: Shared<T>,
+    b: Shared<T>,
+) -> bool {
+    let (wa, wb): (Shared<u32>, Shared<u32>) = (a.cast(), b.cast());
+    let mut found = false;
+    each_own_chunk::<D, ROWS, THREADS>(|r, c| {
+        if !found {
+            let at = L::at(r, c) / 2;
+            let (x, y) = (wa.ld_16(at).0, wb.ld_16(at).0);
+            found = (0..4).any(|k| pair_nonfinite::<T>(x[k]) | pair_nonfinite::<T>(y[k]));
+        }
+    });
+    if found {
+        zero_own_nonfinite::<T, L, D, ROWS, THREADS>(a);
+        zero_own_nonfinite::<T, L, D, ROWS, THREADS>(b);
+    }
+    found
+}
+
 /// Thread: replaces by 0 every NaN and infinity in the chunks it copied into `tile` (as
 /// [`own_chunks_nonfinite`]). Other threads see the writes after a barrier; wgmma after this
 /// thread's `thread::fence_proxy_async` and then a barrier.
@@ -196,6 +219,71 @@ pub(crate) unsafe fn warp_fix_stored_o<T: Element, M: Mask>(
             }
             if !add.is_finite() {
                 let at = unsafe { o.add((r as u64 * o_stride + c as u64) as usize) };
+                unsafe { global::store(at, T::from_f32(global::load(at).to_f32() + add)) };
+            }
+        }
+        e += warp::SIZE;
+    }
+}
+
+/// Warp, after a dK/dV kernel stored the dV rows of its 16 keys from `key0` and `warp::sync`:
+/// adds the NaNs and infinities of dO that were replaced by 0 on the block's masked query
+/// tiles (those are the only ones zeroed) into dV, where the row sees the key: the post-store
+/// counterpart of [`add_nonfinite`] for a kernel without registers to spare for it
+/// (inlined, the Hopper dK/dV kernel spilled at d = 128). Arguments packed into u64s (a call
+/// with many arguments spilled): `dv` at key 0 of the block's head (row stride `dv_stride`);
+/// `d_o` at row 0 of the group's first query head, `do_strides` = row stride << 32 | head
+/// stride; `keys` = key0 << 32 | j0 (the block's first key, 64 keys a block); `seqlens` =
+/// seqlen_q << 32 | seqlen_k; `shape` = group << 48 | head_dim << 32 | BR << 16 | DQ (the
+/// query tile rows; DQ: every tile counts as masked when the block passes seqlen_k).
+///
+/// # Safety
+/// The slices must be live and in bounds for those rows.
+#[inline(never)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn warp_fix_stored_dv<T: Element, M: Mask>(
+    dv: u64,
+    dv_stride: u64,
+    d_o: u64,
+    do_strides: u64,
+    keys: u64,
+    seqlens: u64,
+    shape: u64,
+) {
+    let (dv, d_o) = (dv as *mut T, d_o as *const T);
+    let (do_row, do_head) = (do_strides >> 32, do_strides & 0xffff_ffff);
+    let (key0, j0) = ((keys >> 32) as u32, keys as u32);
+    let (sq, sk) = ((seqlens >> 32) as u32, seqlens as u32);
+    let (group, d, br, dq) = ((shape >> 48) as u32, (shape >> 32) as u32 & 0xffff, (shape >> 16) as u32 & 0xffff, shape & 1 != 0);
+    // The masked query tiles of the block (as the kernel decides them).
+    let masked = |i0: u32| M::hides(i0, j0 + 63, sq, sk) || i0 + br > sq || (dq && j0 + 64 > sk);
+    let first_tile = M::first_visible_row(j0, sq, sk) / br * br;
+    let mut e = warp::lane();
+    while e < 16 * d {
+        let (key, c) = (key0 + e / d, e % d);
+        if key < sk {
+            let mut add = 0f32;
+            for h in 0..group {
+                let mut i0 = first_tile;
+                while i0 < sq {
+                    if masked(i0) {
+                        let mut i = i0;
+                        while i < (i0 + br).min(sq) {
+                            if !M::hides(i, key, sq, sk) {
+                                let at = h as u64 * do_head + i as u64 * do_row + c as u64;
+                                let x = unsafe { global::load(d_o.add(at as usize)) }.to_f32();
+                                if !x.is_finite() {
+                                    add += x;
+                                }
+                            }
+                            i += 1;
+                        }
+                    }
+                    i0 += br;
+                }
+            }
+            if !add.is_finite() {
+                let at = unsafe { dv.add((key as u64 * dv_stride + c as u64) as usize) };
                 unsafe { global::store(at, T::from_f32(global::load(at).to_f32() + add)) };
             }
         }
