@@ -51,8 +51,8 @@ fn loaded_modules_carry_the_register_caps() {
         }
         assert_eq!(loaded(*arch).len(), ptx.len() + added, "{target}: the loaded module differs by more than its caps");
     }
-    let capped: Vec<_> = BWD_VARIANTS.iter().filter(|v| v.max_regs().is_some()).map(|v| v.name).collect();
-    assert!(!capped.is_empty(), "no variant has a register cap (wgmma_bwd_tile's d=64 kernels should)");
+    // (No variant is capped since the non-finite checks: `tile::wgmma_bwd_tile`. Without caps
+    // the loaded modules must be the built PTX exactly, which the length check above asserts.)
 }
 
 fn every_entry_splits_into_a_module_of_its_own() {
