@@ -40,7 +40,7 @@ use crate::dev::{self, Shared, block, global, math, thread, warp};
 use crate::dtype::MmaElement;
 use crate::fwd_mma::{LaneAddr, Layout, load_tile};
 use crate::mask::{Causal, Mask, NoMask};
-use crate::nonfinite::{add_nonfinite, finite_frag, row_at};
+use crate::nonfinite::{add_nonfinite, dkdv_tile_masked, finite_frag, row_at};
 use crate::params::BwdParams;
 use crate::tile::MMA_WARPS;
 use core::f32::consts::LOG2_E;
@@ -603,11 +603,9 @@ unsafe fn dkdv_masked<
             b,
             h,
         };
-        // Masked tiles: the diagonal (the tile's first row hides the block's last key), the
-        // tile past seqlen_q (its zero-filled rows' scores are NaN against an infinite key),
-        // with DQ the block past seqlen_k (its zero-filled keys' P is not 0, and can overflow:
-        // dS K_j must not see it).
-        let masked = M::hides(i0, j0 + bc as u32 - 1, sq, sk) || i0 + BR as u32 > sq || (DQ && j0 + bc as u32 > sk);
+        // Masked tiles: the diagonal, the tile past seqlen_q, with DQ the block past seqlen_k.
+        const { assert!(BLOCK_ROWS == 64) };
+        let masked = dkdv_tile_masked::<M>(i0, BR as u32, j0, sq, sk, DQ);
         if masked {
             ctx.step::<M, true, DN, BR, NQ, DQ>(&mut acc_dk, &mut acc_dv);
         } else {

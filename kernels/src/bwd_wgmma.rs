@@ -63,7 +63,7 @@ use crate::dtype::MmaElement;
 use crate::fwd_mma::load_tile_in;
 use crate::fwd_wgmma::Sw;
 use crate::mask::{Causal, Mask, NoMask};
-use crate::nonfinite::{clean_own_pair, own_chunks_nonfinite, warp_fix_stored_dv, zero_own_nonfinite};
+use crate::nonfinite::{clean_own_pair, dkdv_tile_masked, own_chunks_nonfinite, warp_fix_stored_dv, zero_own_nonfinite};
 use crate::params::BwdParams;
 use core::f32::consts::LOG2_E;
 
@@ -392,11 +392,10 @@ unsafe fn dkdv_masked<
             thread::cp_async_wait::<0>();
         }
         let (h, i0) = tile_of(it);
-        // Diagonal tiles: the tile's first row hides the block's last key; the tile past
-        // seqlen_q (its zero-filled rows' scores are NaN against an infinite key); with DQ,
-        // the block past seqlen_k too (its zero-filled keys' P is not 0, and dS K_j must not
-        // see an overflowed one).
-        let masked = M::hides(i0, j0 + KEYS as u32 - 1, sq, sk) || i0 + BR as u32 > sq || (DQ && j0 + KEYS as u32 > sk);
+        // Masked tiles: the diagonal, the tile past seqlen_q, with DQ the block past seqlen_k
+        // (`nonfinite::dkdv_tile_masked`).
+        const { assert!(KEYS == 64) };
+        let masked = dkdv_tile_masked::<M>(i0, BR as u32, j0, sq, sk, DQ);
         // This tile's copies (and K, V) landed, for every thread and for the async proxy; on
         // masked tiles Q's and dO's NaNs and infinities replaced by 0 first, and with DQ at
         // the first tile the block votes on K's (`nonfinite`).

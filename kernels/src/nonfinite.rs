@@ -25,11 +25,26 @@ use crate::dtype::{Element, MmaElement};
 use crate::fwd_mma::TileLayout;
 use crate::mask::Mask;
 
-/// Whether either 16-bit half of `w` is a NaN or an infinity (all exponent bits set).
+/// The exponent bits of T's 16-bit format: all set in a NaN or an infinity.
+#[inline(always)]
+fn exponent_bits<T: MmaElement>() -> u32 {
+    if T::BF16 { 0x7f80 } else { 0x7c00 }
+}
+
+/// Whether either 16-bit half of `w` is a NaN or an infinity.
 #[inline(always)]
 fn pair_nonfinite<T: MmaElement>(w: u32) -> bool {
-    let e: u32 = if T::BF16 { 0x7f80 } else { 0x7c00 };
+    let e = exponent_bits::<T>();
     (w & e) == e || ((w >> 16) & e) == e
+}
+
+/// `w` with each 16-bit half that is a NaN or an infinity replaced by 0.
+#[inline(always)]
+fn finite_pair<T: MmaElement>(w: u32) -> u32 {
+    let e = exponent_bits::<T>();
+    let lo = if (w & e) == e { 0 } else { w & 0xffff };
+    let hi = if ((w >> 16) & e) == e { 0 } else { w & 0xffff_0000 };
+    lo | hi
 }
 
 /// Thread (one of THREADS that copied a [ROWS][D] tile of layout L with
@@ -57,13 +72,11 @@ pub(crate) fn own_chunks_nonfinite<T: MmaElement, L: TileLayout, const D: usize,
 /// reads the whole operand tile it multiplies: no barrier, no shared-memory write.
 #[inline(always)]
 pub(crate) fn finite_frag<T: MmaElement>(f: [u32; 4]) -> ([u32; 4], bool) {
-    let e: u32 = if T::BF16 { 0x7f80 } else { 0x7c00 };
     let mut bad = false;
     let out = f.map(|w| {
-        let lo = if (w & e) == e { 0 } else { w & 0xffff };
-        let hi = if ((w >> 16) & e) == e { 0 } else { w & 0xffff_0000 };
-        bad |= (lo | hi) != w;
-        lo | hi
+        let c = finite_pair::<T>(w);
+        bad |= c != w;
+        c
     });
     (out, bad)
 }
@@ -97,15 +110,13 @@ pub(crate) fn clean_own_pair<T: MmaElement, L: TileLayout, const D: usize, const
 #[inline(always)]
 pub(crate) fn zero_own_nonfinite<T: MmaElement, L: TileLayout, const D: usize, const ROWS: usize, const THREADS: usize>(tile: Shared<T>) {
     let words: Shared<u32> = tile.cast();
-    let e: u32 = if T::BF16 { 0x7f80 } else { 0x7c00 };
     each_own_chunk::<D, ROWS, THREADS>(|r, c| {
         let at = L::at(r, c) / 2;
         for k in 0..4 {
             let w = words.ld(at + k);
-            let lo = if (w & e) == e { 0 } else { w & 0xffff };
-            let hi = if ((w >> 16) & e) == e { 0 } else { w & 0xffff_0000 };
-            if (lo | hi) != w {
-                words.st(at + k, lo | hi);
+            let clean = finite_pair::<T>(w);
+            if clean != w {
+                words.st(at + k, clean);
             }
         }
     });
@@ -226,6 +237,17 @@ pub(crate) unsafe fn warp_fix_stored_o<T: Element, M: Mask>(
     }
 }
 
+/// Whether a dK/dV kernel's query tile from row `i0` (`br` rows) is masked for its block of
+/// 64 keys from `j0`, the tiles where the operands are cleaned: the causal diagonal (the
+/// tile's first row hides the block's last key), the tile past seqlen_q (its zero-filled
+/// rows' scores are NaN against an infinite key) and, with `dq` (the atomic dQ), every tile
+/// of a block past seqlen_k (its zero-filled keys' P is not 0 and can overflow: dS K_j must
+/// not see it). One definition for the kernels and [`warp_fix_stored_dv`], which must agree.
+#[inline(always)]
+pub(crate) fn dkdv_tile_masked<M: Mask>(i0: u32, br: u32, j0: u32, sq: u32, sk: u32, dq: bool) -> bool {
+    M::hides(i0, j0 + 63, sq, sk) || i0 + br > sq || (dq && j0 + 64 > sk)
+}
+
 /// Warp, after a dK/dV kernel stored the dV rows of its 16 keys from `key0` and `warp::sync`:
 /// adds the NaNs and infinities of dO that were replaced by 0 on the block's masked query
 /// tiles (those are the only ones zeroed) into dV, where the row sees the key: the post-store
@@ -255,8 +277,6 @@ pub(crate) unsafe fn warp_fix_stored_dv<T: Element, M: Mask>(
     let (key0, j0) = ((keys >> 32) as u32, keys as u32);
     let (sq, sk) = ((seqlens >> 32) as u32, seqlens as u32);
     let (group, d, br, dq) = ((shape >> 48) as u32, (shape >> 32) as u32 & 0xffff, (shape >> 16) as u32 & 0xffff, shape & 1 != 0);
-    // The masked query tiles of the block (as the kernel decides them).
-    let masked = |i0: u32| M::hides(i0, j0 + 63, sq, sk) || i0 + br > sq || (dq && j0 + 64 > sk);
     let first_tile = M::first_visible_row(j0, sq, sk) / br * br;
     let mut e = warp::lane();
     while e < 16 * d {
@@ -266,7 +286,7 @@ pub(crate) unsafe fn warp_fix_stored_dv<T: Element, M: Mask>(
             for h in 0..group {
                 let mut i0 = first_tile;
                 while i0 < sq {
-                    if masked(i0) {
+                    if dkdv_tile_masked::<M>(i0, br, j0, sq, sk, dq) {
                         let mut i = i0;
                         while i < (i0 + br).min(sq) {
                             if !M::hides(i, key, sq, sk) {

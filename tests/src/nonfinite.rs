@@ -63,7 +63,7 @@ fn finite_error<T: Dtype>(got: &[f64], exact: &[f64], naive_err: f64) -> (f64, f
 }
 
 /// Random inputs of `case` with `plants` in them: (Q, K, V, dO).
-pub fn inputs<T: Dtype>(case: &Case, plants: &[Plant]) -> [Vec<T>; 4] {
+fn inputs<T: Dtype>(case: &Case, plants: &[Plant]) -> [Vec<T>; 4] {
     let s = case.shape;
     let mut rng = Rng::new(case.seed);
     let (nq, nk) = (s.batch * s.seqlen_q * s.heads_q * s.head_dim, s.batch * s.seqlen_k * s.heads_kv * s.head_dim);
@@ -221,9 +221,6 @@ fn backward_typed<T: Dtype>(
         };
         let floor_t = smallest_positive::<T>() * (ep.len() as f64).sqrt();
         let tol = tolerance::<T>(rel_l2(nv, ex0)) + if denom > 0.0 { (l2s(&fp) + floor_t) / denom } else { 0.0 };
-        if std::env::var_os("FLASHATTN_DEBUG_NONFINITE").is_some() {
-            eprintln!("{name}: kept {} denom {denom:.3e} share {share:.3e} diff {:.3e} floor {floor_t:.3e}", ep.len(), l2s(&diff));
-        }
         if !within(err, tol) {
             return Err(format!("{what}: finite {name} elements rel err {err:.3e} (tol {tol:.3e})"));
         }
