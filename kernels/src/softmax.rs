@@ -8,7 +8,7 @@
 //! once, at the end.
 
 use crate::dev::{math, warp};
-use core::f32::consts::{LN_2, LOG2_E};
+use core::f32::consts::LOG2_E;
 
 /// How scores are scaled before the softmax, and what that means for exp and LSE.
 pub trait Domain {
@@ -16,7 +16,8 @@ pub trait Domain {
     fn factor(scale: f32) -> f32;
     /// exp of the natural-domain difference that `d` (score minus max) stands for.
     fn exp(d: f32) -> f32;
-    /// The natural-log LSE of a row with max `m` (in this domain) and sum `l`.
+    /// The natural-log LSE of a row with max `m` (in this domain) and sum `l` (positive,
+    /// finite), rounded once from f64 ([`ln_f64`]).
     fn lse(m: f32, l: f32) -> f32;
 }
 
@@ -56,7 +57,7 @@ impl Domain for Natural {
     }
     #[inline(always)]
     fn lse(m: f32, l: f32) -> f32 {
-        m + math::lg2(l) * LN_2
+        (m as f64 + ln_f64(l)) as f32
     }
 }
 
@@ -71,8 +72,33 @@ impl Domain for Log2 {
     }
     #[inline(always)]
     fn lse(m: f32, l: f32) -> f32 {
-        (m + math::lg2(l)) * LN_2
+        (m as f64 * core::f64::consts::LN_2 + ln_f64(l)) as f32
     }
+}
+
+/// ln(x) for a positive finite f32, in f64 to about 1e-15 relative, so the LSE above is
+/// rounded once: within half an f32 ulp of m + ln l where naive attention's f32 log is
+/// (`lg2.approx` was up to 2 ulp off, past the bar where l is exact: scale 0, every weight 1).
+/// Once per row, so its cost (a division and a dozen f64 FMAs) does not show.
+/// x = 2^e f with f in [sqrt(1/2), sqrt(2)); ln f = 2 atanh(s), s = (f - 1) / (f + 1),
+/// |s| <= 0.172, as the series 2 (s + s^3 / 3 + ... + s^15 / 15).
+#[inline(always)]
+pub fn ln_f64(x: f32) -> f64 {
+    let (x, e0) = if x < f32::MIN_POSITIVE { (x * 16_777_216.0, -24) } else { (x, 0) }; // subnormal: scale by 2^24
+    let bits = x.to_bits();
+    let mut e = ((bits >> 23) & 0xff) as i32 - 127 + e0;
+    let mut f = f32::from_bits((bits & 0x007f_ffff) | 0x3f80_0000) as f64; // [1, 2)
+    if f > core::f64::consts::SQRT_2 {
+        f *= 0.5;
+        e += 1;
+    }
+    let s = (f - 1.0) / (f + 1.0);
+    let s2 = s * s;
+    let mut series = 1.0 / 15.0;
+    for k in [13.0, 11.0, 9.0, 7.0, 5.0, 3.0, 1.0] {
+        series = series * s2 + 1.0 / k;
+    }
+    e as f64 * core::f64::consts::LN_2 + 2.0 * s * series
 }
 
 /// Running statistics of one query row.

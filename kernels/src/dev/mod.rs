@@ -391,11 +391,6 @@ pub mod math {
     pub fn ex2(x: f32) -> f32 {
         imp::ex2(x)
     }
-    /// log2(x) (`lg2.approx.f32`; exact `log2` in the emulator).
-    #[inline(always)]
-    pub fn lg2(x: f32) -> f32 {
-        imp::lg2(x)
-    }
     /// An f16, given by its bits, widened to f32 (exact; `cvt.f32.f16`).
     #[inline(always)]
     pub fn f16_to_f32(h: u16) -> f32 {

@@ -7,8 +7,6 @@ use core::arch::nvptx;
 unsafe extern "C" {
     #[link_name = "llvm.nvvm.ex2.approx.ftz.f"]
     fn nvvm_ex2(x: f32) -> f32;
-    #[link_name = "llvm.nvvm.lg2.approx.f"]
-    fn nvvm_lg2(x: f32) -> f32;
     #[link_name = "llvm.nvvm.shfl.sync.bfly.f32"]
     fn nvvm_shfl_bfly(member_mask: u32, v: f32, lane_mask: u32, clamp: u32) -> f32;
     #[link_name = "llvm.nvvm.bar.warp.sync"]
@@ -90,10 +88,6 @@ pub fn ex2(x: f32) -> f32 {
 #[inline(always)]
 pub fn fma(a: f32, b: f32, c: f32) -> f32 {
     core::intrinsics::fmaf32(a, b, c)
-}
-#[inline(always)]
-pub fn lg2(x: f32) -> f32 {
-    unsafe { nvvm_lg2(x) }
 }
 /// 1024-byte aligned: tiles carved from it can be read with 16-byte accesses, and wgmma's
 /// 128-byte swizzle, which XORs address bits 4-6 with bits 7-9, needs its 8-row atoms on

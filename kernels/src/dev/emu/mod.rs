@@ -20,7 +20,7 @@
 //! - `trap`, and any panic in the kernel code.
 //!
 //! Limits, by design: `cp.async` copies at issue (its data is tracked as in flight until the
-//! wait); `ex2` and `lg2` are exact where the GPU approximates; `mma` accumulates in f32 in k order, where the tensor
+//! wait); `ex2` is exact where the GPU approximates; `mma` accumulates in f32 in k order, where the tensor
 //! cores' internal order and precision differ slightly. Results therefore match the GPU to
 //! rounding, not bitwise.
 

@@ -115,9 +115,6 @@ pub fn ex2(x: f32) -> f32 {
 pub fn fma(a: f32, b: f32, c: f32) -> f32 {
     a.mul_add(b, c)
 }
-pub fn lg2(x: f32) -> f32 {
-    x.log2()
-}
 pub fn dynamic_shared_base() -> *mut u8 {
     current().shared_base()
 }
