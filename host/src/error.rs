@@ -54,7 +54,7 @@ pub enum Error {
         /// Shape of V.
         v: Vec<usize>,
     },
-    /// head_dim must be a multiple of 8, at most 256.
+    /// head_dim must be 1 to 256.
     UnsupportedHeadDim {
         /// The head_dim given.
         head_dim: usize,
@@ -174,7 +174,7 @@ impl std::fmt::Display for Error {
             Error::ShapeMismatch { what, left, right } => write!(f, "{what} differ: {left} vs {right}"),
             Error::KvShapeMismatch { k, v } => write!(f, "k has shape {k:?} but v has shape {v:?}; they must match"),
             Error::UnsupportedHeadDim { head_dim } => {
-                write!(f, "head_dim {head_dim} is not supported: it must be a multiple of 8 from 8 to 256")
+                write!(f, "head_dim {head_dim} is not supported: it must be from 1 to 256")
             }
             Error::HeadsNotDivisible { heads_q, heads_kv } => {
                 write!(f, "heads_q {heads_q} is not a multiple of heads_kv {heads_kv}")

@@ -29,8 +29,7 @@
 //! into dQ. Each dQ element gets seqlen_k / 64 atomic adds in a run-dependent order: not
 //! bitwise deterministic, and slower than the deterministic pair on the H200 (tile.rs).
 //!
-//! A kernel compiled for D serves every head_dim d <= D that is a multiple of 8: columns d..D
-//! are zero-filled in shared memory (they add nothing to S or dP) and never stored.
+//! A kernel compiled for D serves every head_dim d <= D: columns d..D are zero-filled in shared memory (they add nothing to S or dP) and never stored.
 //!
 //! Fully masked query rows (causal, seqlen_q > seqlen_k) get m_i = +inf, 1 / l_i = 0, so
 //! exp2(S - m_i) / l_i = 0 with no special case. Query rows past seqlen_q (zero-filled Q, dO)
@@ -39,9 +38,10 @@
 use crate::dev::{self, Shared, block, global, math, thread, warp};
 use crate::dtype::MmaElement;
 use crate::fwd_mma::{LaneAddr, Layout, load_tile};
+use crate::gmem::{body_head_dim, by_element};
 use crate::mask::{Causal, Mask, NoMask};
 use crate::nonfinite::{add_nonfinite, dkdv_tile_masked, finite_frag, row_at};
-use crate::params::BwdParams;
+use crate::params::{BwdParams, dq_accum_stride};
 use crate::tile::MMA_WARPS;
 use core::f32::consts::LOG2_E;
 
@@ -64,7 +64,8 @@ pub(crate) fn to_a<T: MmaElement>(lo: [f32; 4], hi: [f32; 4]) -> [u32; 4] {
 }
 
 /// Warp: stores 16 rows x D columns of C fragments (rows `row0 + g`, `+ 8`) times `factor`
-/// to a [seqlen, d] slice in T, skipping rows at or past `limit` and columns at or past `d`.
+/// to a [seqlen, d] slice in T, skipping rows at or past `limit` and columns at or past `d`:
+/// a lane's column pair as one 4-byte store, or two 2-byte ones when d is odd.
 #[inline(always)]
 pub(crate) unsafe fn store_rows<T: MmaElement, const DN: usize>(
     acc: &[[f32; 4]; DN],
@@ -84,7 +85,17 @@ pub(crate) unsafe fn store_rows<T: MmaElement, const DN: usize>(
                 let col = n * 8 + 2 * t;
                 if (col as u32) < d {
                     let packed = T::pack2(a[2 * half] * factor, a[2 * half + 1] * factor);
-                    unsafe { global::store(dst.add((r as u64 * stride + col as u64) as usize) as *mut u32, packed) };
+                    let at = dst.wrapping_add((r as u64 * stride + col as u64) as usize);
+                    if d % 2 == 0 {
+                        unsafe { global::store(at as *mut u32, packed) };
+                    } else {
+                        // Odd head_dim: rows are 2-byte aligned only; the pair's second
+                        // element may be past d.
+                        unsafe { global::store(at as *mut u16, packed as u16) };
+                        if (col as u32) + 1 < d {
+                            unsafe { global::store(at.wrapping_add(1) as *mut u16, (packed >> 16) as u16) };
+                        }
+                    }
                 }
             }
         }
@@ -112,10 +123,11 @@ pub unsafe fn dq<
     p: &BwdParams,
 ) {
     unsafe {
-        if p.causal != 0 {
-            dq_masked::<T, Causal, D, DK, DN, BC, NS, QREG, STATS_ONLY>(p)
-        } else {
-            dq_masked::<T, NoMask, D, DK, DN, BC, NS, QREG, STATS_ONLY>(p)
+        match (p.causal != 0, by_element::<true>(p.head_dim)) {
+            (true, false) => dq_masked::<T, Causal, D, DK, DN, BC, NS, QREG, STATS_ONLY, false>(p),
+            (true, true) => dq_masked::<T, Causal, D, DK, DN, BC, NS, QREG, STATS_ONLY, true>(p),
+            (false, false) => dq_masked::<T, NoMask, D, DK, DN, BC, NS, QREG, STATS_ONLY, false>(p),
+            (false, true) => dq_masked::<T, NoMask, D, DK, DN, BC, NS, QREG, STATS_ONLY, true>(p),
         }
     }
 }
@@ -131,12 +143,13 @@ unsafe fn dq_masked<
     const NS: usize,
     const QREG: bool,
     const STATS_ONLY: bool,
+    const EL: bool,
 >(
     p: &BwdParams,
 ) {
     let br = BLOCK_ROWS;
-    let d = p.head_dim;
-    if d > D as u32 || !d.is_multiple_of(8) || DK * 16 != D || DN * 8 != D || NS * 8 != BC || block::dim() != MMA_WARPS * 32 {
+    let d = body_head_dim::<D, true, EL>(p.head_dim);
+    if d > D as u32 || d == 0 || DK * 16 != D || DN * 8 != D || NS * 8 != BC || block::dim() != MMA_WARPS * 32 {
         thread::trap();
     }
     let (q_blk, h, b) = block::idx();
@@ -466,10 +479,11 @@ pub unsafe fn dkdv<
     p: &BwdParams,
 ) {
     unsafe {
-        if p.causal != 0 {
-            dkdv_masked::<T, Causal, D, DK, DN, BR, NQ, KVREG, DQ>(p)
-        } else {
-            dkdv_masked::<T, NoMask, D, DK, DN, BR, NQ, KVREG, DQ>(p)
+        match (p.causal != 0, by_element::<true>(p.head_dim)) {
+            (true, false) => dkdv_masked::<T, Causal, D, DK, DN, BR, NQ, KVREG, DQ, false>(p),
+            (true, true) => dkdv_masked::<T, Causal, D, DK, DN, BR, NQ, KVREG, DQ, true>(p),
+            (false, false) => dkdv_masked::<T, NoMask, D, DK, DN, BR, NQ, KVREG, DQ, false>(p),
+            (false, true) => dkdv_masked::<T, NoMask, D, DK, DN, BR, NQ, KVREG, DQ, true>(p),
         }
     }
 }
@@ -485,12 +499,13 @@ unsafe fn dkdv_masked<
     const NQ: usize,
     const KVREG: bool,
     const DQ: bool,
+    const EL: bool,
 >(
     p: &BwdParams,
 ) {
     let bc = BLOCK_ROWS;
-    let d = p.head_dim;
-    if d > D as u32 || !d.is_multiple_of(8) || DK * 16 != D || DN * 8 != D || NQ * 8 != BR || block::dim() != MMA_WARPS * 32 {
+    let d = body_head_dim::<D, true, EL>(p.head_dim);
+    if d > D as u32 || d == 0 || DK * 16 != D || DN * 8 != D || NQ * 8 != BR || block::dim() != MMA_WARPS * 32 {
         thread::trap();
     }
     let (kv_blk, hk, b) = block::idx();
@@ -615,7 +630,7 @@ unsafe fn dkdv_masked<
             // Block: every warp's slice of dS is in shared memory; then dQ_i += dS_ij K_j.
             block::sync();
             let (h, _) = tile_of(it);
-            let base = (b as u64 * p.heads_q as u64 + h as u64) * sq as u64 * d as u64;
+            let base = (b as u64 * p.heads_q as u64 + h as u64) * sq as u64 * dq_accum_stride(d) as u64;
             ctx.dq_atomic::<BR>(unsafe { (p.dq_accum as *mut f32).add(base as usize) });
         }
         // Everyone is done with stage it % 2 before iteration it + 1 refills it.
@@ -773,7 +788,7 @@ impl<T: MmaElement, const D: usize, const DK: usize, const KVREG: bool> KvStep<'
 
     /// Warp: its share of dQ_i += dS_ij K_j for this query tile (BR rows, all 64 keys of the
     /// block), added to the f32 accumulator `acc` ([seqlen_q][head_dim] of the tile's query
-    /// head) with `red.global.add`. The BR/16 x D/16 units (16 query rows, 16 columns) go to
+    /// head, row stride `dq_accum_stride`) with `red.global.add`. The BR/16 x D/16 units (16 query rows, 16 columns) go to
     /// the warps round robin; a unit's k-loop reads dS (A, ldmatrix) and K (B, keys as the
     /// reduction dimension, ldmatrix .trans) from shared memory.
     #[inline(always)]
@@ -804,7 +819,8 @@ impl<T: MmaElement, const D: usize, const DK: usize, const KVREG: bool> KvStep<'
                             let row = self.i0 + (mt * 16 + g + 8 * (e / 2)) as u32;
                             let col = (cp * 16 + n * 8 + 2 * t + e % 2) as u32;
                             if row < p.seqlen_q && col < p.head_dim {
-                                unsafe { global::red_add(acc.add((row as u64 * p.head_dim as u64 + col as u64) as usize), x) };
+                                let at = row as u64 * dq_accum_stride(p.head_dim) as u64 + col as u64;
+                                unsafe { global::red_add(acc.add(at as usize), x) };
                             }
                         }
                     }
@@ -826,17 +842,28 @@ pub const CONVERT_ROWS: usize = 64;
 pub unsafe fn dq_convert<T: MmaElement>(p: &BwdParams) {
     let (blk, h, b) = block::idx();
     let (sq, d) = (p.seqlen_q, p.head_dim);
+    let ds = dq_accum_stride(d);
     let r0 = blk * CONVERT_ROWS as u32;
     let rows = (sq - r0.min(sq)).min(CONVERT_ROWS as u32);
-    let src = ((b as u64 * p.heads_q as u64 + h as u64) * sq as u64 + r0 as u64) * d as u64;
-    let pairs = rows * d / 2;
+    let src =
+        (p.dq_accum as *const f32).wrapping_add((((b as u64 * p.heads_q as u64 + h as u64) * sq as u64 + r0 as u64) * ds as u64) as usize);
+    // Column pairs (x, x + 1), x even; an odd head_dim's last pair has one element in dQ.
+    let pairs = ds / 2;
     let mut i = thread::idx();
-    while i < pairs {
-        let (r, c) = ((2 * i) / d, (2 * i) % d);
+    while i < rows * pairs {
+        let (r, c) = (i / pairs, 2 * (i % pairs));
         unsafe {
-            let x: [f32; 2] = global::load((p.dq_accum as *const f32).add((src + 2 * i as u64) as usize) as *const [f32; 2]);
+            let x: [f32; 2] = global::load(src.add((r * ds + c) as usize) as *const [f32; 2]);
             let dst = (p.dq as *mut T).add((p.q_strides.offset(b, r0 + r, h) + c as u64) as usize);
-            global::store(dst as *mut u32, T::pack2(x[0] * p.scale, x[1] * p.scale));
+            let packed = T::pack2(x[0] * p.scale, x[1] * p.scale);
+            if d % 2 == 0 {
+                global::store(dst as *mut u32, packed);
+            } else {
+                global::store(dst as *mut u16, packed as u16);
+                if c + 1 < d {
+                    global::store(dst.add(1) as *mut u16, (packed >> 16) as u16);
+                }
+            }
         }
         i += block::dim();
     }

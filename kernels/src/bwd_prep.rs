@@ -41,19 +41,34 @@ pub unsafe fn prep<T: MmaElement, const RESIDUAL: bool>(p: &BwdParams) {
         // Warp: D_i, lane partial sums over column pairs, then a butterfly sum.
         let at = p.q_strides.offset(b, r, h);
         let mut acc = 0f32;
-        let mut c = 2 * lane;
-        while c < d {
-            let i = (at + c as u64) as usize;
-            let (o, g) =
-                unsafe { (global::load((p.o as *const T).add(i) as *const u32), global::load((p.d_o as *const T).add(i) as *const u32)) };
-            let ((o0, o1), (g0, g1)) = (T::unpack2(o), T::unpack2(g));
-            if RESIDUAL {
-                let (l0, l1) = T::unpack2(unsafe { global::load((p.o_lo as *const T).add(i) as *const u32) });
-                acc += g0 * (o0 + l0) + g1 * (o1 + l1);
-            } else {
-                acc += g0 * o0 + g1 * o1;
+        if d % 2 == 0 {
+            // Column pairs, one 4-byte load each.
+            let mut c = 2 * lane;
+            while c < d {
+                let i = (at + c as u64) as usize;
+                let (o, g) = unsafe {
+                    (global::load((p.o as *const T).add(i) as *const u32), global::load((p.d_o as *const T).add(i) as *const u32))
+                };
+                let ((o0, o1), (g0, g1)) = (T::unpack2(o), T::unpack2(g));
+                if RESIDUAL {
+                    let (l0, l1) = T::unpack2(unsafe { global::load((p.o_lo as *const T).add(i) as *const u32) });
+                    acc += g0 * (o0 + l0) + g1 * (o1 + l1);
+                } else {
+                    acc += g0 * o0 + g1 * o1;
+                }
+                c += 64;
             }
-            c += 64;
+        } else {
+            // Odd head_dim: rows are 2-byte aligned only, element by element.
+            let mut c = lane;
+            while c < d {
+                let i = (at + c as u64) as usize;
+                let (o, g) =
+                    unsafe { (global::load((p.o as *const T).add(i)).to_f32(), global::load((p.d_o as *const T).add(i)).to_f32()) };
+                let l = if RESIDUAL { unsafe { global::load((p.o_lo as *const T).add(i)) }.to_f32() } else { 0.0 };
+                acc += g * (o + l);
+                c += 32;
+            }
         }
         let dd = warp::allreduce_sum(acc);
         if lane == 0 {

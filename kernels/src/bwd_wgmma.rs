@@ -53,18 +53,17 @@
 //! accumulator with `red.global.add.v2.f32`: not deterministic, and slower on the H200 than
 //! the separate dQ kernel (`registry::BWD_FAMILIES`).
 //! Shared tiles are 128-byte-swizzle canonical layouts ([`Sw`]); a kernel compiled for D
-//! serves every head_dim d <= D that is a multiple of 8 (PAD): columns d..D are zero-filled
-//! and never stored. Query rows past seqlen_q get Q = dO = 0 and (m, 1 / l, D) = (+inf, 0, 0),
+//! serves every head_dim d <= D (PAD): columns d..D are zero-filled and never stored. Query rows past seqlen_q get Q = dO = 0 and (m, 1 / l, D) = (+inf, 0, 0),
 //! so their P and dS are 0.
 
 use crate::bwd_mma::{QuadRow, stat_at, store_rows, to_a};
 use crate::dev::{self, Shared, block, global, math, thread, warp, warpgroup};
 use crate::dtype::MmaElement;
-use crate::fwd_mma::load_tile_in;
 use crate::fwd_wgmma::Sw;
+use crate::gmem::{body_head_dim, by_element, load_tile_in};
 use crate::mask::{Causal, Mask, NoMask};
 use crate::nonfinite::{clean_own_pair, dkdv_tile_masked, own_chunks_nonfinite, warp_fix_stored_dv, zero_own_nonfinite};
-use crate::params::BwdParams;
+use crate::params::{BwdParams, dq_accum_stride};
 use core::f32::consts::LOG2_E;
 
 /// Keys per block: one warpgroup's M.
@@ -90,10 +89,11 @@ pub unsafe fn dkdv<
     p: &BwdParams,
 ) {
     unsafe {
-        if p.causal != 0 {
-            dkdv_masked::<T, Causal, D, DN, BR, NQ, KQ, PAD, DQ>(p)
-        } else {
-            dkdv_masked::<T, NoMask, D, DN, BR, NQ, KQ, PAD, DQ>(p)
+        match (p.causal != 0, by_element::<PAD>(p.head_dim)) {
+            (true, false) => dkdv_masked::<T, Causal, D, DN, BR, NQ, KQ, PAD, DQ, false>(p),
+            (true, true) => dkdv_masked::<T, Causal, D, DN, BR, NQ, KQ, PAD, DQ, true>(p),
+            (false, false) => dkdv_masked::<T, NoMask, D, DN, BR, NQ, KQ, PAD, DQ, false>(p),
+            (false, true) => dkdv_masked::<T, NoMask, D, DN, BR, NQ, KQ, PAD, DQ, true>(p),
         }
     }
 }
@@ -109,13 +109,15 @@ unsafe fn dkdv_masked<
     const KQ: usize,
     const PAD: bool,
     const DQ: bool,
+    const EL: bool,
 >(
     p: &BwdParams,
 ) {
-    let d = p.head_dim;
-    if d > D as u32
-        || (!PAD && d != D as u32)
-        || !d.is_multiple_of(8)
+    // Without PAD, head_dim is exactly D and the padding checks compile away.
+    let d = body_head_dim::<D, PAD, EL>(p.head_dim);
+    if p.head_dim > D as u32
+        || (!PAD && p.head_dim != D as u32)
+        || d == 0
         || DN * 8 != D
         || NQ * 8 != BR
         || KQ * 16 != BR
@@ -347,7 +349,8 @@ unsafe fn dkdv_masked<
             // accumulators: all D at once spilled at d=128). The lane's address is rebuilt per
             // tile (`opaque`).
             let row = i0 + (w * 16 + g) as u32;
-            let at = ((b as u64 * p.heads_q as u64 + h as u64) * sq as u64 + row as u64) * d as u64 + 2 * t as u64;
+            let ds = dq_accum_stride(d) as u64;
+            let at = ((b as u64 * p.heads_q as u64 + h as u64) * sq as u64 + row as u64) * ds + 2 * t as u64;
             let acc_g = thread::opaque(p.dq_accum + at * 4) as *mut f32;
             let col0 = 2 * t as u32;
             let a0 = warpgroup::desc_sw128(ds_s, 0, Sw::<KEYS, BR>::BLOCK_BYTES, 1024).opaque();
@@ -367,7 +370,7 @@ unsafe fn dkdv_masked<
                     for half in 0..2usize {
                         let r = row + 8 * half as u32;
                         if r < sq && col0 + col < d {
-                            let off = (8 * half as u64 * d as u64 + col as u64) as usize;
+                            let off = (8 * half as u64 * ds + col as u64) as usize;
                             unsafe { global::red_add_v2(acc_g.add(off), [x[2 * half], x[2 * half + 1]]) };
                         }
                     }
@@ -491,10 +494,11 @@ pub unsafe fn dq<
     p: &BwdParams,
 ) {
     unsafe {
-        if p.causal != 0 {
-            dq_masked::<T, Causal, D, DN, BC, NS, KS, PAD, MODE>(p)
-        } else {
-            dq_masked::<T, NoMask, D, DN, BC, NS, KS, PAD, MODE>(p)
+        match (p.causal != 0, by_element::<PAD>(p.head_dim)) {
+            (true, false) => dq_masked::<T, Causal, D, DN, BC, NS, KS, PAD, MODE, false>(p),
+            (true, true) => dq_masked::<T, Causal, D, DN, BC, NS, KS, PAD, MODE, true>(p),
+            (false, false) => dq_masked::<T, NoMask, D, DN, BC, NS, KS, PAD, MODE, false>(p),
+            (false, true) => dq_masked::<T, NoMask, D, DN, BC, NS, KS, PAD, MODE, true>(p),
         }
     }
 }
@@ -510,15 +514,17 @@ unsafe fn dq_masked<
     const KS: usize,
     const PAD: bool,
     const MODE: u8,
+    const EL: bool,
 >(
     p: &BwdParams,
 ) {
     const { assert!(MODE == DQ_SAVED || MODE == DQ_STATS) };
     let (saved, stats_only) = (MODE == DQ_SAVED, MODE == DQ_STATS);
-    let d = p.head_dim;
-    if d > D as u32
-        || (!PAD && d != D as u32)
-        || !d.is_multiple_of(8)
+    // Without PAD, head_dim is exactly D and the padding checks compile away.
+    let d = body_head_dim::<D, PAD, EL>(p.head_dim);
+    if p.head_dim > D as u32
+        || (!PAD && p.head_dim != D as u32)
+        || d == 0
         || DN * 8 != D
         || NS * 8 != BC
         || KS * 16 != BC

@@ -7,11 +7,12 @@
 //! Shared tiles are [rows][D] 16-bit, laid out so ldmatrix reads are bank-conflict free:
 //! when D is a multiple of 64 the 16-byte chunks of row r are XOR-swizzled by r % 8; other D
 //! (32, 96) pad each row by one chunk instead ([`Layout`]). A kernel compiled for D serves
-//! every head_dim d <= D that is a multiple of 8: columns d..D are zero-filled in shared
-//! memory (they add nothing to Q K^T) and never stored.
+//! every head_dim d <= D: columns d..D are zero-filled in shared memory (they add nothing to
+//! Q K^T) and never stored.
 
 use crate::dev::{self, Shared, block, global, thread, warp};
 use crate::dtype::MmaElement;
+use crate::gmem::{TileLayout, body_head_dim, by_element, load_tile_in, store_chunk};
 use crate::mask::{Causal, Mask, NoMask};
 use crate::nonfinite::{own_chunks_nonfinite, warp_fix_stored_o, zero_own_nonfinite};
 use crate::params::FwdParams;
@@ -42,10 +43,11 @@ pub unsafe fn entry<
     p: &FwdParams,
 ) {
     unsafe {
-        if p.causal != 0 {
-            fwd::<T, Causal, D, DK, DN, MT, BC, NS, QREG, PAD, FUSED>(p)
-        } else {
-            fwd::<T, NoMask, D, DK, DN, MT, BC, NS, QREG, PAD, FUSED>(p)
+        match (p.causal != 0, by_element::<PAD>(p.head_dim)) {
+            (true, false) => fwd::<T, Causal, D, DK, DN, MT, BC, NS, QREG, PAD, FUSED, false>(p),
+            (true, true) => fwd::<T, Causal, D, DK, DN, MT, BC, NS, QREG, PAD, FUSED, true>(p),
+            (false, false) => fwd::<T, NoMask, D, DK, DN, MT, BC, NS, QREG, PAD, FUSED, false>(p),
+            (false, true) => fwd::<T, NoMask, D, DK, DN, MT, BC, NS, QREG, PAD, FUSED, true>(p),
         }
     }
 }
@@ -63,13 +65,6 @@ impl<const D: usize> Layout<D> {
     pub(crate) fn at(r: usize, c: usize) -> usize {
         if Self::SWIZZLED { r * D + (((c / 8) ^ (r % 8)) * 8) + c % 8 } else { r * Self::STRIDE + c }
     }
-}
-
-/// Where element (row r, column c) of a 16-bit tile lives in shared memory: [`Layout`] here,
-/// the wgmma kernel's swizzled layout in `fwd_wgmma`. Lets one copy routine fill either.
-pub(crate) trait TileLayout {
-    /// Element index of (r, c), c a multiple of 8 (chunk start) or inside one.
-    fn at(r: usize, c: usize) -> usize;
 }
 
 impl<const D: usize> TileLayout for Layout<D> {
@@ -110,10 +105,9 @@ impl LaneAddr {
     }
 }
 
-/// Block: cp.async of ROWS rows of a [seqlen, d] slice (row stride `stride`) into a
-/// [`Layout`] tile of width D; with BOUNDS, rows at or past `limit` and columns at or past `d`
-/// are zero-filled (without it every row and column must be valid). The 128 threads of this
-/// kernel's block; [`load_tile_in`] for another layout or block size.
+/// Block: ROWS rows of a [seqlen, d] slice (row stride `stride`) into a [`Layout`] tile of
+/// width D ([`load_tile_in`] for the 128 threads of this kernel's block); with BOUNDS, rows
+/// at or past `limit` and columns at or past `d` are zero-filled.
 #[inline(always)]
 pub(crate) unsafe fn load_tile<T: MmaElement, const D: usize, const ROWS: usize, const BOUNDS: bool>(
     dst: Shared<T>,
@@ -123,42 +117,6 @@ pub(crate) unsafe fn load_tile<T: MmaElement, const D: usize, const ROWS: usize,
     d: u32,
 ) {
     unsafe { load_tile_in::<T, Layout<D>, D, ROWS, { (MMA_WARPS * 32) as usize }, BOUNDS>(dst, src, stride, limit, d) }
-}
-
-/// Block of THREADS threads: [`load_tile`] into a tile of layout L. Thread `x` copies the
-/// 16-byte chunks x + THREADS i: a fixed trip count, so the loop unrolls and, when a row's
-/// chunks divide the block, the thread's column and swizzle are the same for every i and each
-/// copy is a pointer increment (a loop with a thread-dependent trip count cost 27
-/// instructions per 16 bytes, a third of the KV loop's instructions at d=128: SASS of 27ff2b2).
-#[inline(always)]
-pub(crate) unsafe fn load_tile_in<
-    T: MmaElement,
-    L: TileLayout,
-    const D: usize,
-    const ROWS: usize,
-    const THREADS: usize,
-    const BOUNDS: bool,
->(
-    dst: Shared<T>,
-    src: *const T,
-    stride: u64,
-    limit: u32,
-    d: u32,
-) {
-    let cpr = D / 8; // chunks per row
-    let stride = thread::opaque(stride);
-    let x = thread::opaque(thread::idx() as u64) as usize;
-    for i in 0..(ROWS * cpr).div_ceil(THREADS) {
-        let e = x + THREADS * i;
-        // Whole-block chunks: row x / cpr + i * THREADS / cpr, column fixed per thread.
-        let (r, c) = if THREADS.is_multiple_of(cpr) { (x / cpr + i * (THREADS / cpr), (x % cpr) * 8) } else { (e / cpr, (e % cpr) * 8) };
-        if !(ROWS * cpr).is_multiple_of(THREADS) && e >= ROWS * cpr {
-            continue;
-        }
-        let valid = !BOUNDS || ((r as u32) < limit && (c as u32) < d);
-        let at = if valid { r as u64 * stride + c as u64 } else { 0 };
-        unsafe { thread::cp_async_16(dst, L::at(r, c), src.add(at as usize), valid) };
-    }
 }
 
 /// Thread (one of a block of THREADS): flips the sign of every element of the 16-byte chunks
@@ -227,16 +185,17 @@ unsafe fn fwd<
     const QREG: bool,
     const PAD: bool,
     const FUSED: bool,
+    const EL: bool,
 >(
     p: &FwdParams,
 ) {
     let tile = MmaTile { m_tiles: MT as u32, bc: BC as u32, q_in_regs: QREG, head_dim: D as u32, padded: PAD, fused_exp: FUSED };
     let br = tile.br() as usize;
     // Without PAD, head_dim is exactly D and the padding checks compile away.
-    let d = if PAD { p.head_dim } else { D as u32 };
+    let d = body_head_dim::<D, PAD, EL>(p.head_dim);
     if p.head_dim > D as u32
         || (!PAD && p.head_dim != D as u32)
-        || d % 8 != 0
+        || d == 0
         || DK * 16 != D
         || DN * 8 != D
         || NS * 8 != BC
@@ -400,8 +359,7 @@ unsafe fn fwd<
         let r = row0 + r_tile as u32;
         if r < sq && (col as u32) < d {
             let v = q_s.ld_16(Layout::<D>::at(r_tile, col));
-            let at = r as u64 * p.o_strides.row + col as u64;
-            unsafe { global::store_16(o_g.add(at as usize) as *mut dev::Chunk16, v) };
+            unsafe { store_chunk(o_g.add((r as u64 * p.o_strides.row) as usize), col as u32, d, v) };
         }
     }
     // (Written before the loop's last barrier, or with no loop, unwritten and 0.)

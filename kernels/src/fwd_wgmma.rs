@@ -8,12 +8,13 @@
 //! lane 4g + t holds rows g and g + 8 and a row's softmax statistics live in one lane quad
 //! (the accumulator layout of wgmma is mma.sync's m16n8 C layout, n-tile by n-tile).
 //! Shared tiles are [rows][D] 16-bit in the 128-byte-swizzle canonical layout ([`Sw`]).
-//! A kernel compiled for D serves every head_dim d <= D that is a multiple of 8 (PAD):
-//! columns d..D are zero-filled in shared memory and never stored.
+//! A kernel compiled for D serves every head_dim d <= D (PAD): columns d..D are zero-filled
+//! in shared memory and never stored.
 
 use crate::dev::{self, Shared, block, global, thread, warp, warpgroup};
 use crate::dtype::MmaElement;
-use crate::fwd_mma::{TileLayout, load_tile_in, negate_own_chunks};
+use crate::fwd_mma::negate_own_chunks;
+use crate::gmem::{TileLayout, body_head_dim, by_element, load_tile_in, store_chunk};
 use crate::mask::{Causal, Mask, NoMask};
 use crate::nonfinite::{add_nonfinite, own_chunks_nonfinite, row_at, zero_own_nonfinite};
 use crate::params::FwdParams;
@@ -40,7 +41,14 @@ pub unsafe fn entry<
 >(
     p: &FwdParams,
 ) {
-    unsafe { if p.causal != 0 { fwd::<T, Causal, D, WG, BC, NS, DN, KS, PAD>(p) } else { fwd::<T, NoMask, D, WG, BC, NS, DN, KS, PAD>(p) } }
+    unsafe {
+        match (p.causal != 0, by_element::<PAD>(p.head_dim)) {
+            (true, false) => fwd::<T, Causal, D, WG, BC, NS, DN, KS, PAD, false>(p),
+            (true, true) => fwd::<T, Causal, D, WG, BC, NS, DN, KS, PAD, true>(p),
+            (false, false) => fwd::<T, NoMask, D, WG, BC, NS, DN, KS, PAD, false>(p),
+            (false, true) => fwd::<T, NoMask, D, WG, BC, NS, DN, KS, PAD, true>(p),
+        }
+    }
 }
 
 /// The 128-byte-swizzle canonical layout of a [ROWS][D] 16-bit tile (D a multiple of 64):
@@ -76,16 +84,17 @@ unsafe fn fwd<
     const DN: usize,
     const KS: usize,
     const PAD: bool,
+    const EL: bool,
 >(
     p: &FwdParams,
 ) {
     let tile = WgmmaTile { warpgroups: WG as u32, bc: BC as u32, head_dim: D as u32, padded: PAD };
     const { assert!(D.is_multiple_of(64) && BC.is_multiple_of(16)) };
     let br = tile.br() as usize;
-    let d = if PAD { p.head_dim } else { D as u32 };
+    let d = body_head_dim::<D, PAD, EL>(p.head_dim);
     if p.head_dim > D as u32
         || (!PAD && p.head_dim != D as u32)
-        || d % 8 != 0
+        || d == 0
         || NS * 8 != BC
         || DN * 8 != D
         || KS * 16 != BC
@@ -411,8 +420,7 @@ unsafe fn fwd<
             let r = row0 + r_tile as u32;
             if r < sq && (col as u32) < d {
                 let v = q_s.ld_16(at(r_tile, col));
-                let off = r as u64 * p.o_strides.row + col as u64;
-                unsafe { global::store_16(dst.add(off as usize) as *mut dev::Chunk16, v) };
+                unsafe { store_chunk(dst.add((r as u64 * p.o_strides.row) as usize), col as u32, d, v) };
             }
         }
     };

@@ -58,6 +58,7 @@ pub mod dtype;
 pub mod fwd_mma;
 pub mod fwd_simt;
 pub mod fwd_wgmma;
+mod gmem;
 pub mod mask;
 pub mod nonfinite;
 pub mod params;

@@ -51,7 +51,7 @@ impl SimtTile {
     }
 }
 
-/// The SIMT forward tile for `head_dim` (a multiple of 8, at most 256).
+/// The SIMT forward tile for `head_dim` (1..=256).
 ///
 /// Reasons: acc_o is rows_per_warp * d_chunks registers per thread; keeping it at 64 or less
 /// leaves room for the scores and statistics: ptxas -v (sm_90, commit 8f51bfb) reports 168,
@@ -138,9 +138,10 @@ impl MmaTile {
 /// - head_dim 32, 96, 192, 256 (not yet timed): the largest tile ptxas fits in 255
 ///   registers with no spills; d=32 two m-tiles with Q in registers, d=96 one m-tile with Q in
 ///   registers, d=192 and 256 one m-tile, Bc = 32, Q reloaded.
-/// - Every other head_dim (a multiple of 8) runs in the next larger tile, zero-padded
-///   (`padded`). d=64 and d=128 keep exact kernels (the measured ones above, no padding
-///   checks); d=40..56 and d=104..120 take one-m-tile tiles with Q in registers (not yet timed).
+/// - Every other head_dim runs in the next larger tile, zero-padded (`padded`; a head_dim
+///   that is not a multiple of 8 is copied element by element, `gmem`). d=64 and d=128 keep
+///   exact kernels (the measured ones above, no padding checks); d=33..63 and d=97..127 take
+///   one-m-tile tiles with Q in registers (not yet timed).
 pub const fn mma_tile(head_dim: u32) -> Option<MmaTile> {
     const fn t(m_tiles: u32, bc: u32, q_in_regs: bool, head_dim: u32, padded: bool) -> Option<MmaTile> {
         Some(MmaTile { m_tiles, bc, q_in_regs, head_dim, padded, fused_exp: true })
@@ -160,10 +161,9 @@ pub const fn mma_tile(head_dim: u32) -> Option<MmaTile> {
 
 /// The head_dim the tensor-core kernel is compiled for that serves `head_dim` (zero-padded
 /// up to it): 32, 64, 96, 128, 192 or 256.
-#[allow(clippy::match_overlapping_arm)] // 0 is taken by the guard first
 pub const fn mma_head_dim(head_dim: u32) -> Option<u32> {
     match head_dim {
-        _ if head_dim == 0 || !head_dim.is_multiple_of(8) => None,
+        0 => None,
         ..=32 => Some(32),
         ..=64 => Some(64),
         ..=96 => Some(96),
@@ -253,7 +253,7 @@ pub const fn simt_dq_smem_bytes(head_dim: u32) -> u32 {
 /// `kv_br` rows. Both double-buffer the streamed tiles with cp.async.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MmaBwdTile {
-    /// The head_dim the kernels are compiled for (smaller multiples of 8 are zero-padded).
+    /// The head_dim the kernels are compiled for (smaller ones are zero-padded).
     pub head_dim: u32,
     /// Keys per K/V tile of the dQ kernel.
     pub dq_bc: u32,
@@ -392,7 +392,7 @@ impl WgmmaTile {
 ///   d=64 (127 registers, two blocks): 293 / - / 311 / 315.
 pub const fn wgmma_tile(head_dim: u32) -> Option<WgmmaTile> {
     match head_dim {
-        _ if head_dim == 0 || !head_dim.is_multiple_of(8) || head_dim > 128 => None,
+        0 | 129.. => None,
         ..=64 => Some(WgmmaTile { warpgroups: 1, bc: 128, head_dim: 64, padded: head_dim != 64 }),
         _ => Some(WgmmaTile { warpgroups: 1, bc: 64, head_dim: 128, padded: head_dim != 128 }),
     }
@@ -421,7 +421,7 @@ pub struct WgmmaBwdTile {
     pub dq_bc: u32,
     /// The head_dim compiled for (64 or 128).
     pub head_dim: u32,
-    /// Whether smaller head_dims (multiples of 8) are served, zero-padded in shared memory.
+    /// Whether smaller head_dims are served, zero-padded in shared memory.
     pub padded: bool,
     /// `.maxnreg` of the dK/dV kernel (0: none, ptxas's choice).
     pub dkdv_max_regs: u32,
@@ -456,7 +456,7 @@ impl WgmmaBwdTile {
 }
 
 /// The Hopper backward tile for `head_dim`, if there is one (f16 and bf16, sm_90a): every
-/// head_dim 8..=128, compiled for 64 or 128 (exact there, zero-padded below).
+/// head_dim 1..=128, compiled for 64 or 128 (exact there, zero-padded below).
 ///
 /// Reasons: one warpgroup per block, as in [`wgmma_tile`] (several blocks per SM hide each
 /// other's exponentials); br = dq_bc = 64 keeps S and dP at 32 registers each next to the
@@ -484,7 +484,7 @@ impl WgmmaBwdTile {
 /// two blocks whatever the registers.
 pub const fn wgmma_bwd_tile(head_dim: u32) -> Option<WgmmaBwdTile> {
     match head_dim {
-        _ if head_dim == 0 || !head_dim.is_multiple_of(8) || head_dim > 128 => None,
+        0 | 129.. => None,
         // Caps off: with the non-finite checks (`nonfinite`) the kernels need 178 and 159
         // registers, and spill 8 and 48 bytes under the 168 / 128 caps measured above: two and
         // three blocks per SM instead of three and four, until the checks are slimmed.

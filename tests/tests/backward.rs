@@ -210,6 +210,12 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
         ("padded_head_dim_72", shape(1, 30, 41, 2, 1, 72), false),
         ("padded_head_dim_120", shape(1, 33, 29, 2, 2, 120), true),
         ("head_dim_128_causal", shape(1, 40, 75, 2, 1, 128), true),
+        // head_dims that are not multiples of 8 (rows not 16-byte aligned).
+        ("head_dim_1", shape(1, 33, 41, 2, 1, 1), true),
+        ("head_dim_7", shape(1, 30, 35, 2, 2, 7), false),
+        ("head_dim_59", shape(1, 70, 66, 2, 1, 59), true),
+        ("head_dim_111", shape(1, 65, 80, 4, 2, 111), false),
+        ("head_dim_255", shape(1, 19, 23, 1, 1, 255), true),
         ("seqlen_q_1", shape(1, 1, 70, 2, 1, 64), true),
         ("seqlen_k_1", shape(1, 70, 1, 2, 1, 64), false),
     ];

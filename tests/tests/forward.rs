@@ -161,6 +161,42 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
             _ => trials.push(trial),
         }
     }
+    // head_dims that are not multiples of 8 (rows not 16-byte aligned: element-wise loads and
+    // stores), by every family with a variant for them.
+    let odd = [
+        ("head_dim_1", shape(1, 33, 65, 2, 1, 1), true, None),
+        ("head_dim_7", shape(1, 40, 41, 2, 2, 7), false, Some(-0.5)),
+        ("head_dim_59", shape(2, 70, 66, 2, 1, 59), true, None),
+        ("head_dim_111", shape(1, 65, 130, 4, 2, 111), false, None),
+        ("head_dim_255", shape(1, 45, 67, 2, 1, 255), true, None),
+    ];
+    for (name, s, causal, scale) in odd {
+        for v in FWD_VARIANTS.iter().filter(|v| v.serves(s.head_dim as u32) && ["wgmma", "mma", "simt"].contains(&v.family)) {
+            let dtype = match v.dtype {
+                DType::F32 => Dt::F32,
+                DType::F16 => Dt::F16,
+                DType::Bf16 => Dt::Bf16,
+            };
+            let case = Case { shape: s, causal, softmax_scale: scale, dtype, seed: 0 };
+            let family = v.family;
+            let trial = mk(
+                format!("{tag}::edge::{name}::{family}::{dtype:?}").to_lowercase(),
+                Box::new(move |fa| {
+                    check_case_with(fa, &Case { seed: fresh_seed(), ..case }, Some(family)).map(|_| ()).map_err(Failed::from)
+                }),
+            );
+            match &archs {
+                Some(a) if !a.contains(&v.arch) => {
+                    eprintln!(
+                        "\n*** {tag}::edge::{name}::{family}: this device cannot run {:?} kernels: NOT RUN (reported as ignored) ***\n",
+                        v.arch
+                    );
+                    trials.push(trial.with_ignored_flag(true));
+                }
+                _ => trials.push(trial),
+            }
+        }
+    }
     for (name, s, causal, scale) in edge_cases(kind) {
         for dtype in [Dt::F32, Dt::F16, Dt::Bf16] {
             let case = Case { shape: s, causal, softmax_scale: scale, dtype, seed: 0 };

@@ -47,12 +47,12 @@ fn batch_and_head_dim_mismatch() {
 
 #[test]
 fn unsupported_head_dims() {
-    for d in [4, 12, 100, 264, 512] {
+    for d in [0, 257, 264, 512] {
         let e = err(&[1, 4, 1, d], &[1, 4, 1, d], &[1, 4, 1, d], Attention::default());
         assert!(matches!(e, Error::UnsupportedHeadDim { head_dim } if head_dim == d), "{e}");
         assert!(e.to_string().contains(&d.to_string()));
     }
-    for d in (8..=256).step_by(8) {
+    for d in 1..=256 {
         assert!(validate(&[1, 4, 1, d], &[1, 4, 1, d], &[1, 4, 1, d], &Attention::default()).is_ok(), "d={d}");
     }
 }
@@ -169,7 +169,7 @@ fn registry_matches_tile_functions() {
     use flashattn::Arch;
     use flashattn::kernels::dtype::DType;
     use flashattn::kernels::tile::{mma_tile, simt_tile, wgmma_tile};
-    for d in (8..=256u32).step_by(8) {
+    for d in 1..=256u32 {
         for dtype in [DType::F16, DType::Bf16] {
             let opts = FwdOptions { kernel: Some("mma"), ..Default::default() };
             let v = flashattn::select_variant(dtype, d as usize, &opts, &[Arch::Sm80]).unwrap_or_else(|e| panic!("d={d}: {e}"));
@@ -217,13 +217,13 @@ fn backward_selection_and_registry_match_tile_functions() {
     for f in flashattn::BWD_FAMILIES {
         let any = [DType::F32, DType::F16, DType::Bf16]
             .iter()
-            .any(|&dt| (8..=256).step_by(8).any(|d| flashattn::kernels::registry::bwd_variant(f, "dkdv", dt, d).is_some()));
+            .any(|&dt| (1..=256).any(|d| flashattn::kernels::registry::bwd_variant(f, "dkdv", dt, d).is_some()));
         assert!(any || BWD_VARIANTS.iter().any(|v| v.family == *f), "family {f} has no variant");
     }
     for v in BWD_VARIANTS {
         assert!(flashattn::BWD_FAMILIES.contains(&v.family), "{} has unlisted family {}", v.name, v.family);
     }
-    for d in (8..=256u32).step_by(8) {
+    for d in 1..=256u32 {
         for dtype in [DType::F32, DType::F16, DType::Bf16] {
             let tc = dtype != DType::F32 && d <= 128;
             let auto = flashattn::select_bwd_variants(dtype, d as usize, &BwdOptions::default(), &[Arch::Sm80], false)

@@ -1,0 +1,125 @@
+//! Rows of Q, K, V, O (16-bit, any head_dim) between global memory and shared tiles: the
+//! block's tile copy and a thread's chunk store. Rows whose head_dim is a multiple of 8 are
+//! 16-byte aligned (the host's strides are multiples of head_dim) and move in 16-byte
+//! chunks; any other head_dim moves element by element, zero-padded to whole chunks in
+//! shared memory, so the tensor-core kernels see the same tiles either way.
+
+use crate::dev::{Chunk16, Shared, global, thread};
+use crate::dtype::MmaElement;
+
+/// Where element (row r, column c) of a 16-bit tile lives in shared memory (the mma kernels'
+/// `fwd_mma::Layout`, the wgmma kernels' `fwd_wgmma::Sw`). Lets one copy routine fill either.
+pub(crate) trait TileLayout {
+    /// Element index of (r, c), c a multiple of 8 (chunk start) or inside one.
+    fn at(r: usize, c: usize) -> usize;
+}
+
+/// The head_dim a kernel body compiled for D works with: D itself without PAD; with PAD the
+/// run-time `head_dim`, which in a body for whole 16-byte chunks (`EL` false: the kernel's
+/// entry checked head_dim % 8 == 0) carries its low three bits as known zeros, so the
+/// element-wise paths of [`load_tile_in`], [`store_chunk`] and the kernels fold away there and
+/// that body compiles as if they did not exist (inside the KV loop they cost the 255-register
+/// kernels spills). EL: the body for any other head_dim.
+#[inline(always)]
+pub(crate) fn body_head_dim<const D: usize, const PAD: bool, const EL: bool>(head_dim: u32) -> u32 {
+    if !PAD {
+        D as u32
+    } else if EL {
+        head_dim
+    } else {
+        head_dim & !7
+    }
+}
+
+/// Whether a kernel compiled for D with PAD runs its element-wise body (`EL`) for `head_dim`.
+#[inline(always)]
+pub(crate) fn by_element<const PAD: bool>(head_dim: u32) -> bool {
+    PAD && head_dim % 8 != 0
+}
+
+/// Block of THREADS threads: copies ROWS rows of a [seqlen, d] slice (row stride `stride`)
+/// into a tile of layout L and width D; with BOUNDS, rows at or past `limit` and columns at
+/// or past `d` are zero-filled (without it every row and column must be valid, and d = D).
+/// Thread `x` copies the 16-byte chunks x + THREADS i: a fixed trip count, so the loop
+/// unrolls and, when a row's chunks divide the block, the thread's column and swizzle are
+/// the same for every i and each copy is a pointer increment (a loop with a thread-dependent
+/// trip count cost 27 instructions per 16 bytes, a third of the KV loop's instructions at
+/// d=128: SASS of 27ff2b2). Asynchronous (cp.async: complete after the caller's commit and
+/// wait) when d is a multiple of 8; else synchronous, element by element, the same chunks
+/// per thread (the non-finite scans and the sign flips of Q rely on that).
+#[inline(always)]
+pub(crate) unsafe fn load_tile_in<
+    T: MmaElement,
+    L: TileLayout,
+    const D: usize,
+    const ROWS: usize,
+    const THREADS: usize,
+    const BOUNDS: bool,
+>(
+    dst: Shared<T>,
+    src: *const T,
+    stride: u64,
+    limit: u32,
+    d: u32,
+) {
+    let cpr = D / 8; // chunks per row
+    let stride = thread::opaque(stride);
+    let x = thread::opaque(thread::idx() as u64) as usize;
+    if BOUNDS && d % 8 != 0 {
+        // Element by element, one at a time: a loop at run time over this thread's chunks'
+        // elements, not unrolled (unrolled, its loads are hoisted together and the kernels
+        // around it spill), each a 2-byte load and a 2-byte shared store.
+        let n = thread::opaque(((ROWS * cpr).div_ceil(THREADS) * 8) as u64) as usize;
+        let half: Shared<u16> = dst.cast();
+        for j in 0..n {
+            let (e, k) = (x + THREADS * (j / 8), j % 8);
+            if e < ROWS * cpr {
+                let (r, c) = (e / cpr, (e % cpr) * 8 + k);
+                let v = if (r as u32) < limit && (c as u32) < d {
+                    unsafe { global::load(src.add(at_of(r, c, stride)) as *const u16) }
+                } else {
+                    0
+                };
+                half.st(L::at(r, c), v);
+            }
+        }
+        return;
+    }
+    for i in 0..(ROWS * cpr).div_ceil(THREADS) {
+        let e = x + THREADS * i;
+        // Whole-block chunks: row x / cpr + i * THREADS / cpr, column fixed per thread.
+        let (r, c) = if THREADS.is_multiple_of(cpr) { (x / cpr + i * (THREADS / cpr), (x % cpr) * 8) } else { (e / cpr, (e % cpr) * 8) };
+        if !(ROWS * cpr).is_multiple_of(THREADS) && e >= ROWS * cpr {
+            continue;
+        }
+        let valid = !BOUNDS || ((r as u32) < limit && (c as u32) < d);
+        let at = if valid { r as u64 * stride + c as u64 } else { 0 };
+        unsafe { thread::cp_async_16(dst, L::at(r, c), src.add(at as usize), valid) };
+    }
+}
+
+/// Element offset of (row r, column c) in a slice of row stride `stride`.
+#[inline(always)]
+fn at_of(r: usize, c: usize, stride: u64) -> usize {
+    (r as u64 * stride + c as u64) as usize
+}
+
+/// Thread: elements col..min(col + 8, d) of a row's chunk `v` (col < d, a multiple of 8) to
+/// that row at `row` in global memory: one 16-byte store when d is a multiple of 8, else
+/// element by element.
+///
+/// # Safety
+/// `row` must point to `d` writable elements, 16-byte aligned when d is a multiple of 8.
+#[inline(always)]
+pub(crate) unsafe fn store_chunk<T: Copy>(row: *mut T, col: u32, d: u32, v: Chunk16) {
+    if d % 8 == 0 {
+        unsafe { global::store_16(row.add(col as usize) as *mut Chunk16, v) };
+    } else {
+        for e in 0..8u32 {
+            if col + e < d {
+                let x = (v.0[(e / 2) as usize] >> (16 * (e % 2))) as u16;
+                unsafe { global::store(row.add((col + e) as usize) as *mut u16, x) };
+            }
+        }
+    }
+}
