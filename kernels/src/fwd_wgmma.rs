@@ -73,6 +73,22 @@ impl<const ROWS: usize, const D: usize> TileLayout for Sw<ROWS, D> {
     }
 }
 
+/// Warpgroup: one k-step of O += P V, acc (DN n-tiles) += A B with A from registers and B
+/// MN-major at `b`, its 64-column blocks `block_bytes` apart: one wgmma of N = 8 DN at head_dim
+/// 64 and 128, else (N = 192, 256) wgmma of N = 128 on two column blocks each, then one of
+/// N = 64 for the rest (the shapes compiled in, `dev::warpgroup`).
+#[inline(always)]
+fn pv_k_step<const DN: usize>(a: [u32; 4], b: warpgroup::Desc, acc: &mut [[f32; 4]; DN], block_bytes: u32, bf16: bool) {
+    let (wide, rest) = acc.as_chunks_mut::<16>();
+    let n_wide = wide.len();
+    for (i, part) in wide.iter_mut().enumerate() {
+        warpgroup::mma_rs::<16, true>(a, b.advance(2 * i * block_bytes as usize), part, true, bf16);
+    }
+    for (i, part) in rest.as_chunks_mut::<8>().0.iter_mut().enumerate() {
+        warpgroup::mma_rs::<8, true>(a, b.advance((2 * n_wide + i) * block_bytes as usize), part, true, bf16);
+    }
+}
+
 #[inline(always)]
 unsafe fn fwd<
     T: MmaElement,
@@ -203,11 +219,12 @@ unsafe fn fwd<
         warpgroup::commit();
     });
     // Warpgroup: issue O += P V_j (BC / 16 k-steps of m64n{D}k16, P from registers, V
-    // [keys][D] read MN-major) as one wgmma group.
+    // [keys][D] read MN-major; a k-step is two wgmma at D = 192 and 256: `pv_k_step`)
+    // as one wgmma group.
     let issue_pv = inline_closure!(|stage: usize, pa: &[[u32; 4]; KS], acc_o: &mut [[f32; 4]; DN]| {
         for (kv, f) in pa.iter().enumerate() {
             let bv = warpgroup::desc_sw128(v_s(stage), kv * 16 * 64, Sw::<BC, D>::BLOCK_BYTES, 1024);
-            warpgroup::mma_rs::<DN, true>(*f, bv, acc_o, true, T::BF16);
+            pv_k_step::<DN>(*f, bv, acc_o, Sw::<BC, D>::BLOCK_BYTES, T::BF16);
         }
         warpgroup::commit();
     });
@@ -428,6 +445,10 @@ unsafe fn fwd<
     // On request, the same for O_lo = T(O_f32 - O) (one uniform branch).
     if p.o_lo != 0 {
         warp::sync();
+        // The staging addresses recomputed from an opaque lane (else LLVM keeps the first
+        // pass's, 2 DN of them, live next to the 4 DN values: at D = 256 ptxas spilled
+        // 296-304 bytes, at D = 192 padded 56; `tile::wgmma_tile`).
+        let (g, t) = if D > 128 { (thread::opaque(g as u64) as usize, thread::opaque(t as u64) as usize) } else { (g, t) };
         for half in 0..2 {
             let r_tile = r_warp + g + 8 * half;
             for (n, acc) in acc_o.iter().enumerate() {

@@ -243,10 +243,18 @@ fwd_variants! {
     flash_fwd_wgmma_f16_d64   => "wgmma" @ Sm90a,     [wgmma!(F16, wgmma_tile, 64)],    F16,   (64, 64),   wg_br(wgmma_tile(64)), wg_threads(wgmma_tile(64)), wg_smem;
     flash_fwd_wgmma_f16_d128p => "wgmma" @ Sm90a,     [wgmma!(F16, wgmma_tile, 120)],   F16,   (65, 127),  wg_br(wgmma_tile(120)), wg_threads(wgmma_tile(120)), wg_smem;
     flash_fwd_wgmma_f16_d128  => "wgmma" @ Sm90a,     [wgmma!(F16, wgmma_tile, 128)],   F16,   (128, 128), wg_br(wgmma_tile(128)), wg_threads(wgmma_tile(128)), wg_smem;
+    flash_fwd_wgmma_f16_d192p => "wgmma" @ Sm90a,     [wgmma!(F16, wgmma_tile, 184)],   F16,   (129, 191), wg_br(wgmma_tile(184)), wg_threads(wgmma_tile(184)), wg_smem;
+    flash_fwd_wgmma_f16_d192  => "wgmma" @ Sm90a,     [wgmma!(F16, wgmma_tile, 192)],   F16,   (192, 192), wg_br(wgmma_tile(192)), wg_threads(wgmma_tile(192)), wg_smem;
+    flash_fwd_wgmma_f16_d256p => "wgmma" @ Sm90a,     [wgmma!(F16, wgmma_tile, 248)],   F16,   (193, 255), wg_br(wgmma_tile(248)), wg_threads(wgmma_tile(248)), wg_smem;
+    flash_fwd_wgmma_f16_d256  => "wgmma" @ Sm90a,     [wgmma!(F16, wgmma_tile, 256)],   F16,   (256, 256), wg_br(wgmma_tile(256)), wg_threads(wgmma_tile(256)), wg_smem;
     flash_fwd_wgmma_bf16_d64p  => "wgmma" @ Sm90a,     [wgmma!(Bf16, wgmma_tile, 56)],   Bf16,  (1, 63),    wg_br(wgmma_tile(56)), wg_threads(wgmma_tile(56)), wg_smem;
     flash_fwd_wgmma_bf16_d64   => "wgmma" @ Sm90a,     [wgmma!(Bf16, wgmma_tile, 64)],   Bf16,  (64, 64),   wg_br(wgmma_tile(64)), wg_threads(wgmma_tile(64)), wg_smem;
     flash_fwd_wgmma_bf16_d128p => "wgmma" @ Sm90a,     [wgmma!(Bf16, wgmma_tile, 120)],  Bf16,  (65, 127),  wg_br(wgmma_tile(120)), wg_threads(wgmma_tile(120)), wg_smem;
     flash_fwd_wgmma_bf16_d128  => "wgmma" @ Sm90a,     [wgmma!(Bf16, wgmma_tile, 128)],  Bf16,  (128, 128), wg_br(wgmma_tile(128)), wg_threads(wgmma_tile(128)), wg_smem;
+    flash_fwd_wgmma_bf16_d192p => "wgmma" @ Sm90a,     [wgmma!(Bf16, wgmma_tile, 184)],  Bf16,  (129, 191), wg_br(wgmma_tile(184)), wg_threads(wgmma_tile(184)), wg_smem;
+    flash_fwd_wgmma_bf16_d192  => "wgmma" @ Sm90a,     [wgmma!(Bf16, wgmma_tile, 192)],  Bf16,  (192, 192), wg_br(wgmma_tile(192)), wg_threads(wgmma_tile(192)), wg_smem;
+    flash_fwd_wgmma_bf16_d256p => "wgmma" @ Sm90a,     [wgmma!(Bf16, wgmma_tile, 248)],  Bf16,  (193, 255), wg_br(wgmma_tile(248)), wg_threads(wgmma_tile(248)), wg_smem;
+    flash_fwd_wgmma_bf16_d256  => "wgmma" @ Sm90a,     [wgmma!(Bf16, wgmma_tile, 256)],  Bf16,  (256, 256), wg_br(wgmma_tile(256)), wg_threads(wgmma_tile(256)), wg_smem;
     flash_fwd_wgmma_wg2_f16_d64 => "wgmma_wg2" @ Sm90a, [wgmma!(F16, wgmma_tile_wg2, 64)], F16, (64, 64), wg_br(wgmma_tile_wg2(64)), wg_threads(wgmma_tile_wg2(64)), wg2_smem;
     flash_fwd_wgmma_wg2_f16_d128 => "wgmma_wg2" @ Sm90a, [wgmma!(F16, wgmma_tile_wg2, 128)], F16, (128, 128), wg_br(wgmma_tile_wg2(128)), wg_threads(wgmma_tile_wg2(128)), wg2_smem;
     flash_fwd_wgmma_wg2_bf16_d64 => "wgmma_wg2" @ Sm90a, [wgmma!(Bf16, wgmma_tile_wg2, 64)], Bf16, (64, 64), wg_br(wgmma_tile_wg2(64)), wg_threads(wgmma_tile_wg2(64)), wg2_smem;
@@ -263,7 +271,7 @@ fwd_variants! {
 }
 
 /// Kernel families in the order automatic selection tries them (best first), among those the
-/// device runs: the Hopper kernel (`wgmma`, compute capability 9.0, 16-bit, head_dim <= 128),
+/// device runs: the Hopper kernel (`wgmma`, compute capability 9.0, 16-bit, head_dim <= 256),
 /// the tensor-core kernel (`mma`, sm_80+, 16-bit), else SIMT. Chosen only by name, for
 /// comparison: `mma_br64` (the first tensor-core tile), `mma_unfused` (the softmax on scaled
 /// scores, head_dim 64), `wgmma_wg2` (the first Hopper tile: two warpgroups per block, d = 64 and 128).

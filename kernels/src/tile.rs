@@ -345,7 +345,7 @@ pub struct WgmmaTile {
     pub warpgroups: u32,
     /// Keys per K/V tile (the N of the S = Q K^T wgmma and the K of O += P V).
     pub bc: u32,
-    /// The head_dim compiled for (64 or 128).
+    /// The head_dim compiled for (64, 128, 192 or 256).
     pub head_dim: u32,
     /// Whether smaller head_dims (multiples of 8) are served, zero-padded in shared memory.
     pub padded: bool,
@@ -368,8 +368,8 @@ impl WgmmaTile {
 }
 
 /// The Hopper forward tile for `head_dim`, if there is one (f16 and bf16, sm_90a): every
-/// head_dim 8..=128 (a multiple of 8), compiled for 64 (d <= 64) or 128 (d 72..=128), exact
-/// at 64 and 128 and zero-padded below.
+/// head_dim 8..=256 (a multiple of 8), compiled for 64 (d <= 64), 128 (d 72..=128), 192
+/// (d 136..=192) or 256 (d 200..=256), exact at 64, 128, 192 and 256 and zero-padded below.
 ///
 /// Reasons: one warpgroup per block, as many blocks per SM as registers and shared memory
 /// allow. ptxas places a warpgroup's wait for P V before its softmax (see `fwd_wgmma`), so a
@@ -390,11 +390,26 @@ impl WgmmaTile {
 ///   336 / 367; at d=64 (168 registers x 256 threads: one block per SM) 244 / - / 271 / 279
 ///   against one warpgroup and Bc = 64's 310 / - / 327 / 326. Two warpgroups and Bc = 64 at
 ///   d=64 (127 registers, two blocks): 293 / - / 311 / 315.
+/// - d 136..=256 (not yet timed; mma.sync ran d=256 at 0.85x FA2 on the H200): one
+///   warpgroup, Bc = 32, chosen so that two blocks share an SM, as at d <= 128. O's
+///   accumulator is D / 2 registers per thread (128 at D = 256); P V is one wgmma of N = 128
+///   per two 64-column blocks of V and one of N = 64 for the rest (`fwd_wgmma::pv_k_step`),
+///   S = Q K^T is m64n32k16. ptxas -v (sm_90a, 13.0), registers exact / padded, f16 and
+///   bf16, no spills, no stack:
+///   - D = 192, Bc = 32: 210 / 234, 72 KB: two blocks per SM (registers: three would need
+///     168). Bc = 64: 248 / 250 (bf16 254 / 250), 120 KB: one block.
+///   - D = 256, Bc = 32: 242 / 255 (bf16 242 / 243), 96 KB: two blocks per SM (2 x 128 x 256
+///     registers is the whole register file). Bc = 64: 255 / 255, 160 KB: one block.
+///   - Before the O_lo epilogue rebuilt its staging addresses (`fwd_wgmma`), Bc = 32 spilled:
+///     D = 192 250 / 255 with 56 bytes, D = 256 255 with 296-304 bytes.
+#[allow(clippy::match_overlapping_arm)] // the arms are tried in order
 pub const fn wgmma_tile(head_dim: u32) -> Option<WgmmaTile> {
     match head_dim {
-        0 | 129.. => None,
+        0 | 257.. => None,
         ..=64 => Some(WgmmaTile { warpgroups: 1, bc: 128, head_dim: 64, padded: head_dim != 64 }),
-        _ => Some(WgmmaTile { warpgroups: 1, bc: 64, head_dim: 128, padded: head_dim != 128 }),
+        ..=128 => Some(WgmmaTile { warpgroups: 1, bc: 64, head_dim: 128, padded: head_dim != 128 }),
+        ..=192 => Some(WgmmaTile { warpgroups: 1, bc: 32, head_dim: 192, padded: head_dim != 192 }),
+        _ => Some(WgmmaTile { warpgroups: 1, bc: 32, head_dim: 256, padded: head_dim != 256 }),
     }
 }
 

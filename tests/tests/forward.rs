@@ -41,6 +41,10 @@ fn edge_cases(kind: BackendKind) -> Vec<(&'static str, AttnShape, bool, Option<f
         // loop and reuses the Q tile for O; with a negative scale Q's sign was flipped first.
         ("causal_row_tile_sees_no_key", shape(1, 300, 9, 2, 1, 64), true, None),
         ("causal_row_tile_sees_no_key_negative_scale", shape(1, 300, 9, 1, 1, 128), true, Some(-0.3)),
+        // The same past head_dim 128 (the Hopper kernel's 192 and 256 tiles, Q's sign flipped
+        // over all its column blocks), and a padded head_dim with GQA.
+        ("causal_row_tile_sees_no_key_negative_scale_d256", shape(1, 200, 9, 1, 1, 256), true, Some(-0.3)),
+        ("head_dim_184_gqa_negative_scale", shape(1, 70, 45, 4, 2, 184), false, Some(-0.15)),
     ];
     if kind == BackendKind::Gpu {
         v.push(("long_sequence_1024", shape(1, 1024, 1024, 2, 1, 128), true, None));
@@ -101,7 +105,7 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
     };
     let families: [(Option<&'static str>, &[Dt], usize); 4] = [
         (None, &[Dt::F32, Dt::F16, Dt::Bf16], 32),
-        (Some("wgmma"), &[Dt::F16, Dt::Bf16], 16),
+        (Some("wgmma"), &[Dt::F16, Dt::Bf16], 32),
         (Some("mma"), &[Dt::F16, Dt::Bf16], 32),
         (Some("simt"), &[Dt::F32, Dt::F16, Dt::Bf16], 32),
     ];

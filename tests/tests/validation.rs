@@ -183,7 +183,7 @@ fn registry_matches_tile_functions() {
             let t = simt_tile(d);
             assert_eq!((v.br, (v.smem_bytes)(d), v.threads), (t.br(), t.smem_bytes(d), t.threads()), "d={d}: {}", v.name);
         }
-        // Hopper: wgmma where its tile applies (16-bit, head_dim <= 128), else the mma tile;
+        // Hopper: wgmma where its tile applies (16-bit, head_dim <= 256), else the mma tile;
         // without sm_90a, the mma tile.
         for dtype in [DType::F16, DType::Bf16] {
             let auto = |archs: &[Arch]| {

@@ -212,7 +212,9 @@ pub mod warp {
 /// The pattern, as in the PTX ISA: operands written ([`fence_operands`] orders register
 /// writes, [`thread::fence_proxy_async`] and a barrier order shared-memory writes), then
 /// [`fence`], one or more [`mma_ss`]/[`mma_rs`], [`commit`], and [`wait`] before the
-/// accumulators are read again. Shapes compiled in: N = 64 and 128 (NT = 8, 16); others trap.
+/// accumulators are read again. Shapes compiled in: N = 64 and 128 (NT = 8, 16), N = 32 for
+/// [`mma_ss`] and N = 8 for [`mma_rs`] with B K-major; others trap (and the emulator reports
+/// them). Wider products are several of these (`fwd_wgmma`'s P V at head_dim 192 and 256).
 ///
 /// ptxas's rule, learnt the hard way: while any wgmma is in flight, no other instruction may
 /// write a register that is some wgmma's accumulator (an in-place rescale, or the register

@@ -294,6 +294,34 @@ pub fn wgmma_ss<const NT: usize, const MN: bool>(a: u64, b: u64, acc: &mut [[f32
     let sd = accumulate as u32;
     let acc = acc.as_flattened_mut();
     match (bf16, NT, MN) {
+        (false, 4, false) => wgmma_asm!(
+            ss,
+            "f16",
+            "32",
+            acc,
+            16,
+            [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15],
+            "{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}, {8}, {9}, {10}, {11}, {12}, {13}, {14}, {15}",
+            a,
+            b,
+            sd,
+            "0",
+            "0"
+        ),
+        (true, 4, false) => wgmma_asm!(
+            ss,
+            "bf16",
+            "32",
+            acc,
+            16,
+            [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15],
+            "{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}, {8}, {9}, {10}, {11}, {12}, {13}, {14}, {15}",
+            a,
+            b,
+            sd,
+            "0",
+            "0"
+        ),
         (false, 8, false) => wgmma_asm!(
             ss,
             "f16",

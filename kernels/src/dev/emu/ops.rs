@@ -190,6 +190,15 @@ pub fn pin_u32(_: &mut u32) {}
 /// scheduler writes each thread's accumulators through the pointer it passed.
 #[track_caller]
 pub fn wgmma_ss<const NT: usize, const MN: bool>(a: u64, b: u64, acc: &mut [[f32; 4]; NT], accumulate: bool, bf16: bool) {
+    // The shapes the PTX build has (`nvptx::wgmma_ss`; any other traps on the GPU).
+    if !matches!((NT, MN), (4, false) | (8, _) | (16, _)) {
+        fault(format!(
+            "wgmma m64n{}k16 (A, B {}) is not compiled for the GPU, at {}",
+            8 * NT,
+            if MN { "MN-major" } else { "K-major" },
+            Location::caller()
+        ));
+    }
     let ev = Event::Wgmma {
         a_desc: Some(a),
         a_regs: [0; 4],
@@ -206,6 +215,15 @@ pub fn wgmma_ss<const NT: usize, const MN: bool>(a: u64, b: u64, acc: &mut [[f32
 }
 #[track_caller]
 pub fn wgmma_rs<const NT: usize, const TRANS_B: bool>(a: [u32; 4], b: u64, acc: &mut [[f32; 4]; NT], accumulate: bool, bf16: bool) {
+    // The shapes the PTX build has (`nvptx::wgmma_rs`; any other traps on the GPU).
+    if !matches!((NT, TRANS_B), (1, false) | (8, _) | (16, _)) {
+        fault(format!(
+            "wgmma m64n{}k16 (A from registers, B {}) is not compiled for the GPU, at {}",
+            8 * NT,
+            if TRANS_B { "MN-major" } else { "K-major" },
+            Location::caller()
+        ));
+    }
     let ev = Event::Wgmma {
         a_desc: None,
         a_regs: a,
