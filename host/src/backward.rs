@@ -175,11 +175,7 @@ impl FlashAttn {
         let mut stats = self.alloc::<f32>(&[4, ls[0], ls[1], ls[2]])?;
         // The atomic path's dQ accumulator, zeroed on the stream; none otherwise.
         let atomic = passes.iter().any(|v| v.pass == "dkdvq");
-        let mut dq_accum = if atomic {
-            Some(self.zeros::<f32>(&[ls[0], ls[1], ls[2], flashattn_kernels::params::dq_accum_stride(shape.head_dim as u32) as usize])?)
-        } else {
-            None
-        };
+        let mut dq_accum = if atomic { Some(self.zeros::<f32>(&[ls[0], ls[1], ls[2], shape.head_dim])?) } else { None };
         let stream = self.stream();
         let d = shape.head_dim as u32;
         let params = BwdParams {

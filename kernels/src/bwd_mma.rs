@@ -38,10 +38,10 @@
 use crate::dev::{self, Shared, block, global, math, thread, warp};
 use crate::dtype::MmaElement;
 use crate::fwd_mma::{LaneAddr, Layout, load_tile};
-use crate::gmem::{body_head_dim, by_element};
+use crate::gmem::body_head_dim;
 use crate::mask::{Causal, Mask, NoMask};
 use crate::nonfinite::{add_nonfinite, dkdv_tile_masked, finite_frag, row_at};
-use crate::params::{BwdParams, dq_accum_stride};
+use crate::params::BwdParams;
 use crate::tile::MMA_WARPS;
 use core::f32::consts::LOG2_E;
 
@@ -122,12 +122,15 @@ pub unsafe fn dq<
 >(
     p: &BwdParams,
 ) {
+    // Head dims that are multiples of 8 only (`registry::BWD_ALIGNED_FAMILIES`).
+    if p.head_dim % 8 != 0 {
+        thread::trap();
+    }
     unsafe {
-        match (p.causal != 0, by_element::<true>(p.head_dim)) {
-            (true, false) => dq_masked::<T, Causal, D, DK, DN, BC, NS, QREG, STATS_ONLY, false>(p),
-            (true, true) => dq_masked::<T, Causal, D, DK, DN, BC, NS, QREG, STATS_ONLY, true>(p),
-            (false, false) => dq_masked::<T, NoMask, D, DK, DN, BC, NS, QREG, STATS_ONLY, false>(p),
-            (false, true) => dq_masked::<T, NoMask, D, DK, DN, BC, NS, QREG, STATS_ONLY, true>(p),
+        if p.causal != 0 {
+            dq_masked::<T, Causal, D, DK, DN, BC, NS, QREG, STATS_ONLY, false>(p)
+        } else {
+            dq_masked::<T, NoMask, D, DK, DN, BC, NS, QREG, STATS_ONLY, false>(p)
         }
     }
 }
@@ -478,12 +481,15 @@ pub unsafe fn dkdv<
 >(
     p: &BwdParams,
 ) {
+    // Head dims that are multiples of 8 only (`registry::BWD_ALIGNED_FAMILIES`).
+    if p.head_dim % 8 != 0 {
+        thread::trap();
+    }
     unsafe {
-        match (p.causal != 0, by_element::<true>(p.head_dim)) {
-            (true, false) => dkdv_masked::<T, Causal, D, DK, DN, BR, NQ, KVREG, DQ, false>(p),
-            (true, true) => dkdv_masked::<T, Causal, D, DK, DN, BR, NQ, KVREG, DQ, true>(p),
-            (false, false) => dkdv_masked::<T, NoMask, D, DK, DN, BR, NQ, KVREG, DQ, false>(p),
-            (false, true) => dkdv_masked::<T, NoMask, D, DK, DN, BR, NQ, KVREG, DQ, true>(p),
+        if p.causal != 0 {
+            dkdv_masked::<T, Causal, D, DK, DN, BR, NQ, KVREG, DQ, false>(p)
+        } else {
+            dkdv_masked::<T, NoMask, D, DK, DN, BR, NQ, KVREG, DQ, false>(p)
         }
     }
 }
@@ -630,7 +636,7 @@ unsafe fn dkdv_masked<
             // Block: every warp's slice of dS is in shared memory; then dQ_i += dS_ij K_j.
             block::sync();
             let (h, _) = tile_of(it);
-            let base = (b as u64 * p.heads_q as u64 + h as u64) * sq as u64 * dq_accum_stride(d) as u64;
+            let base = (b as u64 * p.heads_q as u64 + h as u64) * sq as u64 * d as u64;
             ctx.dq_atomic::<BR>(unsafe { (p.dq_accum as *mut f32).add(base as usize) });
         }
         // Everyone is done with stage it % 2 before iteration it + 1 refills it.
@@ -788,7 +794,7 @@ impl<T: MmaElement, const D: usize, const DK: usize, const KVREG: bool> KvStep<'
 
     /// Warp: its share of dQ_i += dS_ij K_j for this query tile (BR rows, all 64 keys of the
     /// block), added to the f32 accumulator `acc` ([seqlen_q][head_dim] of the tile's query
-    /// head, row stride `dq_accum_stride`) with `red.global.add`. The BR/16 x D/16 units (16 query rows, 16 columns) go to
+    /// head) with `red.global.add`. The BR/16 x D/16 units (16 query rows, 16 columns) go to
     /// the warps round robin; a unit's k-loop reads dS (A, ldmatrix) and K (B, keys as the
     /// reduction dimension, ldmatrix .trans) from shared memory.
     #[inline(always)]
@@ -819,8 +825,7 @@ impl<T: MmaElement, const D: usize, const DK: usize, const KVREG: bool> KvStep<'
                             let row = self.i0 + (mt * 16 + g + 8 * (e / 2)) as u32;
                             let col = (cp * 16 + n * 8 + 2 * t + e % 2) as u32;
                             if row < p.seqlen_q && col < p.head_dim {
-                                let at = row as u64 * dq_accum_stride(p.head_dim) as u64 + col as u64;
-                                unsafe { global::red_add(acc.add(at as usize), x) };
+                                unsafe { global::red_add(acc.add((row as u64 * p.head_dim as u64 + col as u64) as usize), x) };
                             }
                         }
                     }
@@ -842,28 +847,17 @@ pub const CONVERT_ROWS: usize = 64;
 pub unsafe fn dq_convert<T: MmaElement>(p: &BwdParams) {
     let (blk, h, b) = block::idx();
     let (sq, d) = (p.seqlen_q, p.head_dim);
-    let ds = dq_accum_stride(d);
     let r0 = blk * CONVERT_ROWS as u32;
     let rows = (sq - r0.min(sq)).min(CONVERT_ROWS as u32);
-    let src =
-        (p.dq_accum as *const f32).wrapping_add((((b as u64 * p.heads_q as u64 + h as u64) * sq as u64 + r0 as u64) * ds as u64) as usize);
-    // Column pairs (x, x + 1), x even; an odd head_dim's last pair has one element in dQ.
-    let pairs = ds / 2;
+    let src = ((b as u64 * p.heads_q as u64 + h as u64) * sq as u64 + r0 as u64) * d as u64;
+    let pairs = rows * d / 2;
     let mut i = thread::idx();
-    while i < rows * pairs {
-        let (r, c) = (i / pairs, 2 * (i % pairs));
+    while i < pairs {
+        let (r, c) = ((2 * i) / d, (2 * i) % d);
         unsafe {
-            let x: [f32; 2] = global::load(src.add((r * ds + c) as usize) as *const [f32; 2]);
+            let x: [f32; 2] = global::load((p.dq_accum as *const f32).add((src + 2 * i as u64) as usize) as *const [f32; 2]);
             let dst = (p.dq as *mut T).add((p.q_strides.offset(b, r0 + r, h) + c as u64) as usize);
-            let packed = T::pack2(x[0] * p.scale, x[1] * p.scale);
-            if d % 2 == 0 {
-                global::store(dst as *mut u32, packed);
-            } else {
-                global::store(dst as *mut u16, packed as u16);
-                if c + 1 < d {
-                    global::store(dst.add(1) as *mut u16, (packed >> 16) as u16);
-                }
-            }
+            global::store(dst as *mut u32, T::pack2(x[0] * p.scale, x[1] * p.scale));
         }
         i += block::dim();
     }

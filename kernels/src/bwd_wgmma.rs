@@ -63,7 +63,7 @@ use crate::fwd_wgmma::Sw;
 use crate::gmem::{body_head_dim, by_element, load_tile_in};
 use crate::mask::{Causal, Mask, NoMask};
 use crate::nonfinite::{clean_own_pair, dkdv_tile_masked, own_chunks_nonfinite, warp_fix_stored_dv, zero_own_nonfinite};
-use crate::params::{BwdParams, dq_accum_stride};
+use crate::params::BwdParams;
 use core::f32::consts::LOG2_E;
 
 /// Keys per block: one warpgroup's M.
@@ -88,8 +88,13 @@ pub unsafe fn dkdv<
 >(
     p: &BwdParams,
 ) {
+    // With DQ (the atomic family), head dims that are multiples of 8 only
+    // (`registry::BWD_ALIGNED_FAMILIES`).
+    if DQ && by_element::<PAD>(p.head_dim) {
+        thread::trap();
+    }
     unsafe {
-        match (p.causal != 0, by_element::<PAD>(p.head_dim)) {
+        match (p.causal != 0, !DQ && by_element::<PAD>(p.head_dim)) {
             (true, false) => dkdv_masked::<T, Causal, D, DN, BR, NQ, KQ, PAD, DQ, false>(p),
             (true, true) => dkdv_masked::<T, Causal, D, DN, BR, NQ, KQ, PAD, DQ, true>(p),
             (false, false) => dkdv_masked::<T, NoMask, D, DN, BR, NQ, KQ, PAD, DQ, false>(p),
@@ -349,8 +354,7 @@ unsafe fn dkdv_masked<
             // accumulators: all D at once spilled at d=128). The lane's address is rebuilt per
             // tile (`opaque`).
             let row = i0 + (w * 16 + g) as u32;
-            let ds = dq_accum_stride(d) as u64;
-            let at = ((b as u64 * p.heads_q as u64 + h as u64) * sq as u64 + row as u64) * ds + 2 * t as u64;
+            let at = ((b as u64 * p.heads_q as u64 + h as u64) * sq as u64 + row as u64) * d as u64 + 2 * t as u64;
             let acc_g = thread::opaque(p.dq_accum + at * 4) as *mut f32;
             let col0 = 2 * t as u32;
             let a0 = warpgroup::desc_sw128(ds_s, 0, Sw::<KEYS, BR>::BLOCK_BYTES, 1024).opaque();
@@ -370,7 +374,7 @@ unsafe fn dkdv_masked<
                     for half in 0..2usize {
                         let r = row + 8 * half as u32;
                         if r < sq && col0 + col < d {
-                            let off = (8 * half as u64 * ds + col as u64) as usize;
+                            let off = (8 * half as u64 * d as u64 + col as u64) as usize;
                             unsafe { global::red_add_v2(acc_g.add(off), [x[2 * half], x[2 * half + 1]]) };
                         }
                     }
@@ -493,8 +497,13 @@ pub unsafe fn dq<
 >(
     p: &BwdParams,
 ) {
+    // DQ_STATS (the atomic family): head dims that are multiples of 8 only
+    // (`registry::BWD_ALIGNED_FAMILIES`).
+    if MODE == DQ_STATS && by_element::<PAD>(p.head_dim) {
+        thread::trap();
+    }
     unsafe {
-        match (p.causal != 0, by_element::<PAD>(p.head_dim)) {
+        match (p.causal != 0, MODE != DQ_STATS && by_element::<PAD>(p.head_dim)) {
             (true, false) => dq_masked::<T, Causal, D, DN, BC, NS, KS, PAD, MODE, false>(p),
             (true, true) => dq_masked::<T, Causal, D, DN, BC, NS, KS, PAD, MODE, true>(p),
             (false, false) => dq_masked::<T, NoMask, D, DN, BC, NS, KS, PAD, MODE, false>(p),

@@ -337,7 +337,7 @@ unsafe fn fwd<
     let o_words: Shared<u32> = q_s.cast();
     for mt in 0..MT {
         for half in 0..2 {
-            let (inv_l, lse) = if FUSED { rows[mt][half].finish_raw::<4>(c) } else { rows[mt][half].finish::<T::Dm, 4>() };
+            let (inv_l, lse) = if FUSED { rows[mt][half].finish_raw::<4>(c, p.scale.abs()) } else { rows[mt][half].finish::<T::Dm, 4>() };
             let r_tile = (w * MT + mt) * 16 + g + 8 * half;
             for (n, acc) in acc_o[mt].iter().enumerate() {
                 let packed = T::pack2(normalize(acc[2 * half], inv_l), normalize(acc[2 * half + 1], inv_l));

@@ -414,7 +414,7 @@ unsafe fn fwd<
     };
     let mut inv = [0f32; 2];
     for half in 0..2 {
-        let (inv_l, lse) = rows[half].finish_raw::<4>(c);
+        let (inv_l, lse) = rows[half].finish_raw::<4>(c, p.scale.abs());
         inv[half] = inv_l;
         let r_tile = r_warp + g + 8 * half;
         for (n, acc) in acc_o.iter().enumerate() {

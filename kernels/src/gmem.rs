@@ -16,7 +16,7 @@ pub(crate) trait TileLayout {
 
 /// The head_dim a kernel body compiled for D works with: D itself without PAD; with PAD the
 /// run-time `head_dim`, which in a body for whole 16-byte chunks (`EL` false: the kernel's
-/// entry checked head_dim % 8 == 0) carries its low three bits as known zeros, so the
+/// entry checked head_dim % 8 == 0) is known to the compiler as a multiple of 8, so the
 /// element-wise paths of [`load_tile_in`], [`store_chunk`] and the kernels fold away there and
 /// that body compiles as if they did not exist (inside the KV loop they cost the 255-register
 /// kernels spills). EL: the body for any other head_dim.
@@ -25,9 +25,15 @@ pub(crate) fn body_head_dim<const D: usize, const PAD: bool, const EL: bool>(hea
     if !PAD {
         D as u32
     } else if EL {
+        // SAFETY: the entry runs this body only for such a head_dim (`by_element`); told so,
+        // LLVM drops the 16-byte paths from it too.
+        unsafe { core::hint::assert_unchecked(head_dim % 8 != 0) };
         head_dim
     } else {
-        head_dim & !7
+        // SAFETY: the entry runs this body only for a multiple of 8 (`by_element` false); the
+        // same value, so no second one lives across the kernels' loops.
+        unsafe { core::hint::assert_unchecked(head_dim.is_multiple_of(8)) };
+        head_dim
     }
 }
 
@@ -63,13 +69,20 @@ pub(crate) unsafe fn load_tile_in<
     d: u32,
 ) {
     let cpr = D / 8; // chunks per row
-    let stride = thread::opaque(stride);
-    let x = thread::opaque(thread::idx() as u64) as usize;
     if BOUNDS && d % 8 != 0 {
         // Element by element, one at a time: a loop at run time over this thread's chunks'
         // elements, not unrolled (unrolled, its loads are hoisted together and the kernels
         // around it spill), each a 2-byte load and a 2-byte shared store.
+        // Everything the loop needs read here (`opaque`): no register of it lives across the
+        // caller's loop.
         let n = thread::opaque(((ROWS * cpr).div_ceil(THREADS) * 8) as u64) as usize;
+        let (x, stride, limit, d) = (
+            thread::opaque(thread::idx() as u64) as usize,
+            thread::opaque(stride),
+            thread::opaque(limit as u64) as u32,
+            thread::opaque(d as u64) as u32,
+        );
+        let src = thread::opaque(src as u64) as *const T;
         let half: Shared<u16> = dst.cast();
         for j in 0..n {
             let (e, k) = (x + THREADS * (j / 8), j % 8);
@@ -85,6 +98,8 @@ pub(crate) unsafe fn load_tile_in<
         }
         return;
     }
+    let stride = thread::opaque(stride);
+    let x = thread::opaque(thread::idx() as u64) as usize;
     for i in 0..(ROWS * cpr).div_ceil(THREADS) {
         let e = x + THREADS * i;
         // Whole-block chunks: row x / cpr + i * THREADS / cpr, column fixed per thread.

@@ -85,8 +85,10 @@ pub struct BwdParams {
     pub dq: u64,
     pub dk: u64,
     pub dv: u64,
-    /// The atomic path's f32 dQ accumulator [batch, heads_q, seqlen_q, dq_accum_stride(head_dim)]
-    /// (contiguous, zeroed before the launch; unscaled); 0 for the deterministic kernels.
+    /// The atomic path's f32 dQ accumulator [batch, heads_q, seqlen_q, head_dim] (contiguous,
+    /// zeroed before the launch; unscaled); 0 for the deterministic kernels. The atomic
+    /// families serve head dims that are multiples of 8 only (`registry::BWD_ALIGNED_FAMILIES`),
+    /// so its rows are 8-byte aligned for the paired adds.
     pub dq_accum: u64,
     /// Strides of Q, O, dO and dQ (one layout).
     pub q_strides: Strides,
@@ -102,11 +104,4 @@ pub struct BwdParams {
     pub scale: f32,
     /// 1 for causal masking (bottom-right aligned), 0 for none.
     pub causal: u32,
-}
-
-/// Row stride, in f32, of the atomic backward's dQ accumulator ([`BwdParams::dq_accum`]):
-/// head_dim rounded up to even, so the column pairs a lane adds are 8-byte aligned at every
-/// head_dim (`red.global.add.v2.f32`); the extra column of an odd head_dim gets zeros.
-pub const fn dq_accum_stride(head_dim: u32) -> u32 {
-    head_dim.next_multiple_of(2)
 }

@@ -318,7 +318,9 @@ pub struct BwdVariant {
 impl BwdVariant {
     /// Whether this variant serves `head_dim`.
     pub fn serves(&self, head_dim: u32) -> bool {
-        self.head_dims.0 <= head_dim && head_dim <= self.head_dims.1
+        self.head_dims.0 <= head_dim
+            && head_dim <= self.head_dims.1
+            && (head_dim.is_multiple_of(8) || !BWD_ALIGNED_FAMILIES.contains(&self.family))
     }
     /// The `.maxnreg` its entry is loaded with, if any (`wgmma_bwd_tile`).
     pub fn max_regs(&self) -> Option<u32> {
@@ -627,6 +629,13 @@ bwd_variants! {
     flash_bwd_dq_bf16_d128   => "simt" @ Sm80, "dq",   [bwd_q!(Bf16, 128)],   Bf16, (65, 128),  simt_tile(128).br(), 128, simt_dq_smem_bytes;
     flash_bwd_dq_bf16_d256   => "simt" @ Sm80, "dq",   [bwd_q!(Bf16, 256)],   Bf16, (129, 256), simt_tile(256).br(), 128, simt_dq_smem_bytes;
 }
+
+/// Backward families whose kernels serve only head dims that are multiples of 8 (others go
+/// to the next family: SIMT off Hopper). Their dK/dV kernels sit at 255 registers, and the
+/// element-wise body for other head dims (`gmem::load_tile_in`) spills there (ptxas 13.0,
+/// sm_80: mma dK/dV 12-16 bytes at d = 64 and 128, mma_atomic 4-84 bytes, wgmma_atomic 4
+/// bytes at d = 128 padded).
+pub const BWD_ALIGNED_FAMILIES: &[&str] = &["mma", "mma_atomic", "wgmma_atomic"];
 
 /// Backward kernel families in the order automatic selection tries them (best first), among
 /// those the device runs: on Hopper `wgmma` (`prep`, dQ and dK/dV kernels on warpgroup MMA;

@@ -172,10 +172,15 @@ impl RowState {
         alpha
     }
 
-    /// [`RowState::finish`] for a row kept by [`RowState::update_raw`] with factor `c`.
+    /// [`RowState::finish`] for a row kept by [`RowState::update_raw`] with factor `c`
+    /// (`Log2::factor(scale)`): the LSE's max term is the raw max times `scale` (> 0, as the
+    /// score scale) in f64, rounded once with the log: c itself is rounded, and at tiny
+    /// scales (subnormal c) that rounding alone is far more than naive attention's error.
     #[inline(always)]
-    pub fn finish_raw<const W: u32>(&self, c: f32) -> (f32, f32) {
-        RowState { m: self.m * c, l: self.l }.finish::<Log2, W>()
+    pub fn finish_raw<const W: u32>(&self, c: f32, scale: f32) -> (f32, f32) {
+        let l = warp::allreduce_sum_in::<W>(self.l);
+        let (inv_l, lse) = finish_stats::<Log2>(self.m * c, l);
+        if inv_l > 0.0 { (inv_l, (self.m as f64 * score_scale(scale) as f64 + ln_f64(l)) as f32) } else { (inv_l, lse) }
     }
 
     /// Lane group: the row's final 1 / l_i and its log-sum-exp in the natural log:

@@ -22,6 +22,17 @@ fn shape(batch: usize, seqlen_q: usize, seqlen_k: usize, heads_q: usize, heads_k
     AttnShape { batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim }
 }
 
+/// A case `family` serves: head_dim rounded up to a multiple of 8 for the families that
+/// take only those (`BWD_ALIGNED_FAMILIES`; automatic selection takes every head_dim).
+fn for_family(family: Option<&str>, c: Case) -> Case {
+    match family {
+        Some(f) if flashattn::kernels::registry::BWD_ALIGNED_FAMILIES.contains(&f) => {
+            Case { shape: AttnShape { head_dim: c.shape.head_dim.next_multiple_of(8), ..c.shape }, ..c }
+        }
+        _ => c,
+    }
+}
+
 fn fresh_seed() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
 }
@@ -102,9 +113,12 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
                 format!("{tag}::{kind_name}::{dtype:?}::{i:03}").to_lowercase(),
                 Box::new(move |fa| {
                     let mut runner = TestRunner::new(Config { cases: cases as u32, failure_persistence: None, ..Config::default() });
-                    let strategy = case_strategy(max_s, max_d, max_hkv, max_group, max_b, budget).prop_map(move |c| match few_keys {
-                        true => Case { dtype, causal: true, shape: AttnShape { seqlen_k: 1 + c.shape.seqlen_k % 3, ..c.shape }, ..c },
-                        false => Case { dtype, ..c },
+                    let strategy = case_strategy(max_s, max_d, max_hkv, max_group, max_b, budget).prop_map(move |c| {
+                        let c = for_family(family, c);
+                        match few_keys {
+                            true => Case { dtype, causal: true, shape: AttnShape { seqlen_k: 1 + c.shape.seqlen_k % 3, ..c.shape }, ..c },
+                            false => Case { dtype, ..c },
+                        }
                     });
                     runner
                         .run(&strategy, |case| check_backward_with(fa, &case, false, family, saved).map_err(TestCaseError::fail))
@@ -145,7 +159,10 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
                 Box::new(move |fa| {
                     let mut runner = TestRunner::new(Config { cases: cases as u32, failure_persistence: None, ..Config::default() });
                     let (s, hkv, g, b, budget) = limits;
-                    let strategy = (case_strategy(s, d_units, hkv, g, b, budget), nonfinite::plants_strategy(true));
+                    let strategy = (
+                        case_strategy(s, d_units, hkv, g, b, budget).prop_map(move |c| for_family(family, c)),
+                        nonfinite::plants_strategy(true),
+                    );
                     runner
                         .run(&strategy, |(c, plants)| {
                             nonfinite::check_backward(fa, &Case { dtype, ..c }, &plants, family, saved).map_err(TestCaseError::fail)
@@ -171,7 +188,8 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
             DType::F16 => Dt::F16,
             DType::Bf16 => Dt::Bf16,
         };
-        let d = v.head_dims.1 as usize;
+        // The largest head_dim the variant serves.
+        let d = (v.head_dims.0..=v.head_dims.1).rev().find(|&d| v.serves(d)).expect("a variant serves a head_dim") as usize;
         let case = Case { shape: shape(1, 37, 70, 2, 1, d), causal: true, softmax_scale: None, dtype, seed: 0 };
         let (family, name) = (v.family, v.name);
         let trial = mk(
