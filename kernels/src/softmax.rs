@@ -81,7 +81,7 @@ impl Domain for Log2 {
 /// (`lg2.approx` was up to 2 ulp off, past the bar where l is exact: scale 0, every weight 1).
 /// Once per row, so its cost (a division and a dozen f64 FMAs) does not show.
 /// x = 2^e f with f in [sqrt(1/2), sqrt(2)); ln f = 2 atanh(s), s = (f - 1) / (f + 1),
-/// |s| <= 0.172, as the series 2 (s + s^3 / 3 + ... + s^15 / 15).
+/// |s| <= 0.172, as the series 2 (s + s^3 / 3 + ... + s^19 / 19).
 #[inline(always)]
 pub fn ln_f64(x: f32) -> f64 {
     let (x, e0) = if x < f32::MIN_POSITIVE { (x * 16_777_216.0, -24) } else { (x, 0) }; // subnormal: scale by 2^24
@@ -92,12 +92,23 @@ pub fn ln_f64(x: f32) -> f64 {
         f *= 0.5;
         e += 1;
     }
-    let s = (f - 1.0) / (f + 1.0);
+    // s by f32's (correctly rounded) reciprocal and two Newton steps (2^-24 -> 2^-48 ->
+    // below f64's rounding): no f64 division, whose slow path is a subroutine with a stack.
+    let r = (1.0 / (f + 1.0) as f32) as f64;
+    let r = r * (2.0 - (f + 1.0) * r);
+    let r = r * (2.0 - (f + 1.0) * r);
+    let s = (f - 1.0) * r;
     let s2 = s * s;
-    let mut series = 1.0 / 15.0;
-    for k in [13.0, 11.0, 9.0, 7.0, 5.0, 3.0, 1.0] {
-        series = series * s2 + 1.0 / k;
-    }
+    // Horner, written out: a coefficient array became a 72-byte stack frame in every kernel.
+    let t = 1.0 / 17.0 + s2 * (1.0 / 19.0);
+    let t = 1.0 / 15.0 + s2 * t;
+    let t = 1.0 / 13.0 + s2 * t;
+    let t = 1.0 / 11.0 + s2 * t;
+    let t = 1.0 / 9.0 + s2 * t;
+    let t = 1.0 / 7.0 + s2 * t;
+    let t = 1.0 / 5.0 + s2 * t;
+    let t = 1.0 / 3.0 + s2 * t;
+    let series = 1.0 + s2 * t;
     e as f64 * core::f64::consts::LN_2 + 2.0 * s * series
 }
 
