@@ -29,7 +29,9 @@
 //! into dQ. Each dQ element gets seqlen_k / 64 atomic adds in a run-dependent order: not
 //! bitwise deterministic, and slower than the deterministic pair on the H200 (tile.rs).
 //!
-//! A kernel compiled for D serves every head_dim d <= D: columns d..D are zero-filled in shared memory (they add nothing to S or dP) and never stored.
+//! A kernel compiled for D serves every head_dim d <= D that is a multiple of 8 (others go to
+//! the next family: `registry::BWD_ALIGNED_FAMILIES`): columns d..D are zero-filled in shared
+//! memory (they add nothing to S or dP) and never stored.
 //!
 //! Fully masked query rows (causal, seqlen_q > seqlen_k) get m_i = +inf, 1 / l_i = 0, so
 //! exp2(S - m_i) / l_i = 0 with no special case. Query rows past seqlen_q (zero-filled Q, dO)
@@ -38,7 +40,6 @@
 use crate::dev::{self, Shared, block, global, math, thread, warp};
 use crate::dtype::MmaElement;
 use crate::fwd_mma::{LaneAddr, Layout, load_tile};
-use crate::gmem::body_head_dim;
 use crate::mask::{Causal, Mask, NoMask};
 use crate::nonfinite::{add_nonfinite, dkdv_tile_masked, finite_frag, row_at};
 use crate::params::BwdParams;
@@ -86,7 +87,7 @@ pub(crate) unsafe fn store_rows<T: MmaElement, const DN: usize>(
                 if (col as u32) < d {
                     let packed = T::pack2(a[2 * half] * factor, a[2 * half + 1] * factor);
                     let at = dst.wrapping_add((r as u64 * stride + col as u64) as usize);
-                    if d % 2 == 0 {
+                    if d.is_multiple_of(2) {
                         unsafe { global::store(at as *mut u32, packed) };
                     } else {
                         // Odd head_dim: rows are 2-byte aligned only; the pair's second
@@ -122,15 +123,11 @@ pub unsafe fn dq<
 >(
     p: &BwdParams,
 ) {
-    // Head dims that are multiples of 8 only (`registry::BWD_ALIGNED_FAMILIES`).
-    if p.head_dim % 8 != 0 {
-        thread::trap();
-    }
     unsafe {
         if p.causal != 0 {
-            dq_masked::<T, Causal, D, DK, DN, BC, NS, QREG, STATS_ONLY, false>(p)
+            dq_masked::<T, Causal, D, DK, DN, BC, NS, QREG, STATS_ONLY>(p)
         } else {
-            dq_masked::<T, NoMask, D, DK, DN, BC, NS, QREG, STATS_ONLY, false>(p)
+            dq_masked::<T, NoMask, D, DK, DN, BC, NS, QREG, STATS_ONLY>(p)
         }
     }
 }
@@ -146,13 +143,13 @@ unsafe fn dq_masked<
     const NS: usize,
     const QREG: bool,
     const STATS_ONLY: bool,
-    const EL: bool,
 >(
     p: &BwdParams,
 ) {
     let br = BLOCK_ROWS;
-    let d = body_head_dim::<D, true, EL>(p.head_dim);
-    if d > D as u32 || d == 0 || DK * 16 != D || DN * 8 != D || NS * 8 != BC || block::dim() != MMA_WARPS * 32 {
+    // Head dims that are multiples of 8 only (`registry::BWD_ALIGNED_FAMILIES`).
+    let d = p.head_dim;
+    if d > D as u32 || !d.is_multiple_of(8) || DK * 16 != D || DN * 8 != D || NS * 8 != BC || block::dim() != MMA_WARPS * 32 {
         thread::trap();
     }
     let (q_blk, h, b) = block::idx();
@@ -481,15 +478,11 @@ pub unsafe fn dkdv<
 >(
     p: &BwdParams,
 ) {
-    // Head dims that are multiples of 8 only (`registry::BWD_ALIGNED_FAMILIES`).
-    if p.head_dim % 8 != 0 {
-        thread::trap();
-    }
     unsafe {
         if p.causal != 0 {
-            dkdv_masked::<T, Causal, D, DK, DN, BR, NQ, KVREG, DQ, false>(p)
+            dkdv_masked::<T, Causal, D, DK, DN, BR, NQ, KVREG, DQ>(p)
         } else {
-            dkdv_masked::<T, NoMask, D, DK, DN, BR, NQ, KVREG, DQ, false>(p)
+            dkdv_masked::<T, NoMask, D, DK, DN, BR, NQ, KVREG, DQ>(p)
         }
     }
 }
@@ -505,13 +498,13 @@ unsafe fn dkdv_masked<
     const NQ: usize,
     const KVREG: bool,
     const DQ: bool,
-    const EL: bool,
 >(
     p: &BwdParams,
 ) {
     let bc = BLOCK_ROWS;
-    let d = body_head_dim::<D, true, EL>(p.head_dim);
-    if d > D as u32 || d == 0 || DK * 16 != D || DN * 8 != D || NQ * 8 != BR || block::dim() != MMA_WARPS * 32 {
+    // Head dims that are multiples of 8 only (`registry::BWD_ALIGNED_FAMILIES`).
+    let d = p.head_dim;
+    if d > D as u32 || !d.is_multiple_of(8) || DK * 16 != D || DN * 8 != D || NQ * 8 != BR || block::dim() != MMA_WARPS * 32 {
         thread::trap();
     }
     let (kv_blk, hk, b) = block::idx();

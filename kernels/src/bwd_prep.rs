@@ -41,7 +41,7 @@ pub unsafe fn prep<T: MmaElement, const RESIDUAL: bool>(p: &BwdParams) {
         // Warp: D_i, lane partial sums over column pairs, then a butterfly sum.
         let at = p.q_strides.offset(b, r, h);
         let mut acc = 0f32;
-        if d % 2 == 0 {
+        if d.is_multiple_of(2) {
             // Column pairs, one 4-byte load each.
             let mut c = 2 * lane;
             while c < d {

@@ -27,7 +27,7 @@ pub(crate) fn body_head_dim<const D: usize, const PAD: bool, const EL: bool>(hea
     } else if EL {
         // SAFETY: the entry runs this body only for such a head_dim (`by_element`); told so,
         // LLVM drops the 16-byte paths from it too.
-        unsafe { core::hint::assert_unchecked(head_dim % 8 != 0) };
+        unsafe { core::hint::assert_unchecked(!head_dim.is_multiple_of(8)) };
         head_dim
     } else {
         // SAFETY: the entry runs this body only for a multiple of 8 (`by_element` false); the
@@ -40,7 +40,7 @@ pub(crate) fn body_head_dim<const D: usize, const PAD: bool, const EL: bool>(hea
 /// Whether a kernel compiled for D with PAD runs its element-wise body (`EL`) for `head_dim`.
 #[inline(always)]
 pub(crate) fn by_element<const PAD: bool>(head_dim: u32) -> bool {
-    PAD && head_dim % 8 != 0
+    PAD && !head_dim.is_multiple_of(8)
 }
 
 /// Block of THREADS threads: copies ROWS rows of a [seqlen, d] slice (row stride `stride`)
@@ -69,7 +69,7 @@ pub(crate) unsafe fn load_tile_in<
     d: u32,
 ) {
     let cpr = D / 8; // chunks per row
-    if BOUNDS && d % 8 != 0 {
+    if BOUNDS && !d.is_multiple_of(8) {
         // Element by element, one at a time: a loop at run time over this thread's chunks'
         // elements, not unrolled (unrolled, its loads are hoisted together and the kernels
         // around it spill), each a 2-byte load and a 2-byte shared store.
@@ -127,7 +127,7 @@ fn at_of(r: usize, c: usize, stride: u64) -> usize {
 /// `row` must point to `d` writable elements, 16-byte aligned when d is a multiple of 8.
 #[inline(always)]
 pub(crate) unsafe fn store_chunk<T: Copy>(row: *mut T, col: u32, d: u32, v: Chunk16) {
-    if d % 8 == 0 {
+    if d.is_multiple_of(8) {
         unsafe { global::store_16(row.add(col as usize) as *mut Chunk16, v) };
     } else {
         for e in 0..8u32 {

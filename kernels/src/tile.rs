@@ -163,13 +163,12 @@ pub const fn mma_tile(head_dim: u32) -> Option<MmaTile> {
 /// up to it): 32, 64, 96, 128, 192 or 256.
 pub const fn mma_head_dim(head_dim: u32) -> Option<u32> {
     match head_dim {
-        0 => None,
-        ..=32 => Some(32),
-        ..=64 => Some(64),
-        ..=96 => Some(96),
-        ..=128 => Some(128),
-        ..=192 => Some(192),
-        ..=256 => Some(256),
+        1..=32 => Some(32),
+        33..=64 => Some(64),
+        65..=96 => Some(96),
+        97..=128 => Some(128),
+        129..=192 => Some(192),
+        193..=256 => Some(256),
         _ => None,
     }
 }
