@@ -39,7 +39,8 @@
 
 use crate::dev::{self, Shared, block, global, math, thread, warp};
 use crate::dtype::MmaElement;
-use crate::fwd_mma::{LaneAddr, Layout, load_tile};
+use crate::fwd_mma::{LaneAddr, Layout};
+use crate::gmem::load_tile_chunks;
 use crate::mask::{Causal, Mask, NoMask};
 use crate::nonfinite::{add_nonfinite, dkdv_tile_masked, finite_frag, row_at};
 use crate::params::BwdParams;
@@ -48,6 +49,13 @@ use core::f32::consts::LOG2_E;
 
 /// Rows (queries for dq, keys for dkdv) per block: 16 per warp.
 const BLOCK_ROWS: usize = 16 * MMA_WARPS as usize;
+
+/// Block: ROWS rows of a [seqlen, d] slice (row stride `stride`, d a multiple of 8) into a
+/// [`Layout`] tile of width D, rows at or past `limit` and columns at or past `d` zero-filled.
+#[inline(always)]
+unsafe fn load_tile<T: MmaElement, const D: usize, const ROWS: usize>(dst: Shared<T>, src: *const T, stride: u64, limit: u32, d: u32) {
+    unsafe { load_tile_chunks::<T, Layout<D>, D, ROWS, { (MMA_WARPS * 32) as usize }, true>(dst, src, stride, limit, d) }
+}
 
 /// Index of workspace row `r` of statistic `k` (0: m_i in the log2 domain, 1: 1 / l_i,
 /// 2: D_i) in `stats`.
@@ -66,9 +74,10 @@ pub(crate) fn to_a<T: MmaElement>(lo: [f32; 4], hi: [f32; 4]) -> [u32; 4] {
 
 /// Warp: stores 16 rows x D columns of C fragments (rows `row0 + g`, `+ 8`) times `factor`
 /// to a [seqlen, d] slice in T, skipping rows at or past `limit` and columns at or past `d`:
-/// a lane's column pair as one 4-byte store, or two 2-byte ones when d is odd.
+/// a lane's column pair as one 4-byte store, or (with ANY_D: d may be odd) two 2-byte ones
+/// when d is odd.
 #[inline(always)]
-pub(crate) unsafe fn store_rows<T: MmaElement, const DN: usize>(
+pub(crate) unsafe fn store_rows<T: MmaElement, const DN: usize, const ANY_D: bool>(
     acc: &[[f32; 4]; DN],
     factor: f32,
     dst: *mut T,
@@ -87,7 +96,7 @@ pub(crate) unsafe fn store_rows<T: MmaElement, const DN: usize>(
                 if (col as u32) < d {
                     let packed = T::pack2(a[2 * half] * factor, a[2 * half + 1] * factor);
                     let at = dst.wrapping_add((r as u64 * stride + col as u64) as usize);
-                    if d.is_multiple_of(2) {
+                    if !ANY_D || d.is_multiple_of(2) {
                         unsafe { global::store(at as *mut u32, packed) };
                     } else {
                         // Odd head_dim: rows are 2-byte aligned only; the pair's second
@@ -179,11 +188,11 @@ unsafe fn dq_masked<
 
     // Block: Q_i, dO_i and the first K, V tile in flight.
     unsafe {
-        load_tile::<T, D, BLOCK_ROWS, true>(q_s, q_g.add(first), p.q_strides.row, sq - row0.min(sq), d);
-        load_tile::<T, D, BLOCK_ROWS, true>(do_s, do_g.add(first), p.q_strides.row, sq - row0.min(sq), d);
+        load_tile::<T, D, BLOCK_ROWS>(q_s, q_g.add(first), p.q_strides.row, sq - row0.min(sq), d);
+        load_tile::<T, D, BLOCK_ROWS>(do_s, do_g.add(first), p.q_strides.row, sq - row0.min(sq), d);
         if n_tiles > 0 {
-            load_tile::<T, D, BC, true>(k_s(0), k_g, p.k_strides.row, sk, d);
-            load_tile::<T, D, BC, true>(v_s(0), v_g, p.k_strides.row, sk, d);
+            load_tile::<T, D, BC>(k_s(0), k_g, p.k_strides.row, sk, d);
+            load_tile::<T, D, BC>(v_s(0), v_g, p.k_strides.row, sk, d);
         }
     }
     thread::cp_async_commit();
@@ -226,14 +235,14 @@ unsafe fn dq_masked<
         if it + 1 < n_iter {
             let c1 = (((it + 1) % n_tiles) * BC) as u32;
             unsafe {
-                load_tile::<T, D, BC, true>(
+                load_tile::<T, D, BC>(
                     k_s((it + 1) % 2),
                     k_g.add((c1 as u64 * p.k_strides.row) as usize),
                     p.k_strides.row,
                     sk - c1,
                     d,
                 );
-                load_tile::<T, D, BC, true>(
+                load_tile::<T, D, BC>(
                     v_s((it + 1) % 2),
                     v_g.add((c1 as u64 * p.k_strides.row) as usize),
                     p.k_strides.row,
@@ -290,7 +299,7 @@ unsafe fn dq_masked<
 
     // Warp: dQ_i = scale * acc, rows of its m16 tile, in T.
     if !STATS_ONLY {
-        unsafe { store_rows::<T, DN>(&acc_dq, p.scale, (p.dq as *mut T).add(q_at), p.q_strides.row, row0 + (w * 16) as u32, sq, d) };
+        unsafe { store_rows::<T, DN, false>(&acc_dq, p.scale, (p.dq as *mut T).add(q_at), p.q_strides.row, row0 + (w * 16) as u32, sq, d) };
     }
 }
 
@@ -531,8 +540,8 @@ unsafe fn dkdv_masked<
     let kv_at = p.k_strides.offset(b, 0, hk) as usize;
     let first = (j0.min(sk) as u64 * p.k_strides.row) as usize;
     unsafe {
-        load_tile::<T, D, BLOCK_ROWS, true>(k_s, (p.k as *const T).add(kv_at + first), p.k_strides.row, sk - j0.min(sk), d);
-        load_tile::<T, D, BLOCK_ROWS, true>(v_s, (p.v as *const T).add(kv_at + first), p.k_strides.row, sk - j0.min(sk), d);
+        load_tile::<T, D, BLOCK_ROWS>(k_s, (p.k as *const T).add(kv_at + first), p.k_strides.row, sk - j0.min(sk), d);
+        load_tile::<T, D, BLOCK_ROWS>(v_s, (p.v as *const T).add(kv_at + first), p.k_strides.row, sk - j0.min(sk), d);
     }
 
     // The query tiles that see any key of this block: from the first row that sees key j0
@@ -551,8 +560,8 @@ unsafe fn dkdv_masked<
         let (h, i0) = tile_of(it);
         let q_at = (p.q_strides.offset(b, 0, h) + i0 as u64 * p.q_strides.row) as usize;
         unsafe {
-            load_tile::<T, D, BR, true>(q_s(stage), (p.q as *const T).add(q_at), p.q_strides.row, sq - i0, d);
-            load_tile::<T, D, BR, true>(do_s(stage), (p.d_o as *const T).add(q_at), p.q_strides.row, sq - i0, d);
+            load_tile::<T, D, BR>(q_s(stage), (p.q as *const T).add(q_at), p.q_strides.row, sq - i0, d);
+            load_tile::<T, D, BR>(do_s(stage), (p.d_o as *const T).add(q_at), p.q_strides.row, sq - i0, d);
         }
         let tid = thread::idx() as usize;
         if tid < BR {
@@ -642,8 +651,8 @@ unsafe fn dkdv_masked<
     // Warp: dK_j = scale * acc_dk, dV_j = acc_dv, rows of its 16 keys, in T.
     let key0 = j0 + (w * 16) as u32;
     unsafe {
-        store_rows::<T, DN>(&acc_dk, p.scale, (p.dk as *mut T).add(kv_at), p.k_strides.row, key0, sk, d);
-        store_rows::<T, DN>(&acc_dv, 1.0, (p.dv as *mut T).add(kv_at), p.k_strides.row, key0, sk, d);
+        store_rows::<T, DN, false>(&acc_dk, p.scale, (p.dk as *mut T).add(kv_at), p.k_strides.row, key0, sk, d);
+        store_rows::<T, DN, false>(&acc_dv, 1.0, (p.dv as *mut T).add(kv_at), p.k_strides.row, key0, sk, d);
     }
 }
 

@@ -436,8 +436,8 @@ unsafe fn dkdv_masked<
 
     // Warp: dK_j = scale * acc_dk, dV_j = acc_dv, rows of its 16 keys, in T.
     unsafe {
-        store_rows::<T, DN>(&acc_dk, p.scale, (p.dk as *mut T).add(kv_at), p.k_strides.row, key0, sk, d);
-        store_rows::<T, DN>(&acc_dv, 1.0, (p.dv as *mut T).add(kv_at), p.k_strides.row, key0, sk, d);
+        store_rows::<T, DN, true>(&acc_dk, p.scale, (p.dk as *mut T).add(kv_at), p.k_strides.row, key0, sk, d);
+        store_rows::<T, DN, true>(&acc_dv, 1.0, (p.dv as *mut T).add(kv_at), p.k_strides.row, key0, sk, d);
     }
     if any_bad {
         // dO's NaNs and infinities, zeroed on the masked tiles, into the stored dV of the rows
@@ -918,6 +918,6 @@ unsafe fn dq_masked<
     }
     // Warp: dQ_i = scale * acc, rows of its 16, in T.
     if !stats_only {
-        unsafe { store_rows::<T, DN>(&acc_dq, p.scale, (p.dq as *mut T).add(q_at), p.q_strides.row, row_w, sq, d) };
+        unsafe { store_rows::<T, DN, true>(&acc_dq, p.scale, (p.dq as *mut T).add(q_at), p.q_strides.row, row_w, sq, d) };
     }
 }

@@ -98,6 +98,28 @@ pub(crate) unsafe fn load_tile_in<
         }
         return;
     }
+    unsafe { load_tile_chunks::<T, L, D, ROWS, THREADS, BOUNDS>(dst, src, stride, limit, d) }
+}
+
+/// [`load_tile_in`] for a d that is a multiple of 8 (16-byte chunks, cp.async), with no
+/// element-wise path compiled in: for kernels that serve only such head dims (the 255-register
+/// backward kernels, where ptxas's allocation shifts with any extra code).
+#[inline(always)]
+pub(crate) unsafe fn load_tile_chunks<
+    T: MmaElement,
+    L: TileLayout,
+    const D: usize,
+    const ROWS: usize,
+    const THREADS: usize,
+    const BOUNDS: bool,
+>(
+    dst: Shared<T>,
+    src: *const T,
+    stride: u64,
+    limit: u32,
+    d: u32,
+) {
+    let cpr = D / 8; // chunks per row
     let stride = thread::opaque(stride);
     let x = thread::opaque(thread::idx() as u64) as usize;
     for i in 0..(ROWS * cpr).div_ceil(THREADS) {

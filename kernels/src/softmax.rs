@@ -112,6 +112,10 @@ pub fn ln_f64(x: f32) -> f64 {
     e as f64 * core::f64::consts::LN_2 + 2.0 * s * series
 }
 
+/// |m_i c| (the row max in the log2 domain) from which [`RowState::update_raw`] subtracts
+/// in raw units rather than fusing the scale into the exponent's FMA.
+pub const FUSED_EXP_LIMIT: f32 = 256.0;
+
 /// Running statistics of one query row.
 #[derive(Clone, Copy)]
 pub struct RowState {
@@ -171,12 +175,31 @@ impl RowState {
         // is 2^(the rounding error of m_new c) then: one more factor on everything before at
         // each tile, a drift of up to |m_i| 2^-24 per tile in the row's weights, 1e-4 relative
         // over the 1024 tiles of a 128k-key row.)
-        let alpha = if m_new == self.m { 1.0 } else { math::ex2(self.m * c - m_c) };
+        // The fused exponent fma(S, c, -m_new c) gives the row's max the weight 2^(the rounding
+        // error of m_new c), up to 2^(ulp(m_new c) / 2): it cancels in l_i, not in P rounded to
+        // 16 bits for P V. Past FUSED_EXP_LIMIT (ulp 2^-16, weight error under 1e-5) the warp
+        // takes P = 2^((S - m_new) c) instead, exactly 1 at the max (one FADD more per score).
+        let m_sub = if m_new == f32::NEG_INFINITY { 0.0 } else { m_new };
+        let fused = !warp::any(m_c.abs() >= FUSED_EXP_LIMIT);
+        let alpha = if m_new == self.m {
+            1.0
+        } else if fused {
+            math::ex2(self.m * c - m_c)
+        } else {
+            math::ex2((self.m - m_sub) * c)
+        };
         // P_ij = 2^(S_ij c - m_new c); l_i = alpha l_i + rowsum(P_ij).
         let mut sum = 0.0;
-        for x in s.iter_mut() {
-            *x = math::ex2(math::fma(*x, c, -m_c));
-            sum += *x;
+        if fused {
+            for x in s.iter_mut() {
+                *x = math::ex2(math::fma(*x, c, -m_c));
+                sum += *x;
+            }
+        } else {
+            for x in s.iter_mut() {
+                *x = math::ex2((*x - m_sub) * c);
+                sum += *x;
+            }
         }
         self.l = self.l * alpha + sum;
         self.m = m_new;
