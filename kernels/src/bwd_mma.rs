@@ -235,20 +235,8 @@ unsafe fn dq_masked<
         if it + 1 < n_iter {
             let c1 = (((it + 1) % n_tiles) * BC) as u32;
             unsafe {
-                load_tile::<T, D, BC>(
-                    k_s((it + 1) % 2),
-                    k_g.add((c1 as u64 * p.k_strides.row) as usize),
-                    p.k_strides.row,
-                    sk - c1,
-                    d,
-                );
-                load_tile::<T, D, BC>(
-                    v_s((it + 1) % 2),
-                    v_g.add((c1 as u64 * p.k_strides.row) as usize),
-                    p.k_strides.row,
-                    sk - c1,
-                    d,
-                );
+                load_tile::<T, D, BC>(k_s((it + 1) % 2), k_g.add((c1 as u64 * p.k_strides.row) as usize), p.k_strides.row, sk - c1, d);
+                load_tile::<T, D, BC>(v_s((it + 1) % 2), v_g.add((c1 as u64 * p.k_strides.row) as usize), p.k_strides.row, sk - c1, d);
             }
             thread::cp_async_commit();
             thread::cp_async_wait::<1>();

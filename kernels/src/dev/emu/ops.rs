@@ -186,19 +186,21 @@ pub fn wgmma_commit() {}
 pub fn wgmma_wait<const N: u32>() {}
 pub fn pin_f32(_: &mut f32) {}
 pub fn pin_u32(_: &mut u32) {}
+/// A wgmma shape (m64, n = 8 NT, A as `a`, B MN- or K-major) that the PTX build does not
+/// have faults here, as it would trap on the GPU.
+#[track_caller]
+fn fault_unless_compiled(compiled: bool, nt: usize, a: &str, b_mn_major: bool) {
+    if !compiled {
+        let b = if b_mn_major { "MN-major" } else { "K-major" };
+        fault(format!("wgmma m64n{}k16 ({a}, B {b}) is not compiled for the GPU, at {}", 8 * nt, Location::caller()));
+    }
+}
 /// wgmma completes at issue in the emulator: the warpgroup's 128 threads meet, and the
 /// scheduler writes each thread's accumulators through the pointer it passed.
 #[track_caller]
 pub fn wgmma_ss<const NT: usize, const MN: bool>(a: u64, b: u64, acc: &mut [[f32; 4]; NT], accumulate: bool, bf16: bool) {
     // The shapes the PTX build has (`nvptx::wgmma_ss`; any other traps on the GPU).
-    if !matches!((NT, MN), (4, false) | (8, _) | (16, _)) {
-        fault(format!(
-            "wgmma m64n{}k16 (A, B {}) is not compiled for the GPU, at {}",
-            8 * NT,
-            if MN { "MN-major" } else { "K-major" },
-            Location::caller()
-        ));
-    }
+    fault_unless_compiled(matches!((NT, MN), (4, false) | (8, _) | (16, _)), NT, "A", MN);
     let ev = Event::Wgmma {
         a_desc: Some(a),
         a_regs: [0; 4],
@@ -216,14 +218,7 @@ pub fn wgmma_ss<const NT: usize, const MN: bool>(a: u64, b: u64, acc: &mut [[f32
 #[track_caller]
 pub fn wgmma_rs<const NT: usize, const TRANS_B: bool>(a: [u32; 4], b: u64, acc: &mut [[f32; 4]; NT], accumulate: bool, bf16: bool) {
     // The shapes the PTX build has (`nvptx::wgmma_rs`; any other traps on the GPU).
-    if !matches!((NT, TRANS_B), (1, false) | (8, _) | (16, _)) {
-        fault(format!(
-            "wgmma m64n{}k16 (A from registers, B {}) is not compiled for the GPU, at {}",
-            8 * NT,
-            if TRANS_B { "MN-major" } else { "K-major" },
-            Location::caller()
-        ));
-    }
+    fault_unless_compiled(matches!((NT, TRANS_B), (1, false) | (8, _) | (16, _)), NT, "A from registers", TRANS_B);
     let ev = Event::Wgmma {
         a_desc: None,
         a_regs: a,
