@@ -389,8 +389,10 @@ impl WgmmaTile {
 ///   336 / 367; at d=64 (168 registers x 256 threads: one block per SM) 244 / - / 271 / 279
 ///   against one warpgroup and Bc = 64's 310 / - / 327 / 326. Two warpgroups and Bc = 64 at
 ///   d=64 (127 registers, two blocks): 293 / - / 311 / 315.
-/// - d 136..=256 (not yet timed; mma.sync ran d=256 at 0.85x FA2 on the H200): one
-///   warpgroup, Bc = 32, chosen so that two blocks share an SM, as at d <= 128. O's
+/// - d 129..=256: one warpgroup, Bc = 32, so that two blocks share an SM, as at d <= 128
+///   (bf16, same shapes, 260a28a: D = 256 324 / 346 / 364 / 382 and 231 / 276 / 310 / 383,
+///   1.06-1.40x FA2 but for causal s <= 1k; D = 192 221 / 234 / 244 / 253 and 161 / 190 /
+///   210 / 250, 0.71-0.92x; mma.sync 0.63-0.94x at both). O's
 ///   accumulator is D / 2 registers per thread (128 at D = 256); P V is one wgmma of N = 128
 ///   per two 64-column blocks of V and one of N = 64 for the rest (`fwd_wgmma::pv_k_step`),
 ///   S = Q K^T is m64n32k16. ptxas -v (sm_90a, 13.0), registers exact / padded, f16 and
