@@ -71,7 +71,7 @@ fn half_now<const SPLIT: usize>() -> usize {
 /// `pairs` hf on (`pairs` = D / 16 / SPLIT, a constant).
 #[inline(always)]
 fn half_addr(a: LaneAddr, hf: usize, pairs: usize) -> LaneAddr {
-    if hf == 0 { a } else { a.from_pair(pairs) }
+    if hf == 0 { a } else { a.shifted(pairs) }
 }
 
 /// Block of MMA_WARPS * SPLIT warps: ROWS rows of a [seqlen, d] slice into a [`Layout`] tile

@@ -107,7 +107,7 @@ impl LaneAddr {
     /// columns from 16 c0 on): `at(a, c)` of the result is `at(a, c0 + c)` of this one. For a
     /// constant `c0` (the indices into x must fold).
     #[inline(always)]
-    pub(crate) fn from_pair(&self, c0: usize) -> LaneAddr {
+    pub(crate) fn shifted(&self, c0: usize) -> LaneAddr {
         let x = self.x;
         LaneAddr { base: self.base + 16 * (c0 & !3), x: [0, 1, 2, 3].map(|k| 16 * ((c0 % 4 + k) & !3) + x[(c0 % 4 + k) & 3]) }
     }

@@ -311,8 +311,8 @@ impl MmaBwdTile {
     }
 }
 
-/// The tensor-core backward tile for `head_dim`, if there is one: head dims up to 128 (larger
-/// ones run the SIMT backward). Registers per thread are the binding constraint: dQ holds Q
+/// The tensor-core backward tile for `head_dim`, if there is one: head dims up to 256.
+/// Registers per thread are the binding constraint: dQ holds Q
 /// and dO fragments (D/4, when dq_q_in_regs), the dQ accumulator (D/2), S and dP (dq_bc/2
 /// each) and its rows' statistics; dK/dV holds two accumulators (D/2 each), S^T, dP^T
 /// (kv_br/2 each) and, with kv_in_regs, K and V fragments (D/4); addresses and ptxas's
@@ -331,6 +331,20 @@ impl MmaBwdTile {
 ///   254 / 254 (Br = 64 spilled 16-52 bytes either way); D = 96 and 128 (16, from shared
 ///   memory) 246 / 243 and 255 / 255. Measured 0.69-0.76x of the deterministic kernels at
 ///   6282a3e (benches/RESULTS.md): it is chosen only by name.
+/// - D = 192 and 256 (d 136..=256, not yet timed): `split` = 2, 8 warps; each warp of a pair
+///   holds half of D's accumulators (dK and dV 48 / 64 registers each, dQ 48 / 64) and the
+///   contraction of S and dP over its half, so per warp the kernels are those of D = 96 / 128
+///   plus the exchange. dq Bc = 32, dkdv Br = 32, fragments re-read from shared memory:
+///   dq 249 / 246 (D = 192) and 245 / 245 (D = 256), dkdv 255 / 255 both (5ee9f45; the warp's
+///   half of D read again where used, `bwd_mma::half_now`: live across the loop it cost dkdv
+///   D = 192 12 bytes of spills on sm_90). Shared memory: dq 128 KB (D = 192) and 160 KB
+///   (D = 256), dkdv 128.75 KB and 160.75 KB (32 KB of it the exchange), under sm_80's
+///   163 KB and sm_90's 227 KB; one block (8 warps) per SM at D = 256, as registers allow.
+///   Rejected: one warp per 16 rows (dK and dV alone 256 registers at D = 256); S and dP
+///   recomputed per column half of the outputs instead of split (1.5x the products of dK/dV);
+///   Br = Bc = 64 (S and dP 64 registers next to the 128 of the accumulators: D = 128
+///   unsplit spilled at Bc = 64); Br = Bc = 16 (fewer registers, but K, V or Q, dO
+///   fragments re-read twice as often per product; D = 128 went from Br = 16 to 32 for +20%).
 pub const fn mma_bwd_tile(head_dim: u32) -> Option<MmaBwdTile> {
     const fn t(head_dim: u32, dq_bc: u32, dq_q_in_regs: bool, kv_br: u32, kv_in_regs: bool, atomic: (u32, bool)) -> Option<MmaBwdTile> {
         let (atomic_kv_br, atomic_kv_in_regs) = atomic;

@@ -287,8 +287,9 @@ fn backward_selection_and_registry_match_tile_functions() {
             let s = flashattn::select_bwd_variants(dtype, d as usize, &simt, &[Arch::Sm80, Arch::Sm90a], false)
                 .unwrap_or_else(|e| panic!("d={d}: {e}"));
             assert!(s.iter().all(|v| v.family == "simt"), "d={d}");
+            // (Head dims that are not multiples of 8 select SIMT: `BWD_ALIGNED_FAMILIES`.)
             if let Some(t) = mma_bwd_tile(d)
-                && dtype != DType::F32
+                && tc
             {
                 assert!(t.head_dim >= d);
                 let [dq, kv] = [auto_det[0], auto_det[1]];
