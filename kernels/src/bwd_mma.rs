@@ -50,11 +50,82 @@ use core::f32::consts::LOG2_E;
 /// Rows (queries for dq, keys for dkdv) per block: 16 per warp.
 const BLOCK_ROWS: usize = 16 * MMA_WARPS as usize;
 
-/// Block: ROWS rows of a [seqlen, d] slice (row stride `stride`, d a multiple of 8) into a
-/// [`Layout`] tile of width D, rows at or past `limit` and columns at or past `d` zero-filled.
+/// Warp `wb` of a block of MMA_WARPS * SPLIT warps: its 16-row slice and its part of D.
+/// SPLIT = 1: warp w owns slice w and all of D; SPLIT = 2 (head_dim above 128,
+/// `tile::mma_bwd_tile`): warps w and w + MMA_WARPS share slice w, the first owns columns
+/// 0..D/2 of the products and outputs, the second D/2..D.
 #[inline(always)]
-unsafe fn load_tile<T: MmaElement, const D: usize, const ROWS: usize>(dst: Shared<T>, src: *const T, stride: u64, limit: u32, d: u32) {
-    unsafe { load_tile_chunks::<T, Layout<D>, D, ROWS, { (MMA_WARPS * 32) as usize }, true>(dst, src, stride, limit, d) }
+fn slice_and_half<const SPLIT: usize>(wb: usize) -> (usize, usize) {
+    if SPLIT == 1 { (wb, 0) } else { (wb % MMA_WARPS as usize, wb / MMA_WARPS as usize) }
+}
+
+/// The warp's half of D (`slice_and_half`), read again where it is used (`opaque`): live
+/// across the loops, it and what is built from it took the dK/dV kernel at D = 192 past 255
+/// registers on sm_90 (12 bytes of spills).
+#[inline(always)]
+fn half_now<const SPLIT: usize>() -> usize {
+    if SPLIT == 1 { 0 } else { slice_and_half::<SPLIT>(thread::opaque(warp::id() as u64) as usize).1 }
+}
+
+/// The lane's ldmatrix addresses `a` for its warp's half `hf` of D: chunk pairs from
+/// `pairs` hf on (`pairs` = D / 16 / SPLIT, a constant).
+#[inline(always)]
+fn half_addr(a: LaneAddr, hf: usize, pairs: usize) -> LaneAddr {
+    if hf == 0 { a } else { a.shifted(pairs) }
+}
+
+/// Block of MMA_WARPS * SPLIT warps: ROWS rows of a [seqlen, d] slice (row stride `stride`,
+/// d a multiple of 8: no element-wise path compiled in) into a [`Layout`] tile of width D,
+/// rows at or past `limit` and columns at or past `d` zero-filled.
+#[inline(always)]
+unsafe fn load<T: MmaElement, const D: usize, const ROWS: usize, const SPLIT: usize>(
+    dst: Shared<T>,
+    src: *const T,
+    stride: u64,
+    limit: u32,
+    d: u32,
+) {
+    unsafe {
+        if SPLIT == 1 {
+            load_tile_chunks::<T, Layout<D>, D, ROWS, { MMA_WARPS as usize * 32 }, true>(dst, src, stride, limit, d)
+        } else {
+            load_tile_chunks::<T, Layout<D>, D, ROWS, { 2 * MMA_WARPS as usize * 32 }, true>(dst, src, stride, limit, d)
+        }
+    }
+}
+
+/// f32 of the S / dP exchange of a block whose warp pairs split D (SPLIT = 2; none
+/// otherwise): one slot of 16 rows x `cols` for S and for dP per warp.
+pub(crate) const fn exchange_floats(split: usize, cols: usize) -> usize {
+    if split > 1 { split * MMA_WARPS as usize * 2 * 16 * cols } else { 0 }
+}
+
+/// Warp of a pair that splits D (SPLIT = 2): S and dP (N m16n8 C fragments each) summed
+/// over the pair's two halves of D. Its partial products into its slot of `x`, a block
+/// barrier, the partner's slot added: both warps add the same two values (a + b = b + a in
+/// IEEE arithmetic), so both hold bitwise the same S and dP. The caller's next block barrier
+/// orders the slot's next write after the partner's read. Slot layout [S, dP][n][e][lane]:
+/// a warp's 32 lanes touch 32 consecutive words (no bank conflict). The lane's addresses are
+/// rebuilt at each call (`opaque`), not kept live across the caller's loop.
+#[inline(always)]
+fn pair_sum<const N: usize>(x: Shared<f32>, s: &mut [[f32; 4]; N], dp: &mut [[f32; 4]; N]) {
+    let tid = thread::opaque(thread::idx() as u64) as usize;
+    let (wb, lane) = (tid / 32, tid % 32);
+    let at = |w: usize, k: usize, n: usize, e: usize| ((w * 2 + k) * N + n) * 128 + e * 32 + lane;
+    for n in 0..N {
+        for e in 0..4 {
+            x.st(at(wb, 0, n, e), s[n][e]);
+            x.st(at(wb, 1, n, e), dp[n][e]);
+        }
+    }
+    block::sync();
+    let partner = (wb + MMA_WARPS as usize) % (2 * MMA_WARPS as usize);
+    for n in 0..N {
+        for e in 0..4 {
+            s[n][e] += x.ld(at(partner, 0, n, e));
+            dp[n][e] += x.ld(at(partner, 1, n, e));
+        }
+    }
 }
 
 /// Index of workspace row `r` of statistic `k` (0: m_i in the log2 domain, 1: 1 / l_i,
@@ -112,12 +183,13 @@ pub(crate) unsafe fn store_rows<T: MmaElement, const DN: usize, const ANY_D: boo
     }
 }
 
-/// The dQ kernel for one tile: D = 16 DK = 8 DN, Bc = BC = 8 NS keys per K/V tile; QREG
+/// The dQ kernel for one tile: D = 16 DK SPLIT = 8 DN SPLIT (DK, DN: per warp, SPLIT warps
+/// share each 16 query rows, `slice_and_half`), Bc = BC = 8 NS keys per K/V tile; QREG
 /// keeps the warp's Q and dO fragments in registers (else they are re-read from shared memory
 /// at every key tile); causal or not at run time. Also writes m_i, 1 / l_i, D_i to the workspace.
 ///
 /// # Safety
-/// `p` valid (host-checked), `p.head_dim <= D`, 128 threads, `mma_bwd_tile(D).dq_smem_bytes()`
+/// `p` valid (host-checked), `p.head_dim <= D`, 128 SPLIT threads, `mma_bwd_tile(D).dq_smem_bytes()`
 /// bytes of dynamic shared memory.
 #[inline(always)]
 pub unsafe fn dq<
@@ -129,14 +201,15 @@ pub unsafe fn dq<
     const NS: usize,
     const QREG: bool,
     const STATS_ONLY: bool,
+    const SPLIT: usize,
 >(
     p: &BwdParams,
 ) {
     unsafe {
         if p.causal != 0 {
-            dq_masked::<T, Causal, D, DK, DN, BC, NS, QREG, STATS_ONLY>(p)
+            dq_masked::<T, Causal, D, DK, DN, BC, NS, QREG, STATS_ONLY, SPLIT>(p)
         } else {
-            dq_masked::<T, NoMask, D, DK, DN, BC, NS, QREG, STATS_ONLY>(p)
+            dq_masked::<T, NoMask, D, DK, DN, BC, NS, QREG, STATS_ONLY, SPLIT>(p)
         }
     }
 }
@@ -152,17 +225,26 @@ unsafe fn dq_masked<
     const NS: usize,
     const QREG: bool,
     const STATS_ONLY: bool,
+    const SPLIT: usize,
 >(
     p: &BwdParams,
 ) {
     let br = BLOCK_ROWS;
     // Head dims that are multiples of 8 only (`registry::BWD_ALIGNED_FAMILIES`).
     let d = p.head_dim;
-    if d > D as u32 || !d.is_multiple_of(8) || DK * 16 != D || DN * 8 != D || NS * 8 != BC || block::dim() != MMA_WARPS * 32 {
+    if d > D as u32
+        || !d.is_multiple_of(8)
+        || DK * 16 * SPLIT != D
+        || DN * 8 * SPLIT != D
+        || NS * 8 != BC
+        || block::dim() != MMA_WARPS * 32 * SPLIT as u32
+    {
         thread::trap();
     }
     let (q_blk, h, b) = block::idx();
-    let (w, lane) = (warp::id() as usize, warp::lane() as usize);
+    let (wb, lane) = (warp::id() as usize, warp::lane() as usize);
+    // Warp: its 16 query rows (slice w) and its half hf of D's columns.
+    let (w, hf) = slice_and_half::<SPLIT>(wb);
     let (g, t) = (lane / 4, lane % 4);
     let (sq, sk) = (p.seqlen_q, p.seqlen_k);
     let hk = h / (p.heads_q / p.heads_kv);
@@ -175,6 +257,8 @@ unsafe fn dq_masked<
     let do_s = smem.slice(br * rs, br * rs);
     let k_s = |stage: usize| smem.slice((2 * br + stage * BC) * rs, BC * rs);
     let v_s = |stage: usize| smem.slice((2 * br + (2 + stage) * BC) * rs, BC * rs);
+    // With SPLIT: the warps' partial S and dP ([16][BC] f32 each per warp).
+    let xs: Shared<f32> = smem.after(exchange_floats(SPLIT, BC));
 
     let q_at = p.q_strides.offset(b, 0, h) as usize;
     let kv_at = p.k_strides.offset(b, 0, hk) as usize;
@@ -188,11 +272,11 @@ unsafe fn dq_masked<
 
     // Block: Q_i, dO_i and the first K, V tile in flight.
     unsafe {
-        load_tile::<T, D, BLOCK_ROWS>(q_s, q_g.add(first), p.q_strides.row, sq - row0.min(sq), d);
-        load_tile::<T, D, BLOCK_ROWS>(do_s, do_g.add(first), p.q_strides.row, sq - row0.min(sq), d);
+        load::<T, D, BLOCK_ROWS, SPLIT>(q_s, q_g.add(first), p.q_strides.row, sq - row0.min(sq), d);
+        load::<T, D, BLOCK_ROWS, SPLIT>(do_s, do_g.add(first), p.q_strides.row, sq - row0.min(sq), d);
         if n_tiles > 0 {
-            load_tile::<T, D, BC>(k_s(0), k_g, p.k_strides.row, sk, d);
-            load_tile::<T, D, BC>(v_s(0), v_g, p.k_strides.row, sk, d);
+            load::<T, D, BC, SPLIT>(k_s(0), k_g, p.k_strides.row, sk, d);
+            load::<T, D, BC, SPLIT>(v_s(0), v_g, p.k_strides.row, sk, d);
         }
     }
     thread::cp_async_commit();
@@ -206,15 +290,15 @@ unsafe fn dq_masked<
     let mut fin = [(f32::INFINITY, 0f32, 0f32); 2];
     // A fragments (rows of a 16-row block, chunk pairs) and transposed B fragments share
     // these addresses; non-transposed B fragments (rows as n) use `b_addr`.
-    let a_addr = LaneAddr::new::<D>(lane % 8 + 8 * ((lane / 8) % 2), lane / 16);
-    let b_addr = LaneAddr::new::<D>(lane % 8 + 8 * (lane / 16), (lane / 8) % 2);
+    let a_addr = half_addr(LaneAddr::new::<D>(lane % 8 + 8 * ((lane / 8) % 2), lane / 16), hf, DK);
+    let b_addr = half_addr(LaneAddr::new::<D>(lane % 8 + 8 * (lane / 16), (lane / 8) % 2), hf, DK);
     // Lane quad: the rows' final statistics, also to the workspace for the dK/dV kernel
     // (every row below seqlen_q, fully masked ones too).
     let publish = |rows: &[QuadRow; 2]| -> [(f32, f32, f32); 2] {
         let fin = [rows[0].finish(), rows[1].finish()];
         for (half, f) in fin.iter().enumerate() {
             let r = row0 + (w * 16 + g + 8 * half) as u32;
-            if t == 0 && r < sq {
+            if t == 0 && half_now::<SPLIT>() == 0 && r < sq {
                 let st = p.stats as *mut f32;
                 unsafe {
                     global::store(st.add(stat_at(p, 0, b, h, r)), f.0);
@@ -235,8 +319,8 @@ unsafe fn dq_masked<
         if it + 1 < n_iter {
             let c1 = (((it + 1) % n_tiles) * BC) as u32;
             unsafe {
-                load_tile::<T, D, BC>(k_s((it + 1) % 2), k_g.add((c1 as u64 * p.k_strides.row) as usize), p.k_strides.row, sk - c1, d);
-                load_tile::<T, D, BC>(v_s((it + 1) % 2), v_g.add((c1 as u64 * p.k_strides.row) as usize), p.k_strides.row, sk - c1, d);
+                load::<T, D, BC, SPLIT>(k_s((it + 1) % 2), k_g.add((c1 as u64 * p.k_strides.row) as usize), p.k_strides.row, sk - c1, d);
+                load::<T, D, BC, SPLIT>(v_s((it + 1) % 2), v_g.add((c1 as u64 * p.k_strides.row) as usize), p.k_strides.row, sk - c1, d);
             }
             thread::cp_async_commit();
             thread::cp_async_wait::<1>();
@@ -254,8 +338,9 @@ unsafe fn dq_masked<
         if !STATS_ONLY && it == n_tiles {
             fin = publish(&rows);
         }
-        let ctx = DqStep::<T, D, DK, QREG> {
+        let ctx = DqStep::<T, D, DK, QREG, SPLIT> {
             p,
+            x: xs,
             q: q_s,
             d_o: do_s,
             w,
@@ -285,15 +370,19 @@ unsafe fn dq_masked<
         publish(&rows);
     }
 
-    // Warp: dQ_i = scale * acc, rows of its m16 tile, in T.
+    // Warp: dQ_i = scale * acc, rows of its m16 tile and columns of its half, in T.
     if !STATS_ONLY {
-        unsafe { store_rows::<T, DN, false>(&acc_dq, p.scale, (p.dq as *mut T).add(q_at), p.q_strides.row, row0 + (w * 16) as u32, sq, d) };
+        let c0 = half_now::<SPLIT>() * DN * 8;
+        let dq_g = unsafe { (p.dq as *mut T).add(q_at + c0) };
+        unsafe { store_rows::<T, DN, false>(&acc_dq, p.scale, dq_g, p.q_strides.row, row0 + (w * 16) as u32, sq, d - c0 as u32) };
     }
 }
 
 /// What one key tile of the dQ kernel reads, per warp.
-struct DqStep<'a, T: Copy, const D: usize, const DK: usize, const QREG: bool> {
+struct DqStep<'a, T: Copy, const D: usize, const DK: usize, const QREG: bool, const SPLIT: usize> {
     p: &'a BwdParams,
+    /// With SPLIT: the S / dP exchange ([`pair_sum`]).
+    x: Shared<f32>,
     /// Q_i, dO_i tiles and the warp (for re-reading fragments when not QREG).
     q: Shared<T>,
     d_o: Shared<T>,
@@ -310,9 +399,10 @@ struct DqStep<'a, T: Copy, const D: usize, const DK: usize, const QREG: bool> {
     t: usize,
 }
 
-impl<T: MmaElement, const D: usize, const DK: usize, const QREG: bool> DqStep<'_, T, D, DK, QREG> {
+impl<T: MmaElement, const D: usize, const DK: usize, const QREG: bool, const SPLIT: usize> DqStep<'_, T, D, DK, QREG, SPLIT> {
     /// Warp: S_ij = Q_i K_j^T times scale log2(e) (-inf where masked, with MASKED) and
-    /// dP_ij = dO_i V_j^T for key tile `j`, as NS m16n8 C fragments each; k over D.
+    /// dP_ij = dO_i V_j^T for key tile `j`, as NS m16n8 C fragments each; k over D (over the
+    /// warp's half of D, then the pair's halves summed, with SPLIT).
     #[inline(always)]
     fn scores<M: Mask, const MASKED: bool, const BC: usize, const NS: usize>(&self, j: usize) -> ([[f32; 4]; NS], [[f32; 4]; NS]) {
         let p = self.p;
@@ -332,6 +422,9 @@ impl<T: MmaElement, const D: usize, const DK: usize, const QREG: bool> DqStep<'_
                 dp[2 * np] = T::mma(of, [vb[0], vb[1]], dp[2 * np]);
                 dp[2 * np + 1] = T::mma(of, [vb[2], vb[3]], dp[2 * np + 1]);
             }
+        }
+        if SPLIT > 1 {
+            pair_sum(self.x, &mut s, &mut dp);
         }
         for (n, x) in s.iter_mut().enumerate() {
             for (e, x) in x.iter_mut().enumerate() {
@@ -452,13 +545,14 @@ impl QuadRow {
     }
 }
 
-/// The dK/dV kernel for one tile: D = 16 DK = 8 DN, query tiles of BR = 8 NQ rows; KVREG keeps
+/// The dK/dV kernel for one tile: D = 16 DK SPLIT = 8 DN SPLIT (DK, DN: per warp, SPLIT warps
+/// share each 16 keys, `slice_and_half`), query tiles of BR = 8 NQ rows; KVREG keeps
 /// the warp's K and V fragments in registers (else they are re-read from shared memory at
 /// every query tile). Causal or not at run time. Reads m_i, 1 / l_i, D_i from the dQ
 /// kernel's workspace.
 ///
 /// # Safety
-/// `p` valid (host-checked), `p.head_dim <= D`, 128 threads,
+/// `p` valid (host-checked), `p.head_dim <= D`, 128 SPLIT threads,
 /// `mma_bwd_tile(D).dkdv_smem_bytes()` (with DQ: `dkdvq_smem_bytes()`) bytes of dynamic shared
 /// memory; the dQ kernel (with DQ: the statistics kernel) has run, and with DQ `p.dq_accum` is
 /// zeroed.
@@ -472,14 +566,15 @@ pub unsafe fn dkdv<
     const NQ: usize,
     const KVREG: bool,
     const DQ: bool,
+    const SPLIT: usize,
 >(
     p: &BwdParams,
 ) {
     unsafe {
         if p.causal != 0 {
-            dkdv_masked::<T, Causal, D, DK, DN, BR, NQ, KVREG, DQ>(p)
+            dkdv_masked::<T, Causal, D, DK, DN, BR, NQ, KVREG, DQ, SPLIT>(p)
         } else {
-            dkdv_masked::<T, NoMask, D, DK, DN, BR, NQ, KVREG, DQ>(p)
+            dkdv_masked::<T, NoMask, D, DK, DN, BR, NQ, KVREG, DQ, SPLIT>(p)
         }
     }
 }
@@ -495,17 +590,28 @@ unsafe fn dkdv_masked<
     const NQ: usize,
     const KVREG: bool,
     const DQ: bool,
+    const SPLIT: usize,
 >(
     p: &BwdParams,
 ) {
+    // The atomic dQ product is not split.
+    const { assert!(SPLIT == 1 || !DQ) };
     let bc = BLOCK_ROWS;
     // Head dims that are multiples of 8 only (`registry::BWD_ALIGNED_FAMILIES`).
     let d = p.head_dim;
-    if d > D as u32 || !d.is_multiple_of(8) || DK * 16 != D || DN * 8 != D || NQ * 8 != BR || block::dim() != MMA_WARPS * 32 {
+    if d > D as u32
+        || !d.is_multiple_of(8)
+        || DK * 16 * SPLIT != D
+        || DN * 8 * SPLIT != D
+        || NQ * 8 != BR
+        || block::dim() != MMA_WARPS * 32 * SPLIT as u32
+    {
         thread::trap();
     }
     let (kv_blk, hk, b) = block::idx();
-    let (w, lane) = (warp::id() as usize, warp::lane() as usize);
+    let (wb, lane) = (warp::id() as usize, warp::lane() as usize);
+    // Warp: its 16 keys (slice w) and its half hf of D's columns.
+    let (w, hf) = slice_and_half::<SPLIT>(wb);
     let (g, t) = (lane / 4, lane % 4);
     let (sq, sk) = (p.seqlen_q, p.seqlen_k);
     let j0 = kv_blk * bc as u32;
@@ -524,12 +630,14 @@ unsafe fn dkdv_masked<
     let dd_s = |stage: usize| f_s.slice((4 + stage) * BR, BR);
     // With DQ: dS of the current query tile, [BR][bc] 16-bit, swizzled as a Layout<64> tile.
     let ds_s: Shared<u16> = f_s.after(if DQ { BR * BLOCK_ROWS } else { 0 });
+    // With SPLIT (never with DQ): the warps' partial S^T and dP^T ([16][BR] f32 each per warp).
+    let xs: Shared<f32> = f_s.after(exchange_floats(SPLIT, BR));
 
     let kv_at = p.k_strides.offset(b, 0, hk) as usize;
     let first = (j0.min(sk) as u64 * p.k_strides.row) as usize;
     unsafe {
-        load_tile::<T, D, BLOCK_ROWS>(k_s, (p.k as *const T).add(kv_at + first), p.k_strides.row, sk - j0.min(sk), d);
-        load_tile::<T, D, BLOCK_ROWS>(v_s, (p.v as *const T).add(kv_at + first), p.k_strides.row, sk - j0.min(sk), d);
+        load::<T, D, BLOCK_ROWS, SPLIT>(k_s, (p.k as *const T).add(kv_at + first), p.k_strides.row, sk - j0.min(sk), d);
+        load::<T, D, BLOCK_ROWS, SPLIT>(v_s, (p.v as *const T).add(kv_at + first), p.k_strides.row, sk - j0.min(sk), d);
     }
 
     // The query tiles that see any key of this block: from the first row that sees key j0
@@ -548,8 +656,8 @@ unsafe fn dkdv_masked<
         let (h, i0) = tile_of(it);
         let q_at = (p.q_strides.offset(b, 0, h) + i0 as u64 * p.q_strides.row) as usize;
         unsafe {
-            load_tile::<T, D, BR>(q_s(stage), (p.q as *const T).add(q_at), p.q_strides.row, sq - i0, d);
-            load_tile::<T, D, BR>(do_s(stage), (p.d_o as *const T).add(q_at), p.q_strides.row, sq - i0, d);
+            load::<T, D, BR, SPLIT>(q_s(stage), (p.q as *const T).add(q_at), p.q_strides.row, sq - i0, d);
+            load::<T, D, BR, SPLIT>(do_s(stage), (p.d_o as *const T).add(q_at), p.q_strides.row, sq - i0, d);
         }
         let tid = thread::idx() as usize;
         if tid < BR {
@@ -572,8 +680,8 @@ unsafe fn dkdv_masked<
     let mut acc_dv = [[0f32; 4]; DN];
     let mut k_frag = [[0u32; 4]; DK];
     let mut v_frag = [[0u32; 4]; DK];
-    let a_addr = LaneAddr::new::<D>(lane % 8 + 8 * ((lane / 8) % 2), lane / 16);
-    let b_addr = LaneAddr::new::<D>(lane % 8 + 8 * (lane / 16), (lane / 8) % 2);
+    let a_addr = half_addr(LaneAddr::new::<D>(lane % 8 + 8 * ((lane / 8) % 2), lane / 16), hf, DK);
+    let b_addr = half_addr(LaneAddr::new::<D>(lane % 8 + 8 * (lane / 16), (lane / 8) % 2), hf, DK);
     for it in 0..n_iter {
         // Block: prefetch the next query tile into the other stage while this one is computed.
         if it + 1 < n_iter {
@@ -592,8 +700,9 @@ unsafe fn dkdv_masked<
             }
         }
         let (h, i0) = tile_of(it);
-        let ctx = KvStep::<T, D, DK, KVREG> {
+        let ctx = KvStep::<T, D, DK, KVREG, SPLIT> {
             p,
+            x: xs,
             k: k_s,
             v: v_s,
             q: q_s(it % 2),
@@ -636,17 +745,21 @@ unsafe fn dkdv_masked<
         thread::cp_async_wait::<0>();
     }
 
-    // Warp: dK_j = scale * acc_dk, dV_j = acc_dv, rows of its 16 keys, in T.
+    // Warp: dK_j = scale * acc_dk, dV_j = acc_dv, rows of its 16 keys and columns of its
+    // half, in T.
     let key0 = j0 + (w * 16) as u32;
+    let c0 = half_now::<SPLIT>() * DN * 8;
     unsafe {
-        store_rows::<T, DN, false>(&acc_dk, p.scale, (p.dk as *mut T).add(kv_at), p.k_strides.row, key0, sk, d);
-        store_rows::<T, DN, false>(&acc_dv, 1.0, (p.dv as *mut T).add(kv_at), p.k_strides.row, key0, sk, d);
+        store_rows::<T, DN, false>(&acc_dk, p.scale, (p.dk as *mut T).add(kv_at + c0), p.k_strides.row, key0, sk, d - c0 as u32);
+        store_rows::<T, DN, false>(&acc_dv, 1.0, (p.dv as *mut T).add(kv_at + c0), p.k_strides.row, key0, sk, d - c0 as u32);
     }
 }
 
 /// What one query tile of the dK/dV kernel reads, per warp.
-struct KvStep<'a, T: Copy, const D: usize, const DK: usize, const KVREG: bool> {
+struct KvStep<'a, T: Copy, const D: usize, const DK: usize, const KVREG: bool, const SPLIT: usize> {
     p: &'a BwdParams,
+    /// With SPLIT: the S^T / dP^T exchange ([`pair_sum`]).
+    x: Shared<f32>,
     k: Shared<T>,
     v: Shared<T>,
     q: Shared<T>,
@@ -672,7 +785,7 @@ struct KvStep<'a, T: Copy, const D: usize, const DK: usize, const KVREG: bool> {
     h: u32,
 }
 
-impl<T: MmaElement, const D: usize, const DK: usize, const KVREG: bool> KvStep<'_, T, D, DK, KVREG> {
+impl<T: MmaElement, const D: usize, const DK: usize, const KVREG: bool, const SPLIT: usize> KvStep<'_, T, D, DK, KVREG, SPLIT> {
     /// Warp: dV_j += P_ij^T dO_i and dK_j += dS_ij^T Q_i for this query tile; MASKED applies
     /// the causal mask.
     #[inline(always)]
@@ -685,7 +798,8 @@ impl<T: MmaElement, const D: usize, const DK: usize, const KVREG: bool> KvStep<'
         let (g, t) = (self.g, self.t);
         let factor = crate::softmax::score_scale(p.scale) * LOG2_E;
 
-        // S^T = K_j Q_i^T and dP^T = V_j dO_i^T (keys x queries): NQ n-tiles of m16n8, k over D.
+        // S^T = K_j Q_i^T and dP^T = V_j dO_i^T (keys x queries): NQ n-tiles of m16n8, k over D
+        // (over the warp's half of D, then the pair's halves summed, with SPLIT).
         let mut s = [[0f32; 4]; NQ];
         let mut dp = [[0f32; 4]; NQ];
         for kk in 0..DK {
@@ -699,6 +813,9 @@ impl<T: MmaElement, const D: usize, const DK: usize, const KVREG: bool> KvStep<'
                 dp[2 * np] = T::mma(vf, [ob[0], ob[1]], dp[2 * np]);
                 dp[2 * np + 1] = T::mma(vf, [ob[2], ob[3]], dp[2 * np + 1]);
             }
+        }
+        if SPLIT > 1 {
+            pair_sum(self.x, &mut s, &mut dp);
         }
 
         // P^T = exp2(S^T scale log2(e) - m) / l per query column (0 where masked or where the
@@ -769,12 +886,14 @@ impl<T: MmaElement, const D: usize, const DK: usize, const KVREG: bool> KvStep<'
             // Rebuilt here from opaque indices, not kept live across the loop.
             let (sq, sk) = (p.seqlen_q, p.seqlen_k);
             let (b, h) = (thread::opaque(self.b as u64) as u32, thread::opaque(self.h as u64) as u32);
-            let do_g = unsafe { (p.d_o as *const T).add(p.q_strides.offset(b, self.i0, h) as usize) };
+            // The warp's columns from c0 on.
+            let c0 = (half_now::<SPLIT>() * DN * 8) as u32;
+            let do_g = unsafe { (p.d_o as *const T).add((p.q_strides.offset(b, self.i0, h) + c0 as u64) as usize) };
             unsafe {
                 add_nonfinite::<T, DN>(
                     acc_dv,
                     BR,
-                    p.head_dim,
+                    p.head_dim - c0,
                     |k| row_at(do_g, p.q_strides.row, sq - self.i0.min(sq), k),
                     |h, k| !M::hides(self.i0 + k as u32, self.key0 + (g + 8 * h) as u32, sq, sk),
                 )

@@ -103,6 +103,14 @@ impl LaneAddr {
     pub(crate) fn at<const D: usize>(&self, a: usize, c: usize) -> usize {
         self.base + a * 16 * Layout::<D>::STRIDE + 16 * (c & !3) + self.x[c & 3]
     }
+    /// The same lane's addresses with chunk pair `c0` as pair 0 (a warp that works on the
+    /// columns from 16 c0 on): `at(a, c)` of the result is `at(a, c0 + c)` of this one. For a
+    /// constant `c0` (the indices into x must fold).
+    #[inline(always)]
+    pub(crate) fn shifted(&self, c0: usize) -> LaneAddr {
+        let x = self.x;
+        LaneAddr { base: self.base + 16 * (c0 & !3), x: [0, 1, 2, 3].map(|k| 16 * ((c0 % 4 + k) & !3) + x[(c0 % 4 + k) & 3]) }
+    }
 }
 
 /// Block: ROWS rows of a [seqlen, d] slice (row stride `stride`) into a [`Layout`] tile of

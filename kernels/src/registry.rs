@@ -391,12 +391,13 @@ macro_rules! bwd_mma_q {
         crate::bwd_mma::dq::<
             $ty,
             { bwd_field(mma_bwd_tile($d), 0) as usize },
-            { bwd_field(mma_bwd_tile($d), 0) as usize / 16 },
-            { bwd_field(mma_bwd_tile($d), 0) as usize / 8 },
+            { bwd_field(mma_bwd_tile($d), 0) as usize / 16 / bwd_field(mma_bwd_tile($d), 7) as usize },
+            { bwd_field(mma_bwd_tile($d), 0) as usize / 8 / bwd_field(mma_bwd_tile($d), 7) as usize },
             { bwd_field(mma_bwd_tile($d), 1) as usize },
             { bwd_field(mma_bwd_tile($d), 1) as usize / 8 },
             { bwd_field(mma_bwd_tile($d), 4) != 0 },
             $stats,
+            { bwd_field(mma_bwd_tile($d), 7) as usize },
         >
     };
 }
@@ -411,12 +412,13 @@ macro_rules! bwd_mma_kv {
         crate::bwd_mma::dkdv::<
             $ty,
             { bwd_field(mma_bwd_tile($d), 0) as usize },
-            { bwd_field(mma_bwd_tile($d), 0) as usize / 16 },
-            { bwd_field(mma_bwd_tile($d), 0) as usize / 8 },
+            { bwd_field(mma_bwd_tile($d), 0) as usize / 16 / bwd_field(mma_bwd_tile($d), 7) as usize },
+            { bwd_field(mma_bwd_tile($d), 0) as usize / 8 / bwd_field(mma_bwd_tile($d), 7) as usize },
             { bwd_field(mma_bwd_tile($d), if $dq { 5 } else { 2 }) as usize },
             { bwd_field(mma_bwd_tile($d), if $dq { 5 } else { 2 }) as usize / 8 },
             { bwd_field(mma_bwd_tile($d), if $dq { 6 } else { 3 }) != 0 },
             $dq,
+            { bwd_field(mma_bwd_tile($d), 7) as usize },
         >
     };
 }
@@ -490,8 +492,7 @@ const fn wg_dkdvq_smem(d: u32) -> u32 {
     }
 }
 /// Field `i` of a backward tile (head_dim, dq_bc, kv_br, kv_in_regs, dq_q_in_regs, atomic_kv_br,
-/// atomic_kv_in_regs), for const
-/// generic arguments.
+/// atomic_kv_in_regs, split), for const generic arguments.
 const fn bwd_field(t: Option<MmaBwdTile>, i: u32) -> u32 {
     match t {
         Some(t) => match i {
@@ -501,8 +502,15 @@ const fn bwd_field(t: Option<MmaBwdTile>, i: u32) -> u32 {
             3 => t.kv_in_regs as u32,
             5 => t.atomic_kv_br,
             6 => t.atomic_kv_in_regs as u32,
+            7 => t.split,
             _ => t.dq_q_in_regs as u32,
         },
+        None => 1,
+    }
+}
+const fn mma_bwd_threads(d: u32) -> u32 {
+    match mma_bwd_tile(d) {
+        Some(t) => t.threads(),
         None => 0,
     }
 }
@@ -576,22 +584,30 @@ bwd_variants! {
     flash_bwd_wgmma_atomic_prep_bf16 => "wgmma_atomic" @ Sm90a, "prep_residual", [crate::bwd_prep::prep::<Bf16, true>], Bf16, (1, 128), PREP_ROWS, 128, no_smem;
     flash_bwd_wgmma_atomic_convert_f16 => "wgmma_atomic" @ Sm90a, "dq_convert", [crate::bwd_mma::dq_convert::<F16>], F16, (1, 128), CONVERT_ROWS, 128, no_smem;
     flash_bwd_wgmma_atomic_convert_bf16 => "wgmma_atomic" @ Sm90a, "dq_convert", [crate::bwd_mma::dq_convert::<Bf16>], Bf16, (1, 128), CONVERT_ROWS, 128, no_smem;
-    flash_bwd_mma_dq_f16_d32     => "mma" @ Sm80, "dq",   [bwd_mma_q!(F16, 32)],    F16,  (1, 32),    MMA_BWD_ROWS, MMA_THREADS, mma_dq_smem;
-    flash_bwd_mma_dq_f16_d64     => "mma" @ Sm80, "dq",   [bwd_mma_q!(F16, 64)],    F16,  (33, 64),   MMA_BWD_ROWS, MMA_THREADS, mma_dq_smem;
-    flash_bwd_mma_dq_f16_d96     => "mma" @ Sm80, "dq",   [bwd_mma_q!(F16, 96)],    F16,  (65, 96),   MMA_BWD_ROWS, MMA_THREADS, mma_dq_smem;
-    flash_bwd_mma_dq_f16_d128    => "mma" @ Sm80, "dq",   [bwd_mma_q!(F16, 128)],   F16,  (97, 128), MMA_BWD_ROWS, MMA_THREADS, mma_dq_smem;
-    flash_bwd_mma_dq_bf16_d32    => "mma" @ Sm80, "dq",   [bwd_mma_q!(Bf16, 32)],   Bf16, (1, 32),    MMA_BWD_ROWS, MMA_THREADS, mma_dq_smem;
-    flash_bwd_mma_dq_bf16_d64    => "mma" @ Sm80, "dq",   [bwd_mma_q!(Bf16, 64)],   Bf16, (33, 64),   MMA_BWD_ROWS, MMA_THREADS, mma_dq_smem;
-    flash_bwd_mma_dq_bf16_d96    => "mma" @ Sm80, "dq",   [bwd_mma_q!(Bf16, 96)],   Bf16, (65, 96),   MMA_BWD_ROWS, MMA_THREADS, mma_dq_smem;
-    flash_bwd_mma_dq_bf16_d128   => "mma" @ Sm80, "dq",   [bwd_mma_q!(Bf16, 128)],  Bf16, (97, 128), MMA_BWD_ROWS, MMA_THREADS, mma_dq_smem;
-    flash_bwd_mma_dkdv_f16_d32   => "mma" @ Sm80, "dkdv", [bwd_mma_kv!(F16, 32)],   F16,  (1, 32),    MMA_BWD_ROWS, MMA_THREADS, mma_dkdv_smem;
-    flash_bwd_mma_dkdv_f16_d64   => "mma" @ Sm80, "dkdv", [bwd_mma_kv!(F16, 64)],   F16,  (33, 64),   MMA_BWD_ROWS, MMA_THREADS, mma_dkdv_smem;
-    flash_bwd_mma_dkdv_f16_d96   => "mma" @ Sm80, "dkdv", [bwd_mma_kv!(F16, 96)],   F16,  (65, 96),   MMA_BWD_ROWS, MMA_THREADS, mma_dkdv_smem;
-    flash_bwd_mma_dkdv_f16_d128  => "mma" @ Sm80, "dkdv", [bwd_mma_kv!(F16, 128)],  F16,  (97, 128), MMA_BWD_ROWS, MMA_THREADS, mma_dkdv_smem;
-    flash_bwd_mma_dkdv_bf16_d32  => "mma" @ Sm80, "dkdv", [bwd_mma_kv!(Bf16, 32)],  Bf16, (1, 32),    MMA_BWD_ROWS, MMA_THREADS, mma_dkdv_smem;
-    flash_bwd_mma_dkdv_bf16_d64  => "mma" @ Sm80, "dkdv", [bwd_mma_kv!(Bf16, 64)],  Bf16, (33, 64),   MMA_BWD_ROWS, MMA_THREADS, mma_dkdv_smem;
-    flash_bwd_mma_dkdv_bf16_d96  => "mma" @ Sm80, "dkdv", [bwd_mma_kv!(Bf16, 96)],  Bf16, (65, 96),   MMA_BWD_ROWS, MMA_THREADS, mma_dkdv_smem;
-    flash_bwd_mma_dkdv_bf16_d128 => "mma" @ Sm80, "dkdv", [bwd_mma_kv!(Bf16, 128)], Bf16, (97, 128), MMA_BWD_ROWS, MMA_THREADS, mma_dkdv_smem;
+    flash_bwd_mma_dq_f16_d32     => "mma" @ Sm80, "dq",   [bwd_mma_q!(F16, 32)],    F16,  (1, 32),    MMA_BWD_ROWS, mma_bwd_threads(32), mma_dq_smem;
+    flash_bwd_mma_dq_f16_d64     => "mma" @ Sm80, "dq",   [bwd_mma_q!(F16, 64)],    F16,  (33, 64),   MMA_BWD_ROWS, mma_bwd_threads(64), mma_dq_smem;
+    flash_bwd_mma_dq_f16_d96     => "mma" @ Sm80, "dq",   [bwd_mma_q!(F16, 96)],    F16,  (65, 96),   MMA_BWD_ROWS, mma_bwd_threads(96), mma_dq_smem;
+    flash_bwd_mma_dq_f16_d128    => "mma" @ Sm80, "dq",   [bwd_mma_q!(F16, 128)],   F16,  (97, 128), MMA_BWD_ROWS, mma_bwd_threads(128), mma_dq_smem;
+    flash_bwd_mma_dq_f16_d192    => "mma" @ Sm80, "dq",  [bwd_mma_q!(F16, 192)],  F16,  (129, 192), MMA_BWD_ROWS, mma_bwd_threads(192), mma_dq_smem;
+    flash_bwd_mma_dq_f16_d256    => "mma" @ Sm80, "dq",  [bwd_mma_q!(F16, 256)],  F16,  (193, 256), MMA_BWD_ROWS, mma_bwd_threads(256), mma_dq_smem;
+    flash_bwd_mma_dq_bf16_d32    => "mma" @ Sm80, "dq",   [bwd_mma_q!(Bf16, 32)],   Bf16, (1, 32),    MMA_BWD_ROWS, mma_bwd_threads(32), mma_dq_smem;
+    flash_bwd_mma_dq_bf16_d64    => "mma" @ Sm80, "dq",   [bwd_mma_q!(Bf16, 64)],   Bf16, (33, 64),   MMA_BWD_ROWS, mma_bwd_threads(64), mma_dq_smem;
+    flash_bwd_mma_dq_bf16_d96    => "mma" @ Sm80, "dq",   [bwd_mma_q!(Bf16, 96)],   Bf16, (65, 96),   MMA_BWD_ROWS, mma_bwd_threads(96), mma_dq_smem;
+    flash_bwd_mma_dq_bf16_d128   => "mma" @ Sm80, "dq",   [bwd_mma_q!(Bf16, 128)],  Bf16, (97, 128), MMA_BWD_ROWS, mma_bwd_threads(128), mma_dq_smem;
+    flash_bwd_mma_dq_bf16_d192   => "mma" @ Sm80, "dq",  [bwd_mma_q!(Bf16, 192)],  Bf16, (129, 192), MMA_BWD_ROWS, mma_bwd_threads(192), mma_dq_smem;
+    flash_bwd_mma_dq_bf16_d256   => "mma" @ Sm80, "dq",  [bwd_mma_q!(Bf16, 256)],  Bf16, (193, 256), MMA_BWD_ROWS, mma_bwd_threads(256), mma_dq_smem;
+    flash_bwd_mma_dkdv_f16_d32   => "mma" @ Sm80, "dkdv", [bwd_mma_kv!(F16, 32)],   F16,  (1, 32),    MMA_BWD_ROWS, mma_bwd_threads(32), mma_dkdv_smem;
+    flash_bwd_mma_dkdv_f16_d64   => "mma" @ Sm80, "dkdv", [bwd_mma_kv!(F16, 64)],   F16,  (33, 64),   MMA_BWD_ROWS, mma_bwd_threads(64), mma_dkdv_smem;
+    flash_bwd_mma_dkdv_f16_d96   => "mma" @ Sm80, "dkdv", [bwd_mma_kv!(F16, 96)],   F16,  (65, 96),   MMA_BWD_ROWS, mma_bwd_threads(96), mma_dkdv_smem;
+    flash_bwd_mma_dkdv_f16_d128  => "mma" @ Sm80, "dkdv", [bwd_mma_kv!(F16, 128)],  F16,  (97, 128), MMA_BWD_ROWS, mma_bwd_threads(128), mma_dkdv_smem;
+    flash_bwd_mma_dkdv_f16_d192  => "mma" @ Sm80, "dkdv", [bwd_mma_kv!(F16, 192)],  F16,  (129, 192), MMA_BWD_ROWS, mma_bwd_threads(192), mma_dkdv_smem;
+    flash_bwd_mma_dkdv_f16_d256  => "mma" @ Sm80, "dkdv", [bwd_mma_kv!(F16, 256)],  F16,  (193, 256), MMA_BWD_ROWS, mma_bwd_threads(256), mma_dkdv_smem;
+    flash_bwd_mma_dkdv_bf16_d32  => "mma" @ Sm80, "dkdv", [bwd_mma_kv!(Bf16, 32)],  Bf16, (1, 32),    MMA_BWD_ROWS, mma_bwd_threads(32), mma_dkdv_smem;
+    flash_bwd_mma_dkdv_bf16_d64  => "mma" @ Sm80, "dkdv", [bwd_mma_kv!(Bf16, 64)],  Bf16, (33, 64),   MMA_BWD_ROWS, mma_bwd_threads(64), mma_dkdv_smem;
+    flash_bwd_mma_dkdv_bf16_d96  => "mma" @ Sm80, "dkdv", [bwd_mma_kv!(Bf16, 96)],  Bf16, (65, 96),   MMA_BWD_ROWS, mma_bwd_threads(96), mma_dkdv_smem;
+    flash_bwd_mma_dkdv_bf16_d128 => "mma" @ Sm80, "dkdv", [bwd_mma_kv!(Bf16, 128)], Bf16, (97, 128), MMA_BWD_ROWS, mma_bwd_threads(128), mma_dkdv_smem;
+    flash_bwd_mma_dkdv_bf16_d192 => "mma" @ Sm80, "dkdv", [bwd_mma_kv!(Bf16, 192)],  Bf16, (129, 192), MMA_BWD_ROWS, mma_bwd_threads(192), mma_dkdv_smem;
+    flash_bwd_mma_dkdv_bf16_d256 => "mma" @ Sm80, "dkdv", [bwd_mma_kv!(Bf16, 256)],  Bf16, (193, 256), MMA_BWD_ROWS, mma_bwd_threads(256), mma_dkdv_smem;
     flash_bwd_mma_atomic_stats_f16_d32    => "mma_atomic" @ Sm80, "stats", [bwd_mma_q!(F16, 32, true)],    F16,  (1, 32),    MMA_BWD_ROWS, MMA_THREADS, mma_dq_smem;
     flash_bwd_mma_atomic_stats_f16_d64    => "mma_atomic" @ Sm80, "stats", [bwd_mma_q!(F16, 64, true)],    F16,  (33, 64),   MMA_BWD_ROWS, MMA_THREADS, mma_dq_smem;
     flash_bwd_mma_atomic_stats_f16_d96    => "mma_atomic" @ Sm80, "stats", [bwd_mma_q!(F16, 96, true)],    F16,  (65, 96),   MMA_BWD_ROWS, MMA_THREADS, mma_dq_smem;

@@ -246,10 +246,11 @@ pub const fn simt_dq_smem_bytes(head_dim: u32) -> u32 {
     (2 * t.br() * head_dim + 2 * t.bc() * SimtTile::k_stride(head_dim) + t.br() * t.bc() + 4 * t.br()) * 4
 }
 
-/// Tile of the tensor-core backward kernels (f16, bf16), 4 warps of 16 rows each: the dQ
-/// kernel's blocks own 64 query rows (Q, dO fragments in registers) and loop over K/V tiles
-/// of `dq_bc` keys; the dK/dV kernel's blocks own 64 keys and loop over query tiles of
-/// `kv_br` rows. Both double-buffer the streamed tiles with cp.async.
+/// Tile of the tensor-core backward kernels (f16, bf16), 4 slices of 16 rows each, one warp
+/// per slice or (`split` = 2) two that share it, each owning half of D's columns: the dQ
+/// kernel's blocks own 64 query rows and loop over K/V tiles of `dq_bc` keys; the dK/dV
+/// kernel's blocks own 64 keys and loop over query tiles of `kv_br` rows. Both double-buffer
+/// the streamed tiles with cp.async.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MmaBwdTile {
     /// The head_dim the kernels are compiled for (smaller ones are zero-padded).
@@ -267,6 +268,9 @@ pub struct MmaBwdTile {
     /// kv_br and kv_in_regs of the atomic backward's dK/dV/dQ kernel (`mma_atomic`).
     pub atomic_kv_br: u32,
     pub atomic_kv_in_regs: bool,
+    /// Warps per 16-row slice: 1, or 2 that split D in halves (`bwd_mma::slice_and_half`) and
+    /// sum their partial S and dP through shared memory (`bwd_mma::pair_sum`).
+    pub split: u32,
 }
 
 impl MmaBwdTile {
@@ -274,25 +278,31 @@ impl MmaBwdTile {
     pub const ROWS: u32 = 16 * MMA_WARPS;
     /// Threads per block.
     pub const fn threads(&self) -> u32 {
-        MMA_WARPS * 32
+        MMA_WARPS * 32 * self.split
     }
     /// Elements per shared-memory row (as [`MmaTile::row_stride`]).
     pub const fn row_stride(&self) -> u32 {
         if self.head_dim.is_multiple_of(64) { self.head_dim } else { self.head_dim + 8 }
     }
+    /// Bytes of the S / dP exchange of a split tile over `cols` columns of S
+    /// (`bwd_mma::exchange_floats`): 0 unsplit.
+    const fn exchange_bytes(&self, cols: u32) -> u32 {
+        crate::bwd_mma::exchange_floats(self.split as usize, cols as usize) as u32 * 4
+    }
     /// dQ kernel's shared memory in bytes: Q, dO [64] rows and two stages of K, V [dq_bc]
-    /// rows, 16-bit.
+    /// rows, 16-bit; with `split`, the S / dP exchange.
     pub const fn dq_smem_bytes(&self) -> u32 {
-        (2 * Self::ROWS + 4 * self.dq_bc) * self.row_stride() * 2
+        (2 * Self::ROWS + 4 * self.dq_bc) * self.row_stride() * 2 + self.exchange_bytes(self.dq_bc)
     }
     /// dK/dV kernel's shared memory in bytes: K, V [64] rows and two stages of Q, dO [br]
     /// rows, 16-bit; two stages of m, 1 / l and D [br], f32.
     const fn kv_smem_bytes(&self, br: u32) -> u32 {
         (2 * Self::ROWS + 4 * br) * self.row_stride() * 2 + 6 * br * 4
     }
-    /// The deterministic dK/dV kernel's, at kv_br query rows per tile.
+    /// The deterministic dK/dV kernel's, at kv_br query rows per tile; with `split`, the S^T /
+    /// dP^T exchange.
     pub const fn dkdv_smem_bytes(&self) -> u32 {
-        self.kv_smem_bytes(self.kv_br)
+        self.kv_smem_bytes(self.kv_br) + self.exchange_bytes(self.kv_br)
     }
     /// The atomic backward's dK/dV/dQ kernel: the dK/dV kernel's at atomic_kv_br query rows,
     /// plus dS [atomic_kv_br][64] 16-bit.
@@ -301,8 +311,8 @@ impl MmaBwdTile {
     }
 }
 
-/// The tensor-core backward tile for `head_dim`, if there is one: head dims up to 128 (larger
-/// ones run the SIMT backward). Registers per thread are the binding constraint: dQ holds Q
+/// The tensor-core backward tile for `head_dim`, if there is one: head dims up to 256.
+/// Registers per thread are the binding constraint: dQ holds Q
 /// and dO fragments (D/4, when dq_q_in_regs), the dQ accumulator (D/2), S and dP (dq_bc/2
 /// each) and its rows' statistics; dK/dV holds two accumulators (D/2 each), S^T, dP^T
 /// (kv_br/2 each) and, with kv_in_regs, K and V fragments (D/4); addresses and ptxas's
@@ -321,15 +331,45 @@ impl MmaBwdTile {
 ///   254 / 254 (Br = 64 spilled 16-52 bytes either way); D = 96 and 128 (16, from shared
 ///   memory) 246 / 243 and 255 / 255. Measured 0.69-0.76x of the deterministic kernels at
 ///   6282a3e (benches/RESULTS.md): it is chosen only by name.
+/// - D = 192 and 256 (d 136..=256, not yet timed): `split` = 2, 8 warps; each warp of a pair
+///   holds half of D's accumulators (dK and dV 48 / 64 registers each, dQ 48 / 64) and the
+///   contraction of S and dP over its half, so per warp the kernels are those of D = 96 / 128
+///   plus the exchange. dq Bc = 32, dkdv Br = 32, fragments re-read from shared memory:
+///   dq 249 / 246 (D = 192) and 245 / 245 (D = 256), dkdv 255 / 255 both (5ee9f45; the warp's
+///   half of D read again where used, `bwd_mma::half_now`: live across the loop it cost dkdv
+///   D = 192 12 bytes of spills on sm_90). Shared memory: dq 128 KB (D = 192) and 160 KB
+///   (D = 256), dkdv 128.75 KB and 160.75 KB (32 KB of it the exchange), under sm_80's
+///   163 KB and sm_90's 227 KB; one block (8 warps) per SM at D = 256, as registers allow.
+///   Rejected: one warp per 16 rows (dK and dV alone 256 registers at D = 256); S and dP
+///   recomputed per column half of the outputs instead of split (1.5x the products of dK/dV);
+///   Br = Bc = 64 (S and dP 64 registers next to the 128 of the accumulators: D = 128
+///   unsplit spilled at Bc = 64); Br = Bc = 16 (fewer registers, but K, V or Q, dO
+///   fragments re-read twice as often per product; D = 128 went from Br = 16 to 32 for +20%).
 pub const fn mma_bwd_tile(head_dim: u32) -> Option<MmaBwdTile> {
     const fn t(head_dim: u32, dq_bc: u32, dq_q_in_regs: bool, kv_br: u32, kv_in_regs: bool, atomic: (u32, bool)) -> Option<MmaBwdTile> {
-        Some(MmaBwdTile { head_dim, dq_bc, dq_q_in_regs, kv_br, kv_in_regs, atomic_kv_br: atomic.0, atomic_kv_in_regs: atomic.1 })
+        let (atomic_kv_br, atomic_kv_in_regs) = atomic;
+        Some(MmaBwdTile { head_dim, dq_bc, dq_q_in_regs, kv_br, kv_in_regs, atomic_kv_br, atomic_kv_in_regs, split: 1 })
+    }
+    const fn split(head_dim: u32, dq_bc: u32, kv_br: u32) -> Option<MmaBwdTile> {
+        // The atomic family is not compiled above 128 (its fields are unused there).
+        Some(MmaBwdTile {
+            head_dim,
+            dq_bc,
+            dq_q_in_regs: false,
+            kv_br,
+            kv_in_regs: false,
+            atomic_kv_br: 0,
+            atomic_kv_in_regs: false,
+            split: 2,
+        })
     }
     match mma_head_dim(head_dim) {
         Some(32) => t(32, 64, true, 64, true, (64, true)),
         Some(64) => t(64, 64, true, 64, true, (32, true)),
         Some(96) => t(96, 32, true, 32, false, (16, false)),
         Some(128) => t(128, 32, false, 32, false, (16, false)),
+        Some(192) => split(192, 32, 32),
+        Some(256) => split(256, 32, 32),
         _ => None,
     }
 }

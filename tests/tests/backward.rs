@@ -1,7 +1,7 @@
 //! Backward pass against the f64 analytic gradients: property tests over random shapes,
-//! options and dtypes (automatic selection: the atomic tensor-core kernels for f16/bf16 up to
-//! head_dim 128, SIMT otherwise; plus cases of the deterministic tensor-core kernels and of
-//! SIMT by name for f16/bf16), every
+//! options and dtypes (automatic selection: for f16/bf16 the Hopper kernels up to head_dim
+//! 128, the mma.sync ones for the other multiples of 8 up to 256, SIMT otherwise; plus cases
+//! of the other families by name for f16/bf16), every
 //! registered variant by name, named edge cases of both families and a determinism check
 //! (bitwise identical gradients on repeated runs), on the CPU emulator always and on the GPU
 //! when there is one (ignored, loudly, when not; failed when REQUIRE_GPU=1).
@@ -101,8 +101,9 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
             (true, None) => format!("props_few_keys{}", if saved { "_residual" } else { "" }),
             (true, Some(f)) => format!("props_few_keys_{f}"),
         };
-        // The tensor-core kernels serve head_dim <= 128 (16 units of 8).
-        let d_units = if family == Some("simt") || family.is_none() && !few_keys { 32 } else { 16 };
+        // The atomic tensor-core kernels serve head_dim <= 128 (16 units of 8), `mma` and SIMT
+        // up to 256.
+        let d_units = if matches!(family, Some("simt" | "mma")) || family.is_none() && !few_keys { 32 } else { 16 };
         let (max_s, max_d, max_hkv, max_group, max_b, budget) = match (kind, few_keys) {
             (_, true) => (50, 16, 2, 2, 1, 60_000),
             (BackendKind::Gpu, false) => (200, d_units, 4, 4, 2, 2_000_000),
@@ -137,7 +138,7 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
     let families: [(Option<&'static str>, bool, &[Dt], usize); 7] = [
         (None, false, &[Dt::F32, Dt::F16, Dt::Bf16], 32),
         (None, true, &[Dt::F16, Dt::Bf16], 16),
-        (Some("mma"), false, &[Dt::F16, Dt::Bf16], 16),
+        (Some("mma"), false, &[Dt::F16, Dt::Bf16], 32),
         (Some("simt"), false, &[Dt::F32, Dt::F16, Dt::Bf16], 32),
         (Some("mma_atomic"), false, &[Dt::F16, Dt::Bf16], 16),
         (Some("wgmma_atomic"), false, &[Dt::F16, Dt::Bf16], 16),
@@ -299,13 +300,17 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
             Box::new(move |fa| check_backward(fa, &Case { seed: fresh_seed(), ..case }, true, saved).map_err(Failed::from)),
         ));
     }
-    // The tensor-core path with K/V re-read from shared memory (head_dim 128), GQA 2:1.
-    for (dtype, saved) in with_and_without.into_iter().filter(|&(dt, _)| dt != Dt::F32) {
-        let case = Case { shape: shape(1, 70, 45, 4, 2, 128), causal: false, softmax_scale: None, dtype, seed: 0 };
-        trials.push(mk(
-            format!("{tag}::deterministic_d128{}::{dtype:?}", suffix(saved)).to_lowercase(),
-            Box::new(move |fa| check_backward(fa, &Case { seed: fresh_seed(), ..case }, true, saved).map_err(Failed::from)),
-        ));
+    // The tensor-core path with K/V re-read from shared memory (head_dim 128), GQA 2:1; and
+    // with warp pairs splitting D (the mma kernels above 128: d = 256 exactly and 200 padded,
+    // several query and key blocks, causal).
+    for (d, sq, sk, causal) in [(128, 70, 45, false), (256, 70, 80, true), (200, 80, 66, true)] {
+        for (dtype, saved) in with_and_without.into_iter().filter(|&(dt, _)| dt != Dt::F32) {
+            let case = Case { shape: shape(1, sq, sk, 4, 2, d), causal, softmax_scale: None, dtype, seed: 0 };
+            trials.push(mk(
+                format!("{tag}::deterministic_d{d}{}::{dtype:?}", suffix(saved)).to_lowercase(),
+                Box::new(move |fa| check_backward(fa, &Case { seed: fresh_seed(), ..case }, true, saved).map_err(Failed::from)),
+            ));
+        }
     }
     trials
 }
