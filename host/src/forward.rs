@@ -77,7 +77,7 @@ pub fn validate(q: &[usize], k: &[usize], v: &[usize], attention: &Attention) ->
         return Err(Error::ShapeMismatch { what: "head_dim of q and k", left: q[3], right: k[3] });
     }
     let shape = AttnShape { batch: q[0], seqlen_q: q[1], heads_q: q[2], seqlen_k: k[1], heads_kv: k[2], head_dim: q[3] };
-    if shape.head_dim == 0 || shape.head_dim > 256 {
+    if shape.head_dim > 256 {
         return Err(Error::UnsupportedHeadDim { head_dim: shape.head_dim });
     }
     if !shape.heads_q.is_multiple_of(shape.heads_kv) {
