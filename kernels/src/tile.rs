@@ -331,7 +331,8 @@ impl MmaBwdTile {
 ///   254 / 254 (Br = 64 spilled 16-52 bytes either way); D = 96 and 128 (16, from shared
 ///   memory) 246 / 243 and 255 / 255. Measured 0.69-0.76x of the deterministic kernels at
 ///   6282a3e (benches/RESULTS.md): it is chosen only by name.
-/// - D = 192 and 256 (d 136..=256, not yet timed): `split` = 2, 8 warps; each warp of a pair
+/// - D = 192 and 256 (d 136..=256; bf16 on the H200 at 215be52: 60-93 TFLOP/s, 0.29-0.58x
+///   FA2, RESULTS.md): `split` = 2, 8 warps; each warp of a pair
 ///   holds half of D's accumulators (dK and dV 48 / 64 registers each, dQ 48 / 64) and the
 ///   contraction of S and dP over its half, so per warp the kernels are those of D = 96 / 128
 ///   plus the exchange. dq Bc = 32, dkdv Br = 32, fragments re-read from shared memory:
