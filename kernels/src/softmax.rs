@@ -112,10 +112,6 @@ pub fn ln_f64(x: f32) -> f64 {
     e as f64 * core::f64::consts::LN_2 + 2.0 * s * series
 }
 
-/// |m_i c| (the row max in the log2 domain) from which [`RowState::update_raw`] subtracts
-/// in raw units rather than fusing the scale into the exponent's FMA.
-pub const FUSED_EXP_LIMIT: f32 = 256.0;
-
 /// Running statistics of one query row.
 #[derive(Clone, Copy)]
 pub struct RowState {
@@ -158,8 +154,8 @@ impl RowState {
 
     /// As [`RowState::update`] for raw scores S = Q K^T and a positive factor `c` to the
     /// log2 domain (softmax_scale * log2 e): m_i is kept in raw units and each
-    /// P = 2^(S c - m_i c) is one FFMA and one ex2, FA2's form (the scaled update spends an
-    /// FMUL and an FADD per score). Pair with [`RowState::finish_raw`].
+    /// P = 2^((S - m_i) c) is an FADD, an FMUL and an ex2 (the scaled update's count, without
+    /// a pass that scales the scores first). Pair with [`RowState::finish_raw`].
     #[inline(always)]
     pub fn update_raw<const W: u32>(&mut self, s: &mut [f32], c: f32) -> f32 {
         // m_new = max(m_old, rowmax(S_ij)), raw.
@@ -168,38 +164,21 @@ impl RowState {
             mx = mx.max(*x);
         }
         let m_new = warp::allreduce_max_in::<W>(mx);
-        // m_new c, or 0 while every score so far is masked (-inf), so ex2 gives 0, not NaN.
-        let m_c = if m_new == f32::NEG_INFINITY { 0.0 } else { m_new * c };
-        // alpha = 2^(m_old c - m_new c), the difference of the two rounded products that the
-        // exponents subtract, so exactly 1 while the max stays. (FA2's fma(m_old, c, -m_new c)
-        // is 2^(the rounding error of m_new c) then: one more factor on everything before at
-        // each tile, a drift of up to |m_i| 2^-24 per tile in the row's weights, 1e-4 relative
-        // over the 1024 tiles of a 128k-key row.)
-        // The fused exponent fma(S, c, -m_new c) gives the row's max the weight 2^(the rounding
-        // error of m_new c), up to 2^(ulp(m_new c) / 2): it cancels in l_i, not in P rounded to
-        // 16 bits for P V. Past FUSED_EXP_LIMIT (ulp 2^-16, weight error under 1e-5) the warp
-        // takes P = 2^((S - m_new) c) instead, exactly 1 at the max (one FADD more per score).
+        // P = 2^((S - m_new) c): the difference first, so the row's max weighs exactly 1, as in
+        // naive attention. (FA2's fused fma(S, c, -m_new c) weighs it 2^(the rounding error of
+        // m_new c), up to 2^0.03 at |m_new c| ~ 1e6, and P is rounded to 16 bits for P V while
+        // l_i keeps it: past the bar at huge scales. Choosing between the two per warp
+        // (a vote and two loops) took the d=64 Hopper forward from 162 to 195 registers.)
+        // m_new, or 0 while every score so far is masked (-inf), so ex2 gives 0, not NaN.
         let m_sub = if m_new == f32::NEG_INFINITY { 0.0 } else { m_new };
-        let fused = !warp::any(m_c.abs() >= FUSED_EXP_LIMIT);
-        let alpha = if m_new == self.m {
-            1.0
-        } else if fused {
-            math::ex2(self.m * c - m_c)
-        } else {
-            math::ex2((self.m - m_sub) * c)
-        };
-        // P_ij = 2^(S_ij c - m_new c); l_i = alpha l_i + rowsum(P_ij).
+        // alpha = 2^((m_old - m_new) c), exactly 1 while the max stays (no drift over a long
+        // row's tiles).
+        let alpha = if m_new == self.m { 1.0 } else { math::ex2((self.m - m_sub) * c) };
+        // P_ij = 2^((S_ij - m_new) c); l_i = alpha l_i + rowsum(P_ij).
         let mut sum = 0.0;
-        if fused {
-            for x in s.iter_mut() {
-                *x = math::ex2(math::fma(*x, c, -m_c));
-                sum += *x;
-            }
-        } else {
-            for x in s.iter_mut() {
-                *x = math::ex2((*x - m_sub) * c);
-                sum += *x;
-            }
+        for x in s.iter_mut() {
+            *x = math::ex2((*x - m_sub) * c);
+            sum += *x;
         }
         self.l = self.l * alpha + sum;
         self.m = m_new;
