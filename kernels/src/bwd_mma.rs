@@ -37,14 +37,16 @@
 //! exp2(S - m_i) / l_i = 0 with no special case. Query rows past seqlen_q (zero-filled Q, dO)
 //! get the same, so their P and dS are 0. The forward's O and LSE are not read.
 
+use crate::copy::load_tile_chunks;
 use crate::dev::{self, Shared, block, global, math, thread, warp};
 use crate::dtype::MmaElement;
-use crate::fwd_mma::{LaneAddr, Layout};
-use crate::gmem::load_tile_chunks;
+use crate::frag::{pair_sum, store_rows, to_a};
 use crate::mask::{Causal, Mask, NoMask};
 use crate::nonfinite::{add_nonfinite, dkdv_tile_masked, finite_frag, row_at};
 use crate::params::BwdParams;
-use crate::tile::MMA_WARPS;
+use crate::smem::{LaneAddr, Layout};
+use crate::softmax::QuadRow;
+use crate::tile::{MMA_WARPS, exchange_floats};
 use core::f32::consts::LOG2_E;
 
 /// Rows (queries for dq, keys for dkdv) per block: 16 per warp.
@@ -90,95 +92,6 @@ unsafe fn load<T: MmaElement, const D: usize, const ROWS: usize, const SPLIT: us
             load_tile_chunks::<T, Layout<D>, D, ROWS, { MMA_WARPS as usize * 32 }, true>(dst, src, stride, limit, d)
         } else {
             load_tile_chunks::<T, Layout<D>, D, ROWS, { 2 * MMA_WARPS as usize * 32 }, true>(dst, src, stride, limit, d)
-        }
-    }
-}
-
-/// f32 of the S / dP exchange of a block whose warp pairs split D (SPLIT = 2; none
-/// otherwise): one slot of 16 rows x `cols` for S and for dP per warp.
-pub(crate) const fn exchange_floats(split: usize, cols: usize) -> usize {
-    if split > 1 { split * MMA_WARPS as usize * 2 * 16 * cols } else { 0 }
-}
-
-/// Warp of a pair that splits D (SPLIT = 2): S and dP (N m16n8 C fragments each) summed
-/// over the pair's two halves of D. Its partial products into its slot of `x`, a block
-/// barrier, the partner's slot added: both warps add the same two values (a + b = b + a in
-/// IEEE arithmetic), so both hold bitwise the same S and dP. The caller's next block barrier
-/// orders the slot's next write after the partner's read. Slot layout [S, dP][n][e][lane]:
-/// a warp's 32 lanes touch 32 consecutive words (no bank conflict). The lane's addresses are
-/// rebuilt at each call (`opaque`), not kept live across the caller's loop.
-#[inline(always)]
-fn pair_sum<const N: usize>(x: Shared<f32>, s: &mut [[f32; 4]; N], dp: &mut [[f32; 4]; N]) {
-    let tid = thread::opaque(thread::idx() as u64) as usize;
-    let (wb, lane) = (tid / 32, tid % 32);
-    let at = |w: usize, k: usize, n: usize, e: usize| ((w * 2 + k) * N + n) * 128 + e * 32 + lane;
-    for n in 0..N {
-        for e in 0..4 {
-            x.st(at(wb, 0, n, e), s[n][e]);
-            x.st(at(wb, 1, n, e), dp[n][e]);
-        }
-    }
-    block::sync();
-    let partner = (wb + MMA_WARPS as usize) % (2 * MMA_WARPS as usize);
-    for n in 0..N {
-        for e in 0..4 {
-            s[n][e] += x.ld(at(partner, 0, n, e));
-            dp[n][e] += x.ld(at(partner, 1, n, e));
-        }
-    }
-}
-
-/// Index of workspace row `r` of statistic `k` (0: m_i in the log2 domain, 1: 1 / l_i,
-/// 2: D_i) in `stats`.
-#[inline(always)]
-pub(crate) fn stat_at(p: &BwdParams, k: usize, b: u32, h: u32, r: u32) -> usize {
-    let n = p.batch as usize * p.heads_q as usize * p.seqlen_q as usize;
-    k * n + (b as usize * p.heads_q as usize + h as usize) * p.seqlen_q as usize + r as usize
-}
-
-/// The four A-fragment registers of a 16x16 tile from two adjacent m16n8 C fragments (the C
-/// layout of n-tiles 2k, 2k+1 packed to 16 bits is the A layout of k-step k).
-#[inline(always)]
-pub(crate) fn to_a<T: MmaElement>(lo: [f32; 4], hi: [f32; 4]) -> [u32; 4] {
-    [T::pack2(lo[0], lo[1]), T::pack2(lo[2], lo[3]), T::pack2(hi[0], hi[1]), T::pack2(hi[2], hi[3])]
-}
-
-/// Warp: stores 16 rows x D columns of C fragments (rows `row0 + g`, `+ 8`) times `factor`
-/// to a [seqlen, d] slice in T, skipping rows at or past `limit` and columns at or past `d`:
-/// a lane's column pair as one 4-byte store, or (with ANY_D: d may be odd) two 2-byte ones
-/// when d is odd.
-#[inline(always)]
-pub(crate) unsafe fn store_rows<T: MmaElement, const DN: usize, const ANY_D: bool>(
-    acc: &[[f32; 4]; DN],
-    factor: f32,
-    dst: *mut T,
-    stride: u64,
-    row0: u32,
-    limit: u32,
-    d: u32,
-) {
-    let (g, t) = ((warp::lane() / 4) as usize, (warp::lane() % 4) as usize);
-    for half in 0..2 {
-        let r = row0 + (g + 8 * half) as u32;
-        if r < limit {
-            for (n, a) in acc.iter().enumerate() {
-                // A guard, not a `break`: an early exit stops the unroll.
-                let col = n * 8 + 2 * t;
-                if (col as u32) < d {
-                    let packed = T::pack2(a[2 * half] * factor, a[2 * half + 1] * factor);
-                    let at = dst.wrapping_add((r as u64 * stride + col as u64) as usize);
-                    if !ANY_D || d.is_multiple_of(2) {
-                        unsafe { global::store(at as *mut u32, packed) };
-                    } else {
-                        // Odd head_dim: rows are 2-byte aligned only; the pair's second
-                        // element may be past d.
-                        unsafe { global::store(at as *mut u16, packed as u16) };
-                        if (col as u32) + 1 < d {
-                            unsafe { global::store(at.wrapping_add(1) as *mut u16, (packed >> 16) as u16) };
-                        }
-                    }
-                }
-            }
         }
     }
 }
@@ -301,9 +214,9 @@ unsafe fn dq_masked<
             if t == 0 && half_now::<SPLIT>() == 0 && r < sq {
                 let st = p.stats as *mut f32;
                 unsafe {
-                    global::store(st.add(stat_at(p, 0, b, h, r)), f.0);
-                    global::store(st.add(stat_at(p, 1, b, h, r)), f.1);
-                    global::store(st.add(stat_at(p, 2, b, h, r)), f.2);
+                    global::store(st.add(p.stat_at(0, b, h, r)), f.0);
+                    global::store(st.add(p.stat_at(1, b, h, r)), f.1);
+                    global::store(st.add(p.stat_at(2, b, h, r)), f.2);
                 }
             }
         }
@@ -489,62 +402,6 @@ impl<T: MmaElement, const D: usize, const DK: usize, const QREG: bool, const SPL
     }
 }
 
-/// One lane's running softmax statistics of a query row held by a lane quad (scores in the
-/// log2 domain), with n = sum_j exp2(x_j - m) dP_ij, so that D_i = n / l_i.
-#[derive(Clone, Copy)]
-pub(crate) struct QuadRow {
-    /// Running max of the row, the same on the four lanes.
-    m: f32,
-    /// This lane's share of l_i and of n.
-    l: f32,
-    n: f32,
-}
-
-impl QuadRow {
-    pub(crate) const INIT: QuadRow = QuadRow { m: f32::NEG_INFINITY, l: 0.0, n: 0.0 };
-
-    /// Lane quad: folds this lane's scaled scores `x` (-inf: masked, with MASKED) and their dP
-    /// in; a masked key adds nothing, whatever its dP holds.
-    #[inline(always)]
-    pub(crate) fn push<const MASKED: bool, const NS: usize>(&mut self, x: [[f32; 2]; NS], dp: [[f32; 2]; NS]) {
-        let mut mx = self.m;
-        for x in x.iter() {
-            mx = mx.max(x[0]).max(x[1]);
-        }
-        let m_new = warp::allreduce_max_in::<4>(mx);
-        // Everything masked so far: subtract 0, not -inf, so ex2 gives 0 rather than NaN.
-        let base = if m_new == f32::NEG_INFINITY { 0.0 } else { m_new };
-        let alpha = math::ex2(self.m - base);
-        let (mut l, mut n) = (0f32, 0f32);
-        for (x, dp) in x.iter().zip(dp.iter()) {
-            for e in 0..2 {
-                let pe = math::ex2(x[e] - base);
-                l += pe;
-                n += if MASKED && x[e] == f32::NEG_INFINITY { 0.0 } else { pe * dp[e] };
-            }
-        }
-        self.l = self.l * alpha + l;
-        self.n = self.n * alpha + n;
-        self.m = m_new;
-    }
-
-    /// Lane quad: the row's (m_i, 1 / l_i, D_i); (+inf, 0, 0) for a row that sees no key, so
-    /// that exp2(x - m_i) / l_i is 0 without a special case; NaNs for a row whose scores hold
-    /// a NaN or whose statistics left f32's range (as the forward's `softmax::finish_stats`).
-    #[inline(always)]
-    pub(crate) fn finish(&self) -> (f32, f32, f32) {
-        let l = warp::allreduce_sum_in::<4>(self.l);
-        let n = warp::allreduce_sum_in::<4>(self.n);
-        if self.m == f32::NEG_INFINITY && l == 0.0 {
-            (f32::INFINITY, 0.0, 0.0)
-        } else if l > 0.0 && l < f32::INFINITY && self.m.abs() < crate::softmax::STAT_LIMIT {
-            (self.m, math::rcp(l), n / l)
-        } else {
-            (f32::NAN, f32::NAN, f32::NAN)
-        }
-    }
-}
-
 /// The dK/dV kernel for one tile: D = 16 DK SPLIT = 8 DN SPLIT (DK, DN: per warp, SPLIT warps
 /// share each 16 keys, `slice_and_half`), query tiles of BR = 8 NQ rows; KVREG keeps
 /// the warp's K and V fragments in registers (else they are re-read from shared memory at
@@ -664,7 +521,7 @@ unsafe fn dkdv_masked<
             let r = i0 + tid as u32;
             let valid = r < sq;
             let ld = |k: usize, dflt: f32| {
-                if valid { unsafe { global::load((p.stats as *const f32).add(stat_at(p, k, b, h, r))) } } else { dflt }
+                if valid { unsafe { global::load((p.stats as *const f32).add(p.stat_at(k, b, h, r))) } } else { dflt }
             };
             m_s(stage).st(tid, ld(0, f32::INFINITY));
             il_s(stage).st(tid, ld(1, 0.0));

@@ -35,7 +35,7 @@ pub unsafe fn prep<T: MmaElement, const RESIDUAL: bool>(p: &BwdParams) {
     let (w, lane, warps) = (warp::id(), warp::lane(), block::dim() / 32);
     let r0 = blk * PREP_ROWS as u32;
     let end = (r0 + PREP_ROWS as u32).min(sq);
-    let lse_row = (b as u64 * p.heads_q as u64 + h as u64) * sq as u64;
+    let lse_row = p.lse_row(b, h);
     let mut r = r0 + w;
     while r < end {
         // Warp: D_i, lane partial sums over column pairs, then a butterfly sum.
@@ -76,9 +76,9 @@ pub unsafe fn prep<T: MmaElement, const RESIDUAL: bool>(p: &BwdParams) {
             let (m, inv_l, dd) = if lse == f32::NEG_INFINITY { (f32::INFINITY, 0.0, 0.0) } else { (lse * LOG2_E, 1.0, dd) };
             let st = p.stats as *mut f32;
             unsafe {
-                global::store(st.add(crate::bwd_mma::stat_at(p, 0, b, h, r)), m);
-                global::store(st.add(crate::bwd_mma::stat_at(p, 1, b, h, r)), inv_l);
-                global::store(st.add(crate::bwd_mma::stat_at(p, 2, b, h, r)), dd);
+                global::store(st.add(p.stat_at(0, b, h, r)), m);
+                global::store(st.add(p.stat_at(1, b, h, r)), inv_l);
+                global::store(st.add(p.stat_at(2, b, h, r)), dd);
             }
         }
         r += warps;

@@ -15,9 +15,9 @@
 //! Each output element is summed by one thread in a fixed order, so the results are bitwise
 //! deterministic (at the price of computing S and dP three times).
 
+use crate::copy::{load_tile_f32, store_tile_f32};
 use crate::dev::{self, Shared, block, global, math, thread, warp};
 use crate::dtype::Element;
-use crate::fwd_simt::{load_tile, store_tile};
 use crate::mask::{Causal, Mask, NoMask};
 use crate::params::BwdParams;
 use crate::softmax::score_scale;
@@ -137,8 +137,8 @@ unsafe fn dkdv_masked<T: Element, M: Mask, const RK: usize, const DCH: usize>(p:
     // K_j, V_j: this block's key rows, loaded once.
     let kv_at = p.k_strides.offset(b, 0, hk) as usize;
     unsafe {
-        load_tile(k_s, ds, (p.k as *const T).add(kv_at), p.k_strides.row, j0, bn, sk, d);
-        load_tile(v_s, ds, (p.v as *const T).add(kv_at), p.k_strides.row, j0, bn, sk, d);
+        load_tile_f32(k_s, ds, (p.k as *const T).add(kv_at), p.k_strides.row, j0, bn, sk, d);
+        load_tile_f32(v_s, ds, (p.v as *const T).add(kv_at), p.k_strides.row, j0, bn, sk, d);
     }
     let mut acc_dk = [[0f32; DCH]; RK];
     let mut acc_dv = [[0f32; DCH]; RK];
@@ -155,8 +155,8 @@ unsafe fn dkdv_masked<T: Element, M: Mask, const RK: usize, const DCH: usize>(p:
             // Block: Q_i, dO_i and the row statistics (m_i, 1/l_i, D_i - c_i, c_i) for query rows i0..i0+32.
             block::sync();
             unsafe {
-                load_tile(q_s, ds, q_g, p.q_strides.row, i0, bm, sq, d);
-                load_tile(do_s, ds, do_g, p.q_strides.row, i0, bm, sq, d);
+                load_tile_f32(q_s, ds, q_g, p.q_strides.row, i0, bm, sq, d);
+                load_tile_f32(do_s, ds, do_g, p.q_strides.row, i0, bm, sq, d);
                 let t = thread::idx();
                 if t < bm {
                     let valid = i0 + t < sq;
@@ -235,8 +235,8 @@ unsafe fn dkdv_masked<T: Element, M: Mask, const RK: usize, const DCH: usize>(p:
     }
     block::sync();
     unsafe {
-        store_tile(k_s, ds, (p.dk as *mut T).add(kv_at), p.k_strides.row, j0, bn, sk, d);
-        store_tile(v_s, ds, (p.dv as *mut T).add(kv_at), p.k_strides.row, j0, bn, sk, d);
+        store_tile_f32(k_s, ds, (p.dk as *mut T).add(kv_at), p.k_strides.row, j0, bn, sk, d);
+        store_tile_f32(v_s, ds, (p.dv as *mut T).add(kv_at), p.k_strides.row, j0, bn, sk, d);
     }
 }
 
@@ -296,8 +296,8 @@ unsafe fn dq_masked<T: Element, M: Mask, const ROWS: usize, const DCH: usize, co
     let q_at = p.q_strides.offset(b, 0, h) as usize;
     let kv_at = p.k_strides.offset(b, 0, hk) as usize;
     unsafe {
-        load_tile(q_s, d, (p.q as *const T).add(q_at), p.q_strides.row, row0, br, sq, d);
-        load_tile(do_s, d, (p.d_o as *const T).add(q_at), p.q_strides.row, row0, br, sq, d);
+        load_tile_f32(q_s, d, (p.q as *const T).add(q_at), p.q_strides.row, row0, br, sq, d);
+        load_tile_f32(do_s, d, (p.d_o as *const T).add(q_at), p.q_strides.row, row0, br, sq, d);
     }
     let row_end = if row0 + br < sq { row0 + br } else { sq };
     let n_tiles = M::visible_cols(row_end, sq, sk).div_ceil(bc);
@@ -403,7 +403,7 @@ unsafe fn dq_masked<T: Element, M: Mask, const ROWS: usize, const DCH: usize, co
         }
     }
     block::sync();
-    unsafe { store_tile(q_s, d, (p.dq as *mut T).add(q_at), p.q_strides.row, row0, br, sq, d) };
+    unsafe { store_tile_f32(q_s, d, (p.dq as *mut T).add(q_at), p.q_strides.row, row0, br, sq, d) };
 }
 
 /// What each key tile of the dQ kernel reads.
@@ -429,8 +429,8 @@ impl<T: Element> DqTile<'_, T> {
         let ks = SimtTile::k_stride(d);
         block::sync();
         unsafe {
-            load_tile(self.k_s, ks, self.k_g, p.k_strides.row, jt * self.bc, self.bc, p.seqlen_k, d);
-            load_tile(self.v_s, ks, self.v_g, p.k_strides.row, jt * self.bc, self.bc, p.seqlen_k, d);
+            load_tile_f32(self.k_s, ks, self.k_g, p.k_strides.row, jt * self.bc, self.bc, p.seqlen_k, d);
+            load_tile_f32(self.v_s, ks, self.v_g, p.k_strides.row, jt * self.bc, self.bc, p.seqlen_k, d);
         }
         block::sync();
         let mut s = [[0f32; SC]; ROWS];

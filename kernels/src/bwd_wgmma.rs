@@ -37,7 +37,7 @@
 //!   half their weight are left uncorrected (FA2's error). B_i is a second pass over the hot
 //!   tiles alone (S and P recomputed, then B += P K_j): a row has fewer than 8 keys with P >
 //!   1/8, so few tiles (on random inputs of s >= 1k, typically none past the causal
-//!   diagonal's first rows); their list is kept in shared memory ([`HOT_TILES`]). delta~_i
+//!   diagonal's first rows); their list is kept in shared memory ([`crate::tile::HOT_TILES`]). delta~_i
 //!   comes from the tensor cores (dS~ times a tile of ones, m64n8k16 beside each dQ~ step),
 //!   delta_i from the f32 dS~ on the CUDA cores.
 //! - The dK/dV kernel's D_i = D~_i + delta_i: in a row saturated to one key (the others'
@@ -56,14 +56,17 @@
 //! serves every head_dim d <= D (PAD): columns d..D are zero-filled and never stored. Query rows past seqlen_q get Q = dO = 0 and (m, 1 / l, D) = (+inf, 0, 0),
 //! so their P and dS are 0.
 
-use crate::bwd_mma::{QuadRow, stat_at, store_rows, to_a};
 use crate::dev::{self, Shared, block, global, math, thread, warp, warpgroup};
 use crate::dtype::MmaElement;
-use crate::fwd_wgmma::Sw;
-use crate::gmem::{body_head_dim, by_element, load_tile_in};
+use crate::frag::{store_rows, to_a};
+
+use crate::copy::{body_head_dim, by_element, load_tile_in};
 use crate::mask::{Causal, Mask, NoMask};
 use crate::nonfinite::{clean_own_pair, dkdv_tile_masked, own_chunks_nonfinite, warp_fix_stored_dv, zero_own_nonfinite};
 use crate::params::BwdParams;
+use crate::smem::Sw;
+use crate::softmax::QuadRow;
+use crate::tile::HOT_TILES;
 use core::f32::consts::LOG2_E;
 
 /// Keys per block: one warpgroup's M.
@@ -192,7 +195,7 @@ unsafe fn dkdv_masked<
             // (d=64).
             let bh = thread::opaque(b as u64) * p.heads_q as u64 + h as u64;
             let row = bh * p.seqlen_q as u64 + r as u64;
-            let n = stat_at(p, 1, 0, 0, 0);
+            let n = p.stat_at(1, 0, 0, 0);
             let st = (p.stats as *const f32).wrapping_add(row as usize);
             let ld = |k: usize, dflt: f32| if valid { unsafe { global::load(st.add(k * n)) } } else { dflt };
             m_s(stage).st(tid, ld(0, f32::INFINITY));
@@ -466,10 +469,6 @@ unsafe fn dkdv_masked<
 const ROWS: usize = 64;
 /// DQ_SAVED: a key tile is hot for a dQ block when one of its rows has P > HOT_P there.
 const HOT_P: f32 = 0.125;
-/// Capacity of the hot-tile list: a row has fewer than 1 / HOT_P keys with P > HOT_P, so a
-/// block at most ROWS / HOT_P hot tiles.
-pub const HOT_TILES: usize = 512;
-
 /// [`dq`] computes dQ (and D_i for [`dkdv`]), the statistics read from the workspace (written
 /// by `bwd_prep::prep` from the forward's LSE and O).
 pub const DQ_SAVED: u8 = 1;
@@ -621,9 +620,9 @@ unsafe fn dq_masked<
                 let st = p.stats as *const f32;
                 *f = unsafe {
                     (
-                        global::load(st.add(stat_at(p, 0, b, h, r))),
-                        global::load(st.add(stat_at(p, 1, b, h, r))),
-                        global::load(st.add(stat_at(p, 2, b, h, r))),
+                        global::load(st.add(p.stat_at(0, b, h, r))),
+                        global::load(st.add(p.stat_at(1, b, h, r))),
+                        global::load(st.add(p.stat_at(2, b, h, r))),
                     )
                 };
             }
@@ -638,9 +637,9 @@ unsafe fn dq_masked<
             if t == 0 && r < sq {
                 let st = p.stats as *mut f32;
                 unsafe {
-                    global::store(st.add(stat_at(p, 0, b, h, r)), f.0);
-                    global::store(st.add(stat_at(p, 1, b, h, r)), f.1);
-                    global::store(st.add(stat_at(p, 2, b, h, r)), f.2);
+                    global::store(st.add(p.stat_at(0, b, h, r)), f.0);
+                    global::store(st.add(p.stat_at(1, b, h, r)), f.1);
+                    global::store(st.add(p.stat_at(2, b, h, r)), f.2);
                 }
             }
         }
@@ -905,7 +904,7 @@ unsafe fn dq_masked<
             let (dl, dl_t, sg) = (warp::allreduce_sum_in::<4>(delta[half]), acc_one[0][2 * half], warp::allreduce_sum_in::<4>(sigma[half]));
             let r = row_w + (g + 8 * half) as u32;
             if t == 0 && r < sq {
-                unsafe { global::store((p.stats as *mut f32).add(stat_at(p, 2, b_late, h, r)), fin[half].2 + dl) };
+                unsafe { global::store((p.stats as *mut f32).add(p.stat_at(2, b_late, h, r)), fin[half].2 + dl) };
             }
             if sg >= 0.5 {
                 let c = dl_t / sg;

@@ -10,12 +10,13 @@
 //! every head_dim d <= D: columns d..D are zero-filled in shared memory (they add nothing to
 //! Q K^T) and never stored.
 
+use crate::copy::{body_head_dim, by_element, load_tile_in, negate_own_chunks, store_chunk};
 use crate::dev::{self, Shared, block, global, thread, warp};
 use crate::dtype::MmaElement;
-use crate::gmem::{TileLayout, body_head_dim, by_element, load_tile_in, store_chunk};
 use crate::mask::{Causal, Mask, NoMask};
 use crate::nonfinite::{own_chunks_nonfinite, warp_fix_stored_o, zero_own_nonfinite};
 use crate::params::FwdParams;
+use crate::smem::{LaneAddr, Layout};
 use crate::softmax::{Domain, RowState, normalize};
 use crate::tile::{MMA_WARPS, MmaTile};
 
@@ -52,67 +53,6 @@ pub unsafe fn entry<
     }
 }
 
-/// The shared-memory layout of a [rows][D] 16-bit tile.
-pub(crate) struct Layout<const D: usize>;
-
-impl<const D: usize> Layout<D> {
-    /// Swizzled (D a multiple of 64, at least 8 chunks a row) or padded.
-    pub(crate) const SWIZZLED: bool = D.is_multiple_of(64);
-    /// Elements per row: D, or D plus one 16-byte chunk of padding.
-    pub(crate) const STRIDE: usize = if Self::SWIZZLED { D } else { D + 8 };
-    /// Element index of (row r, column c), c a multiple of 8 (chunk start) or inside one.
-    #[inline(always)]
-    pub(crate) fn at(r: usize, c: usize) -> usize {
-        if Self::SWIZZLED { r * D + (((c / 8) ^ (r % 8)) * 8) + c % 8 } else { r * Self::STRIDE + c }
-    }
-}
-
-impl<const D: usize> TileLayout for Layout<D> {
-    #[inline(always)]
-    fn at(r: usize, c: usize) -> usize {
-        Layout::<D>::at(r, c)
-    }
-}
-
-/// Thread: the ldmatrix row addresses of one lane in a [`Layout`] tile, with the
-/// lane-dependent part computed once. The lane reads row `16 a + row16` (row16 < 16, its
-/// position inside a 16-row block) at 16-byte chunk `2 c + cbit`. Swizzled, since
-/// 16 a + row16 = row16 mod 8, (2c + cbit) ^ r splits into the 16-element offset of
-/// (c & !3), plus x[c & 3], plus 8 (cbit ^ (r & 1)); padded, it is plainly 16 c + 8 cbit.
-/// With `a` and `c` unrolled constants the address is a register plus an immediate, so no
-/// address registers pile up across the KV loop. (Recomputing x at each use instead of
-/// keeping four registers raised pressure: ptxas spilled more.)
-#[derive(Clone, Copy)]
-pub(crate) struct LaneAddr {
-    base: usize,
-    x: [usize; 4],
-}
-
-impl LaneAddr {
-    #[inline(always)]
-    pub(crate) fn new<const D: usize>(row16: usize, cbit: usize) -> LaneAddr {
-        let r = row16 % 8;
-        if Layout::<D>::SWIZZLED {
-            LaneAddr { base: row16 * D + 8 * (cbit ^ (r & 1)), x: [0, 1, 2, 3].map(|i| 8 * ((2 * i) ^ (r & 6))) }
-        } else {
-            LaneAddr { base: row16 * Layout::<D>::STRIDE + 8 * cbit, x: [0, 16, 32, 48] }
-        }
-    }
-    /// Index of this lane's row in 16-row block `a`, chunk pair `c`.
-    #[inline(always)]
-    pub(crate) fn at<const D: usize>(&self, a: usize, c: usize) -> usize {
-        self.base + a * 16 * Layout::<D>::STRIDE + 16 * (c & !3) + self.x[c & 3]
-    }
-    /// The same lane's addresses with chunk pair `c0` as pair 0 (a warp that works on the
-    /// columns from 16 c0 on): `at(a, c)` of the result is `at(a, c0 + c)` of this one. For a
-    /// constant `c0` (the indices into x must fold).
-    #[inline(always)]
-    pub(crate) fn shifted(&self, c0: usize) -> LaneAddr {
-        let x = self.x;
-        LaneAddr { base: self.base + 16 * (c0 & !3), x: [0, 1, 2, 3].map(|k| 16 * ((c0 % 4 + k) & !3) + x[(c0 % 4 + k) & 3]) }
-    }
-}
-
 /// Block: ROWS rows of a [seqlen, d] slice (row stride `stride`) into a [`Layout`] tile of
 /// width D ([`load_tile_in`] for the 128 threads of this kernel's block); with BOUNDS, rows
 /// at or past `limit` and columns at or past `d` are zero-filled.
@@ -125,23 +65,6 @@ pub(crate) unsafe fn load_tile<T: MmaElement, const D: usize, const ROWS: usize,
     d: u32,
 ) {
     unsafe { load_tile_in::<T, Layout<D>, D, ROWS, { (MMA_WARPS * 32) as usize }, BOUNDS>(dst, src, stride, limit, d) }
-}
-
-/// Thread (one of a block of THREADS): flips the sign of every element of the 16-byte chunks
-/// this thread copied into the first `rows` rows of a Q tile of layout L (the chunks
-/// [`load_tile_in`] gives it), after its copies completed: a negative softmax scale becomes a
-/// positive one on -Q. A block barrier must order these writes before any warp reads Q.
-#[inline(always)]
-pub(crate) fn negate_own_chunks<L: TileLayout, const D: usize, const THREADS: usize>(words: Shared<u32>, rows: usize) {
-    let (cpr, x) = (D / 8, thread::idx() as usize);
-    let mut e = x;
-    while e < rows * cpr {
-        let at = L::at(e / cpr, (e % cpr) * 8) / 2;
-        for k in 0..4 {
-            words.st(at + k, words.ld(at + k) ^ 0x8000_8000); // both 16-bit sign bits
-        }
-        e += THREADS;
-    }
 }
 
 /// Block: the Q tile (MT m16 tiles per warp), rows past `limit` zero-filled.
@@ -341,7 +264,7 @@ unsafe fn fwd<
     // loop's last barrier), then writes whole 16-byte chunks: a lane's 4-byte fragments would
     // fill half of each 32-byte sector (ncu, 27ff2b2).
     let o_g = unsafe { (p.o as *mut T).add(p.o_strides.offset(b, 0, h) as usize) };
-    let lse_g = unsafe { (p.lse as *mut f32).add(((b as u64 * p.heads_q as u64 + h as u64) * sq as u64) as usize) };
+    let lse_g = unsafe { (p.lse as *mut f32).add(p.lse_row(b, h) as usize) };
     let o_words: Shared<u32> = q_s.cast();
     for mt in 0..MT {
         for half in 0..2 {
@@ -384,7 +307,7 @@ unsafe fn fwd<
         let c0 = (M::unmasked_cols(row0, sq, sk) / BC as u32).min(n_tiles) * BC as u32;
         let v0 = p.v + 2 * p.v_strides.offset(b, 0, h / (p.heads_q / p.heads_kv));
         let o_g = p.o + 2 * p.o_strides.offset(b, 0, h);
-        let lse_g = p.lse + 4 * (b as u64 * p.heads_q as u64 + h as u64) * sq as u64;
+        let lse_g = p.lse + 4 * p.lse_row(b, h);
         let rows = ((row0 as u64 + (w * MT * 16) as u64) << 32) | (((MT * 16) as u64) << 16) | d as u64;
         let keys = ((c0 as u64) << 32) | (n_tiles * BC as u32 - c0) as u64;
         // SAFETY: O and LSE rows below seqlen_q, V rows below seqlen_k.

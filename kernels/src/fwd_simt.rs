@@ -5,6 +5,7 @@
 //! l + 32i and output columns l + 32j, so S, P, m_i, l_i and acc_o of a row live in the
 //! registers of one warp and the only cross-lane traffic is the warp's own max and sum.
 
+use crate::copy::load_tile_f32;
 use crate::dev::{self, Shared, block, global, thread, warp};
 use crate::dtype::Element;
 use crate::mask::{Causal, Mask, NoMask};
@@ -20,57 +21,6 @@ use crate::tile::SimtTile;
 #[inline(always)]
 pub unsafe fn entry<T: Element, const ROWS: usize, const DCH: usize, const SC: usize>(p: &FwdParams) {
     unsafe { if p.causal != 0 { fwd::<T, Causal, ROWS, DCH, SC>(p) } else { fwd::<T, NoMask, ROWS, DCH, SC>(p) } }
-}
-
-/// Block: copies rows `row0..row0+rows` of a [seqlen, d] slice (row stride `src_stride`) into
-/// `dst` as f32 with row stride `dst_stride`; rows at or past `row_limit` become 0.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn load_tile<T: Element>(
-    dst: Shared<f32>,
-    dst_stride: u32,
-    src: *const T,
-    src_stride: u64,
-    row0: u32,
-    rows: u32,
-    row_limit: u32,
-    d: u32,
-) {
-    let mut e = thread::idx();
-    while e < rows * d {
-        let (r, c) = (e / d, e % d);
-        let g = row0 + r;
-        let x = if g < row_limit { unsafe { global::load(src.add((g as u64 * src_stride + c as u64) as usize)) }.to_f32() } else { 0.0 };
-        dst.st((r * dst_stride + c) as usize, x);
-        e += block::dim();
-    }
-}
-
-/// Block: the inverse of [`load_tile`]: writes rows `0..rows` of the f32 tile `src` (row
-/// stride `src_stride`) as `T` to rows `row0..` of a [seqlen, d] slice (row stride
-/// `dst_stride`), skipping rows at or past `row_limit`.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn store_tile<T: Element>(
-    src: Shared<f32>,
-    src_stride: u32,
-    dst: *mut T,
-    dst_stride: u64,
-    row0: u32,
-    rows: u32,
-    row_limit: u32,
-    d: u32,
-) {
-    let mut e = thread::idx();
-    while e < rows * d {
-        let (r, c) = (e / d, e % d);
-        let g = row0 + r;
-        if g < row_limit {
-            let x = T::from_f32(src.ld((r * src_stride + c) as usize));
-            unsafe { global::store(dst.add((g as u64 * dst_stride + c as u64) as usize), x) };
-        }
-        e += block::dim();
-    }
 }
 
 #[inline(always)]
@@ -98,7 +48,7 @@ unsafe fn fwd<T: Element, M: Mask, const ROWS: usize, const DCH: usize, const SC
     let v_g = unsafe { (p.v as *const T).add(p.v_strides.offset(b, 0, h_kv) as usize) };
 
     // Q_i: this block's query rows, loaded once.
-    unsafe { load_tile(q_s, d, q_g, p.q_strides.row, row0, br, sq, d) };
+    unsafe { load_tile_f32(q_s, d, q_g, p.q_strides.row, row0, br, sq, d) };
 
     // KV tiles: those the mask leaves wholly visible first, then those that need masking.
     let row_end = if row0 + br < sq { row0 + br } else { sq };
@@ -118,7 +68,7 @@ unsafe fn fwd<T: Element, M: Mask, const ROWS: usize, const DCH: usize, const SC
     // O_i = acc_o / l_i; LSE_i = m_i + log l_i. Rows past seqlen_q still join the warp's
     // reductions, but write nothing.
     let o_g = unsafe { (p.o as *mut T).add(p.o_strides.offset(b, 0, h) as usize) };
-    let lse_g = unsafe { (p.lse as *mut f32).add(((b as u64 * p.heads_q as u64 + h as u64) * sq as u64) as usize) };
+    let lse_g = unsafe { (p.lse as *mut f32).add(p.lse_row(b, h) as usize) };
     for i in 0..ROWS {
         let (inv_l, lse) = rows[i].finish::<Natural, 32>();
         let r = row0 + w * ROWS as u32 + i as u32;
@@ -170,8 +120,8 @@ impl<T: Element> Step<'_, T> {
         // Block: everyone is done with the previous K_j, V_j, P; load the next K_j, V_j.
         block::sync();
         unsafe {
-            load_tile(self.k_s, ks, self.k_g, p.k_strides.row, c0, bc, sk, d);
-            load_tile(self.v_s, d, self.v_g, p.v_strides.row, c0, bc, sk, d);
+            load_tile_f32(self.k_s, ks, self.k_g, p.k_strides.row, c0, bc, sk, d);
+            load_tile_f32(self.v_s, d, self.v_g, p.v_strides.row, c0, bc, sk, d);
         }
         block::sync();
 

@@ -11,13 +11,13 @@
 //! A kernel compiled for D serves every head_dim d <= D (PAD): columns d..D are zero-filled
 //! in shared memory and never stored.
 
+use crate::copy::{body_head_dim, by_element, load_tile_in, negate_own_chunks, store_chunk};
 use crate::dev::{self, Shared, block, global, thread, warp, warpgroup};
 use crate::dtype::MmaElement;
-use crate::fwd_mma::negate_own_chunks;
-use crate::gmem::{TileLayout, body_head_dim, by_element, load_tile_in, store_chunk};
 use crate::mask::{Causal, Mask, NoMask};
 use crate::nonfinite::{add_nonfinite, own_chunks_nonfinite, row_at, zero_own_nonfinite};
 use crate::params::FwdParams;
+use crate::smem::Sw;
 use crate::softmax::{Domain, RowState, normalize};
 use crate::tile::WgmmaTile;
 
@@ -48,28 +48,6 @@ pub unsafe fn entry<
             (false, false) => fwd::<T, NoMask, D, WG, BC, NS, DN, KS, PAD, false>(p),
             (false, true) => fwd::<T, NoMask, D, WG, BC, NS, DN, KS, PAD, true>(p),
         }
-    }
-}
-
-/// The 128-byte-swizzle canonical layout of a [ROWS][D] 16-bit tile (D a multiple of 64):
-/// D / 64 column blocks of [ROWS][64], each row 128 bytes, the 16-byte chunks of row r
-/// XOR-swizzled by r % 8 (wgmma reads it through a descriptor, 8-row groups 1024 bytes apart).
-pub(crate) struct Sw<const ROWS: usize, const D: usize>;
-
-impl<const ROWS: usize, const D: usize> Sw<ROWS, D> {
-    /// Element index of (row r, column c).
-    #[inline(always)]
-    pub(crate) fn at(r: usize, c: usize) -> usize {
-        (c / 64) * ROWS * 64 + r * 64 + ((((c % 64) / 8) ^ (r % 8)) * 8) + c % 8
-    }
-    /// Bytes between column blocks (the LBO of an MN-major operand).
-    pub(crate) const BLOCK_BYTES: u32 = (ROWS * 64 * 2) as u32;
-}
-
-impl<const ROWS: usize, const D: usize> TileLayout for Sw<ROWS, D> {
-    #[inline(always)]
-    fn at(r: usize, c: usize) -> usize {
-        Sw::<ROWS, D>::at(r, c)
     }
 }
 
@@ -404,7 +382,7 @@ unsafe fn fwd<
     // O = acc_o / l_i, LSE = m_i + log l_i. The warp stages its 16 rows of O in its own rows
     // of the Q tile, then writes whole 16-byte chunks.
     let o_g = unsafe { (p.o as *mut T).add(p.o_strides.offset(b, 0, h) as usize) };
-    let lse_g = unsafe { (p.lse as *mut f32).add(((b as u64 * p.heads_q as u64 + h as u64) * sq as u64) as usize) };
+    let lse_g = unsafe { (p.lse as *mut f32).add(p.lse_row(b, h) as usize) };
     let o_words: Shared<u32> = q_s.cast();
     let r_warp = wg * 64 + w * 16; // first row of this warp in the tile
     let at = |r: usize, c: usize| match WG {

@@ -8,9 +8,13 @@
 //! Kernels contain no emulator-specific code: everything a kernel does beyond plain
 //! arithmetic goes through the device-support layer [`dev`].
 //!
-//! Layout: [`params`] (the launch parameters shared with the host), [`tile`] (every tile
-//! decision, in one place), [`dtype`], [`mask`], [`softmax`], one file per kernel variant
-//! (`fwd_*.rs`), and [`registry`] (one line per variant).
+//! Layout, from the ground up: [`dev`] (the device-support layer); the tile layer below every
+//! kernel: [`params`] (the launch parameters shared with the host, and their index helpers),
+//! [`tile`] (every tile decision, in one place), `smem` (shared-memory layouts), `copy`
+//! (global <-> shared copies), `frag` (register fragments), [`dtype`], [`mask`], [`softmax`]
+//! (online softmax and the backward's row statistics), [`nonfinite`] (the NaN/Inf rule);
+//! one file per kernel (`fwd_*.rs`, `bwd_*.rs`; no kernel file imports another); and
+//! [`registry`] (one line per variant).
 #![no_std]
 // Nightly features for the nvptx build alone (host/build.rs builds it with the pinned nightly):
 // the host build, the emulator, compiles on stable Rust.
@@ -53,15 +57,17 @@ pub mod bwd_mma;
 pub mod bwd_prep;
 pub mod bwd_simt;
 pub mod bwd_wgmma;
+mod copy;
 pub mod dev;
 pub mod dtype;
+mod frag;
 pub mod fwd_mma;
 pub mod fwd_simt;
 pub mod fwd_wgmma;
-mod gmem;
 pub mod mask;
 pub mod nonfinite;
 pub mod params;
 pub mod registry;
+mod smem;
 pub mod softmax;
 pub mod tile;

@@ -22,8 +22,8 @@
 
 use crate::dev::{Shared, global, thread, warp};
 use crate::dtype::{Element, MmaElement};
-use crate::gmem::TileLayout;
 use crate::mask::Mask;
+use crate::smem::TileLayout;
 
 /// The exponent bits of T's 16-bit format: all set in a NaN or an infinity.
 #[inline(always)]
@@ -48,7 +48,7 @@ fn finite_pair<T: MmaElement>(w: u32) -> u32 {
 }
 
 /// Thread (one of THREADS that copied a [ROWS][D] tile of layout L with
-/// `gmem::load_tile_in`, the same chunks): whether a chunk it copied holds a NaN or an
+/// `copy::load_tile_in`, the same chunks): whether a chunk it copied holds a NaN or an
 /// infinity. After this thread's copies completed (its own data: no barrier needed).
 #[inline(always)]
 pub(crate) fn own_chunks_nonfinite<T: MmaElement, L: TileLayout, const D: usize, const ROWS: usize, const THREADS: usize>(
@@ -123,7 +123,7 @@ pub(crate) fn zero_own_nonfinite<T: MmaElement, L: TileLayout, const D: usize, c
 }
 
 /// Thread `x` of THREADS: the (row, column) of each 16-byte chunk of a [ROWS][D] tile that
-/// `gmem::load_tile_in` gives it (chunks x + THREADS i).
+/// `copy::load_tile_in` gives it (chunks x + THREADS i).
 #[inline(always)]
 fn each_own_chunk<const D: usize, const ROWS: usize, const THREADS: usize>(mut f: impl FnMut(usize, usize)) {
     let cpr = D / 8;

@@ -105,3 +105,27 @@ pub struct BwdParams {
     /// 1 for causal masking (bottom-right aligned), 0 for none.
     pub causal: u32,
 }
+
+impl FwdParams {
+    /// Element index in LSE of row 0 of (batch b, query head h): LSE is f32 [batch, heads_q,
+    /// seqlen_q].
+    #[inline(always)]
+    pub fn lse_row(&self, b: u32, h: u32) -> u64 {
+        (b as u64 * self.heads_q as u64 + h as u64) * self.seqlen_q as u64
+    }
+}
+
+impl BwdParams {
+    /// Element index in LSE of row 0 of (batch b, query head h), as [`FwdParams::lse_row`].
+    #[inline(always)]
+    pub fn lse_row(&self, b: u32, h: u32) -> u64 {
+        (b as u64 * self.heads_q as u64 + h as u64) * self.seqlen_q as u64
+    }
+    /// Index in `stats` of row `r` of (batch b, query head h) of statistic `k` (0: m_i in the
+    /// log2 domain, 1: 1 / l_i, 2: D_i; 3: the SIMT kernels' pivot c_i).
+    #[inline(always)]
+    pub fn stat_at(&self, k: usize, b: u32, h: u32, r: u32) -> usize {
+        let n = self.batch as usize * self.heads_q as usize * self.seqlen_q as usize;
+        k * n + (b as usize * self.heads_q as usize + h as usize) * self.seqlen_q as usize + r as usize
+    }
+}

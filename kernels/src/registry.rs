@@ -648,7 +648,7 @@ bwd_variants! {
 
 /// Backward families whose kernels serve only head dims that are multiples of 8 (others go
 /// to the next family: SIMT off Hopper). Their dK/dV kernels sit at 255 registers, and the
-/// element-wise body for other head dims (`gmem::load_tile_in`) spills there (ptxas 13.0,
+/// element-wise body for other head dims (`copy::load_tile_in`) spills there (ptxas 13.0,
 /// sm_80: mma dK/dV 12-16 bytes at d = 64 and 128, mma_atomic 4-84 bytes, wgmma_atomic 4
 /// bytes at d = 128 padded).
 pub const BWD_ALIGNED_FAMILIES: &[&str] = &["mma", "mma_atomic", "wgmma_atomic"];

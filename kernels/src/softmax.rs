@@ -227,3 +227,59 @@ pub fn finish_stats<Dm: Domain>(m: f32, l: f32) -> (f32, f32) {
 pub fn normalize(acc: f32, inv_l: f32) -> f32 {
     if inv_l == 0.0 { 0.0 } else { acc * inv_l }
 }
+
+/// One lane's running softmax statistics of a query row held by a lane quad (scores in the
+/// log2 domain), with n = sum_j exp2(x_j - m) dP_ij, so that D_i = n / l_i.
+#[derive(Clone, Copy)]
+pub(crate) struct QuadRow {
+    /// Running max of the row, the same on the four lanes.
+    m: f32,
+    /// This lane's share of l_i and of n.
+    l: f32,
+    n: f32,
+}
+
+impl QuadRow {
+    pub(crate) const INIT: QuadRow = QuadRow { m: f32::NEG_INFINITY, l: 0.0, n: 0.0 };
+
+    /// Lane quad: folds this lane's scaled scores `x` (-inf: masked, with MASKED) and their dP
+    /// in; a masked key adds nothing, whatever its dP holds.
+    #[inline(always)]
+    pub(crate) fn push<const MASKED: bool, const NS: usize>(&mut self, x: [[f32; 2]; NS], dp: [[f32; 2]; NS]) {
+        let mut mx = self.m;
+        for x in x.iter() {
+            mx = mx.max(x[0]).max(x[1]);
+        }
+        let m_new = warp::allreduce_max_in::<4>(mx);
+        // Everything masked so far: subtract 0, not -inf, so ex2 gives 0 rather than NaN.
+        let base = if m_new == f32::NEG_INFINITY { 0.0 } else { m_new };
+        let alpha = math::ex2(self.m - base);
+        let (mut l, mut n) = (0f32, 0f32);
+        for (x, dp) in x.iter().zip(dp.iter()) {
+            for e in 0..2 {
+                let pe = math::ex2(x[e] - base);
+                l += pe;
+                n += if MASKED && x[e] == f32::NEG_INFINITY { 0.0 } else { pe * dp[e] };
+            }
+        }
+        self.l = self.l * alpha + l;
+        self.n = self.n * alpha + n;
+        self.m = m_new;
+    }
+
+    /// Lane quad: the row's (m_i, 1 / l_i, D_i); (+inf, 0, 0) for a row that sees no key, so
+    /// that exp2(x - m_i) / l_i is 0 without a special case; NaNs for a row whose scores hold
+    /// a NaN or whose statistics left f32's range (as the forward's `softmax::finish_stats`).
+    #[inline(always)]
+    pub(crate) fn finish(&self) -> (f32, f32, f32) {
+        let l = warp::allreduce_sum_in::<4>(self.l);
+        let n = warp::allreduce_sum_in::<4>(self.n);
+        if self.m == f32::NEG_INFINITY && l == 0.0 {
+            (f32::INFINITY, 0.0, 0.0)
+        } else if l > 0.0 && l < f32::INFINITY && self.m.abs() < crate::softmax::STAT_LIMIT {
+            (self.m, math::rcp(l), n / l)
+        } else {
+            (f32::NAN, f32::NAN, f32::NAN)
+        }
+    }
+}

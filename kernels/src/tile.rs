@@ -139,7 +139,7 @@ impl MmaTile {
 ///   registers with no spills; d=32 two m-tiles with Q in registers, d=96 one m-tile with Q in
 ///   registers, d=192 and 256 one m-tile, Bc = 32, Q reloaded.
 /// - Every other head_dim runs in the next larger tile, zero-padded (`padded`; a head_dim
-///   that is not a multiple of 8 is copied element by element, `gmem`). d=64 and d=128 keep
+///   that is not a multiple of 8 is copied element by element, `copy`). d=64 and d=128 keep
 ///   exact kernels (the measured ones above, no padding checks); d=33..63 and d=97..127 take
 ///   one-m-tile tiles with Q in registers (not yet timed).
 pub const fn mma_tile(head_dim: u32) -> Option<MmaTile> {
@@ -269,7 +269,7 @@ pub struct MmaBwdTile {
     pub atomic_kv_br: u32,
     pub atomic_kv_in_regs: bool,
     /// Warps per 16-row slice: 1, or 2 that split D in halves (`bwd_mma::slice_and_half`) and
-    /// sum their partial S and dP through shared memory (`bwd_mma::pair_sum`).
+    /// sum their partial S and dP through shared memory (`frag::pair_sum`).
     pub split: u32,
 }
 
@@ -287,7 +287,7 @@ impl MmaBwdTile {
     /// Bytes of the S / dP exchange of a split tile over `cols` columns of S
     /// (`bwd_mma::exchange_floats`): 0 unsplit.
     const fn exchange_bytes(&self, cols: u32) -> u32 {
-        crate::bwd_mma::exchange_floats(self.split as usize, cols as usize) as u32 * 4
+        exchange_floats(self.split as usize, cols as usize) as u32 * 4
     }
     /// dQ kernel's shared memory in bytes: Q, dO [64] rows and two stages of K, V [dq_bc]
     /// rows, 16-bit; with `split`, the S / dP exchange.
@@ -508,7 +508,7 @@ impl WgmmaBwdTile {
     /// The dQ kernel's shared memory in bytes: Q, dO [64] rows and two stages of K, V [dq_bc]
     /// rows, 16-bit; 8 x 64 ones (16-bit); 8 votes and the hot-tile list (u32, `bwd_wgmma`).
     pub const fn dq_smem_bytes(&self) -> u32 {
-        (2 * Self::ROWS + 4 * self.dq_bc) * self.head_dim * 2 + 8 * 64 * 2 + (8 + crate::bwd_wgmma::HOT_TILES as u32) * 4
+        (2 * Self::ROWS + 4 * self.dq_bc) * self.head_dim * 2 + 8 * 64 * 2 + (8 + HOT_TILES as u32) * 4
     }
 }
 
@@ -549,3 +549,13 @@ pub const fn wgmma_bwd_tile(head_dim: u32) -> Option<WgmmaBwdTile> {
         _ => Some(WgmmaBwdTile { br: 64, dq_bc: 64, head_dim: 128, padded: head_dim != 128, dkdv_max_regs: 0, dq_max_regs: 0 }),
     }
 }
+
+/// f32 of the S / dP exchange of a block whose warp pairs split D (SPLIT = 2; none
+/// otherwise): one slot of 16 rows x `cols` for S and for dP per warp.
+pub(crate) const fn exchange_floats(split: usize, cols: usize) -> usize {
+    if split > 1 { split * MMA_WARPS as usize * 2 * 16 * cols } else { 0 }
+}
+
+/// Capacity of the Hopper dQ kernel's list of hot key tiles (`bwd_wgmma`, in shared memory):
+/// a row has fewer than 8 keys with P > 1/8 (its `HOT_P`), so a 64-row block at most 512.
+pub const HOT_TILES: usize = 512;

@@ -170,9 +170,9 @@ pub fn f32_to_f16(x: f32) -> u16 {
 pub fn pack_f16x2(lo: f32, hi: f32) -> u32 {
     f32_to_f16(lo) as u32 | (f32_to_f16(hi) as u32) << 16
 }
+/// cvt.rn.bf16x2.f32: round to nearest even, as `dtype::Bf16::from_f32`.
 pub fn pack_bf16x2(lo: f32, hi: f32) -> u32 {
-    use crate::dtype::{Bf16, Element};
-    Bf16::from_f32(lo).0 as u32 | (Bf16::from_f32(hi).0 as u32) << 16
+    half::bf16::from_f32(lo).to_bits() as u32 | (half::bf16::from_f32(hi).to_bits() as u32) << 16
 }
 
 /// Byte offset from the block's shared-memory base: the emulator's shared address (the

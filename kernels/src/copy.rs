@@ -1,18 +1,14 @@
-//! Rows of Q, K, V, O (16-bit, any head_dim) between global memory and shared tiles: the
-//! block's tile copy and a thread's chunk store. Rows whose head_dim is a multiple of 8 are
-//! 16-byte aligned (the host's strides are multiples of head_dim) and move in 16-byte
-//! chunks; any other head_dim moves element by element, zero-padded to whole chunks in
-//! shared memory, so the tensor-core kernels see the same tiles either way.
+//! Rows of Q, K, V, O between global memory and shared tiles: the block's tile copies into a
+//! `smem` layout, a thread's chunk store, and the SIMT kernels' f32 tiles.
+//!
+//! 16-bit rows whose head_dim is a multiple of 8 are 16-byte aligned (the host's strides are
+//! multiples of head_dim) and move in 16-byte chunks; any other head_dim moves element by
+//! element, zero-padded to whole chunks in shared memory, so the tensor-core kernels see the
+//! same tiles either way.
 
-use crate::dev::{Chunk16, Shared, global, thread};
-use crate::dtype::MmaElement;
-
-/// Where element (row r, column c) of a 16-bit tile lives in shared memory (the mma kernels'
-/// `fwd_mma::Layout`, the wgmma kernels' `fwd_wgmma::Sw`). Lets one copy routine fill either.
-pub(crate) trait TileLayout {
-    /// Element index of (r, c), c a multiple of 8 (chunk start) or inside one.
-    fn at(r: usize, c: usize) -> usize;
-}
+use crate::dev::{Chunk16, Shared, block, global, thread};
+use crate::dtype::{Element, MmaElement};
+use crate::smem::TileLayout;
 
 /// The head_dim a kernel body compiled for D works with: D itself without PAD; with PAD the
 /// run-time `head_dim`, which in a body for whole 16-byte chunks (`EL` false: the kernel's
@@ -158,5 +154,73 @@ pub(crate) unsafe fn store_chunk<T: Copy>(row: *mut T, col: u32, d: u32, v: Chun
                 unsafe { global::store(row.add((col + e) as usize) as *mut u16, x) };
             }
         }
+    }
+}
+
+/// Thread (one of a block of THREADS): flips the sign of every element of the 16-byte chunks
+/// this thread copied into the first `rows` rows of a Q tile of layout L (the chunks
+/// [`load_tile_in`] gives it), after its copies completed: a negative softmax scale becomes a
+/// positive one on -Q. A block barrier must order these writes before any warp reads Q.
+#[inline(always)]
+pub(crate) fn negate_own_chunks<L: TileLayout, const D: usize, const THREADS: usize>(words: Shared<u32>, rows: usize) {
+    let (cpr, x) = (D / 8, thread::idx() as usize);
+    let mut e = x;
+    while e < rows * cpr {
+        let at = L::at(e / cpr, (e % cpr) * 8) / 2;
+        for k in 0..4 {
+            words.st(at + k, words.ld(at + k) ^ 0x8000_8000); // both 16-bit sign bits
+        }
+        e += THREADS;
+    }
+}
+
+/// Block: copies rows `row0..row0+rows` of a [seqlen, d] slice (row stride `src_stride`) into
+/// `dst` as f32 with row stride `dst_stride`; rows at or past `row_limit` become 0.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn load_tile_f32<T: Element>(
+    dst: Shared<f32>,
+    dst_stride: u32,
+    src: *const T,
+    src_stride: u64,
+    row0: u32,
+    rows: u32,
+    row_limit: u32,
+    d: u32,
+) {
+    let mut e = thread::idx();
+    while e < rows * d {
+        let (r, c) = (e / d, e % d);
+        let g = row0 + r;
+        let x = if g < row_limit { unsafe { global::load(src.add((g as u64 * src_stride + c as u64) as usize)) }.to_f32() } else { 0.0 };
+        dst.st((r * dst_stride + c) as usize, x);
+        e += block::dim();
+    }
+}
+
+/// Block: the inverse of [`load_tile_f32`]: writes rows `0..rows` of the f32 tile `src` (row
+/// stride `src_stride`) as `T` to rows `row0..` of a [seqlen, d] slice (row stride
+/// `dst_stride`), skipping rows at or past `row_limit`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn store_tile_f32<T: Element>(
+    src: Shared<f32>,
+    src_stride: u32,
+    dst: *mut T,
+    dst_stride: u64,
+    row0: u32,
+    rows: u32,
+    row_limit: u32,
+    d: u32,
+) {
+    let mut e = thread::idx();
+    while e < rows * d {
+        let (r, c) = (e / d, e % d);
+        let g = row0 + r;
+        if g < row_limit {
+            let x = T::from_f32(src.ld((r * src_stride + c) as usize));
+            unsafe { global::store(dst.add((g as u64 * dst_stride + c as u64) as usize), x) };
+        }
+        e += block::dim();
     }
 }

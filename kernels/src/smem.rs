@@ -1,0 +1,93 @@
+//! Where 16-bit tiles live in shared memory: the element index of (row, column) in each
+//! layout the tensor-core kernels use, and a lane's ldmatrix addresses in one. No copies and
+//! no arithmetic on the data: `copy` fills these layouts, the kernels read them.
+
+/// Where element (row r, column c) of a 16-bit tile lives in shared memory (the mma kernels'
+/// [`Layout`], the wgmma kernels' [`Sw`]). Lets one copy routine fill either.
+pub(crate) trait TileLayout {
+    /// Element index of (r, c), c a multiple of 8 (chunk start) or inside one.
+    fn at(r: usize, c: usize) -> usize;
+}
+
+/// The shared-memory layout of a [rows][D] 16-bit tile.
+pub(crate) struct Layout<const D: usize>;
+
+impl<const D: usize> Layout<D> {
+    /// Swizzled (D a multiple of 64, at least 8 chunks a row) or padded.
+    pub(crate) const SWIZZLED: bool = D.is_multiple_of(64);
+    /// Elements per row: D, or D plus one 16-byte chunk of padding.
+    pub(crate) const STRIDE: usize = if Self::SWIZZLED { D } else { D + 8 };
+    /// Element index of (row r, column c), c a multiple of 8 (chunk start) or inside one.
+    #[inline(always)]
+    pub(crate) fn at(r: usize, c: usize) -> usize {
+        if Self::SWIZZLED { r * D + (((c / 8) ^ (r % 8)) * 8) + c % 8 } else { r * Self::STRIDE + c }
+    }
+}
+
+impl<const D: usize> TileLayout for Layout<D> {
+    #[inline(always)]
+    fn at(r: usize, c: usize) -> usize {
+        Layout::<D>::at(r, c)
+    }
+}
+
+/// Thread: the ldmatrix row addresses of one lane in a [`Layout`] tile, with the
+/// lane-dependent part computed once. The lane reads row `16 a + row16` (row16 < 16, its
+/// position inside a 16-row block) at 16-byte chunk `2 c + cbit`. Swizzled, since
+/// 16 a + row16 = row16 mod 8, (2c + cbit) ^ r splits into the 16-element offset of
+/// (c & !3), plus x[c & 3], plus 8 (cbit ^ (r & 1)); padded, it is plainly 16 c + 8 cbit.
+/// With `a` and `c` unrolled constants the address is a register plus an immediate, so no
+/// address registers pile up across the KV loop. (Recomputing x at each use instead of
+/// keeping four registers raised pressure: ptxas spilled more.)
+#[derive(Clone, Copy)]
+pub(crate) struct LaneAddr {
+    base: usize,
+    x: [usize; 4],
+}
+
+impl LaneAddr {
+    #[inline(always)]
+    pub(crate) fn new<const D: usize>(row16: usize, cbit: usize) -> LaneAddr {
+        let r = row16 % 8;
+        if Layout::<D>::SWIZZLED {
+            LaneAddr { base: row16 * D + 8 * (cbit ^ (r & 1)), x: [0, 1, 2, 3].map(|i| 8 * ((2 * i) ^ (r & 6))) }
+        } else {
+            LaneAddr { base: row16 * Layout::<D>::STRIDE + 8 * cbit, x: [0, 16, 32, 48] }
+        }
+    }
+    /// Index of this lane's row in 16-row block `a`, chunk pair `c`.
+    #[inline(always)]
+    pub(crate) fn at<const D: usize>(&self, a: usize, c: usize) -> usize {
+        self.base + a * 16 * Layout::<D>::STRIDE + 16 * (c & !3) + self.x[c & 3]
+    }
+    /// The same lane's addresses with chunk pair `c0` as pair 0 (a warp that works on the
+    /// columns from 16 c0 on): `at(a, c)` of the result is `at(a, c0 + c)` of this one. For a
+    /// constant `c0` (the indices into x must fold).
+    #[inline(always)]
+    pub(crate) fn shifted(&self, c0: usize) -> LaneAddr {
+        let x = self.x;
+        LaneAddr { base: self.base + 16 * (c0 & !3), x: [0, 1, 2, 3].map(|k| 16 * ((c0 % 4 + k) & !3) + x[(c0 % 4 + k) & 3]) }
+    }
+}
+
+/// The 128-byte-swizzle canonical layout of a [ROWS][D] 16-bit tile (D a multiple of 64):
+/// D / 64 column blocks of [ROWS][64], each row 128 bytes, the 16-byte chunks of row r
+/// XOR-swizzled by r % 8 (wgmma reads it through a descriptor, 8-row groups 1024 bytes apart).
+pub(crate) struct Sw<const ROWS: usize, const D: usize>;
+
+impl<const ROWS: usize, const D: usize> Sw<ROWS, D> {
+    /// Element index of (row r, column c).
+    #[inline(always)]
+    pub(crate) fn at(r: usize, c: usize) -> usize {
+        (c / 64) * ROWS * 64 + r * 64 + ((((c % 64) / 8) ^ (r % 8)) * 8) + c % 8
+    }
+    /// Bytes between column blocks (the LBO of an MN-major operand).
+    pub(crate) const BLOCK_BYTES: u32 = (ROWS * 64 * 2) as u32;
+}
+
+impl<const ROWS: usize, const D: usize> TileLayout for Sw<ROWS, D> {
+    #[inline(always)]
+    fn at(r: usize, c: usize) -> usize {
+        Sw::<ROWS, D>::at(r, c)
+    }
+}
