@@ -19,7 +19,7 @@ fn bench_backward(c: &mut Criterion) {
     };
     let mut g = c.benchmark_group("backward");
     g.sample_size(10).measurement_time(Duration::from_secs(if why.is_some() { 1 } else { 3 }));
-    for &family in BWD_FAMILIES {
+    for family in BWD_FAMILIES.iter().map(|f| f.name) {
         for &(d, seqlen) in &shapes {
             for causal in [false, true] {
                 let heads = if why.is_some() { 2 } else { 2048 / d };
@@ -33,7 +33,7 @@ fn bench_backward(c: &mut Criterion) {
                 // forward is the automatic one (backward-only families are no forward family).
                 let archs = fa.archs();
                 match flashattn::select_bwd_variants(flashattn::kernels::dtype::DType::F16, d, &opts, &archs, false) {
-                    Ok(vs) if vs.iter().all(|v| archs.contains(&v.arch)) => {}
+                    Ok(vs) if vs.iter().all(|v| archs.contains(&v.arch())) => {}
                     Ok(_) => {
                         eprintln!("skipping {family}: this device cannot run its kernels");
                         continue;

@@ -5,7 +5,7 @@
 //! Without a GPU it says so and benches the emulator at one tiny shape.
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use flashattn::{Attention, AttnShape, FAMILIES, FlashAttn, FwdOptions, FwdOutput};
+use flashattn::{Attention, AttnShape, FWD_FAMILIES, FlashAttn, FwdOptions, FwdOutput};
 use std::time::Duration;
 
 fn bench_forward(c: &mut Criterion) {
@@ -18,7 +18,7 @@ fn bench_forward(c: &mut Criterion) {
     };
     let mut g = c.benchmark_group("forward");
     g.sample_size(10).measurement_time(Duration::from_secs(if why.is_some() { 1 } else { 3 }));
-    for &family in FAMILIES {
+    for family in FWD_FAMILIES.iter().map(|f| f.name) {
         for &(d, seqlen) in &shapes {
             for causal in [false, true] {
                 let heads = if why.is_some() { 2 } else { 2048 / d };
@@ -35,9 +35,9 @@ fn bench_forward(c: &mut Criterion) {
                 // Not every family serves every head_dim (wgmma_wg2: 64 and 128 only),
                 // and sm_90a kernels run on compute capability 9.0 only.
                 match flashattn::select_variant(flashattn::kernels::dtype::DType::F16, d, &opts, &fa.archs()) {
-                    Ok(v) if fa.archs().contains(&v.arch) => {}
+                    Ok(v) if fa.archs().contains(&v.arch()) => {}
                     Ok(v) => {
-                        eprintln!("skipping {family} d={d}: this device cannot run {:?} kernels ({})", v.arch, v.name);
+                        eprintln!("skipping {family} d={d}: this device cannot run {:?} kernels ({})", v.arch(), v.name);
                         continue;
                     }
                     Err(e) => {

@@ -36,7 +36,7 @@ use crate::forward::{FwdOutput, validate};
 use crate::options::{Attention, BwdOptions};
 use flashattn_kernels::dev::emu::GlobalRegion;
 use flashattn_kernels::params::BwdParams;
-use flashattn_kernels::registry::{Arch, BWD_FAMILIES, BWD_NONDETERMINISTIC, BwdVariant, bwd_passes, bwd_variant};
+use flashattn_kernels::registry::{Arch, BWD_FAMILIES, BwdFamily, BwdVariant, Pass, bwd_variant};
 
 /// What the backward pass returns, in the layouts of Q, K and V.
 #[derive(Debug)]
@@ -46,7 +46,7 @@ pub struct BwdOutput<T> {
     pub dv: Tensor<T>,
 }
 
-/// The backward's kernels for this dtype and head_dim, in launch order ([`bwd_passes`]), on a
+/// The backward's kernels for this dtype and head_dim, in launch order ([`BwdFamily::passes`]), on a
 /// device that runs kernels of `archs` ([`FlashAttn::archs`]): the named family's
 /// (`opts.kernel`, whatever its arch: launching it where it cannot run is
 /// [`Error::UnsupportedDevice`]; a non-deterministic one with `opts.deterministic` is an
@@ -55,7 +55,7 @@ pub struct BwdOutput<T> {
 /// f16 and bf16 up to head_dim 128, else SIMT).
 ///
 /// `saved`: the forward's O residual is at hand (the families that use it then run their
-/// [`bwd_passes`] for it).
+/// [`BwdFamily::passes`] for it).
 pub fn select_bwd_variants(
     dtype: flashattn_kernels::dtype::DType,
     head_dim: usize,
@@ -64,20 +64,20 @@ pub fn select_bwd_variants(
     saved: bool,
 ) -> Result<Vec<&'static BwdVariant>> {
     let d = head_dim as u32;
-    let get =
-        |family: &'static str| bwd_passes(family, saved).iter().map(|pass| bwd_variant(family, pass, dtype, d)).collect::<Option<Vec<_>>>();
-    let allowed = |family: &str| !(opts.deterministic && BWD_NONDETERMINISTIC.contains(&family));
+    let get = |family: BwdFamily| family.passes(saved).iter().map(|&pass| bwd_variant(family, pass, dtype, d)).collect::<Option<Vec<_>>>();
     match opts.kernel {
-        Some(family) if !BWD_FAMILIES.contains(&family) => {
-            Err(Error::UnknownKernel { name: family.into(), available: BWD_FAMILIES.to_vec() })
+        Some(name) => {
+            let family = BwdFamily::from_name(name)
+                .ok_or_else(|| Error::UnknownKernel { name: name.into(), available: BWD_FAMILIES.iter().map(|f| f.name).collect() })?;
+            if opts.deterministic && !family.desc().deterministic {
+                return Err(Error::NotDeterministic { family: name.into() });
+            }
+            get(family).ok_or_else(|| Error::NoVariant { family: name.into(), dtype: dtype.name(), head_dim })
         }
-        Some(family) if !allowed(family) => Err(Error::NotDeterministic { family: family.into() }),
-        Some(family) => get(family).ok_or_else(|| Error::NoVariant { family: family.into(), dtype: dtype.name(), head_dim }),
         None => BWD_FAMILIES
             .iter()
-            .filter(|f| allowed(f))
-            .filter_map(|f| get(f))
-            .find(|vs| vs.iter().all(|v| archs.contains(&v.arch)))
+            .filter(|f| f.auto && (f.deterministic || !opts.deterministic) && archs.contains(&f.arch))
+            .find_map(|f| get(f.family))
             .ok_or_else(|| Error::NoVariant { family: "any".into(), dtype: dtype.name(), head_dim }),
     }
 }
@@ -169,12 +169,12 @@ impl FlashAttn {
         }
         let archs = self.archs();
         let passes = select_bwd_variants(T::DTYPE, shape.head_dim, opts, &archs, o_lo.is_some())?;
-        if let Some(v) = passes.iter().find(|v| !archs.contains(&v.arch)) {
-            return Err(Error::UnsupportedDevice { kernel: v.name, needs: v.arch, device: self.device_name() });
+        if let Some(v) = passes.iter().find(|v| !archs.contains(&v.arch())) {
+            return Err(Error::UnsupportedDevice { kernel: v.name, needs: v.arch(), device: self.device_name() });
         }
         let mut stats = self.alloc::<f32>(&[4, ls[0], ls[1], ls[2]])?;
         // The atomic path's dQ accumulator, zeroed on the stream; none otherwise.
-        let atomic = passes.iter().any(|v| v.pass == "dkdvq");
+        let atomic = passes.iter().any(|v| v.pass == Pass::Dkdvq);
         let mut dq_accum = if atomic { Some(self.zeros::<f32>(&[ls[0], ls[1], ls[2], shape.head_dim])?) } else { None };
         let stream = self.stream();
         let d = shape.head_dim as u32;
@@ -220,13 +220,18 @@ impl FlashAttn {
         // KV head.
         let (sq, sk) = (shape.seqlen_q as u32, shape.seqlen_k as u32);
         let (hq, hkv, b) = (shape.heads_q as u32, shape.heads_kv as u32, shape.batch as u32);
-        let launches: Vec<Launch<BwdParams>> = passes
+        let launches = passes
             .iter()
             .map(|v| {
-                let grid = if v.pass.starts_with("dkdv") { (sk.div_ceil(v.rows), hkv, b) } else { (sq.div_ceil(v.rows), hq, b) };
-                Launch { name: v.name, arch: v.arch, grid, threads: v.threads, smem: (v.smem_bytes)(d) as usize, emulate: v.emulate }
+                let l = v.launch(d).ok_or_else(|| Error::NoVariant {
+                    family: v.family.name().into(),
+                    dtype: T::DTYPE.name(),
+                    head_dim: shape.head_dim,
+                })?;
+                let grid = if v.pass.over_keys() { (sk.div_ceil(l.rows), hkv, b) } else { (sq.div_ceil(l.rows), hq, b) };
+                Ok(Launch { name: v.name, arch: v.arch(), grid, threads: l.threads, smem: l.smem_bytes as usize, emulate: v.emulate })
             })
-            .collect();
+            .collect::<Result<Vec<Launch<BwdParams>>>>()?;
         // SAFETY: parameters validated against the buffers above. The workspaces are dropped
         // after the launches are queued; cudarc frees them in stream order, after them.
         unsafe { self.launch("launching a backward kernel", &launches, params, &regions) }

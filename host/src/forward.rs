@@ -6,7 +6,7 @@ use crate::error::{Error, Result};
 use crate::options::{Attention, FwdOptions};
 use flashattn_kernels::dev::emu::GlobalRegion;
 use flashattn_kernels::params::{FwdParams, Strides};
-use flashattn_kernels::registry::{Arch, FAMILIES, FWD_RESIDUAL_FAMILIES, FwdVariant, fwd_variant};
+use flashattn_kernels::registry::{Arch, FWD_FAMILIES, FwdFamily, FwdVariant, fwd_variant};
 
 /// The problem's dimensions, as validated from Q and K.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -179,7 +179,7 @@ impl<T> std::fmt::Debug for FwdOutput<T> {
 /// The variant that will run for this dtype, head_dim and options on a device that runs
 /// kernels of `archs` ([`FlashAttn::archs`]): the named family's (whatever its arch: launching
 /// it where it cannot run is [`Error::UnsupportedDevice`]), or the first family (in
-/// [`FAMILIES`] order) that has one for these archs.
+/// [`FWD_FAMILIES`] order, among those tried automatically) that has one for these archs.
 pub fn select_variant(
     dtype: flashattn_kernels::dtype::DType,
     head_dim: usize,
@@ -188,14 +188,15 @@ pub fn select_variant(
 ) -> Result<&'static FwdVariant> {
     let d = head_dim as u32;
     match opts.kernel {
-        Some(family) if !FAMILIES.contains(&family) => Err(Error::UnknownKernel { name: family.into(), available: FAMILIES.to_vec() }),
-        Some(family) => {
-            fwd_variant(family, dtype, d).ok_or_else(|| Error::NoVariant { family: family.into(), dtype: dtype.name(), head_dim })
+        Some(name) => {
+            let family = FwdFamily::from_name(name)
+                .ok_or_else(|| Error::UnknownKernel { name: name.into(), available: FWD_FAMILIES.iter().map(|f| f.name).collect() })?;
+            fwd_variant(family, dtype, d).ok_or_else(|| Error::NoVariant { family: name.into(), dtype: dtype.name(), head_dim })
         }
-        None => FAMILIES
+        None => FWD_FAMILIES
             .iter()
-            .filter_map(|f| fwd_variant(f, dtype, d))
-            .find(|v| archs.contains(&v.arch))
+            .filter(|f| f.auto && archs.contains(&f.arch))
+            .find_map(|f| fwd_variant(f.family, dtype, d))
             .ok_or_else(|| Error::NoVariant { family: "any".into(), dtype: dtype.name(), head_dim }),
     }
 }
@@ -206,8 +207,8 @@ impl FlashAttn {
     fn fwd_variant_for(&self, dtype: flashattn_kernels::dtype::DType, head_dim: usize, opts: &FwdOptions) -> Result<&'static FwdVariant> {
         let archs = self.archs();
         let variant = select_variant(dtype, head_dim, opts, &archs)?;
-        if !archs.contains(&variant.arch) {
-            return Err(Error::UnsupportedDevice { kernel: variant.name, needs: variant.arch, device: self.device_name() });
+        if !archs.contains(&variant.arch()) {
+            return Err(Error::UnsupportedDevice { kernel: variant.name, needs: variant.arch(), device: self.device_name() });
         }
         Ok(variant)
     }
@@ -227,7 +228,7 @@ impl FlashAttn {
         let variant = self.fwd_variant_for(T::DTYPE, shape.head_dim, opts)?;
         let o = self.alloc::<T>(&shape.q_shape())?;
         let lse = self.alloc::<f32>(&shape.lse_shape())?;
-        let o_lo = match opts.save_residual && FWD_RESIDUAL_FAMILIES.contains(&variant.family) {
+        let o_lo = match opts.save_residual && variant.family.desc().writes_residual {
             true => Some(self.alloc::<T>(&shape.q_shape())?),
             false => None,
         };
@@ -250,7 +251,7 @@ impl FlashAttn {
     ) -> Result<()> {
         let shape = validate(q.shape(), k.shape(), v.shape(), attention)?;
         let variant = self.fwd_variant_for(T::DTYPE, shape.head_dim, opts)?;
-        let residual = opts.save_residual && FWD_RESIDUAL_FAMILIES.contains(&variant.family);
+        let residual = opts.save_residual && variant.family.desc().writes_residual;
         if residual && out.o_lo.is_none() {
             return Err(Error::MissingOutput { tensor: "o_lo", why: "save_residual is set and the selected forward kernel writes it" });
         }
@@ -300,8 +301,12 @@ impl FlashAttn {
         variant: &'static FwdVariant,
     ) -> Result<()> {
         let d = shape.head_dim as u32;
-        let smem = (variant.smem_bytes)(d) as usize;
-        let grid = ((shape.seqlen_q as u32).div_ceil(variant.br), shape.heads_q as u32, shape.batch as u32);
+        let l = variant.launch(d).ok_or_else(|| Error::NoVariant {
+            family: variant.family.name().into(),
+            dtype: T::DTYPE.name(),
+            head_dim: shape.head_dim,
+        })?;
+        let grid = ((shape.seqlen_q as u32).div_ceil(l.rows), shape.heads_q as u32, shape.batch as u32);
         let stream = self.stream();
         let params = FwdParams {
             q: q.addr(stream),
@@ -331,7 +336,14 @@ impl FlashAttn {
             GlobalRegion { start: params.lse as usize, len: lse.bytes(), writable: true },
             GlobalRegion { start: params.o_lo as usize, len: o_lo.as_ref().map_or(0, |t| t.bytes()), writable: true },
         ];
-        let launch = Launch { name: variant.name, arch: variant.arch, grid, threads: variant.threads, smem, emulate: variant.emulate };
+        let launch = Launch {
+            name: variant.name,
+            arch: variant.arch(),
+            grid,
+            threads: l.threads,
+            smem: l.smem_bytes as usize,
+            emulate: variant.emulate,
+        };
         // SAFETY: the parameters were validated against the buffers above; the kernel reads q,
         // k, v and writes o and lse within their shapes.
         unsafe { self.launch("launching the forward kernel", &[launch], params, &regions) }

@@ -40,6 +40,6 @@ pub use device::{FlashAttn, Tensor, driver_present};
 pub use dtype::Dtype;
 pub use error::{Error, Result};
 pub use flashattn_kernels as kernels;
-pub use flashattn_kernels::registry::{Arch, BWD_FAMILIES, FAMILIES, FWD_RESIDUAL_FAMILIES};
+pub use flashattn_kernels::registry::{Arch, BWD_FAMILIES, BwdFamily, FWD_FAMILIES, FwdFamily, Pass};
 pub use forward::{AttnShape, FwdOutput, MAX_GRID_YZ, MAX_SCALE, MAX_SEQLEN, select_variant, validate};
 pub use options::{Attention, BwdOptions, FwdOptions};

@@ -10,8 +10,7 @@ use flashattn::reference::{
     attention_backward_f64, backward_recompute_bound, naive_backward, naive_rows, reference_rows, rel_l2, tolerance,
 };
 use flashattn::{
-    Attention, AttnShape, BWD_FAMILIES, BwdOptions, BwdOutput, Dtype, Error, FAMILIES, FWD_RESIDUAL_FAMILIES, FlashAttn, FwdOptions,
-    FwdOutput, Tensor,
+    Attention, AttnShape, BWD_FAMILIES, BwdOptions, BwdOutput, Dtype, Error, FWD_FAMILIES, FlashAttn, FwdOptions, FwdOutput, Tensor,
 };
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -64,6 +63,15 @@ struct Args {
     fwdbwd: bool,
     deterministic: bool,
     residual: bool,
+}
+
+/// The forward kernel families' names ([`FWD_FAMILIES`]).
+fn fwd_names() -> impl Iterator<Item = &'static str> {
+    FWD_FAMILIES.iter().map(|f| f.name)
+}
+/// The backward kernel families' names ([`BWD_FAMILIES`]).
+fn bwd_names() -> impl Iterator<Item = &'static str> {
+    BWD_FAMILIES.iter().map(|f| f.name)
 }
 
 fn parse() -> Result<Args, String> {
@@ -120,12 +128,11 @@ fn parse() -> Result<Args, String> {
             "--scale" => a.scale = Some(val(&flag, it.next())?),
             "--kernel" => {
                 let k: String = val(&flag, it.next())?;
-                let all = || flashattn::FAMILIES.iter().chain(flashattn::BWD_FAMILIES);
-                a.kernel = Some(all().find(|f| **f == k).copied().ok_or_else(|| {
+                a.kernel = Some(fwd_names().chain(bwd_names()).find(|f| *f == k).ok_or_else(|| {
                     format!(
                         "--kernel: no kernel family `{k}` (forward: {}; backward: {})",
-                        flashattn::FAMILIES.join(", "),
-                        flashattn::BWD_FAMILIES.join(", ")
+                        fwd_names().collect::<Vec<_>>().join(", "),
+                        bwd_names().collect::<Vec<_>>().join(", ")
                     )
                 })?);
             }
@@ -152,7 +159,7 @@ fn parse() -> Result<Args, String> {
     }
     if let Some(k) = a.kernel
         && !a.backward
-        && !flashattn::FAMILIES.contains(&k)
+        && !fwd_names().any(|f| f == k)
     {
         return Err(format!("--kernel: `{k}` is a backward kernel family (no forward of that name): add --backward"));
     }
@@ -261,19 +268,19 @@ fn plan<T: Dtype>(fa: &FlashAttn, s: &AttnShape, attn: &Attention, a: &Args) -> 
     let (fwd_kernel, bwd_kernel) = match (a.backward, a.cmd == "bench") {
         (false, _) => (a.kernel, None),
         (true, true) => (None, a.kernel),
-        (true, false) => (a.kernel.filter(|k| FAMILIES.contains(k)), a.kernel.filter(|k| BWD_FAMILIES.contains(k))),
+        (true, false) => (a.kernel.filter(|k| fwd_names().any(|f| f == *k)), a.kernel.filter(|k| bwd_names().any(|f| f == *k))),
     };
     let fwd_opts = FwdOptions { kernel: fwd_kernel, save_residual: a.backward && a.residual };
     let fwd = flashattn::select_variant(T::DTYPE, s.head_dim, &fwd_opts, &archs)?;
-    runs(fwd.name, fwd.arch)?;
-    let saved = fwd_opts.save_residual && FWD_RESIDUAL_FAMILIES.contains(&fwd.family);
+    runs(fwd.name, fwd.arch())?;
+    let saved = fwd_opts.save_residual && fwd.family.desc().writes_residual;
     let bwd_opts = BwdOptions { kernel: bwd_kernel, deterministic: a.deterministic };
     let bwd = match a.backward {
         true => flashattn::select_bwd_variants(T::DTYPE, s.head_dim, &bwd_opts, &archs, saved)?,
         false => vec![],
     };
     for v in &bwd {
-        runs(v.name, v.arch)?;
+        runs(v.name, v.arch())?;
     }
     Ok(Plan { fwd, fwd_opts, bwd, bwd_opts, saved })
 }
@@ -588,7 +595,7 @@ fn bench<T: Dtype>(fa: &FlashAttn, a: &Args) -> flashattn::Result<bool> {
                 dv: fa.full(T::nan(), &s.kv_shape())?,
             };
             let names = plan.bwd.iter().map(|v| v.name).collect::<Vec<_>>().join("+");
-            let family = plan.bwd[plan.bwd.len() - 1].family.to_string();
+            let family = plan.bwd[plan.bwd.len() - 1].family.name().to_string();
             if a.fwdbwd {
                 // With --fwdbwd the forward too, each step (FLOPs 1 + 2.5 forwards).
                 let ms = fa.time_forward_backward(&q, &k, &v, &d_o, &attn, &plan.fwd_opts, &plan.bwd_opts, &mut grads, 2, iters)?;
@@ -600,7 +607,7 @@ fn bench<T: Dtype>(fa: &FlashAttn, a: &Args) -> flashattn::Result<bool> {
         } else {
             let mut out = FwdOutput::from_buffers(fa.full(T::nan(), &s.q_shape())?, fa.full(f32::NAN, &s.lse_shape())?, None);
             let ms = fa.time_forward(&q, &k, &v, &attn, &plan.fwd_opts, &mut out, 2, iters)?;
-            (plan.fwd.family.to_string(), plan.fwd.name.to_string(), ms, s.fwd_flops(causal))
+            (plan.fwd.family.name().to_string(), plan.fwd.name.to_string(), ms, s.fwd_flops(causal))
         };
         let tflops = flops / (ms * 1e-3) / 1e12;
         let pass = match (a.fwdbwd, a.backward) {

@@ -37,7 +37,7 @@ impl Attention {
 /// How the forward pass runs.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct FwdOptions {
-    /// Forward kernel family by name ([`crate::FAMILIES`]: `"wgmma"`, `"mma"`, `"simt"`, ...);
+    /// Forward kernel family by name ([`crate::FWD_FAMILIES`]: `"wgmma"`, `"mma"`, `"simt"`, ...);
     /// `None` picks the best one that applies.
     pub kernel: Option<&'static str>,
     /// Opt-in: also return O's rounding residual ([`crate::FwdOutput::o_lo`], one more

@@ -33,7 +33,7 @@ pub fn loaded(arch: flashattn_kernels::registry::Arch) -> &'static str {
     };
     cell.get_or_init(|| {
         let mut ptx = module(arch).to_string();
-        for v in BWD_VARIANTS.iter().filter(|v| v.arch == arch) {
+        for v in BWD_VARIANTS.iter().filter(|v| v.arch() == arch) {
             if let Some(regs) = v.max_regs() {
                 // A registered variant is always an entry (tests/tests/ptx.rs).
                 ptx = with_maxnreg(&ptx, v.name, regs).unwrap_or(ptx);

@@ -25,12 +25,12 @@
 //! STATS_ONLY (pass 0 alone: the statistics), then `dkdv` with DQ: after dK/dV's products each
 //! warp also writes its dS^T slice to shared memory as dS [query][key], and after a barrier the
 //! warps split dQ_i += dS_ij K_j (16 query rows x 16 columns per unit) and add it into the f32
-//! accumulator `dq_accum` with `red.global.add.f32`; then [`dq_convert`] scales and rounds it
+//! accumulator `dq_accum` with `red.global.add.f32`; then `bwd_convert::dq_convert` scales and rounds it
 //! into dQ. Each dQ element gets seqlen_k / 64 atomic adds in a run-dependent order: not
 //! bitwise deterministic, and slower than the deterministic pair on the H200 (tile.rs).
 //!
 //! A kernel compiled for D serves every head_dim d <= D that is a multiple of 8 (others go to
-//! the next family: `registry::BWD_ALIGNED_FAMILIES`): columns d..D are zero-filled in shared
+//! the next family: `registry::BwdFamilyDesc::aligned_only`): columns d..D are zero-filled in shared
 //! memory (they add nothing to S or dP) and never stored.
 //!
 //! Fully masked query rows (causal, seqlen_q > seqlen_k) get m_i = +inf, 1 / l_i = 0, so
@@ -143,7 +143,7 @@ unsafe fn dq_masked<
     p: &BwdParams,
 ) {
     let br = BLOCK_ROWS;
-    // Head dims that are multiples of 8 only (`registry::BWD_ALIGNED_FAMILIES`).
+    // Head dims that are multiples of 8 only (`registry::BwdFamilyDesc::aligned_only`).
     let d = p.head_dim;
     if d > D as u32
         || !d.is_multiple_of(8)
@@ -454,7 +454,7 @@ unsafe fn dkdv_masked<
     // The atomic dQ product is not split.
     const { assert!(SPLIT == 1 || !DQ) };
     let bc = BLOCK_ROWS;
-    // Head dims that are multiples of 8 only (`registry::BWD_ALIGNED_FAMILIES`).
+    // Head dims that are multiples of 8 only (`registry::BwdFamilyDesc::aligned_only`).
     let d = p.head_dim;
     if d > D as u32
         || !d.is_multiple_of(8)
@@ -798,33 +798,5 @@ impl<T: MmaElement, const D: usize, const DK: usize, const KVREG: bool, const SP
                 }
             }
         }
-    }
-}
-
-/// Rows per block of [`dq_convert`].
-pub const CONVERT_ROWS: usize = 64;
-
-/// The atomic backward's last kernel: dQ = scale * dq_accum, rounded to T, into dQ's layout.
-/// One block per (64 query rows, query head, batch); thread x converts column pairs x + 128 i.
-///
-/// # Safety
-/// `p` valid (host-checked), `p.dq_accum` written by the dK/dV/dQ kernel, 128 threads.
-#[inline(always)]
-pub unsafe fn dq_convert<T: MmaElement>(p: &BwdParams) {
-    let (blk, h, b) = block::idx();
-    let (sq, d) = (p.seqlen_q, p.head_dim);
-    let r0 = blk * CONVERT_ROWS as u32;
-    let rows = (sq - r0.min(sq)).min(CONVERT_ROWS as u32);
-    let src = ((b as u64 * p.heads_q as u64 + h as u64) * sq as u64 + r0 as u64) * d as u64;
-    let pairs = rows * d / 2;
-    let mut i = thread::idx();
-    while i < pairs {
-        let (r, c) = ((2 * i) / d, (2 * i) % d);
-        unsafe {
-            let x: [f32; 2] = global::load((p.dq_accum as *const f32).add((src + 2 * i as u64) as usize) as *const [f32; 2]);
-            let dst = (p.dq as *mut T).add((p.q_strides.offset(b, r0 + r, h) + c as u64) as usize);
-            global::store(dst as *mut u32, T::pack2(x[0] * p.scale, x[1] * p.scale));
-        }
-        i += block::dim();
     }
 }

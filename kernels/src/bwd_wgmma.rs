@@ -92,7 +92,7 @@ pub unsafe fn dkdv<
     p: &BwdParams,
 ) {
     // With DQ (the atomic family), head dims that are multiples of 8 only
-    // (`registry::BWD_ALIGNED_FAMILIES`).
+    // (`registry::BwdFamilyDesc::aligned_only`).
     if DQ && by_element::<PAD>(p.head_dim) {
         thread::trap();
     }
@@ -497,7 +497,7 @@ pub unsafe fn dq<
     p: &BwdParams,
 ) {
     // DQ_STATS (the atomic family): head dims that are multiples of 8 only
-    // (`registry::BWD_ALIGNED_FAMILIES`).
+    // (`registry::BwdFamilyDesc::aligned_only`).
     if MODE == DQ_STATS && by_element::<PAD>(p.head_dim) {
         thread::trap();
     }

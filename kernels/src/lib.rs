@@ -53,6 +53,7 @@ macro_rules! inline_closure {
 #[cfg(not(target_arch = "nvptx64"))]
 extern crate std;
 
+pub mod bwd_convert;
 pub mod bwd_mma;
 pub mod bwd_prep;
 pub mod bwd_simt;

@@ -87,7 +87,7 @@ pub struct BwdParams {
     pub dv: u64,
     /// The atomic path's f32 dQ accumulator [batch, heads_q, seqlen_q, head_dim] (contiguous,
     /// zeroed before the launch; unscaled); 0 for the deterministic kernels. The atomic
-    /// families serve head dims that are multiples of 8 only (`registry::BWD_ALIGNED_FAMILIES`),
+    /// families serve head dims that are multiples of 8 only (`registry::BwdFamilyDesc::aligned_only`),
     /// so its rows are 8-byte aligned for the paired adds.
     pub dq_accum: u64,
     /// Strides of Q, O, dO and dQ (one layout).

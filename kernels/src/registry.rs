@@ -1,6 +1,13 @@
-//! Every kernel variant, one registration line each. The macros emit the PTX entry point
-//! (on nvptx64) and a row of [`FWD_VARIANTS`], which the host, the tests and the benches
-//! read to find, launch and emulate each variant.
+//! Every kernel variant, by family. A family is one descriptor (its name, PTX module, tile
+//! function, passes, and what it promises: determinism, the residual); a variant is one line
+//! (its entry name, dtype and head-dim class). Everything else the host needs to launch a
+//! variant (rows per block, threads, shared memory, register cap, which head dims it serves)
+//! is derived from the family's tile function, so it cannot drift from the kernel.
+//!
+//! The macros emit the PTX entry points (on nvptx64) and the rows of [`FWD_VARIANTS`] and
+//! [`BWD_VARIANTS`], which the host, the tests and the benches read to find, launch and
+//! emulate each variant. A new family: its kernel file, its tile function in `tile.rs`, a
+//! descriptor and a block of lines here.
 
 // Each PTX module compiles only its own kernels: the other module's helpers go unused there.
 #![cfg_attr(target_arch = "nvptx64", allow(unused_imports, unused_macros, dead_code))]
@@ -10,8 +17,8 @@ use crate::dtype::{Bf16, F16};
 use crate::dtype::{DType, Element};
 use crate::params::{BwdParams, FwdParams};
 use crate::tile::{
-    MmaBwdTile, MmaTile, WgmmaBwdTile, WgmmaTile, mma_bwd_tile, mma_tile, mma_tile_br64, mma_tile_unfused, simt_dq_smem_bytes,
-    simt_kv_tile, simt_tile, wgmma_bwd_tile, wgmma_tile, wgmma_tile_wg2,
+    MmaBwdTile, MmaTile, SimtKvTile, SimtTile, WgmmaBwdTile, WgmmaTile, mma_bwd_tile, mma_bwd_tile_atomic, mma_tile, mma_tile_br64,
+    mma_tile_unfused, simt_dq_smem_bytes, simt_kv_tile, simt_tile, wgmma_bwd_tile, wgmma_tile, wgmma_tile_wg2,
 };
 
 /// The PTX module a variant is compiled into, and so the devices it runs on.
@@ -38,69 +45,242 @@ macro_rules! in_module {
     };
 }
 
+/// How one variant is launched at one head_dim.
+#[cfg(not(target_arch = "nvptx64"))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Launch {
+    /// Rows per block along the grid's x (query rows, or keys for a pass over key tiles).
+    pub rows: u32,
+    /// Threads per block.
+    pub threads: u32,
+    /// Dynamic shared memory in bytes.
+    pub smem_bytes: u32,
+    /// The `.maxnreg` its entry is loaded with, if any.
+    pub max_regs: Option<u32>,
+}
+
+/// A family's tile function: which tile serves a head_dim (`tile.rs`), by tile type.
+#[cfg(not(target_arch = "nvptx64"))]
+#[derive(Clone, Copy, Debug)]
+pub enum FwdTiles {
+    Simt(fn(u32) -> SimtTile),
+    Mma(fn(u32) -> Option<MmaTile>),
+    Wgmma(fn(u32) -> Option<WgmmaTile>),
+}
+
+#[cfg(not(target_arch = "nvptx64"))]
+impl FwdTiles {
+    /// Whether `head_dim` runs on the tile of `class` (a head_dim of the variant's class).
+    fn same_tile(self, class: u32, head_dim: u32) -> bool {
+        match self {
+            FwdTiles::Simt(f) => (1..=f(class).max_head_dim()).contains(&head_dim) && f(head_dim) == f(class),
+            FwdTiles::Mma(f) => f(head_dim).is_some() && f(head_dim) == f(class),
+            FwdTiles::Wgmma(f) => f(head_dim).is_some() && f(head_dim) == f(class),
+        }
+    }
+    /// The launch of the tile of `head_dim` (one the variant serves).
+    fn launch(self, head_dim: u32) -> Option<Launch> {
+        let (rows, threads, smem_bytes) = match self {
+            FwdTiles::Simt(f) => (f(head_dim).br(), f(head_dim).threads(), f(head_dim).smem_bytes(head_dim)),
+            FwdTiles::Mma(f) => f(head_dim).map(|t| (t.br(), t.threads(), t.smem_bytes()))?,
+            FwdTiles::Wgmma(f) => f(head_dim).map(|t| (t.br(), t.threads(), t.smem_bytes()))?,
+        };
+        Some(Launch { rows, threads, smem_bytes, max_regs: None })
+    }
+}
+
+/// A forward kernel family.
+#[cfg(not(target_arch = "nvptx64"))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FwdFamily {
+    Wgmma,
+    Mma,
+    Simt,
+    MmaBr64,
+    MmaUnfused,
+    WgmmaWg2,
+}
+
+/// What every variant of a forward family shares.
+#[cfg(not(target_arch = "nvptx64"))]
+#[derive(Clone, Copy, Debug)]
+pub struct FwdFamilyDesc {
+    pub family: FwdFamily,
+    /// The name users select it by (`FwdOptions::kernel`).
+    pub name: &'static str,
+    /// The PTX module of its kernels.
+    pub arch: Arch,
+    /// Tried by automatic selection (in [`FWD_FAMILIES`] order), or chosen only by name.
+    pub auto: bool,
+    /// Whether its kernels write O's rounding residual when asked (`FwdParams::o_lo`, for the
+    /// backward's `prep_residual` pass).
+    pub writes_residual: bool,
+    /// Its tile function.
+    pub tiles: FwdTiles,
+}
+
+/// The forward families, in the order automatic selection tries them (best first), among
+/// those the device runs: the Hopper kernel (`wgmma`, compute capability 9.0, 16-bit,
+/// head_dim <= 256), the tensor-core kernel (`mma`, sm_80+, 16-bit), else SIMT. Chosen only
+/// by name, for comparison: `mma_br64` (the first tensor-core tile), `mma_unfused` (the
+/// softmax on scaled scores, head_dim 64), `wgmma_wg2` (the first Hopper tile: two
+/// warpgroups per block, d = 64 and 128).
+#[cfg(not(target_arch = "nvptx64"))]
+pub const FWD_FAMILIES: &[FwdFamilyDesc] = &[
+    FwdFamilyDesc {
+        family: FwdFamily::Wgmma,
+        name: "wgmma",
+        arch: Arch::Sm90a,
+        auto: true,
+        writes_residual: true,
+        tiles: FwdTiles::Wgmma(wgmma_tile),
+    },
+    FwdFamilyDesc {
+        family: FwdFamily::Mma,
+        name: "mma",
+        arch: Arch::Sm80,
+        auto: true,
+        writes_residual: false,
+        tiles: FwdTiles::Mma(mma_tile),
+    },
+    FwdFamilyDesc {
+        family: FwdFamily::Simt,
+        name: "simt",
+        arch: Arch::Sm80,
+        auto: true,
+        writes_residual: false,
+        tiles: FwdTiles::Simt(simt_tile),
+    },
+    FwdFamilyDesc {
+        family: FwdFamily::MmaBr64,
+        name: "mma_br64",
+        arch: Arch::Sm80,
+        auto: false,
+        writes_residual: false,
+        tiles: FwdTiles::Mma(mma_tile_br64),
+    },
+    FwdFamilyDesc {
+        family: FwdFamily::MmaUnfused,
+        name: "mma_unfused",
+        arch: Arch::Sm80,
+        auto: false,
+        writes_residual: false,
+        tiles: FwdTiles::Mma(mma_tile_unfused),
+    },
+    FwdFamilyDesc {
+        family: FwdFamily::WgmmaWg2,
+        name: "wgmma_wg2",
+        arch: Arch::Sm90a,
+        auto: false,
+        writes_residual: true,
+        tiles: FwdTiles::Wgmma(wgmma_tile_wg2),
+    },
+];
+
+#[cfg(not(target_arch = "nvptx64"))]
+impl FwdFamily {
+    /// Its descriptor.
+    pub fn desc(self) -> &'static FwdFamilyDesc {
+        FWD_FAMILIES.iter().find(|f| f.family == self).expect("every forward family has a descriptor")
+    }
+    /// The family of that name.
+    pub fn from_name(name: &str) -> Option<FwdFamily> {
+        FWD_FAMILIES.iter().find(|f| f.name == name).map(|f| f.family)
+    }
+    pub fn name(self) -> &'static str {
+        self.desc().name
+    }
+}
+
+#[cfg(not(target_arch = "nvptx64"))]
+impl core::fmt::Display for FwdFamily {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// A forward kernel variant, as the host launches it.
 #[cfg(not(target_arch = "nvptx64"))]
 #[derive(Clone, Copy, Debug)]
 pub struct FwdVariant {
     /// PTX entry name.
     pub name: &'static str,
-    /// Kernel family ("mma", "simt").
-    pub family: &'static str,
+    pub family: FwdFamily,
     /// Element type of Q, K, V, O.
     pub dtype: DType,
-    /// Smallest and largest head_dim served.
-    pub head_dims: (u32, u32),
-    /// Query rows per block (the grid's x is ceil(seqlen_q / br)).
-    pub br: u32,
-    /// Threads per block.
-    pub threads: u32,
-    /// Dynamic shared memory in bytes, for a head_dim.
-    pub smem_bytes: fn(u32) -> u32,
+    /// A head_dim of its class: it serves every head_dim its family's tile function maps to
+    /// the same tile.
+    pub class: u32,
     /// The same kernel body, for the emulator.
     pub emulate: unsafe fn(&FwdParams),
-    /// The PTX module that holds it (the devices it runs on).
-    pub arch: Arch,
 }
 
 #[cfg(not(target_arch = "nvptx64"))]
 impl FwdVariant {
     /// Whether this variant serves `head_dim`.
     pub fn serves(&self, head_dim: u32) -> bool {
-        self.head_dims.0 <= head_dim && head_dim <= self.head_dims.1
+        self.family.desc().tiles.same_tile(self.class, head_dim)
+    }
+    /// The PTX module that holds it (the devices it runs on).
+    pub fn arch(&self) -> Arch {
+        self.family.desc().arch
+    }
+    /// Its launch at `head_dim`, if it serves it.
+    pub fn launch(&self, head_dim: u32) -> Option<Launch> {
+        if self.serves(head_dim) { self.family.desc().tiles.launch(head_dim) } else { None }
+    }
+    /// The smallest and largest head_dim it serves.
+    pub fn head_dims(&self) -> (u32, u32) {
+        head_dim_range(|d| self.serves(d))
     }
 }
 
-/// Emits one entry point and one registry row per line: `name => family, body, head dims,
-/// br, threads, smem_bytes(d)`.
+/// The smallest and largest head_dim (of 1..=256) `serves` takes; (0, 0) for none.
+#[cfg(not(target_arch = "nvptx64"))]
+fn head_dim_range(serves: impl Fn(u32) -> bool) -> (u32, u32) {
+    let lo = (1..=256).find(|&d| serves(d));
+    let hi = (1..=256).rev().find(|&d| serves(d));
+    lo.zip(hi).unwrap_or((0, 0))
+}
+
+/// Emits one entry point and one registry row per line, family by family:
+/// `Family { entry_name => body_macro(dtype, class), ... }`.
 macro_rules! fwd_variants {
-    ($( $name:ident => $family:literal @ $arch:ident, [$($body:tt)*], $dt:ty, ($lo:expr, $hi:expr), $br:expr, $threads:expr, $smem:expr; )*) => {
-        $(
+    ($( $family:ident @ $arch:ident { $( $name:ident => $body:ident($dt:ty, $class:literal), )* } )*) => {
+        $($(
             in_module!($arch,
             #[unsafe(no_mangle)]
             pub unsafe extern "ptx-kernel" fn $name(p: FwdParams) {
-                unsafe { $($body)*(&p) }
+                unsafe { $body!($dt, $class)(&p) }
             });
-        )*
+        )*)*
         /// All forward variants.
         #[cfg(not(target_arch = "nvptx64"))]
-        pub const FWD_VARIANTS: &[FwdVariant] = &[$(
+        pub const FWD_VARIANTS: &[FwdVariant] = &[$($(
             FwdVariant {
                 name: stringify!($name),
-                family: $family,
+                family: FwdFamily::$family,
                 dtype: <$dt as Element>::DTYPE,
-                head_dims: ($lo, $hi),
-                br: $br,
-                threads: $threads,
-                smem_bytes: $smem,
-                emulate: $($body)*,
-                arch: Arch::$arch,
+                class: $class,
+                emulate: $body!($dt, $class),
             },
-        )*];
+        )*)*];
     };
 }
 
-/// One SIMT variant: the head dims that share `simt_tile(D)`, compiled for the largest, D.
-macro_rules! simt {
+/// The tile `$tile($d)` (an `Option` from a tile function of `tile.rs`) as a constant.
+macro_rules! tile_const {
+    ($ty:ty, $tile:expr) => {{
+        const T: $ty = match $tile {
+            Some(t) => t,
+            None => panic!("no tile for this head_dim class"),
+        };
+        T
+    }};
+}
+
+/// The SIMT forward variant of a class: `simt_tile(class)`.
+macro_rules! fwd_simt {
     ($ty:ty, $d:literal) => {
         crate::fwd_simt::entry::<
             $ty,
@@ -111,181 +291,374 @@ macro_rules! simt {
     };
 }
 
-/// One tensor-core variant: the tile `$tile(d)` (a tile function of `tile.rs`) chooses for
-/// head_dim `d`; the variant serves every head_dim that maps to the same tile.
-macro_rules! mma {
+/// The tensor-core forward variant of a class, for a tile function.
+macro_rules! fwd_mma_with {
     ($ty:ty, $tile:ident, $d:literal) => {
         crate::fwd_mma::entry::<
             $ty,
-            { mma_field($tile($d), 3) as usize },
-            { mma_field($tile($d), 3) as usize / 16 },
-            { mma_field($tile($d), 3) as usize / 8 },
-            { mma_field($tile($d), 0) as usize },
-            { mma_field($tile($d), 1) as usize },
-            { mma_field($tile($d), 1) as usize / 8 },
-            { mma_field($tile($d), 2) != 0 },
-            { mma_field($tile($d), 4) != 0 },
-            { mma_field($tile($d), 5) != 0 },
+            { tile_const!(MmaTile, $tile($d)).head_dim as usize },
+            { tile_const!(MmaTile, $tile($d)).head_dim as usize / 16 },
+            { tile_const!(MmaTile, $tile($d)).head_dim as usize / 8 },
+            { tile_const!(MmaTile, $tile($d)).m_tiles as usize },
+            { tile_const!(MmaTile, $tile($d)).bc as usize },
+            { tile_const!(MmaTile, $tile($d)).bc as usize / 8 },
+            { tile_const!(MmaTile, $tile($d)).q_in_regs },
+            { tile_const!(MmaTile, $tile($d)).padded },
+            { tile_const!(MmaTile, $tile($d)).fused_exp },
         >
     };
 }
+macro_rules! fwd_mma {
+    ($ty:ty, $d:literal) => {
+        fwd_mma_with!($ty, mma_tile, $d)
+    };
+}
+macro_rules! fwd_mma_br64 {
+    ($ty:ty, $d:literal) => {
+        fwd_mma_with!($ty, mma_tile_br64, $d)
+    };
+}
+macro_rules! fwd_mma_unfused {
+    ($ty:ty, $d:literal) => {
+        fwd_mma_with!($ty, mma_tile_unfused, $d)
+    };
+}
 
-/// One Hopper variant: the tile `wgmma_tile(d)` chooses; it serves every head_dim that maps
-/// to the same tile.
-macro_rules! wgmma {
+/// The Hopper forward variant of a class, for a tile function.
+macro_rules! fwd_wgmma_with {
     ($ty:ty, $tile:ident, $d:literal) => {
         crate::fwd_wgmma::entry::<
             $ty,
-            { wg_field($tile($d), 2) as usize },
-            { wg_field($tile($d), 0) as usize },
-            { wg_field($tile($d), 1) as usize },
-            { wg_field($tile($d), 1) as usize / 8 },
-            { wg_field($tile($d), 2) as usize / 8 },
-            { wg_field($tile($d), 1) as usize / 16 },
-            { wg_field($tile($d), 3) != 0 },
+            { tile_const!(WgmmaTile, $tile($d)).head_dim as usize },
+            { tile_const!(WgmmaTile, $tile($d)).warpgroups as usize },
+            { tile_const!(WgmmaTile, $tile($d)).bc as usize },
+            { tile_const!(WgmmaTile, $tile($d)).bc as usize / 8 },
+            { tile_const!(WgmmaTile, $tile($d)).head_dim as usize / 8 },
+            { tile_const!(WgmmaTile, $tile($d)).bc as usize / 16 },
+            { tile_const!(WgmmaTile, $tile($d)).padded },
         >
     };
 }
-
-/// Field `i` of a Hopper tile (warpgroups, bc, head_dim, padded), for const generic arguments.
-const fn wg_field(t: Option<WgmmaTile>, i: u32) -> u32 {
-    match t {
-        Some(t) => match i {
-            0 => t.warpgroups,
-            1 => t.bc,
-            2 => t.head_dim,
-            _ => t.padded as u32,
-        },
-        None => 0,
-    }
+macro_rules! fwd_wgmma {
+    ($ty:ty, $d:literal) => {
+        fwd_wgmma_with!($ty, wgmma_tile, $d)
+    };
 }
-const fn wg_smem(d: u32) -> u32 {
-    match wgmma_tile(d) {
-        Some(t) => t.smem_bytes(),
-        None => 0,
-    }
+macro_rules! fwd_wgmma_wg2 {
+    ($ty:ty, $d:literal) => {
+        fwd_wgmma_with!($ty, wgmma_tile_wg2, $d)
+    };
 }
-const fn wg2_smem(d: u32) -> u32 {
-    match wgmma_tile_wg2(d) {
-        Some(t) => t.smem_bytes(),
-        None => 0,
-    }
-}
-const fn wg_br(t: Option<WgmmaTile>) -> u32 {
-    wg_field(t, 0) * 64
-}
-const fn wg_threads(t: Option<WgmmaTile>) -> u32 {
-    wg_field(t, 0) * 128
-}
-
-/// Field `i` of a tile (m_tiles, bc, q_in_regs, head_dim, padded, fused_exp), for const
-/// generic arguments.
-const fn mma_field(t: Option<MmaTile>, i: u32) -> u32 {
-    match t {
-        Some(t) => match i {
-            0 => t.m_tiles,
-            1 => t.bc,
-            2 => t.q_in_regs as u32,
-            3 => t.head_dim,
-            4 => t.padded as u32,
-            _ => t.fused_exp as u32,
-        },
-        None => 0,
-    }
-}
-const fn mma_smem(d: u32) -> u32 {
-    match mma_tile(d) {
-        Some(t) => t.smem_bytes(),
-        None => 0,
-    }
-}
-const fn mma_br(d: u32) -> u32 {
-    match mma_tile(d) {
-        Some(t) => t.br(),
-        None => 0,
-    }
-}
-const fn mma_br64_smem(d: u32) -> u32 {
-    match mma_tile_br64(d) {
-        Some(t) => t.smem_bytes(),
-        None => 0,
-    }
-}
-const fn simt_smem(d: u32) -> u32 {
-    simt_tile(d).smem_bytes(d)
-}
-const MMA_THREADS: u32 = crate::tile::MMA_WARPS * 32;
 
 fwd_variants! {
-    flash_fwd_mma_f16_d32        => "mma" @ Sm80,      [mma!(F16, mma_tile, 32)],        F16,  (1, 32),    mma_br(32),  MMA_THREADS, mma_smem;
-    flash_fwd_mma_f16_d64p       => "mma" @ Sm80,      [mma!(F16, mma_tile, 56)],        F16,  (33, 63),   mma_br(56),  MMA_THREADS, mma_smem;
-    flash_fwd_mma_f16_d64        => "mma" @ Sm80,      [mma!(F16, mma_tile, 64)],        F16,  (64, 64),   mma_br(64),  MMA_THREADS, mma_smem;
-    flash_fwd_mma_f16_d96        => "mma" @ Sm80,      [mma!(F16, mma_tile, 96)],        F16,  (65, 96),   mma_br(96),  MMA_THREADS, mma_smem;
-    flash_fwd_mma_f16_d128p      => "mma" @ Sm80,      [mma!(F16, mma_tile, 120)],       F16,  (97, 127), mma_br(120), MMA_THREADS, mma_smem;
-    flash_fwd_mma_f16_d128       => "mma" @ Sm80,      [mma!(F16, mma_tile, 128)],       F16,  (128, 128), mma_br(128), MMA_THREADS, mma_smem;
-    flash_fwd_mma_f16_d192       => "mma" @ Sm80,      [mma!(F16, mma_tile, 192)],       F16,  (129, 192), mma_br(192), MMA_THREADS, mma_smem;
-    flash_fwd_mma_f16_d256       => "mma" @ Sm80,      [mma!(F16, mma_tile, 256)],       F16,  (193, 256), mma_br(256), MMA_THREADS, mma_smem;
-    flash_fwd_mma_bf16_d32       => "mma" @ Sm80,      [mma!(Bf16, mma_tile, 32)],       Bf16, (1, 32),    mma_br(32),  MMA_THREADS, mma_smem;
-    flash_fwd_mma_bf16_d64p      => "mma" @ Sm80,      [mma!(Bf16, mma_tile, 56)],       Bf16, (33, 63),   mma_br(56),  MMA_THREADS, mma_smem;
-    flash_fwd_mma_bf16_d64       => "mma" @ Sm80,      [mma!(Bf16, mma_tile, 64)],       Bf16, (64, 64),   mma_br(64),  MMA_THREADS, mma_smem;
-    flash_fwd_mma_bf16_d96       => "mma" @ Sm80,      [mma!(Bf16, mma_tile, 96)],       Bf16, (65, 96),   mma_br(96),  MMA_THREADS, mma_smem;
-    flash_fwd_mma_bf16_d128p     => "mma" @ Sm80,      [mma!(Bf16, mma_tile, 120)],      Bf16, (97, 127), mma_br(120), MMA_THREADS, mma_smem;
-    flash_fwd_mma_bf16_d128      => "mma" @ Sm80,      [mma!(Bf16, mma_tile, 128)],      Bf16, (128, 128), mma_br(128), MMA_THREADS, mma_smem;
-    flash_fwd_mma_bf16_d192      => "mma" @ Sm80,      [mma!(Bf16, mma_tile, 192)],      Bf16, (129, 192), mma_br(192), MMA_THREADS, mma_smem;
-    flash_fwd_mma_bf16_d256      => "mma" @ Sm80,      [mma!(Bf16, mma_tile, 256)],      Bf16, (193, 256), mma_br(256), MMA_THREADS, mma_smem;
-    flash_fwd_mma_br64_f16_d64   => "mma_br64" @ Sm80, [mma!(F16, mma_tile_br64, 64)],   F16,  (64, 64),   64,          MMA_THREADS, mma_br64_smem;
-    flash_fwd_mma_br64_f16_d128  => "mma_br64" @ Sm80, [mma!(F16, mma_tile_br64, 128)],  F16,  (128, 128), 64,          MMA_THREADS, mma_br64_smem;
-    flash_fwd_mma_br64_bf16_d64  => "mma_br64" @ Sm80, [mma!(Bf16, mma_tile_br64, 64)],  Bf16, (64, 64),   64,          MMA_THREADS, mma_br64_smem;
-    flash_fwd_mma_br64_bf16_d128 => "mma_br64" @ Sm80, [mma!(Bf16, mma_tile_br64, 128)], Bf16, (128, 128), 64,          MMA_THREADS, mma_br64_smem;
-    flash_fwd_mma_unfused_f16_d64   => "mma_unfused" @ Sm80, [mma!(F16, mma_tile_unfused, 64)],   F16,  (64, 64),   mma_br(64),  MMA_THREADS, mma_smem;
-    flash_fwd_mma_unfused_bf16_d64  => "mma_unfused" @ Sm80, [mma!(Bf16, mma_tile_unfused, 64)],  Bf16, (64, 64),   mma_br(64),  MMA_THREADS, mma_smem;
-    flash_fwd_wgmma_f16_d64p  => "wgmma" @ Sm90a,     [wgmma!(F16, wgmma_tile, 56)],    F16,   (1, 63),    wg_br(wgmma_tile(56)), wg_threads(wgmma_tile(56)), wg_smem;
-    flash_fwd_wgmma_f16_d64   => "wgmma" @ Sm90a,     [wgmma!(F16, wgmma_tile, 64)],    F16,   (64, 64),   wg_br(wgmma_tile(64)), wg_threads(wgmma_tile(64)), wg_smem;
-    flash_fwd_wgmma_f16_d128p => "wgmma" @ Sm90a,     [wgmma!(F16, wgmma_tile, 120)],   F16,   (65, 127),  wg_br(wgmma_tile(120)), wg_threads(wgmma_tile(120)), wg_smem;
-    flash_fwd_wgmma_f16_d128  => "wgmma" @ Sm90a,     [wgmma!(F16, wgmma_tile, 128)],   F16,   (128, 128), wg_br(wgmma_tile(128)), wg_threads(wgmma_tile(128)), wg_smem;
-    flash_fwd_wgmma_f16_d192p => "wgmma" @ Sm90a,     [wgmma!(F16, wgmma_tile, 184)],   F16,   (129, 191), wg_br(wgmma_tile(184)), wg_threads(wgmma_tile(184)), wg_smem;
-    flash_fwd_wgmma_f16_d192  => "wgmma" @ Sm90a,     [wgmma!(F16, wgmma_tile, 192)],   F16,   (192, 192), wg_br(wgmma_tile(192)), wg_threads(wgmma_tile(192)), wg_smem;
-    flash_fwd_wgmma_f16_d256p => "wgmma" @ Sm90a,     [wgmma!(F16, wgmma_tile, 248)],   F16,   (193, 255), wg_br(wgmma_tile(248)), wg_threads(wgmma_tile(248)), wg_smem;
-    flash_fwd_wgmma_f16_d256  => "wgmma" @ Sm90a,     [wgmma!(F16, wgmma_tile, 256)],   F16,   (256, 256), wg_br(wgmma_tile(256)), wg_threads(wgmma_tile(256)), wg_smem;
-    flash_fwd_wgmma_bf16_d64p  => "wgmma" @ Sm90a,     [wgmma!(Bf16, wgmma_tile, 56)],   Bf16,  (1, 63),    wg_br(wgmma_tile(56)), wg_threads(wgmma_tile(56)), wg_smem;
-    flash_fwd_wgmma_bf16_d64   => "wgmma" @ Sm90a,     [wgmma!(Bf16, wgmma_tile, 64)],   Bf16,  (64, 64),   wg_br(wgmma_tile(64)), wg_threads(wgmma_tile(64)), wg_smem;
-    flash_fwd_wgmma_bf16_d128p => "wgmma" @ Sm90a,     [wgmma!(Bf16, wgmma_tile, 120)],  Bf16,  (65, 127),  wg_br(wgmma_tile(120)), wg_threads(wgmma_tile(120)), wg_smem;
-    flash_fwd_wgmma_bf16_d128  => "wgmma" @ Sm90a,     [wgmma!(Bf16, wgmma_tile, 128)],  Bf16,  (128, 128), wg_br(wgmma_tile(128)), wg_threads(wgmma_tile(128)), wg_smem;
-    flash_fwd_wgmma_bf16_d192p => "wgmma" @ Sm90a,     [wgmma!(Bf16, wgmma_tile, 184)],  Bf16,  (129, 191), wg_br(wgmma_tile(184)), wg_threads(wgmma_tile(184)), wg_smem;
-    flash_fwd_wgmma_bf16_d192  => "wgmma" @ Sm90a,     [wgmma!(Bf16, wgmma_tile, 192)],  Bf16,  (192, 192), wg_br(wgmma_tile(192)), wg_threads(wgmma_tile(192)), wg_smem;
-    flash_fwd_wgmma_bf16_d256p => "wgmma" @ Sm90a,     [wgmma!(Bf16, wgmma_tile, 248)],  Bf16,  (193, 255), wg_br(wgmma_tile(248)), wg_threads(wgmma_tile(248)), wg_smem;
-    flash_fwd_wgmma_bf16_d256  => "wgmma" @ Sm90a,     [wgmma!(Bf16, wgmma_tile, 256)],  Bf16,  (256, 256), wg_br(wgmma_tile(256)), wg_threads(wgmma_tile(256)), wg_smem;
-    flash_fwd_wgmma_wg2_f16_d64 => "wgmma_wg2" @ Sm90a, [wgmma!(F16, wgmma_tile_wg2, 64)], F16, (64, 64), wg_br(wgmma_tile_wg2(64)), wg_threads(wgmma_tile_wg2(64)), wg2_smem;
-    flash_fwd_wgmma_wg2_f16_d128 => "wgmma_wg2" @ Sm90a, [wgmma!(F16, wgmma_tile_wg2, 128)], F16, (128, 128), wg_br(wgmma_tile_wg2(128)), wg_threads(wgmma_tile_wg2(128)), wg2_smem;
-    flash_fwd_wgmma_wg2_bf16_d64 => "wgmma_wg2" @ Sm90a, [wgmma!(Bf16, wgmma_tile_wg2, 64)], Bf16, (64, 64), wg_br(wgmma_tile_wg2(64)), wg_threads(wgmma_tile_wg2(64)), wg2_smem;
-    flash_fwd_wgmma_wg2_bf16_d128 => "wgmma_wg2" @ Sm90a, [wgmma!(Bf16, wgmma_tile_wg2, 128)], Bf16, (128, 128), wg_br(wgmma_tile_wg2(128)), wg_threads(wgmma_tile_wg2(128)), wg2_smem;
-    flash_fwd_simt_f32_d64   => "simt" @ Sm80, [simt!(f32, 64)],     f32,  (1, 64),     simt_tile(64).br(), 128, simt_smem;
-    flash_fwd_simt_f32_d128  => "simt" @ Sm80, [simt!(f32, 128)],   f32,  (65, 128),   simt_tile(128).br(), 128, simt_smem;
-    flash_fwd_simt_f32_d256  => "simt" @ Sm80, [simt!(f32, 256)],  f32,  (129, 256),  simt_tile(256).br(), 128, simt_smem;
-    flash_fwd_simt_f16_d64   => "simt" @ Sm80, [simt!(F16, 64)],     F16,  (1, 64),     simt_tile(64).br(), 128, simt_smem;
-    flash_fwd_simt_f16_d128  => "simt" @ Sm80, [simt!(F16, 128)],   F16,  (65, 128),   simt_tile(128).br(), 128, simt_smem;
-    flash_fwd_simt_f16_d256  => "simt" @ Sm80, [simt!(F16, 256)],  F16,  (129, 256),  simt_tile(256).br(), 128, simt_smem;
-    flash_fwd_simt_bf16_d64  => "simt" @ Sm80, [simt!(Bf16, 64)],    Bf16, (1, 64),     simt_tile(64).br(), 128, simt_smem;
-    flash_fwd_simt_bf16_d128 => "simt" @ Sm80, [simt!(Bf16, 128)],  Bf16, (65, 128),   simt_tile(128).br(), 128, simt_smem;
-    flash_fwd_simt_bf16_d256 => "simt" @ Sm80, [simt!(Bf16, 256)], Bf16, (129, 256),  simt_tile(256).br(), 128, simt_smem;
+    Wgmma @ Sm90a {
+        flash_fwd_wgmma_f16_d64p => fwd_wgmma(F16, 56),
+        flash_fwd_wgmma_f16_d64 => fwd_wgmma(F16, 64),
+        flash_fwd_wgmma_f16_d128p => fwd_wgmma(F16, 120),
+        flash_fwd_wgmma_f16_d128 => fwd_wgmma(F16, 128),
+        flash_fwd_wgmma_f16_d192p => fwd_wgmma(F16, 184),
+        flash_fwd_wgmma_f16_d192 => fwd_wgmma(F16, 192),
+        flash_fwd_wgmma_f16_d256p => fwd_wgmma(F16, 248),
+        flash_fwd_wgmma_f16_d256 => fwd_wgmma(F16, 256),
+        flash_fwd_wgmma_bf16_d64p => fwd_wgmma(Bf16, 56),
+        flash_fwd_wgmma_bf16_d64 => fwd_wgmma(Bf16, 64),
+        flash_fwd_wgmma_bf16_d128p => fwd_wgmma(Bf16, 120),
+        flash_fwd_wgmma_bf16_d128 => fwd_wgmma(Bf16, 128),
+        flash_fwd_wgmma_bf16_d192p => fwd_wgmma(Bf16, 184),
+        flash_fwd_wgmma_bf16_d192 => fwd_wgmma(Bf16, 192),
+        flash_fwd_wgmma_bf16_d256p => fwd_wgmma(Bf16, 248),
+        flash_fwd_wgmma_bf16_d256 => fwd_wgmma(Bf16, 256),
+    }
+    Mma @ Sm80 {
+        flash_fwd_mma_f16_d32 => fwd_mma(F16, 32),
+        flash_fwd_mma_f16_d64p => fwd_mma(F16, 56),
+        flash_fwd_mma_f16_d64 => fwd_mma(F16, 64),
+        flash_fwd_mma_f16_d96 => fwd_mma(F16, 96),
+        flash_fwd_mma_f16_d128p => fwd_mma(F16, 120),
+        flash_fwd_mma_f16_d128 => fwd_mma(F16, 128),
+        flash_fwd_mma_f16_d192 => fwd_mma(F16, 192),
+        flash_fwd_mma_f16_d256 => fwd_mma(F16, 256),
+        flash_fwd_mma_bf16_d32 => fwd_mma(Bf16, 32),
+        flash_fwd_mma_bf16_d64p => fwd_mma(Bf16, 56),
+        flash_fwd_mma_bf16_d64 => fwd_mma(Bf16, 64),
+        flash_fwd_mma_bf16_d96 => fwd_mma(Bf16, 96),
+        flash_fwd_mma_bf16_d128p => fwd_mma(Bf16, 120),
+        flash_fwd_mma_bf16_d128 => fwd_mma(Bf16, 128),
+        flash_fwd_mma_bf16_d192 => fwd_mma(Bf16, 192),
+        flash_fwd_mma_bf16_d256 => fwd_mma(Bf16, 256),
+    }
+    Simt @ Sm80 {
+        flash_fwd_simt_f32_d64 => fwd_simt(f32, 64),
+        flash_fwd_simt_f32_d128 => fwd_simt(f32, 128),
+        flash_fwd_simt_f32_d256 => fwd_simt(f32, 256),
+        flash_fwd_simt_f16_d64 => fwd_simt(F16, 64),
+        flash_fwd_simt_f16_d128 => fwd_simt(F16, 128),
+        flash_fwd_simt_f16_d256 => fwd_simt(F16, 256),
+        flash_fwd_simt_bf16_d64 => fwd_simt(Bf16, 64),
+        flash_fwd_simt_bf16_d128 => fwd_simt(Bf16, 128),
+        flash_fwd_simt_bf16_d256 => fwd_simt(Bf16, 256),
+    }
+    MmaBr64 @ Sm80 {
+        flash_fwd_mma_br64_f16_d64 => fwd_mma_br64(F16, 64),
+        flash_fwd_mma_br64_f16_d128 => fwd_mma_br64(F16, 128),
+        flash_fwd_mma_br64_bf16_d64 => fwd_mma_br64(Bf16, 64),
+        flash_fwd_mma_br64_bf16_d128 => fwd_mma_br64(Bf16, 128),
+    }
+    MmaUnfused @ Sm80 {
+        flash_fwd_mma_unfused_f16_d64 => fwd_mma_unfused(F16, 64),
+        flash_fwd_mma_unfused_bf16_d64 => fwd_mma_unfused(Bf16, 64),
+    }
+    WgmmaWg2 @ Sm90a {
+        flash_fwd_wgmma_wg2_f16_d64 => fwd_wgmma_wg2(F16, 64),
+        flash_fwd_wgmma_wg2_f16_d128 => fwd_wgmma_wg2(F16, 128),
+        flash_fwd_wgmma_wg2_bf16_d64 => fwd_wgmma_wg2(Bf16, 64),
+        flash_fwd_wgmma_wg2_bf16_d128 => fwd_wgmma_wg2(Bf16, 128),
+    }
 }
-
-/// Kernel families in the order automatic selection tries them (best first), among those the
-/// device runs: the Hopper kernel (`wgmma`, compute capability 9.0, 16-bit, head_dim <= 256),
-/// the tensor-core kernel (`mma`, sm_80+, 16-bit), else SIMT. Chosen only by name, for
-/// comparison: `mma_br64` (the first tensor-core tile), `mma_unfused` (the softmax on scaled
-/// scores, head_dim 64), `wgmma_wg2` (the first Hopper tile: two warpgroups per block, d = 64 and 128).
-#[cfg(not(target_arch = "nvptx64"))]
-pub const FAMILIES: &[&str] = &["wgmma", "mma", "simt", "mma_br64", "mma_unfused", "wgmma_wg2"];
-/// The forward families whose kernels write O's rounding residual when asked
-/// (`FwdParams::o_lo`, for the backward's `prep` pass).
-#[cfg(not(target_arch = "nvptx64"))]
-pub const FWD_RESIDUAL_FAMILIES: &[&str] = &["wgmma", "wgmma_wg2"];
 
 /// The variant of `family` for `dtype` and `head_dim`, if there is one.
 #[cfg(not(target_arch = "nvptx64"))]
-pub fn fwd_variant(family: &str, dtype: DType, head_dim: u32) -> Option<&'static FwdVariant> {
+pub fn fwd_variant(family: FwdFamily, dtype: DType, head_dim: u32) -> Option<&'static FwdVariant> {
     FWD_VARIANTS.iter().find(|v| v.family == family && v.dtype == dtype && v.serves(head_dim))
+}
+
+/// One kernel launch of a backward family, in launch order.
+#[cfg(not(target_arch = "nvptx64"))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Pass {
+    /// The row statistics from the forward's LSE, and D~ from O (`bwd_prep`).
+    Prep,
+    /// `Prep` with the forward's O residual: D from O + O_lo.
+    PrepResidual,
+    /// dQ, after writing the row statistics m_i, 1 / l_i and D_i itself.
+    Dq,
+    /// dQ from the statistics of a `Prep` pass, correcting D~ exactly (`bwd_wgmma`).
+    DqSaved,
+    /// The statistics alone (the atomic families' first kernel).
+    Stats,
+    /// dK and dV, over key tiles.
+    Dkdv,
+    /// dK and dV, and dQ added into an f32 accumulator with atomics, over key tiles.
+    Dkdvq,
+    /// The f32 dQ accumulator scaled and rounded into dQ (`bwd_convert`).
+    DqConvert,
+}
+
+#[cfg(not(target_arch = "nvptx64"))]
+impl Pass {
+    /// Its name in benchmark output and test names.
+    pub fn name(self) -> &'static str {
+        match self {
+            Pass::Prep => "prep",
+            Pass::PrepResidual => "prep_residual",
+            Pass::Dq => "dq",
+            Pass::DqSaved => "dq_saved",
+            Pass::Stats => "stats",
+            Pass::Dkdv => "dkdv",
+            Pass::Dkdvq => "dkdvq",
+            Pass::DqConvert => "dq_convert",
+        }
+    }
+    /// Whether its grid runs over key tiles of each KV head (else over query tiles of each
+    /// query head).
+    pub fn over_keys(self) -> bool {
+        matches!(self, Pass::Dkdv | Pass::Dkdvq)
+    }
+    /// Whether one kernel serves every head_dim of its family (no head-dim class).
+    fn any_head_dim(self) -> bool {
+        matches!(self, Pass::Prep | Pass::PrepResidual | Pass::DqConvert)
+    }
+}
+
+#[cfg(not(target_arch = "nvptx64"))]
+impl core::fmt::Display for Pass {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A backward family's tile function, by tile type.
+#[cfg(not(target_arch = "nvptx64"))]
+#[derive(Clone, Copy, Debug)]
+pub enum BwdTiles {
+    /// dQ on the forward's tile, dK/dV on its own.
+    Simt(fn(u32) -> SimtTile, fn(u32) -> SimtKvTile),
+    Mma(fn(u32) -> Option<MmaBwdTile>),
+    Wgmma(fn(u32) -> Option<WgmmaBwdTile>),
+}
+
+#[cfg(not(target_arch = "nvptx64"))]
+impl BwdTiles {
+    /// Whether the family has a tile for `head_dim`.
+    fn serves(self, head_dim: u32) -> bool {
+        match self {
+            BwdTiles::Simt(f, _) => (1..=f(256).max_head_dim()).contains(&head_dim),
+            BwdTiles::Mma(f) => f(head_dim).is_some(),
+            BwdTiles::Wgmma(f) => f(head_dim).is_some(),
+        }
+    }
+    /// Whether `head_dim` runs on the tile of `class` in `pass`.
+    fn same_tile(self, pass: Pass, class: u32, head_dim: u32) -> bool {
+        match self {
+            BwdTiles::Simt(q, _) if pass == Pass::Dq => q(head_dim) == q(class),
+            BwdTiles::Simt(_, kv) => kv(head_dim) == kv(class),
+            BwdTiles::Mma(f) => f(head_dim) == f(class),
+            BwdTiles::Wgmma(f) => f(head_dim) == f(class),
+        }
+    }
+    /// The launch of `pass` at `head_dim` (one the family serves).
+    fn launch(self, pass: Pass, head_dim: u32) -> Option<Launch> {
+        let plain = |rows, threads, smem_bytes| Some(Launch { rows, threads, smem_bytes, max_regs: None });
+        match (self, pass) {
+            (_, Pass::Prep | Pass::PrepResidual) => plain(crate::bwd_prep::PREP_ROWS as u32, 128, 0),
+            (_, Pass::DqConvert) => plain(crate::bwd_convert::CONVERT_ROWS as u32, 128, 0),
+            (BwdTiles::Simt(q, _), Pass::Dq) => plain(q(head_dim).br(), q(head_dim).threads(), simt_dq_smem_bytes(head_dim)),
+            (BwdTiles::Simt(_, kv), _) => plain(kv(head_dim).bn(), kv(head_dim).threads(), kv(head_dim).smem_bytes(head_dim)),
+            (BwdTiles::Mma(f), _) => {
+                let t = f(head_dim)?;
+                let smem = match pass {
+                    Pass::Dkdv => t.dkdv_smem_bytes(),
+                    Pass::Dkdvq => t.dkdvq_smem_bytes(),
+                    _ => t.dq_smem_bytes(),
+                };
+                plain(MmaBwdTile::ROWS, t.threads(), smem)
+            }
+            (BwdTiles::Wgmma(f), _) => {
+                let t = f(head_dim)?;
+                let (rows, smem, regs) = match pass {
+                    Pass::Dkdv => (WgmmaBwdTile::KEYS, t.dkdv_smem_bytes(), t.dkdv_max_regs),
+                    Pass::Dkdvq => (WgmmaBwdTile::KEYS, t.dkdvq_smem_bytes(), 0),
+                    Pass::DqSaved => (WgmmaBwdTile::ROWS, t.dq_smem_bytes(), t.dq_max_regs),
+                    _ => (WgmmaBwdTile::ROWS, t.dq_smem_bytes(), 0),
+                };
+                Some(Launch { rows, threads: t.threads(), smem_bytes: smem, max_regs: (regs > 0).then_some(regs) })
+            }
+        }
+    }
+}
+
+/// A backward kernel family.
+#[cfg(not(target_arch = "nvptx64"))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BwdFamily {
+    Wgmma,
+    Mma,
+    Simt,
+    MmaAtomic,
+    WgmmaAtomic,
+}
+
+/// What every variant of a backward family shares.
+#[cfg(not(target_arch = "nvptx64"))]
+#[derive(Clone, Copy, Debug)]
+pub struct BwdFamilyDesc {
+    pub family: BwdFamily,
+    /// The name users select it by (`BwdOptions::kernel`).
+    pub name: &'static str,
+    /// The PTX module of its kernels.
+    pub arch: Arch,
+    /// Tried by automatic selection (in [`BWD_FAMILIES`] order), or chosen only by name.
+    pub auto: bool,
+    /// Bitwise deterministic (no atomic adds in a run-dependent order); `deterministic`
+    /// backward options skip the others.
+    pub deterministic: bool,
+    /// Serves only head dims that are multiples of 8 (others go to the next family: SIMT off
+    /// Hopper). Their dK/dV kernels sit at 255 registers, and the element-wise body for other
+    /// head dims (`copy::load_tile_in`) spills there (ptxas 13.0, sm_80: mma dK/dV 12-16 bytes
+    /// at d = 64 and 128, mma_atomic 4-84 bytes, wgmma_atomic 4 bytes at d = 128 padded).
+    pub aligned_only: bool,
+    /// Its passes in launch order, without and with the forward's O residual at hand
+    /// (`FwdParams::o_lo`).
+    pub passes: [&'static [Pass]; 2],
+    /// Its tile function.
+    pub tiles: BwdTiles,
+}
+
+/// The backward families, in the order automatic selection tries them (best first), among
+/// those the device runs: on Hopper `wgmma` (`prep`, dQ and dK/dV kernels on warpgroup MMA;
+/// compute capability 9.0, f16 and bf16, head_dim <= 128), the tensor-core kernels (`mma`)
+/// where they apply, else SIMT. By name only: `mma_atomic` (FA2's single dK/dV/dQ kernel with
+/// atomic dQ) and `wgmma_atomic` (the same structure on warpgroup MMA): their f32 atomics,
+/// one per dQ element per 64 keys, cost more than the dQ kernel they replace
+/// (benches/RESULTS.md).
+#[cfg(not(target_arch = "nvptx64"))]
+pub const BWD_FAMILIES: &[BwdFamilyDesc] = &[
+    BwdFamilyDesc {
+        family: BwdFamily::Wgmma,
+        name: "wgmma",
+        arch: Arch::Sm90a,
+        auto: true,
+        deterministic: true,
+        aligned_only: false,
+        passes: [&[Pass::Prep, Pass::DqSaved, Pass::Dkdv], &[Pass::PrepResidual, Pass::DqSaved, Pass::Dkdv]],
+        tiles: BwdTiles::Wgmma(wgmma_bwd_tile),
+    },
+    BwdFamilyDesc {
+        family: BwdFamily::Mma,
+        name: "mma",
+        arch: Arch::Sm80,
+        auto: true,
+        deterministic: true,
+        aligned_only: true,
+        passes: [&[Pass::Dq, Pass::Dkdv], &[Pass::Dq, Pass::Dkdv]],
+        tiles: BwdTiles::Mma(mma_bwd_tile),
+    },
+    BwdFamilyDesc {
+        family: BwdFamily::Simt,
+        name: "simt",
+        arch: Arch::Sm80,
+        auto: true,
+        deterministic: true,
+        aligned_only: false,
+        passes: [&[Pass::Dq, Pass::Dkdv], &[Pass::Dq, Pass::Dkdv]],
+        tiles: BwdTiles::Simt(simt_tile, simt_kv_tile),
+    },
+    BwdFamilyDesc {
+        family: BwdFamily::MmaAtomic,
+        name: "mma_atomic",
+        arch: Arch::Sm80,
+        auto: false,
+        deterministic: false,
+        aligned_only: true,
+        passes: [&[Pass::Stats, Pass::Dkdvq, Pass::DqConvert], &[Pass::Stats, Pass::Dkdvq, Pass::DqConvert]],
+        tiles: BwdTiles::Mma(mma_bwd_tile_atomic),
+    },
+    BwdFamilyDesc {
+        family: BwdFamily::WgmmaAtomic,
+        name: "wgmma_atomic",
+        arch: Arch::Sm90a,
+        auto: false,
+        deterministic: false,
+        aligned_only: true,
+        passes: [&[Pass::Stats, Pass::Dkdvq, Pass::DqConvert], &[Pass::PrepResidual, Pass::Dkdvq, Pass::DqConvert]],
+        tiles: BwdTiles::Wgmma(wgmma_bwd_tile),
+    },
+];
+
+#[cfg(not(target_arch = "nvptx64"))]
+impl BwdFamily {
+    /// Its descriptor.
+    pub fn desc(self) -> &'static BwdFamilyDesc {
+        BWD_FAMILIES.iter().find(|f| f.family == self).expect("every backward family has a descriptor")
+    }
+    /// The family of that name.
+    pub fn from_name(name: &str) -> Option<BwdFamily> {
+        BWD_FAMILIES.iter().find(|f| f.name == name).map(|f| f.family)
+    }
+    pub fn name(self) -> &'static str {
+        self.desc().name
+    }
+    /// Its passes in launch order; `saved`: with the forward's O residual at hand.
+    pub fn passes(self, saved: bool) -> &'static [Pass] {
+        self.desc().passes[saved as usize]
+    }
+}
+
+#[cfg(not(target_arch = "nvptx64"))]
+impl core::fmt::Display for BwdFamily {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
 /// A backward kernel variant, as the host launches it.
@@ -294,22 +667,13 @@ pub fn fwd_variant(family: &str, dtype: DType, head_dim: u32) -> Option<&'static
 pub struct BwdVariant {
     /// PTX entry name.
     pub name: &'static str,
-    /// Kernel family ([`BWD_FAMILIES`]).
-    pub family: &'static str,
-    /// The PTX module it is in (the GPUs that can run it).
-    pub arch: Arch,
-    /// Which pass: "dq" (also writes D) or "dkdv".
-    pub pass: &'static str,
+    pub family: BwdFamily,
+    pub pass: Pass,
     /// Element type of Q, K, V, O, dO and the gradients.
     pub dtype: DType,
-    /// Smallest and largest head_dim served.
-    pub head_dims: (u32, u32),
-    /// Rows per block along the grid's x (query rows for dq, key rows for dkdv).
-    pub rows: u32,
-    /// Threads per block.
-    pub threads: u32,
-    /// Dynamic shared memory in bytes, for a head_dim.
-    pub smem_bytes: fn(u32) -> u32,
+    /// A head_dim of its class (as [`FwdVariant::class`]); ignored by the passes that serve
+    /// every head_dim of their family (prep, dq_convert).
+    pub class: u32,
     /// The same kernel body, for the emulator.
     pub emulate: unsafe fn(&BwdParams),
 }
@@ -318,59 +682,64 @@ pub struct BwdVariant {
 impl BwdVariant {
     /// Whether this variant serves `head_dim`.
     pub fn serves(&self, head_dim: u32) -> bool {
-        self.head_dims.0 <= head_dim
-            && head_dim <= self.head_dims.1
-            && (head_dim.is_multiple_of(8) || !BWD_ALIGNED_FAMILIES.contains(&self.family))
+        let f = self.family.desc();
+        f.tiles.serves(head_dim)
+            && (head_dim.is_multiple_of(8) || !f.aligned_only)
+            && (self.pass.any_head_dim() || f.tiles.same_tile(self.pass, self.class, head_dim))
     }
-    /// The `.maxnreg` its entry is loaded with, if any (`wgmma_bwd_tile`).
+    /// The PTX module it is in (the GPUs that can run it).
+    pub fn arch(&self) -> Arch {
+        self.family.desc().arch
+    }
+    /// Its launch at `head_dim`, if it serves it.
+    pub fn launch(&self, head_dim: u32) -> Option<Launch> {
+        if self.serves(head_dim) { self.family.desc().tiles.launch(self.pass, head_dim) } else { None }
+    }
+    /// The smallest and largest head_dim it serves.
+    pub fn head_dims(&self) -> (u32, u32) {
+        head_dim_range(|d| self.serves(d))
+    }
+    /// The `.maxnreg` its entry is loaded with, if any (the tile's, `wgmma_bwd_tile`).
     pub fn max_regs(&self) -> Option<u32> {
-        let regs = match (self.family, self.pass) {
-            ("wgmma", "dkdv") => wgmma_bwd_tile(self.head_dims.1)?.dkdv_max_regs,
-            ("wgmma", "dq_saved") => wgmma_bwd_tile(self.head_dims.1)?.dq_max_regs,
-            _ => 0,
-        };
-        (regs > 0).then_some(regs)
+        self.family.desc().tiles.launch(self.pass, self.class)?.max_regs
     }
 }
 
-/// As `fwd_variants!`, for the backward kernels.
+/// As `fwd_variants!`, for the backward kernels: `Family { entry_name => Pass:
+/// body_macro(dtype, class), ... }`.
 macro_rules! bwd_variants {
-    ($( $name:ident => $family:literal @ $arch:ident, $pass:literal, [$($body:tt)*], $dt:ty, ($lo:expr, $hi:expr), $rows:expr, $threads:expr, $smem:expr; )*) => {
-        $(
+    ($( $family:ident @ $arch:ident { $( $name:ident => $pass:ident: $body:ident($dt:ty, $class:literal), )* } )*) => {
+        $($(
             in_module!($arch,
             #[unsafe(no_mangle)]
             pub unsafe extern "ptx-kernel" fn $name(p: BwdParams) {
-                unsafe { $($body)*(&p) }
+                unsafe { $body!($dt, $class)(&p) }
             });
-        )*
+        )*)*
         /// All backward variants.
         #[cfg(not(target_arch = "nvptx64"))]
-        pub const BWD_VARIANTS: &[BwdVariant] = &[$(
+        pub const BWD_VARIANTS: &[BwdVariant] = &[$($(
             BwdVariant {
                 name: stringify!($name),
-                family: $family,
-                arch: Arch::$arch,
-                pass: $pass,
+                family: BwdFamily::$family,
+                pass: Pass::$pass,
                 dtype: <$dt as Element>::DTYPE,
-                head_dims: ($lo, $hi),
-                rows: $rows,
-                threads: $threads,
-                smem_bytes: $smem,
-                emulate: $($body)*,
+                class: $class,
+                emulate: $body!($dt, $class),
             },
-        )*];
+        )*)*];
     };
 }
 
-/// The dK/dV variant for the head dims sharing `simt_kv_tile(D)`.
-macro_rules! bwd_kv {
+/// The SIMT dK/dV variant of a class: `simt_kv_tile(class)`.
+macro_rules! bwd_simt_kv {
     ($ty:ty, $d:literal) => {
         crate::bwd_simt::dkdv::<$ty, { simt_kv_tile($d).keys_per_warp as usize }, { simt_kv_tile($d).d_chunks as usize }>
     };
 }
 
-/// The dQ variant for the head dims sharing `simt_tile(D)`.
-macro_rules! bwd_q {
+/// The SIMT dQ variant of a class: the forward's `simt_tile(class)`.
+macro_rules! bwd_simt_q {
     ($ty:ty, $d:literal) => {
         crate::bwd_simt::dq::<
             $ty,
@@ -381,313 +750,249 @@ macro_rules! bwd_q {
     };
 }
 
-/// The tensor-core dQ variant for the head dims sharing `mma_bwd_tile(D)`; with `stats`, its
-/// first pass alone (the atomic backward's statistics kernel).
-macro_rules! bwd_mma_q {
-    ($ty:ty, $d:literal) => {
-        bwd_mma_q!($ty, $d, false)
-    };
+/// The tensor-core dQ kernel of a class, `mma_bwd_tile(class)`; with `$stats`, its first pass
+/// alone (the atomic backward's statistics kernel).
+macro_rules! bwd_mma_q_with {
     ($ty:ty, $d:literal, $stats:literal) => {
         crate::bwd_mma::dq::<
             $ty,
-            { bwd_field(mma_bwd_tile($d), 0) as usize },
-            { bwd_field(mma_bwd_tile($d), 0) as usize / 16 / bwd_field(mma_bwd_tile($d), 7) as usize },
-            { bwd_field(mma_bwd_tile($d), 0) as usize / 8 / bwd_field(mma_bwd_tile($d), 7) as usize },
-            { bwd_field(mma_bwd_tile($d), 1) as usize },
-            { bwd_field(mma_bwd_tile($d), 1) as usize / 8 },
-            { bwd_field(mma_bwd_tile($d), 4) != 0 },
+            { tile_const!(MmaBwdTile, mma_bwd_tile($d)).head_dim as usize },
+            { tile_const!(MmaBwdTile, mma_bwd_tile($d)).head_dim as usize / 16 / tile_const!(MmaBwdTile, mma_bwd_tile($d)).split as usize },
+            { tile_const!(MmaBwdTile, mma_bwd_tile($d)).head_dim as usize / 8 / tile_const!(MmaBwdTile, mma_bwd_tile($d)).split as usize },
+            { tile_const!(MmaBwdTile, mma_bwd_tile($d)).dq_bc as usize },
+            { tile_const!(MmaBwdTile, mma_bwd_tile($d)).dq_bc as usize / 8 },
+            { tile_const!(MmaBwdTile, mma_bwd_tile($d)).dq_q_in_regs },
             $stats,
-            { bwd_field(mma_bwd_tile($d), 7) as usize },
+            { tile_const!(MmaBwdTile, mma_bwd_tile($d)).split as usize },
         >
     };
 }
-
-/// The tensor-core dK/dV variant for the head dims sharing `mma_bwd_tile(D)`; with `dq`, it
-/// also adds dQ to the f32 accumulator with atomics (the atomic backward's main kernel).
-macro_rules! bwd_mma_kv {
+macro_rules! bwd_mma_q {
     ($ty:ty, $d:literal) => {
-        bwd_mma_kv!($ty, $d, false)
+        bwd_mma_q_with!($ty, $d, false)
     };
-    ($ty:ty, $d:literal, $dq:literal) => {
+}
+macro_rules! bwd_mma_stats {
+    ($ty:ty, $d:literal) => {
+        bwd_mma_q_with!($ty, $d, true)
+    };
+}
+
+/// The tensor-core dK/dV kernel of a class for a tile function; with `$dq`, it also adds dQ
+/// to the f32 accumulator with atomics (the atomic backward's main kernel).
+macro_rules! bwd_mma_kv_with {
+    ($ty:ty, $tile:ident, $d:literal, $dq:literal) => {
         crate::bwd_mma::dkdv::<
             $ty,
-            { bwd_field(mma_bwd_tile($d), 0) as usize },
-            { bwd_field(mma_bwd_tile($d), 0) as usize / 16 / bwd_field(mma_bwd_tile($d), 7) as usize },
-            { bwd_field(mma_bwd_tile($d), 0) as usize / 8 / bwd_field(mma_bwd_tile($d), 7) as usize },
-            { bwd_field(mma_bwd_tile($d), if $dq { 5 } else { 2 }) as usize },
-            { bwd_field(mma_bwd_tile($d), if $dq { 5 } else { 2 }) as usize / 8 },
-            { bwd_field(mma_bwd_tile($d), if $dq { 6 } else { 3 }) != 0 },
+            { tile_const!(MmaBwdTile, $tile($d)).head_dim as usize },
+            { tile_const!(MmaBwdTile, $tile($d)).head_dim as usize / 16 / tile_const!(MmaBwdTile, $tile($d)).split as usize },
+            { tile_const!(MmaBwdTile, $tile($d)).head_dim as usize / 8 / tile_const!(MmaBwdTile, $tile($d)).split as usize },
+            { tile_const!(MmaBwdTile, $tile($d)).kv_br as usize },
+            { tile_const!(MmaBwdTile, $tile($d)).kv_br as usize / 8 },
+            { tile_const!(MmaBwdTile, $tile($d)).kv_in_regs },
             $dq,
-            { bwd_field(mma_bwd_tile($d), 7) as usize },
+            { tile_const!(MmaBwdTile, $tile($d)).split as usize },
         >
     };
 }
-
-/// The Hopper dK/dV variant for the head dims sharing `wgmma_bwd_tile(D)`; with `dq`, it also
-/// adds dQ to the f32 accumulator with atomics (the atomic backward's main kernel).
-macro_rules! bwd_wgmma_kv {
+macro_rules! bwd_mma_kv {
     ($ty:ty, $d:literal) => {
-        bwd_wgmma_kv!($ty, $d, false)
+        bwd_mma_kv_with!($ty, mma_bwd_tile, $d, false)
     };
+}
+macro_rules! bwd_mma_kvq {
+    ($ty:ty, $d:literal) => {
+        bwd_mma_kv_with!($ty, mma_bwd_tile_atomic, $d, true)
+    };
+}
+
+/// The Hopper dK/dV kernel of a class, `wgmma_bwd_tile(class)`; with `$dq`, it also adds dQ
+/// to the f32 accumulator with atomics (the atomic backward's main kernel).
+macro_rules! bwd_wgmma_kv_with {
     ($ty:ty, $d:literal, $dq:literal) => {
         crate::bwd_wgmma::dkdv::<
             $ty,
-            { wg_bwd_field(wgmma_bwd_tile($d), 1) as usize },
-            { wg_bwd_field(wgmma_bwd_tile($d), 1) as usize / 8 },
-            { wg_bwd_field(wgmma_bwd_tile($d), 0) as usize },
-            { wg_bwd_field(wgmma_bwd_tile($d), 0) as usize / 8 },
-            { wg_bwd_field(wgmma_bwd_tile($d), 0) as usize / 16 },
-            { wg_bwd_field(wgmma_bwd_tile($d), 2) != 0 },
+            { tile_const!(WgmmaBwdTile, wgmma_bwd_tile($d)).head_dim as usize },
+            { tile_const!(WgmmaBwdTile, wgmma_bwd_tile($d)).head_dim as usize / 8 },
+            { tile_const!(WgmmaBwdTile, wgmma_bwd_tile($d)).br as usize },
+            { tile_const!(WgmmaBwdTile, wgmma_bwd_tile($d)).br as usize / 8 },
+            { tile_const!(WgmmaBwdTile, wgmma_bwd_tile($d)).br as usize / 16 },
+            { tile_const!(WgmmaBwdTile, wgmma_bwd_tile($d)).padded },
             $dq,
         >
     };
 }
-/// The Hopper dQ variant for the head dims sharing `wgmma_bwd_tile(D)`: both passes, or the
-/// passes of `mode` (`bwd_wgmma::DQ_SAVED`, `DQ_STATS`).
-macro_rules! bwd_wgmma_q {
+macro_rules! bwd_wgmma_kv {
+    ($ty:ty, $d:literal) => {
+        bwd_wgmma_kv_with!($ty, $d, false)
+    };
+}
+macro_rules! bwd_wgmma_kvq {
+    ($ty:ty, $d:literal) => {
+        bwd_wgmma_kv_with!($ty, $d, true)
+    };
+}
+
+/// The Hopper dQ kernel of a class, `wgmma_bwd_tile(class)`, with the passes of `$mode`
+/// (`bwd_wgmma::DQ_SAVED`, `DQ_STATS`).
+macro_rules! bwd_wgmma_q_with {
     ($ty:ty, $d:literal, $mode:ident) => {
         crate::bwd_wgmma::dq::<
             $ty,
-            { wg_bwd_field(wgmma_bwd_tile($d), 1) as usize },
-            { wg_bwd_field(wgmma_bwd_tile($d), 1) as usize / 8 },
-            { wg_bwd_field(wgmma_bwd_tile($d), 3) as usize },
-            { wg_bwd_field(wgmma_bwd_tile($d), 3) as usize / 8 },
-            { wg_bwd_field(wgmma_bwd_tile($d), 3) as usize / 16 },
-            { wg_bwd_field(wgmma_bwd_tile($d), 2) != 0 },
+            { tile_const!(WgmmaBwdTile, wgmma_bwd_tile($d)).head_dim as usize },
+            { tile_const!(WgmmaBwdTile, wgmma_bwd_tile($d)).head_dim as usize / 8 },
+            { tile_const!(WgmmaBwdTile, wgmma_bwd_tile($d)).dq_bc as usize },
+            { tile_const!(WgmmaBwdTile, wgmma_bwd_tile($d)).dq_bc as usize / 8 },
+            { tile_const!(WgmmaBwdTile, wgmma_bwd_tile($d)).dq_bc as usize / 16 },
+            { tile_const!(WgmmaBwdTile, wgmma_bwd_tile($d)).padded },
             { crate::bwd_wgmma::$mode },
         >
     };
 }
-/// Field `i` of a Hopper backward tile (br, head_dim, padded, dq_bc), for const generic
-/// arguments.
-const fn wg_bwd_field(t: Option<WgmmaBwdTile>, i: u32) -> u32 {
-    match t {
-        Some(t) => match i {
-            0 => t.br,
-            1 => t.head_dim,
-            2 => t.padded as u32,
-            _ => t.dq_bc,
-        },
-        None => 0,
-    }
+macro_rules! bwd_wgmma_dq_saved {
+    ($ty:ty, $d:literal) => {
+        bwd_wgmma_q_with!($ty, $d, DQ_SAVED)
+    };
 }
-const fn wg_dq_smem(d: u32) -> u32 {
-    match wgmma_bwd_tile(d) {
-        Some(t) => t.dq_smem_bytes(),
-        None => 0,
-    }
+macro_rules! bwd_wgmma_stats {
+    ($ty:ty, $d:literal) => {
+        bwd_wgmma_q_with!($ty, $d, DQ_STATS)
+    };
 }
-const WG_BWD_ROWS: u32 = WgmmaBwdTile::ROWS;
-const fn wg_dkdv_smem(d: u32) -> u32 {
-    match wgmma_bwd_tile(d) {
-        Some(t) => t.dkdv_smem_bytes(),
-        None => 0,
-    }
-}
-const WG_BWD_KEYS: u32 = WgmmaBwdTile::KEYS;
-const fn wg_dkdvq_smem(d: u32) -> u32 {
-    match wgmma_bwd_tile(d) {
-        Some(t) => t.dkdvq_smem_bytes(),
-        None => 0,
-    }
-}
-/// Field `i` of a backward tile (head_dim, dq_bc, kv_br, kv_in_regs, dq_q_in_regs, atomic_kv_br,
-/// atomic_kv_in_regs, split), for const generic arguments.
-const fn bwd_field(t: Option<MmaBwdTile>, i: u32) -> u32 {
-    match t {
-        Some(t) => match i {
-            0 => t.head_dim,
-            1 => t.dq_bc,
-            2 => t.kv_br,
-            3 => t.kv_in_regs as u32,
-            5 => t.atomic_kv_br,
-            6 => t.atomic_kv_in_regs as u32,
-            7 => t.split,
-            _ => t.dq_q_in_regs as u32,
-        },
-        None => 1,
-    }
-}
-const fn mma_bwd_threads(d: u32) -> u32 {
-    match mma_bwd_tile(d) {
-        Some(t) => t.threads(),
-        None => 0,
-    }
-}
-const fn mma_dq_smem(d: u32) -> u32 {
-    match mma_bwd_tile(d) {
-        Some(t) => t.dq_smem_bytes(),
-        None => 0,
-    }
-}
-const fn mma_dkdv_smem(d: u32) -> u32 {
-    match mma_bwd_tile(d) {
-        Some(t) => t.dkdv_smem_bytes(),
-        None => 0,
-    }
-}
-const fn mma_dkdvq_smem(d: u32) -> u32 {
-    match mma_bwd_tile(d) {
-        Some(t) => t.dkdvq_smem_bytes(),
-        None => 0,
-    }
-}
-const fn no_smem(_: u32) -> u32 {
-    0
-}
-const MMA_BWD_ROWS: u32 = MmaBwdTile::ROWS;
-const CONVERT_ROWS: u32 = crate::bwd_mma::CONVERT_ROWS as u32;
-const PREP_ROWS: u32 = crate::bwd_prep::PREP_ROWS as u32;
 
-const fn kv_smem(d: u32) -> u32 {
-    simt_kv_tile(d).smem_bytes(d)
+/// The `prep` kernel (every head_dim of its family; the class is 0).
+macro_rules! bwd_prep {
+    ($ty:ty, $d:literal) => {
+        crate::bwd_prep::prep::<$ty, false>
+    };
+}
+macro_rules! bwd_prep_residual {
+    ($ty:ty, $d:literal) => {
+        crate::bwd_prep::prep::<$ty, true>
+    };
+}
+/// dQ's conversion from the f32 accumulator (every head_dim of its family; the class is 0).
+macro_rules! bwd_dq_convert {
+    ($ty:ty, $d:literal) => {
+        crate::bwd_convert::dq_convert::<$ty>
+    };
 }
 
 bwd_variants! {
-    flash_bwd_wgmma_dqs_f16_d64p => "wgmma" @ Sm90a, "dq_saved", [bwd_wgmma_q!(F16, 56, DQ_SAVED)], F16, (1, 63), WG_BWD_ROWS, 128, wg_dq_smem;
-    flash_bwd_wgmma_dqs_f16_d64 => "wgmma" @ Sm90a, "dq_saved", [bwd_wgmma_q!(F16, 64, DQ_SAVED)], F16, (64, 64), WG_BWD_ROWS, 128, wg_dq_smem;
-    flash_bwd_wgmma_dqs_f16_d128p => "wgmma" @ Sm90a, "dq_saved", [bwd_wgmma_q!(F16, 120, DQ_SAVED)], F16, (65, 127), WG_BWD_ROWS, 128, wg_dq_smem;
-    flash_bwd_wgmma_dqs_f16_d128 => "wgmma" @ Sm90a, "dq_saved", [bwd_wgmma_q!(F16, 128, DQ_SAVED)], F16, (128, 128), WG_BWD_ROWS, 128, wg_dq_smem;
-    flash_bwd_wgmma_dqs_bf16_d64p => "wgmma" @ Sm90a, "dq_saved", [bwd_wgmma_q!(Bf16, 56, DQ_SAVED)], Bf16, (1, 63), WG_BWD_ROWS, 128, wg_dq_smem;
-    flash_bwd_wgmma_dqs_bf16_d64 => "wgmma" @ Sm90a, "dq_saved", [bwd_wgmma_q!(Bf16, 64, DQ_SAVED)], Bf16, (64, 64), WG_BWD_ROWS, 128, wg_dq_smem;
-    flash_bwd_wgmma_dqs_bf16_d128p => "wgmma" @ Sm90a, "dq_saved", [bwd_wgmma_q!(Bf16, 120, DQ_SAVED)], Bf16, (65, 127), WG_BWD_ROWS, 128, wg_dq_smem;
-    flash_bwd_wgmma_dqs_bf16_d128 => "wgmma" @ Sm90a, "dq_saved", [bwd_wgmma_q!(Bf16, 128, DQ_SAVED)], Bf16, (128, 128), WG_BWD_ROWS, 128, wg_dq_smem;
-    flash_bwd_prep_f16  => "wgmma" @ Sm90a, "prep", [crate::bwd_prep::prep::<F16, false>],  F16,  (1, 128), PREP_ROWS, 128, no_smem;
-    flash_bwd_prep_bf16 => "wgmma" @ Sm90a, "prep", [crate::bwd_prep::prep::<Bf16, false>], Bf16, (1, 128), PREP_ROWS, 128, no_smem;
-    flash_bwd_prep_residual_f16  => "wgmma" @ Sm90a, "prep_residual", [crate::bwd_prep::prep::<F16, true>],  F16,  (1, 128), PREP_ROWS, 128, no_smem;
-    flash_bwd_prep_residual_bf16 => "wgmma" @ Sm90a, "prep_residual", [crate::bwd_prep::prep::<Bf16, true>], Bf16, (1, 128), PREP_ROWS, 128, no_smem;
-    flash_bwd_wgmma_dkdv_f16_d64p   => "wgmma" @ Sm90a, "dkdv", [bwd_wgmma_kv!(F16, 56)],   F16,  (1, 63),    WG_BWD_KEYS, 128, wg_dkdv_smem;
-    flash_bwd_wgmma_dkdv_f16_d64    => "wgmma" @ Sm90a, "dkdv", [bwd_wgmma_kv!(F16, 64)],   F16,  (64, 64),   WG_BWD_KEYS, 128, wg_dkdv_smem;
-    flash_bwd_wgmma_dkdv_f16_d128p  => "wgmma" @ Sm90a, "dkdv", [bwd_wgmma_kv!(F16, 120)],  F16,  (65, 127),  WG_BWD_KEYS, 128, wg_dkdv_smem;
-    flash_bwd_wgmma_dkdv_f16_d128   => "wgmma" @ Sm90a, "dkdv", [bwd_wgmma_kv!(F16, 128)],  F16,  (128, 128), WG_BWD_KEYS, 128, wg_dkdv_smem;
-    flash_bwd_wgmma_dkdv_bf16_d64p  => "wgmma" @ Sm90a, "dkdv", [bwd_wgmma_kv!(Bf16, 56)],  Bf16, (1, 63),    WG_BWD_KEYS, 128, wg_dkdv_smem;
-    flash_bwd_wgmma_dkdv_bf16_d64   => "wgmma" @ Sm90a, "dkdv", [bwd_wgmma_kv!(Bf16, 64)],  Bf16, (64, 64),   WG_BWD_KEYS, 128, wg_dkdv_smem;
-    flash_bwd_wgmma_dkdv_bf16_d128p => "wgmma" @ Sm90a, "dkdv", [bwd_wgmma_kv!(Bf16, 120)], Bf16, (65, 127),  WG_BWD_KEYS, 128, wg_dkdv_smem;
-    flash_bwd_wgmma_dkdv_bf16_d128  => "wgmma" @ Sm90a, "dkdv", [bwd_wgmma_kv!(Bf16, 128)], Bf16, (128, 128), WG_BWD_KEYS, 128, wg_dkdv_smem;
-    flash_bwd_wgmma_atomic_stats_f16_d64p => "wgmma_atomic" @ Sm90a, "stats", [bwd_wgmma_q!(F16, 56, DQ_STATS)], F16, (1, 63), WG_BWD_ROWS, 128, wg_dq_smem;
-    flash_bwd_wgmma_atomic_stats_f16_d64 => "wgmma_atomic" @ Sm90a, "stats", [bwd_wgmma_q!(F16, 64, DQ_STATS)], F16, (64, 64), WG_BWD_ROWS, 128, wg_dq_smem;
-    flash_bwd_wgmma_atomic_stats_f16_d128p => "wgmma_atomic" @ Sm90a, "stats", [bwd_wgmma_q!(F16, 120, DQ_STATS)], F16, (65, 127), WG_BWD_ROWS, 128, wg_dq_smem;
-    flash_bwd_wgmma_atomic_stats_f16_d128 => "wgmma_atomic" @ Sm90a, "stats", [bwd_wgmma_q!(F16, 128, DQ_STATS)], F16, (128, 128), WG_BWD_ROWS, 128, wg_dq_smem;
-    flash_bwd_wgmma_atomic_stats_bf16_d64p => "wgmma_atomic" @ Sm90a, "stats", [bwd_wgmma_q!(Bf16, 56, DQ_STATS)], Bf16, (1, 63), WG_BWD_ROWS, 128, wg_dq_smem;
-    flash_bwd_wgmma_atomic_stats_bf16_d64 => "wgmma_atomic" @ Sm90a, "stats", [bwd_wgmma_q!(Bf16, 64, DQ_STATS)], Bf16, (64, 64), WG_BWD_ROWS, 128, wg_dq_smem;
-    flash_bwd_wgmma_atomic_stats_bf16_d128p => "wgmma_atomic" @ Sm90a, "stats", [bwd_wgmma_q!(Bf16, 120, DQ_STATS)], Bf16, (65, 127), WG_BWD_ROWS, 128, wg_dq_smem;
-    flash_bwd_wgmma_atomic_stats_bf16_d128 => "wgmma_atomic" @ Sm90a, "stats", [bwd_wgmma_q!(Bf16, 128, DQ_STATS)], Bf16, (128, 128), WG_BWD_ROWS, 128, wg_dq_smem;
-    flash_bwd_wgmma_atomic_dkdvq_f16_d64p => "wgmma_atomic" @ Sm90a, "dkdvq", [bwd_wgmma_kv!(F16, 56, true)], F16, (1, 63), WG_BWD_KEYS, 128, wg_dkdvq_smem;
-    flash_bwd_wgmma_atomic_dkdvq_f16_d64 => "wgmma_atomic" @ Sm90a, "dkdvq", [bwd_wgmma_kv!(F16, 64, true)], F16, (64, 64), WG_BWD_KEYS, 128, wg_dkdvq_smem;
-    flash_bwd_wgmma_atomic_dkdvq_f16_d128p => "wgmma_atomic" @ Sm90a, "dkdvq", [bwd_wgmma_kv!(F16, 120, true)], F16, (65, 127), WG_BWD_KEYS, 128, wg_dkdvq_smem;
-    flash_bwd_wgmma_atomic_dkdvq_f16_d128 => "wgmma_atomic" @ Sm90a, "dkdvq", [bwd_wgmma_kv!(F16, 128, true)], F16, (128, 128), WG_BWD_KEYS, 128, wg_dkdvq_smem;
-    flash_bwd_wgmma_atomic_dkdvq_bf16_d64p => "wgmma_atomic" @ Sm90a, "dkdvq", [bwd_wgmma_kv!(Bf16, 56, true)], Bf16, (1, 63), WG_BWD_KEYS, 128, wg_dkdvq_smem;
-    flash_bwd_wgmma_atomic_dkdvq_bf16_d64 => "wgmma_atomic" @ Sm90a, "dkdvq", [bwd_wgmma_kv!(Bf16, 64, true)], Bf16, (64, 64), WG_BWD_KEYS, 128, wg_dkdvq_smem;
-    flash_bwd_wgmma_atomic_dkdvq_bf16_d128p => "wgmma_atomic" @ Sm90a, "dkdvq", [bwd_wgmma_kv!(Bf16, 120, true)], Bf16, (65, 127), WG_BWD_KEYS, 128, wg_dkdvq_smem;
-    flash_bwd_wgmma_atomic_dkdvq_bf16_d128 => "wgmma_atomic" @ Sm90a, "dkdvq", [bwd_wgmma_kv!(Bf16, 128, true)], Bf16, (128, 128), WG_BWD_KEYS, 128, wg_dkdvq_smem;
-    flash_bwd_wgmma_atomic_prep_f16 => "wgmma_atomic" @ Sm90a, "prep_residual", [crate::bwd_prep::prep::<F16, true>], F16, (1, 128), PREP_ROWS, 128, no_smem;
-    flash_bwd_wgmma_atomic_prep_bf16 => "wgmma_atomic" @ Sm90a, "prep_residual", [crate::bwd_prep::prep::<Bf16, true>], Bf16, (1, 128), PREP_ROWS, 128, no_smem;
-    flash_bwd_wgmma_atomic_convert_f16 => "wgmma_atomic" @ Sm90a, "dq_convert", [crate::bwd_mma::dq_convert::<F16>], F16, (1, 128), CONVERT_ROWS, 128, no_smem;
-    flash_bwd_wgmma_atomic_convert_bf16 => "wgmma_atomic" @ Sm90a, "dq_convert", [crate::bwd_mma::dq_convert::<Bf16>], Bf16, (1, 128), CONVERT_ROWS, 128, no_smem;
-    flash_bwd_mma_dq_f16_d32     => "mma" @ Sm80, "dq",   [bwd_mma_q!(F16, 32)],    F16,  (1, 32),    MMA_BWD_ROWS, mma_bwd_threads(32), mma_dq_smem;
-    flash_bwd_mma_dq_f16_d64     => "mma" @ Sm80, "dq",   [bwd_mma_q!(F16, 64)],    F16,  (33, 64),   MMA_BWD_ROWS, mma_bwd_threads(64), mma_dq_smem;
-    flash_bwd_mma_dq_f16_d96     => "mma" @ Sm80, "dq",   [bwd_mma_q!(F16, 96)],    F16,  (65, 96),   MMA_BWD_ROWS, mma_bwd_threads(96), mma_dq_smem;
-    flash_bwd_mma_dq_f16_d128    => "mma" @ Sm80, "dq",   [bwd_mma_q!(F16, 128)],   F16,  (97, 128), MMA_BWD_ROWS, mma_bwd_threads(128), mma_dq_smem;
-    flash_bwd_mma_dq_f16_d192    => "mma" @ Sm80, "dq",  [bwd_mma_q!(F16, 192)],  F16,  (129, 192), MMA_BWD_ROWS, mma_bwd_threads(192), mma_dq_smem;
-    flash_bwd_mma_dq_f16_d256    => "mma" @ Sm80, "dq",  [bwd_mma_q!(F16, 256)],  F16,  (193, 256), MMA_BWD_ROWS, mma_bwd_threads(256), mma_dq_smem;
-    flash_bwd_mma_dq_bf16_d32    => "mma" @ Sm80, "dq",   [bwd_mma_q!(Bf16, 32)],   Bf16, (1, 32),    MMA_BWD_ROWS, mma_bwd_threads(32), mma_dq_smem;
-    flash_bwd_mma_dq_bf16_d64    => "mma" @ Sm80, "dq",   [bwd_mma_q!(Bf16, 64)],   Bf16, (33, 64),   MMA_BWD_ROWS, mma_bwd_threads(64), mma_dq_smem;
-    flash_bwd_mma_dq_bf16_d96    => "mma" @ Sm80, "dq",   [bwd_mma_q!(Bf16, 96)],   Bf16, (65, 96),   MMA_BWD_ROWS, mma_bwd_threads(96), mma_dq_smem;
-    flash_bwd_mma_dq_bf16_d128   => "mma" @ Sm80, "dq",   [bwd_mma_q!(Bf16, 128)],  Bf16, (97, 128), MMA_BWD_ROWS, mma_bwd_threads(128), mma_dq_smem;
-    flash_bwd_mma_dq_bf16_d192   => "mma" @ Sm80, "dq",  [bwd_mma_q!(Bf16, 192)],  Bf16, (129, 192), MMA_BWD_ROWS, mma_bwd_threads(192), mma_dq_smem;
-    flash_bwd_mma_dq_bf16_d256   => "mma" @ Sm80, "dq",  [bwd_mma_q!(Bf16, 256)],  Bf16, (193, 256), MMA_BWD_ROWS, mma_bwd_threads(256), mma_dq_smem;
-    flash_bwd_mma_dkdv_f16_d32   => "mma" @ Sm80, "dkdv", [bwd_mma_kv!(F16, 32)],   F16,  (1, 32),    MMA_BWD_ROWS, mma_bwd_threads(32), mma_dkdv_smem;
-    flash_bwd_mma_dkdv_f16_d64   => "mma" @ Sm80, "dkdv", [bwd_mma_kv!(F16, 64)],   F16,  (33, 64),   MMA_BWD_ROWS, mma_bwd_threads(64), mma_dkdv_smem;
-    flash_bwd_mma_dkdv_f16_d96   => "mma" @ Sm80, "dkdv", [bwd_mma_kv!(F16, 96)],   F16,  (65, 96),   MMA_BWD_ROWS, mma_bwd_threads(96), mma_dkdv_smem;
-    flash_bwd_mma_dkdv_f16_d128  => "mma" @ Sm80, "dkdv", [bwd_mma_kv!(F16, 128)],  F16,  (97, 128), MMA_BWD_ROWS, mma_bwd_threads(128), mma_dkdv_smem;
-    flash_bwd_mma_dkdv_f16_d192  => "mma" @ Sm80, "dkdv", [bwd_mma_kv!(F16, 192)],  F16,  (129, 192), MMA_BWD_ROWS, mma_bwd_threads(192), mma_dkdv_smem;
-    flash_bwd_mma_dkdv_f16_d256  => "mma" @ Sm80, "dkdv", [bwd_mma_kv!(F16, 256)],  F16,  (193, 256), MMA_BWD_ROWS, mma_bwd_threads(256), mma_dkdv_smem;
-    flash_bwd_mma_dkdv_bf16_d32  => "mma" @ Sm80, "dkdv", [bwd_mma_kv!(Bf16, 32)],  Bf16, (1, 32),    MMA_BWD_ROWS, mma_bwd_threads(32), mma_dkdv_smem;
-    flash_bwd_mma_dkdv_bf16_d64  => "mma" @ Sm80, "dkdv", [bwd_mma_kv!(Bf16, 64)],  Bf16, (33, 64),   MMA_BWD_ROWS, mma_bwd_threads(64), mma_dkdv_smem;
-    flash_bwd_mma_dkdv_bf16_d96  => "mma" @ Sm80, "dkdv", [bwd_mma_kv!(Bf16, 96)],  Bf16, (65, 96),   MMA_BWD_ROWS, mma_bwd_threads(96), mma_dkdv_smem;
-    flash_bwd_mma_dkdv_bf16_d128 => "mma" @ Sm80, "dkdv", [bwd_mma_kv!(Bf16, 128)], Bf16, (97, 128), MMA_BWD_ROWS, mma_bwd_threads(128), mma_dkdv_smem;
-    flash_bwd_mma_dkdv_bf16_d192 => "mma" @ Sm80, "dkdv", [bwd_mma_kv!(Bf16, 192)],  Bf16, (129, 192), MMA_BWD_ROWS, mma_bwd_threads(192), mma_dkdv_smem;
-    flash_bwd_mma_dkdv_bf16_d256 => "mma" @ Sm80, "dkdv", [bwd_mma_kv!(Bf16, 256)],  Bf16, (193, 256), MMA_BWD_ROWS, mma_bwd_threads(256), mma_dkdv_smem;
-    flash_bwd_mma_atomic_stats_f16_d32    => "mma_atomic" @ Sm80, "stats", [bwd_mma_q!(F16, 32, true)],    F16,  (1, 32),    MMA_BWD_ROWS, MMA_THREADS, mma_dq_smem;
-    flash_bwd_mma_atomic_stats_f16_d64    => "mma_atomic" @ Sm80, "stats", [bwd_mma_q!(F16, 64, true)],    F16,  (33, 64),   MMA_BWD_ROWS, MMA_THREADS, mma_dq_smem;
-    flash_bwd_mma_atomic_stats_f16_d96    => "mma_atomic" @ Sm80, "stats", [bwd_mma_q!(F16, 96, true)],    F16,  (65, 96),   MMA_BWD_ROWS, MMA_THREADS, mma_dq_smem;
-    flash_bwd_mma_atomic_stats_f16_d128   => "mma_atomic" @ Sm80, "stats", [bwd_mma_q!(F16, 128, true)],   F16,  (97, 128), MMA_BWD_ROWS, MMA_THREADS, mma_dq_smem;
-    flash_bwd_mma_atomic_stats_bf16_d32   => "mma_atomic" @ Sm80, "stats", [bwd_mma_q!(Bf16, 32, true)],   Bf16, (1, 32),    MMA_BWD_ROWS, MMA_THREADS, mma_dq_smem;
-    flash_bwd_mma_atomic_stats_bf16_d64   => "mma_atomic" @ Sm80, "stats", [bwd_mma_q!(Bf16, 64, true)],   Bf16, (33, 64),   MMA_BWD_ROWS, MMA_THREADS, mma_dq_smem;
-    flash_bwd_mma_atomic_stats_bf16_d96   => "mma_atomic" @ Sm80, "stats", [bwd_mma_q!(Bf16, 96, true)],   Bf16, (65, 96),   MMA_BWD_ROWS, MMA_THREADS, mma_dq_smem;
-    flash_bwd_mma_atomic_stats_bf16_d128  => "mma_atomic" @ Sm80, "stats", [bwd_mma_q!(Bf16, 128, true)],  Bf16, (97, 128), MMA_BWD_ROWS, MMA_THREADS, mma_dq_smem;
-    flash_bwd_mma_atomic_dkdvq_f16_d32    => "mma_atomic" @ Sm80, "dkdvq", [bwd_mma_kv!(F16, 32, true)],   F16,  (1, 32),    MMA_BWD_ROWS, MMA_THREADS, mma_dkdvq_smem;
-    flash_bwd_mma_atomic_dkdvq_f16_d64    => "mma_atomic" @ Sm80, "dkdvq", [bwd_mma_kv!(F16, 64, true)],   F16,  (33, 64),   MMA_BWD_ROWS, MMA_THREADS, mma_dkdvq_smem;
-    flash_bwd_mma_atomic_dkdvq_f16_d96    => "mma_atomic" @ Sm80, "dkdvq", [bwd_mma_kv!(F16, 96, true)],   F16,  (65, 96),   MMA_BWD_ROWS, MMA_THREADS, mma_dkdvq_smem;
-    flash_bwd_mma_atomic_dkdvq_f16_d128   => "mma_atomic" @ Sm80, "dkdvq", [bwd_mma_kv!(F16, 128, true)],  F16,  (97, 128), MMA_BWD_ROWS, MMA_THREADS, mma_dkdvq_smem;
-    flash_bwd_mma_atomic_dkdvq_bf16_d32   => "mma_atomic" @ Sm80, "dkdvq", [bwd_mma_kv!(Bf16, 32, true)],  Bf16, (1, 32),    MMA_BWD_ROWS, MMA_THREADS, mma_dkdvq_smem;
-    flash_bwd_mma_atomic_dkdvq_bf16_d64   => "mma_atomic" @ Sm80, "dkdvq", [bwd_mma_kv!(Bf16, 64, true)],  Bf16, (33, 64),   MMA_BWD_ROWS, MMA_THREADS, mma_dkdvq_smem;
-    flash_bwd_mma_atomic_dkdvq_bf16_d96   => "mma_atomic" @ Sm80, "dkdvq", [bwd_mma_kv!(Bf16, 96, true)],  Bf16, (65, 96),   MMA_BWD_ROWS, MMA_THREADS, mma_dkdvq_smem;
-    flash_bwd_mma_atomic_dkdvq_bf16_d128  => "mma_atomic" @ Sm80, "dkdvq", [bwd_mma_kv!(Bf16, 128, true)], Bf16, (97, 128), MMA_BWD_ROWS, MMA_THREADS, mma_dkdvq_smem;
-    flash_bwd_mma_atomic_convert_f16      => "mma_atomic" @ Sm80, "dq_convert", [crate::bwd_mma::dq_convert::<F16>],  F16,  (1, 128), CONVERT_ROWS, MMA_THREADS, no_smem;
-    flash_bwd_mma_atomic_convert_bf16     => "mma_atomic" @ Sm80, "dq_convert", [crate::bwd_mma::dq_convert::<Bf16>], Bf16, (1, 128), CONVERT_ROWS, MMA_THREADS, no_smem;
-    flash_bwd_dkdv_f32_d64   => "simt" @ Sm80, "dkdv", [bwd_kv!(f32, 64)],    f32,  (1, 64),    simt_kv_tile(64).bn(),  128, kv_smem;
-    flash_bwd_dkdv_f32_d128  => "simt" @ Sm80, "dkdv", [bwd_kv!(f32, 128)],   f32,  (65, 128),  simt_kv_tile(128).bn(), 128, kv_smem;
-    flash_bwd_dkdv_f32_d256  => "simt" @ Sm80, "dkdv", [bwd_kv!(f32, 256)],   f32,  (129, 256), simt_kv_tile(256).bn(), 128, kv_smem;
-    flash_bwd_dkdv_f16_d64   => "simt" @ Sm80, "dkdv", [bwd_kv!(F16, 64)],    F16,  (1, 64),    simt_kv_tile(64).bn(),  128, kv_smem;
-    flash_bwd_dkdv_f16_d128  => "simt" @ Sm80, "dkdv", [bwd_kv!(F16, 128)],   F16,  (65, 128),  simt_kv_tile(128).bn(), 128, kv_smem;
-    flash_bwd_dkdv_f16_d256  => "simt" @ Sm80, "dkdv", [bwd_kv!(F16, 256)],   F16,  (129, 256), simt_kv_tile(256).bn(), 128, kv_smem;
-    flash_bwd_dkdv_bf16_d64  => "simt" @ Sm80, "dkdv", [bwd_kv!(Bf16, 64)],   Bf16, (1, 64),    simt_kv_tile(64).bn(),  128, kv_smem;
-    flash_bwd_dkdv_bf16_d128 => "simt" @ Sm80, "dkdv", [bwd_kv!(Bf16, 128)],  Bf16, (65, 128),  simt_kv_tile(128).bn(), 128, kv_smem;
-    flash_bwd_dkdv_bf16_d256 => "simt" @ Sm80, "dkdv", [bwd_kv!(Bf16, 256)],  Bf16, (129, 256), simt_kv_tile(256).bn(), 128, kv_smem;
-    flash_bwd_dq_f32_d64     => "simt" @ Sm80, "dq",   [bwd_q!(f32, 64)],     f32,  (1, 64),    simt_tile(64).br(),  128, simt_dq_smem_bytes;
-    flash_bwd_dq_f32_d128    => "simt" @ Sm80, "dq",   [bwd_q!(f32, 128)],    f32,  (65, 128),  simt_tile(128).br(), 128, simt_dq_smem_bytes;
-    flash_bwd_dq_f32_d256    => "simt" @ Sm80, "dq",   [bwd_q!(f32, 256)],    f32,  (129, 256), simt_tile(256).br(), 128, simt_dq_smem_bytes;
-    flash_bwd_dq_f16_d64     => "simt" @ Sm80, "dq",   [bwd_q!(F16, 64)],     F16,  (1, 64),    simt_tile(64).br(),  128, simt_dq_smem_bytes;
-    flash_bwd_dq_f16_d128    => "simt" @ Sm80, "dq",   [bwd_q!(F16, 128)],    F16,  (65, 128),  simt_tile(128).br(), 128, simt_dq_smem_bytes;
-    flash_bwd_dq_f16_d256    => "simt" @ Sm80, "dq",   [bwd_q!(F16, 256)],    F16,  (129, 256), simt_tile(256).br(), 128, simt_dq_smem_bytes;
-    flash_bwd_dq_bf16_d64    => "simt" @ Sm80, "dq",   [bwd_q!(Bf16, 64)],    Bf16, (1, 64),    simt_tile(64).br(),  128, simt_dq_smem_bytes;
-    flash_bwd_dq_bf16_d128   => "simt" @ Sm80, "dq",   [bwd_q!(Bf16, 128)],   Bf16, (65, 128),  simt_tile(128).br(), 128, simt_dq_smem_bytes;
-    flash_bwd_dq_bf16_d256   => "simt" @ Sm80, "dq",   [bwd_q!(Bf16, 256)],   Bf16, (129, 256), simt_tile(256).br(), 128, simt_dq_smem_bytes;
-}
-
-/// Backward families whose kernels serve only head dims that are multiples of 8 (others go
-/// to the next family: SIMT off Hopper). Their dK/dV kernels sit at 255 registers, and the
-/// element-wise body for other head dims (`copy::load_tile_in`) spills there (ptxas 13.0,
-/// sm_80: mma dK/dV 12-16 bytes at d = 64 and 128, mma_atomic 4-84 bytes, wgmma_atomic 4
-/// bytes at d = 128 padded).
-pub const BWD_ALIGNED_FAMILIES: &[&str] = &["mma", "mma_atomic", "wgmma_atomic"];
-
-/// Backward kernel families in the order automatic selection tries them (best first), among
-/// those the device runs: on Hopper `wgmma` (`prep`, dQ and dK/dV kernels on warpgroup MMA;
-/// compute capability 9.0, f16 and bf16, head_dim <= 128), the tensor-core kernels (`mma`) where they
-/// apply, else SIMT. By name only: `mma_atomic` (FA2's single dK/dV/dQ kernel with atomic dQ;
-/// on the H200 0.69-0.76x of `mma`, benches/RESULTS.md, 6282a3e) and `wgmma_atomic` (the same
-/// structure on warpgroup MMA, 64 keys per block: on the H200, f16, 4256d7d, 0.93-1.01x
-/// `wgmma` at d=64 and 0.85-0.91x at d=128 with recomputed statistics, 0.80-0.92x and
-/// 0.75-0.84x with the forward's residual, s = 1k-16k: its f32 atomics, one per dQ element per
-/// 64 keys, cost more than the dQ kernel they replace; measured before `wgmma` dropped its
-/// statistics pass, which made `wgmma` faster still).
-#[cfg(not(target_arch = "nvptx64"))]
-pub const BWD_FAMILIES: &[&str] = &["wgmma", "mma", "simt", "mma_atomic", "wgmma_atomic"];
-/// Backward families that are not bitwise deterministic (atomic f32 adds in a run-dependent
-/// order); `deterministic` backward options skip them.
-#[cfg(not(target_arch = "nvptx64"))]
-pub const BWD_NONDETERMINISTIC: &[&str] = &["mma_atomic", "wgmma_atomic"];
-/// The passes a backward family launches, in order: `wgmma` the row statistics from the
-/// forward's LSE and D~ from O (`prep`; with `saved`, the forward's O residual at hand,
-/// `FwdParams::o_lo`, from O + O_lo: `prep_residual`), its dQ kernel (`dq_saved`, which
-/// corrects D~ exactly, `bwd_wgmma`) and its dK/dV kernel; `mma` and `simt` a dQ kernel (which
-/// also writes the row statistics) and a dK/dV kernel; `mma_atomic` a statistics kernel, a
-/// dK/dV kernel that also adds dQ into an f32 accumulator, and dQ's conversion;
-/// `wgmma_atomic` the same, with `prep_residual` for the statistics kernel when `saved`.
-#[cfg(not(target_arch = "nvptx64"))]
-pub fn bwd_passes(family: &str, saved: bool) -> &'static [&'static str] {
-    match (family, saved) {
-        ("mma_atomic", _) | ("wgmma_atomic", false) => &["stats", "dkdvq", "dq_convert"],
-        ("wgmma_atomic", true) => &["prep_residual", "dkdvq", "dq_convert"],
-        ("wgmma", false) => &["prep", "dq_saved", "dkdv"],
-        ("wgmma", true) => &["prep_residual", "dq_saved", "dkdv"],
-        _ => &["dq", "dkdv"],
+    Wgmma @ Sm90a {
+        flash_bwd_prep_f16 => Prep: bwd_prep(F16, 0),
+        flash_bwd_prep_bf16 => Prep: bwd_prep(Bf16, 0),
+        flash_bwd_prep_residual_f16 => PrepResidual: bwd_prep_residual(F16, 0),
+        flash_bwd_prep_residual_bf16 => PrepResidual: bwd_prep_residual(Bf16, 0),
+        flash_bwd_wgmma_dqs_f16_d64p => DqSaved: bwd_wgmma_dq_saved(F16, 56),
+        flash_bwd_wgmma_dqs_f16_d64 => DqSaved: bwd_wgmma_dq_saved(F16, 64),
+        flash_bwd_wgmma_dqs_f16_d128p => DqSaved: bwd_wgmma_dq_saved(F16, 120),
+        flash_bwd_wgmma_dqs_f16_d128 => DqSaved: bwd_wgmma_dq_saved(F16, 128),
+        flash_bwd_wgmma_dqs_bf16_d64p => DqSaved: bwd_wgmma_dq_saved(Bf16, 56),
+        flash_bwd_wgmma_dqs_bf16_d64 => DqSaved: bwd_wgmma_dq_saved(Bf16, 64),
+        flash_bwd_wgmma_dqs_bf16_d128p => DqSaved: bwd_wgmma_dq_saved(Bf16, 120),
+        flash_bwd_wgmma_dqs_bf16_d128 => DqSaved: bwd_wgmma_dq_saved(Bf16, 128),
+        flash_bwd_wgmma_dkdv_f16_d64p => Dkdv: bwd_wgmma_kv(F16, 56),
+        flash_bwd_wgmma_dkdv_f16_d64 => Dkdv: bwd_wgmma_kv(F16, 64),
+        flash_bwd_wgmma_dkdv_f16_d128p => Dkdv: bwd_wgmma_kv(F16, 120),
+        flash_bwd_wgmma_dkdv_f16_d128 => Dkdv: bwd_wgmma_kv(F16, 128),
+        flash_bwd_wgmma_dkdv_bf16_d64p => Dkdv: bwd_wgmma_kv(Bf16, 56),
+        flash_bwd_wgmma_dkdv_bf16_d64 => Dkdv: bwd_wgmma_kv(Bf16, 64),
+        flash_bwd_wgmma_dkdv_bf16_d128p => Dkdv: bwd_wgmma_kv(Bf16, 120),
+        flash_bwd_wgmma_dkdv_bf16_d128 => Dkdv: bwd_wgmma_kv(Bf16, 128),
+    }
+    WgmmaAtomic @ Sm90a {
+        flash_bwd_wgmma_atomic_stats_f16_d64p => Stats: bwd_wgmma_stats(F16, 56),
+        flash_bwd_wgmma_atomic_stats_f16_d64 => Stats: bwd_wgmma_stats(F16, 64),
+        flash_bwd_wgmma_atomic_stats_f16_d128p => Stats: bwd_wgmma_stats(F16, 120),
+        flash_bwd_wgmma_atomic_stats_f16_d128 => Stats: bwd_wgmma_stats(F16, 128),
+        flash_bwd_wgmma_atomic_stats_bf16_d64p => Stats: bwd_wgmma_stats(Bf16, 56),
+        flash_bwd_wgmma_atomic_stats_bf16_d64 => Stats: bwd_wgmma_stats(Bf16, 64),
+        flash_bwd_wgmma_atomic_stats_bf16_d128p => Stats: bwd_wgmma_stats(Bf16, 120),
+        flash_bwd_wgmma_atomic_stats_bf16_d128 => Stats: bwd_wgmma_stats(Bf16, 128),
+        flash_bwd_wgmma_atomic_dkdvq_f16_d64p => Dkdvq: bwd_wgmma_kvq(F16, 56),
+        flash_bwd_wgmma_atomic_dkdvq_f16_d64 => Dkdvq: bwd_wgmma_kvq(F16, 64),
+        flash_bwd_wgmma_atomic_dkdvq_f16_d128p => Dkdvq: bwd_wgmma_kvq(F16, 120),
+        flash_bwd_wgmma_atomic_dkdvq_f16_d128 => Dkdvq: bwd_wgmma_kvq(F16, 128),
+        flash_bwd_wgmma_atomic_dkdvq_bf16_d64p => Dkdvq: bwd_wgmma_kvq(Bf16, 56),
+        flash_bwd_wgmma_atomic_dkdvq_bf16_d64 => Dkdvq: bwd_wgmma_kvq(Bf16, 64),
+        flash_bwd_wgmma_atomic_dkdvq_bf16_d128p => Dkdvq: bwd_wgmma_kvq(Bf16, 120),
+        flash_bwd_wgmma_atomic_dkdvq_bf16_d128 => Dkdvq: bwd_wgmma_kvq(Bf16, 128),
+        flash_bwd_wgmma_atomic_prep_f16 => PrepResidual: bwd_prep_residual(F16, 0),
+        flash_bwd_wgmma_atomic_prep_bf16 => PrepResidual: bwd_prep_residual(Bf16, 0),
+        flash_bwd_wgmma_atomic_convert_f16 => DqConvert: bwd_dq_convert(F16, 0),
+        flash_bwd_wgmma_atomic_convert_bf16 => DqConvert: bwd_dq_convert(Bf16, 0),
+    }
+    Mma @ Sm80 {
+        flash_bwd_mma_dq_f16_d32 => Dq: bwd_mma_q(F16, 32),
+        flash_bwd_mma_dq_f16_d64 => Dq: bwd_mma_q(F16, 64),
+        flash_bwd_mma_dq_f16_d96 => Dq: bwd_mma_q(F16, 96),
+        flash_bwd_mma_dq_f16_d128 => Dq: bwd_mma_q(F16, 128),
+        flash_bwd_mma_dq_f16_d192 => Dq: bwd_mma_q(F16, 192),
+        flash_bwd_mma_dq_f16_d256 => Dq: bwd_mma_q(F16, 256),
+        flash_bwd_mma_dq_bf16_d32 => Dq: bwd_mma_q(Bf16, 32),
+        flash_bwd_mma_dq_bf16_d64 => Dq: bwd_mma_q(Bf16, 64),
+        flash_bwd_mma_dq_bf16_d96 => Dq: bwd_mma_q(Bf16, 96),
+        flash_bwd_mma_dq_bf16_d128 => Dq: bwd_mma_q(Bf16, 128),
+        flash_bwd_mma_dq_bf16_d192 => Dq: bwd_mma_q(Bf16, 192),
+        flash_bwd_mma_dq_bf16_d256 => Dq: bwd_mma_q(Bf16, 256),
+        flash_bwd_mma_dkdv_f16_d32 => Dkdv: bwd_mma_kv(F16, 32),
+        flash_bwd_mma_dkdv_f16_d64 => Dkdv: bwd_mma_kv(F16, 64),
+        flash_bwd_mma_dkdv_f16_d96 => Dkdv: bwd_mma_kv(F16, 96),
+        flash_bwd_mma_dkdv_f16_d128 => Dkdv: bwd_mma_kv(F16, 128),
+        flash_bwd_mma_dkdv_f16_d192 => Dkdv: bwd_mma_kv(F16, 192),
+        flash_bwd_mma_dkdv_f16_d256 => Dkdv: bwd_mma_kv(F16, 256),
+        flash_bwd_mma_dkdv_bf16_d32 => Dkdv: bwd_mma_kv(Bf16, 32),
+        flash_bwd_mma_dkdv_bf16_d64 => Dkdv: bwd_mma_kv(Bf16, 64),
+        flash_bwd_mma_dkdv_bf16_d96 => Dkdv: bwd_mma_kv(Bf16, 96),
+        flash_bwd_mma_dkdv_bf16_d128 => Dkdv: bwd_mma_kv(Bf16, 128),
+        flash_bwd_mma_dkdv_bf16_d192 => Dkdv: bwd_mma_kv(Bf16, 192),
+        flash_bwd_mma_dkdv_bf16_d256 => Dkdv: bwd_mma_kv(Bf16, 256),
+    }
+    MmaAtomic @ Sm80 {
+        flash_bwd_mma_atomic_stats_f16_d32 => Stats: bwd_mma_stats(F16, 32),
+        flash_bwd_mma_atomic_stats_f16_d64 => Stats: bwd_mma_stats(F16, 64),
+        flash_bwd_mma_atomic_stats_f16_d96 => Stats: bwd_mma_stats(F16, 96),
+        flash_bwd_mma_atomic_stats_f16_d128 => Stats: bwd_mma_stats(F16, 128),
+        flash_bwd_mma_atomic_stats_bf16_d32 => Stats: bwd_mma_stats(Bf16, 32),
+        flash_bwd_mma_atomic_stats_bf16_d64 => Stats: bwd_mma_stats(Bf16, 64),
+        flash_bwd_mma_atomic_stats_bf16_d96 => Stats: bwd_mma_stats(Bf16, 96),
+        flash_bwd_mma_atomic_stats_bf16_d128 => Stats: bwd_mma_stats(Bf16, 128),
+        flash_bwd_mma_atomic_dkdvq_f16_d32 => Dkdvq: bwd_mma_kvq(F16, 32),
+        flash_bwd_mma_atomic_dkdvq_f16_d64 => Dkdvq: bwd_mma_kvq(F16, 64),
+        flash_bwd_mma_atomic_dkdvq_f16_d96 => Dkdvq: bwd_mma_kvq(F16, 96),
+        flash_bwd_mma_atomic_dkdvq_f16_d128 => Dkdvq: bwd_mma_kvq(F16, 128),
+        flash_bwd_mma_atomic_dkdvq_bf16_d32 => Dkdvq: bwd_mma_kvq(Bf16, 32),
+        flash_bwd_mma_atomic_dkdvq_bf16_d64 => Dkdvq: bwd_mma_kvq(Bf16, 64),
+        flash_bwd_mma_atomic_dkdvq_bf16_d96 => Dkdvq: bwd_mma_kvq(Bf16, 96),
+        flash_bwd_mma_atomic_dkdvq_bf16_d128 => Dkdvq: bwd_mma_kvq(Bf16, 128),
+        flash_bwd_mma_atomic_convert_f16 => DqConvert: bwd_dq_convert(F16, 0),
+        flash_bwd_mma_atomic_convert_bf16 => DqConvert: bwd_dq_convert(Bf16, 0),
+    }
+    Simt @ Sm80 {
+        flash_bwd_dkdv_f32_d64 => Dkdv: bwd_simt_kv(f32, 64),
+        flash_bwd_dkdv_f32_d128 => Dkdv: bwd_simt_kv(f32, 128),
+        flash_bwd_dkdv_f32_d256 => Dkdv: bwd_simt_kv(f32, 256),
+        flash_bwd_dkdv_f16_d64 => Dkdv: bwd_simt_kv(F16, 64),
+        flash_bwd_dkdv_f16_d128 => Dkdv: bwd_simt_kv(F16, 128),
+        flash_bwd_dkdv_f16_d256 => Dkdv: bwd_simt_kv(F16, 256),
+        flash_bwd_dkdv_bf16_d64 => Dkdv: bwd_simt_kv(Bf16, 64),
+        flash_bwd_dkdv_bf16_d128 => Dkdv: bwd_simt_kv(Bf16, 128),
+        flash_bwd_dkdv_bf16_d256 => Dkdv: bwd_simt_kv(Bf16, 256),
+        flash_bwd_dq_f32_d64 => Dq: bwd_simt_q(f32, 64),
+        flash_bwd_dq_f32_d128 => Dq: bwd_simt_q(f32, 128),
+        flash_bwd_dq_f32_d256 => Dq: bwd_simt_q(f32, 256),
+        flash_bwd_dq_f16_d64 => Dq: bwd_simt_q(F16, 64),
+        flash_bwd_dq_f16_d128 => Dq: bwd_simt_q(F16, 128),
+        flash_bwd_dq_f16_d256 => Dq: bwd_simt_q(F16, 256),
+        flash_bwd_dq_bf16_d64 => Dq: bwd_simt_q(Bf16, 64),
+        flash_bwd_dq_bf16_d128 => Dq: bwd_simt_q(Bf16, 128),
+        flash_bwd_dq_bf16_d256 => Dq: bwd_simt_q(Bf16, 256),
     }
 }
+
 /// The backward variant of `family` and `pass` for `dtype` and `head_dim`, if there is one.
 #[cfg(not(target_arch = "nvptx64"))]
-pub fn bwd_variant(family: &'static str, pass: &str, dtype: DType, head_dim: u32) -> Option<&'static BwdVariant> {
+pub fn bwd_variant(family: BwdFamily, pass: Pass, dtype: DType, head_dim: u32) -> Option<&'static BwdVariant> {
     BWD_VARIANTS.iter().find(|v| v.family == family && v.pass == pass && v.dtype == dtype && v.serves(head_dim))
 }

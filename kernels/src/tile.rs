@@ -265,9 +265,6 @@ pub struct MmaBwdTile {
     /// Whether the dK/dV kernel keeps each warp's K and V fragments in registers (else it
     /// re-reads them from shared memory at every query tile).
     pub kv_in_regs: bool,
-    /// kv_br and kv_in_regs of the atomic backward's dK/dV/dQ kernel (`mma_atomic`).
-    pub atomic_kv_br: u32,
-    pub atomic_kv_in_regs: bool,
     /// Warps per 16-row slice: 1, or 2 that split D in halves (`bwd_mma::slice_and_half`) and
     /// sum their partial S and dP through shared memory (`frag::pair_sum`).
     pub split: u32,
@@ -304,10 +301,10 @@ impl MmaBwdTile {
     pub const fn dkdv_smem_bytes(&self) -> u32 {
         self.kv_smem_bytes(self.kv_br) + self.exchange_bytes(self.kv_br)
     }
-    /// The atomic backward's dK/dV/dQ kernel: the dK/dV kernel's at atomic_kv_br query rows,
-    /// plus dS [atomic_kv_br][64] 16-bit.
+    /// The atomic backward's dK/dV/dQ kernel ([`mma_bwd_tile_atomic`]): the dK/dV kernel's,
+    /// plus dS [kv_br][64] 16-bit.
     pub const fn dkdvq_smem_bytes(&self) -> u32 {
-        self.kv_smem_bytes(self.atomic_kv_br) + self.atomic_kv_br * Self::ROWS * 2
+        self.kv_smem_bytes(self.kv_br) + self.kv_br * Self::ROWS * 2
     }
 }
 
@@ -326,7 +323,7 @@ impl MmaBwdTile {
 ///   sm_90); dkdv Br = 32, K/V from shared memory (254 / 255). Br = 32 (16 before) spilled on
 ///   sm_90 until the loads of 2f46583; measured at 6282a3e (H200, f16, s = 1k-16k): the
 ///   backward went from 97-106 to 121-126 TFLOP/s non-causal, 88-100 to 105-120 causal.
-/// - The atomic family's dK/dV/dQ kernel (`atomic_kv_br`, `atomic_kv_in_regs`) also holds the
+/// - The atomic family's dK/dV/dQ kernel ([`mma_bwd_tile_atomic`]) also holds the
 ///   dQ product's fragments: D = 32 (64, in registers) 236 / 233; D = 64 (32, in registers)
 ///   254 / 254 (Br = 64 spilled 16-52 bytes either way); D = 96 and 128 (16, from shared
 ///   memory) 246 / 243 and 255 / 255. Measured 0.69-0.76x of the deterministic kernels at
@@ -347,31 +344,33 @@ impl MmaBwdTile {
 ///   unsplit spilled at Bc = 64); Br = Bc = 16 (fewer registers, but K, V or Q, dO
 ///   fragments re-read twice as often per product; D = 128 went from Br = 16 to 32 for +20%).
 pub const fn mma_bwd_tile(head_dim: u32) -> Option<MmaBwdTile> {
-    const fn t(head_dim: u32, dq_bc: u32, dq_q_in_regs: bool, kv_br: u32, kv_in_regs: bool, atomic: (u32, bool)) -> Option<MmaBwdTile> {
-        let (atomic_kv_br, atomic_kv_in_regs) = atomic;
-        Some(MmaBwdTile { head_dim, dq_bc, dq_q_in_regs, kv_br, kv_in_regs, atomic_kv_br, atomic_kv_in_regs, split: 1 })
-    }
-    const fn split(head_dim: u32, dq_bc: u32, kv_br: u32) -> Option<MmaBwdTile> {
-        // The atomic family is not compiled above 128 (its fields are unused there).
-        Some(MmaBwdTile {
-            head_dim,
-            dq_bc,
-            dq_q_in_regs: false,
-            kv_br,
-            kv_in_regs: false,
-            atomic_kv_br: 0,
-            atomic_kv_in_regs: false,
-            split: 2,
-        })
+    const fn t(head_dim: u32, dq_bc: u32, dq_q_in_regs: bool, kv_br: u32, kv_in_regs: bool, split: u32) -> Option<MmaBwdTile> {
+        Some(MmaBwdTile { head_dim, dq_bc, dq_q_in_regs, kv_br, kv_in_regs, split })
     }
     match mma_head_dim(head_dim) {
-        Some(32) => t(32, 64, true, 64, true, (64, true)),
-        Some(64) => t(64, 64, true, 64, true, (32, true)),
-        Some(96) => t(96, 32, true, 32, false, (16, false)),
-        Some(128) => t(128, 32, false, 32, false, (16, false)),
-        Some(192) => split(192, 32, 32),
-        Some(256) => split(256, 32, 32),
+        Some(32) => t(32, 64, true, 64, true, 1),
+        Some(64) => t(64, 64, true, 64, true, 1),
+        Some(96) => t(96, 32, true, 32, false, 1),
+        Some(128) => t(128, 32, false, 32, false, 1),
+        Some(192) => t(192, 32, false, 32, false, 2),
+        Some(256) => t(256, 32, false, 32, false, 2),
         _ => None,
+    }
+}
+
+/// The atomic backward's tile (`mma_atomic`, head_dim <= 128): [`mma_bwd_tile`] with the
+/// dK/dV/dQ kernel's query tile, which also holds the dQ product's fragments (the statistics
+/// kernel is the dQ kernel's first pass, with its tile).
+pub const fn mma_bwd_tile_atomic(head_dim: u32) -> Option<MmaBwdTile> {
+    let (kv_br, kv_in_regs) = match mma_head_dim(head_dim) {
+        Some(32) => (64, true),
+        Some(64) => (32, true),
+        Some(96 | 128) => (16, false),
+        _ => return None,
+    };
+    match mma_bwd_tile(head_dim) {
+        Some(t) => Some(MmaBwdTile { kv_br, kv_in_regs, ..t }),
+        None => None,
     }
 }
 

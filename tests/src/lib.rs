@@ -247,8 +247,8 @@ fn check_backward_typed<T: Dtype>(
     // With `repeat`, determinism is asked for; a backward-only family (`mma_atomic`) runs
     // after the automatically chosen forward.
     let attn = case.attention();
-    let opts = BwdOptions { kernel: kernel.filter(|k| flashattn::BWD_FAMILIES.contains(k)), deterministic: repeat };
-    let fwd_opts = FwdOptions { kernel: kernel.filter(|k| flashattn::FAMILIES.contains(k)), save_residual: saved };
+    let opts = BwdOptions { kernel: kernel.filter(|k| flashattn::BwdFamily::from_name(k).is_some()), deterministic: repeat };
+    let fwd_opts = FwdOptions { kernel: kernel.filter(|k| flashattn::FwdFamily::from_name(k).is_some()), save_residual: saved };
     let mut rng = Rng::new(case.seed);
     let (nq, nk) = (s.batch * s.seqlen_q * s.heads_q * s.head_dim, s.batch * s.seqlen_k * s.heads_kv * s.head_dim);
     let (q, k, v, d_o): (Vec<T>, Vec<T>, Vec<T>, Vec<T>) = (rng.tensor(nq), rng.tensor(nk), rng.tensor(nk), rng.tensor(nq));
@@ -264,7 +264,7 @@ fn check_backward_typed<T: Dtype>(
         // The residual is there exactly when the forward's kernel writes it, and each element
         // is O's rounding error: at most half a unit in the last place of O.
         let family = flashattn::select_variant(T::DTYPE, s.head_dim, &fwd_opts, &fa.archs()).map_err(e)?.family;
-        let writes = T::DTYPE != flashattn::kernels::dtype::DType::F32 && flashattn::FWD_RESIDUAL_FAMILIES.contains(&family);
+        let writes = T::DTYPE != flashattn::kernels::dtype::DType::F32 && family.desc().writes_residual;
         match (fwd.o_lo(), writes) {
             (Some(lo), true) => {
                 let (o, lo) = (fa.download(fwd.o()).map_err(e)?, fa.download(lo).map_err(e)?);

@@ -7,7 +7,7 @@
 //! when there is one (ignored, loudly, when not; failed when REQUIRE_GPU=1).
 
 use flashattn::kernels::dtype::DType;
-use flashattn::kernels::registry::{BWD_VARIANTS, bwd_passes};
+use flashattn::kernels::registry::{BWD_VARIANTS, BwdFamily, Pass};
 use flashattn::{AttnShape, FlashAttn};
 use flashattn_tests::{BackendKind, Case, Dt, Gpu, case_strategy, check_backward, check_backward_with, env_usize, nonfinite, shards};
 use libtest_mimic::{Arguments, Failed, Trial};
@@ -23,10 +23,10 @@ fn shape(batch: usize, seqlen_q: usize, seqlen_k: usize, heads_q: usize, heads_k
 }
 
 /// A case `family` serves: head_dim rounded up to a multiple of 8 for the families that
-/// take only those (`BWD_ALIGNED_FAMILIES`; automatic selection takes every head_dim).
+/// take only those (`BwdFamilyDesc::aligned_only`; automatic selection takes every head_dim).
 fn for_family(family: Option<&str>, c: Case) -> Case {
     match family {
-        Some(f) if flashattn::kernels::registry::BWD_ALIGNED_FAMILIES.contains(&f) => {
+        Some(f) if BwdFamily::from_name(f).is_some_and(|f| f.desc().aligned_only) => {
             Case { shape: AttnShape { head_dim: c.shape.head_dim.next_multiple_of(8), ..c.shape }, ..c }
         }
         _ => c,
@@ -179,27 +179,27 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
     // dims); a GPU without the variant's architecture (sm_90a kernels off Hopper) reports it
     // ignored.
     let archs = fa.as_ref().map(|f| f.archs());
-    let lead = |f: &str, saved: bool| bwd_passes(f, saved).iter().copied().find(|p| !p.starts_with("prep"));
+    let lead = |f: BwdFamily, saved: bool| f.passes(saved).iter().copied().find(|p| !matches!(p, Pass::Prep | Pass::PrepResidual));
     let sets = BWD_VARIANTS.iter().flat_map(|v| [(v, false), (v, true)]);
-    for (v, saved) in sets.filter(|&(v, saved)| {
-        lead(v.family, saved) == Some(v.pass) && (!saved || bwd_passes(v.family, true) != bwd_passes(v.family, false))
-    }) {
+    for (v, saved) in
+        sets.filter(|&(v, saved)| lead(v.family, saved) == Some(v.pass) && (!saved || v.family.passes(true) != v.family.passes(false)))
+    {
         let dtype = match v.dtype {
             DType::F32 => Dt::F32,
             DType::F16 => Dt::F16,
             DType::Bf16 => Dt::Bf16,
         };
         // The largest head_dim the variant serves.
-        let d = (v.head_dims.0..=v.head_dims.1).rev().find(|&d| v.serves(d)).expect("a variant serves a head_dim") as usize;
+        let d = v.head_dims().1 as usize;
         let case = Case { shape: shape(1, 37, 70, 2, 1, d), causal: true, softmax_scale: None, dtype, seed: 0 };
-        let (family, name) = (v.family, v.name);
+        let (family, name) = (v.family.name(), v.name);
         let trial = mk(
             format!("{tag}::variant::{name}"),
             Box::new(move |fa| {
                 let opts = flashattn::BwdOptions { kernel: Some(family), ..Default::default() };
                 let got = flashattn::select_bwd_variants(v.dtype, d, &opts, &fa.archs(), saved).map_err(|e| Failed::from(e.to_string()))?;
                 let mine = got.iter().find(|g| g.pass == v.pass).map(|g| g.name);
-                if mine != Some(name) || got.iter().any(|g| g.family != family) {
+                if mine != Some(name) || got.iter().any(|g| g.family != v.family) {
                     let names = got.iter().map(|g| g.name).collect::<Vec<_>>().join(", ");
                     return Err(format!("head_dim {d} selects {names} instead of {name}").into());
                 }
@@ -207,8 +207,11 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
             }),
         );
         match &archs {
-            Some(a) if !a.contains(&v.arch) => {
-                eprintln!("\n*** {tag}::variant::{name}: this device cannot run {:?} kernels: NOT RUN (reported as ignored) ***\n", v.arch);
+            Some(a) if !a.contains(&v.arch()) => {
+                eprintln!(
+                    "\n*** {tag}::variant::{name}: this device cannot run {:?} kernels: NOT RUN (reported as ignored) ***\n",
+                    v.arch()
+                );
                 trials.push(trial.with_ignored_flag(true));
             }
             _ => trials.push(trial),

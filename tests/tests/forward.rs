@@ -143,9 +143,9 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
             DType::F16 => Dt::F16,
             DType::Bf16 => Dt::Bf16,
         };
-        let d = v.head_dims.1 as usize;
+        let d = v.head_dims().1 as usize;
         let case = Case { shape: shape(1, 37, 45, 2, 1, d), causal: true, softmax_scale: None, dtype, seed: 0 };
-        let (family, name) = (v.family, v.name);
+        let (family, name) = (v.family.name(), v.name);
         let trial = mk(
             format!("{tag}::variant::{name}"),
             Box::new(move |fa| {
@@ -158,8 +158,11 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
             }),
         );
         match &archs {
-            Some(a) if !a.contains(&v.arch) => {
-                eprintln!("\n*** {tag}::variant::{name}: this device cannot run {:?} kernels: NOT RUN (reported as ignored) ***\n", v.arch);
+            Some(a) if !a.contains(&v.arch()) => {
+                eprintln!(
+                    "\n*** {tag}::variant::{name}: this device cannot run {:?} kernels: NOT RUN (reported as ignored) ***\n",
+                    v.arch()
+                );
                 trials.push(trial.with_ignored_flag(true));
             }
             _ => trials.push(trial),
@@ -175,14 +178,14 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
         ("head_dim_255", shape(1, 45, 67, 2, 1, 255), true, None),
     ];
     for (name, s, causal, scale) in odd {
-        for v in FWD_VARIANTS.iter().filter(|v| v.serves(s.head_dim as u32) && ["wgmma", "mma", "simt"].contains(&v.family)) {
+        for v in FWD_VARIANTS.iter().filter(|v| v.serves(s.head_dim as u32) && ["wgmma", "mma", "simt"].contains(&v.family.name())) {
             let dtype = match v.dtype {
                 DType::F32 => Dt::F32,
                 DType::F16 => Dt::F16,
                 DType::Bf16 => Dt::Bf16,
             };
             let case = Case { shape: s, causal, softmax_scale: scale, dtype, seed: 0 };
-            let family = v.family;
+            let family = v.family.name();
             let trial = mk(
                 format!("{tag}::edge::{name}::{family}::{dtype:?}").to_lowercase(),
                 Box::new(move |fa| {
@@ -190,10 +193,10 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
                 }),
             );
             match &archs {
-                Some(a) if !a.contains(&v.arch) => {
+                Some(a) if !a.contains(&v.arch()) => {
                     eprintln!(
                         "\n*** {tag}::edge::{name}::{family}: this device cannot run {:?} kernels: NOT RUN (reported as ignored) ***\n",
-                        v.arch
+                        v.arch()
                     );
                     trials.push(trial.with_ignored_flag(true));
                 }

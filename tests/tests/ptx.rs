@@ -20,8 +20,8 @@ type PtxasCheck = fn(PathBuf);
 fn every_registered_kernel_is_an_entry() {
     for (target, arch, ptx) in MODULES {
         let names = entries(ptx);
-        let bwd = BWD_VARIANTS.iter().filter(|v| v.arch == *arch).map(|v| v.name);
-        let registered: Vec<&str> = FWD_VARIANTS.iter().filter(|v| v.arch == *arch).map(|v| v.name).chain(bwd).collect();
+        let bwd = BWD_VARIANTS.iter().filter(|v| v.arch() == *arch).map(|v| v.name);
+        let registered: Vec<&str> = FWD_VARIANTS.iter().filter(|v| v.arch() == *arch).map(|v| v.name).chain(bwd).collect();
         for name in &registered {
             assert!(names.contains(name), "{target}: no entry {name} in the PTX");
         }
@@ -42,7 +42,7 @@ fn nothing_unresolved() {
 fn loaded_modules_carry_the_register_caps() {
     for (target, arch, ptx) in MODULES {
         let mut added = 0;
-        for v in BWD_VARIANTS.iter().filter(|v| v.arch == *arch) {
+        for v in BWD_VARIANTS.iter().filter(|v| v.arch() == *arch) {
             if let Some(regs) = v.max_regs() {
                 let one = entry_module(loaded(*arch), v.name).unwrap_or_else(|| panic!("{target}: {} not split", v.name));
                 assert!(one.contains(&format!(")\n.maxnreg {regs}\n{{\n")), "{target} {}: no .maxnreg {regs}", v.name);
@@ -148,8 +148,8 @@ fn ptxas_no_spills_no_stack(ptxas: PathBuf) {
 fn ptxas_split_modules(ptxas: PathBuf) {
     let dir = std::env::temp_dir().join(format!("flashattn-ptx-split-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let fwd = FWD_VARIANTS.iter().map(|v| (v.family, "fwd", v.name, v.arch));
-    let bwd = BWD_VARIANTS.iter().map(|v| (v.family, v.pass, v.name, v.arch));
+    let fwd = FWD_VARIANTS.iter().map(|v| (v.family.name(), "fwd", v.name, v.arch()));
+    let bwd = BWD_VARIANTS.iter().map(|v| (v.family.name(), v.pass.name(), v.name, v.arch()));
     let mut seen = std::collections::HashSet::new();
     for (family, pass, name, arch) in fwd.chain(bwd).filter(|k| seen.insert((k.0, k.1))) {
         let one = entry_module(loaded(arch), name).unwrap_or_else(|| panic!("{name} not split"));

@@ -159,11 +159,12 @@ fn no_driver_is_an_error_not_a_panic() {
 #[test]
 fn every_family_has_variants_and_every_variant_a_family() {
     use flashattn::kernels::registry::FWD_VARIANTS;
-    for f in flashattn::FAMILIES {
-        assert!(FWD_VARIANTS.iter().any(|v| v.family == *f), "family {f} has no variant");
+    for f in flashattn::FWD_FAMILIES {
+        assert!(FWD_VARIANTS.iter().any(|v| v.family == f.family), "family {} has no variant", f.name);
+        assert_eq!(flashattn::FwdFamily::from_name(f.name), Some(f.family), "{}: one descriptor per family", f.name);
     }
     for v in FWD_VARIANTS {
-        assert!(flashattn::FAMILIES.contains(&v.family), "{} has unlisted family {}", v.name, v.family);
+        assert!(v.head_dims().0 >= 1 && v.launch(v.head_dims().1).is_some(), "{} serves no head_dim", v.name);
     }
 }
 
@@ -178,13 +179,29 @@ fn registry_matches_tile_functions() {
             let v = flashattn::select_variant(dtype, d as usize, &opts, &[Arch::Sm80]).unwrap_or_else(|e| panic!("d={d}: {e}"));
             let t = mma_tile(d).expect("tile");
             assert!(v.serves(d) && t.head_dim >= d, "d={d}: {}", v.name);
-            assert_eq!((v.br, (v.smem_bytes)(d), v.threads), (t.br(), t.smem_bytes(), t.threads()), "d={d}: {}", v.name);
+            assert_eq!(
+                {
+                    let l = fl(v, d);
+                    (l.0, l.2, l.1)
+                },
+                (t.br(), t.smem_bytes(), t.threads()),
+                "d={d}: {}",
+                v.name
+            );
         }
         for dtype in [DType::F32, DType::F16, DType::Bf16] {
             let opts = FwdOptions { kernel: Some("simt"), ..Default::default() };
             let v = flashattn::select_variant(dtype, d as usize, &opts, &[Arch::Sm80]).unwrap_or_else(|e| panic!("d={d}: {e}"));
             let t = simt_tile(d);
-            assert_eq!((v.br, (v.smem_bytes)(d), v.threads), (t.br(), t.smem_bytes(d), t.threads()), "d={d}: {}", v.name);
+            assert_eq!(
+                {
+                    let l = fl(v, d);
+                    (l.0, l.2, l.1)
+                },
+                (t.br(), t.smem_bytes(d), t.threads()),
+                "d={d}: {}",
+                v.name
+            );
         }
         // Hopper: wgmma where its tile applies (16-bit, head_dim <= 256), else the mma tile;
         // without sm_90a, the mma tile.
@@ -195,18 +212,21 @@ fn registry_matches_tile_functions() {
             let hopper = auto(&[Arch::Sm80, Arch::Sm90a]);
             match wgmma_tile(d) {
                 Some(t) => {
-                    assert_eq!((hopper.family, hopper.arch), ("wgmma", Arch::Sm90a), "d={d}");
+                    assert_eq!((hopper.family.name(), hopper.arch()), ("wgmma", Arch::Sm90a), "d={d}");
                     assert!(hopper.serves(d) && t.head_dim >= d, "d={d}: {}", hopper.name);
                     assert_eq!(
-                        (hopper.br, (hopper.smem_bytes)(d), hopper.threads),
+                        {
+                            let l = fl(hopper, d);
+                            (l.0, l.2, l.1)
+                        },
                         (t.br(), t.smem_bytes(), t.threads()),
                         "d={d}: {}",
                         hopper.name
                     );
                 }
-                None => assert_eq!(hopper.family, "mma", "d={d}"),
+                None => assert_eq!(hopper.family.name(), "mma", "d={d}"),
             }
-            assert_eq!(auto(&[Arch::Sm80]).family, "mma", "d={d}");
+            assert_eq!(auto(&[Arch::Sm80]).family.name(), "mma", "d={d}");
         }
     }
 }
@@ -216,35 +236,37 @@ fn backward_selection_and_registry_match_tile_functions() {
     use flashattn::Arch;
     use flashattn::kernels::dtype::DType;
     use flashattn::kernels::registry::BWD_VARIANTS;
-    use flashattn::kernels::tile::{MmaBwdTile, WgmmaBwdTile, mma_bwd_tile, wgmma_bwd_tile};
+    use flashattn::kernels::tile::{MmaBwdTile, WgmmaBwdTile, mma_bwd_tile, mma_bwd_tile_atomic, wgmma_bwd_tile};
     for f in flashattn::BWD_FAMILIES {
-        let any = [DType::F32, DType::F16, DType::Bf16]
-            .iter()
-            .any(|&dt| (1..=256).any(|d| flashattn::kernels::registry::bwd_variant(f, "dkdv", dt, d).is_some()));
-        assert!(any || BWD_VARIANTS.iter().any(|v| v.family == *f), "family {f} has no variant");
+        assert_eq!(flashattn::BwdFamily::from_name(f.name), Some(f.family), "{}: one descriptor per family", f.name);
+        // Every pass of the family has a variant at some head_dim and dtype.
+        for &pass in f.passes.iter().flat_map(|p| p.iter()) {
+            assert!(BWD_VARIANTS.iter().any(|v| v.family == f.family && v.pass == pass), "family {} has no {pass:?} variant", f.name);
+        }
     }
     for v in BWD_VARIANTS {
-        assert!(flashattn::BWD_FAMILIES.contains(&v.family), "{} has unlisted family {}", v.name, v.family);
+        assert!(v.family.desc().passes.iter().any(|p| p.contains(&v.pass)), "{}: {:?} is not a pass of its family", v.name, v.pass);
+        assert!(v.head_dims().0 >= 1 && v.launch(v.head_dims().1).is_some(), "{} serves no head_dim", v.name);
     }
     for d in 1..=256u32 {
         for dtype in [DType::F32, DType::F16, DType::Bf16] {
-            // The mma families take head dims that are multiples of 8 (`BWD_ALIGNED_FAMILIES`).
+            // The mma families take head dims that are multiples of 8 (`BwdFamilyDesc::aligned_only`).
             let tc = dtype != DType::F32 && d.is_multiple_of(8);
             let auto = flashattn::select_bwd_variants(dtype, d as usize, &BwdOptions::default(), &[Arch::Sm80], false)
                 .unwrap_or_else(|e| panic!("d={d}: {e}"));
             let want = if tc { "mma" } else { "simt" };
-            assert!(auto.iter().all(|v| v.family == want && v.serves(d)), "d={d} {dtype:?}: {}", auto[0].name);
+            assert!(auto.iter().all(|v| v.family.name() == want && v.serves(d)), "d={d} {dtype:?}: {}", auto[0].name);
             let det = BwdOptions { deterministic: true, ..Default::default() };
             let auto_det =
                 flashattn::select_bwd_variants(dtype, d as usize, &det, &[Arch::Sm80], false).unwrap_or_else(|e| panic!("d={d}: {e}"));
             let want_det = if tc { "mma" } else { "simt" };
-            assert!(auto_det.iter().all(|v| v.family == want_det && v.serves(d)), "d={d} {dtype:?}: {}", auto_det[0].name);
+            assert!(auto_det.iter().all(|v| v.family.name() == want_det && v.serves(d)), "d={d} {dtype:?}: {}", auto_det[0].name);
             // Hopper: `prep` (m_i, 1 / l_i from the LSE, D~_i from O), the wgmma dQ kernel and
             // the dK/dV kernel, deterministic too.
             for opts in [BwdOptions::default(), det] {
                 let hop = flashattn::select_bwd_variants(dtype, d as usize, &opts, &[Arch::Sm80, Arch::Sm90a], false)
                     .unwrap_or_else(|e| panic!("d={d}: {e}"));
-                let fams: Vec<_> = hop.iter().map(|v| (v.family, v.pass, v.arch)).collect();
+                let fams: Vec<_> = hop.iter().map(|v| (v.family.name(), v.pass.name(), v.arch())).collect();
                 if let Some(t) = wgmma_bwd_tile(d)
                     && dtype != DType::F32
                 {
@@ -254,22 +276,19 @@ fn backward_selection_and_registry_match_tile_functions() {
                         "d={d} {dtype:?}"
                     );
                     assert!(t.head_dim >= d && hop.iter().all(|v| v.serves(d)));
-                    assert_eq!((hop[1].rows, hop[1].threads, (hop[1].smem_bytes)(d)), (WgmmaBwdTile::ROWS, t.threads(), t.dq_smem_bytes()));
-                    assert_eq!(
-                        (hop[2].rows, hop[2].threads, (hop[2].smem_bytes)(d)),
-                        (WgmmaBwdTile::KEYS, t.threads(), t.dkdv_smem_bytes())
-                    );
+                    assert_eq!(fl(hop[1], d), (WgmmaBwdTile::ROWS, t.threads(), t.dq_smem_bytes()));
+                    assert_eq!(fl(hop[2], d), (WgmmaBwdTile::KEYS, t.threads(), t.dkdv_smem_bytes()));
                     // With the forward's O residual: D~_i from O + O_lo, then the same dQ and
                     // dK/dV kernels.
                     let hs = flashattn::select_bwd_variants(dtype, d as usize, &opts, &[Arch::Sm80, Arch::Sm90a], true)
                         .unwrap_or_else(|e| panic!("d={d}: {e}"));
                     assert_eq!(
-                        hs.iter().map(|v| (v.family, v.pass)).collect::<Vec<_>>(),
+                        hs.iter().map(|v| (v.family.name(), v.pass.name())).collect::<Vec<_>>(),
                         [("wgmma", "prep_residual"), ("wgmma", "dq_saved"), ("wgmma", "dkdv")],
                         "d={d}"
                     );
                     assert!(
-                        hs.iter().all(|v| v.serves(d) && v.arch == Arch::Sm90a) && hs[1].name == hop[1].name && hs[2].name == hop[2].name
+                        hs.iter().all(|v| v.serves(d) && v.arch() == Arch::Sm90a) && hs[1].name == hop[1].name && hs[2].name == hop[2].name
                     );
                 } else {
                     assert_eq!(
@@ -289,16 +308,25 @@ fn backward_selection_and_registry_match_tile_functions() {
             let simt = BwdOptions { kernel: Some("simt"), ..Default::default() };
             let s = flashattn::select_bwd_variants(dtype, d as usize, &simt, &[Arch::Sm80, Arch::Sm90a], false)
                 .unwrap_or_else(|e| panic!("d={d}: {e}"));
-            assert!(s.iter().all(|v| v.family == "simt"), "d={d}");
-            // (Head dims that are not multiples of 8 select SIMT: `BWD_ALIGNED_FAMILIES`.)
+            assert!(s.iter().all(|v| v.family.name() == "simt"), "d={d}");
+            // (Head dims that are not multiples of 8 select SIMT: `BwdFamilyDesc::aligned_only`.)
             if let Some(t) = mma_bwd_tile(d)
                 && tc
             {
                 assert!(t.head_dim >= d);
                 let [dq, kv] = [auto_det[0], auto_det[1]];
-                assert_eq!((dq.pass, dq.rows, dq.threads, (dq.smem_bytes)(d)), ("dq", MmaBwdTile::ROWS, t.threads(), t.dq_smem_bytes()));
                 assert_eq!(
-                    (kv.pass, kv.rows, kv.threads, (kv.smem_bytes)(d)),
+                    {
+                        let l = fl(dq, d);
+                        (dq.pass.name(), l.0, l.1, l.2)
+                    },
+                    ("dq", MmaBwdTile::ROWS, t.threads(), t.dq_smem_bytes())
+                );
+                assert_eq!(
+                    {
+                        let l = fl(kv, d);
+                        (kv.pass.name(), l.0, l.1, l.2)
+                    },
                     ("dkdv", MmaBwdTile::ROWS, t.threads(), t.dkdv_smem_bytes())
                 );
                 let atomic = BwdOptions { kernel: Some("mma_atomic"), ..Default::default() };
@@ -309,11 +337,19 @@ fn backward_selection_and_registry_match_tile_functions() {
                     continue;
                 }
                 let at = at.unwrap_or_else(|e| panic!("d={d}: {e}"));
-                let passes: Vec<_> = at.iter().map(|v| v.pass).collect();
+                let passes: Vec<_> = at.iter().map(|v| v.pass.name()).collect();
                 assert_eq!(passes, ["stats", "dkdvq", "dq_convert"]);
-                assert!(at.iter().all(|v| v.family == "mma_atomic" && v.serves(d)));
-                assert_eq!((at[0].rows, (at[0].smem_bytes)(d)), (MmaBwdTile::ROWS, t.dq_smem_bytes()));
-                assert_eq!((at[1].rows, (at[1].smem_bytes)(d)), (MmaBwdTile::ROWS, t.dkdvq_smem_bytes()));
+                assert!(at.iter().all(|v| v.family.name() == "mma_atomic" && v.serves(d)));
+                assert_eq!(
+                    {
+                        let l = fl(at[0], d);
+                        (l.0, l.2)
+                    },
+                    (MmaBwdTile::ROWS, t.dq_smem_bytes())
+                );
+                let ta = mma_bwd_tile_atomic(d).expect("the atomic tile");
+                assert_eq!(fl(at[1], d).0, MmaBwdTile::ROWS);
+                assert_eq!(fl(at[1], d).2, ta.dkdvq_smem_bytes());
             }
         }
     }
@@ -336,7 +372,10 @@ fn backward_rejects_bad_shapes_and_kernels_before_launch() {
     assert!(matches!(&e, Error::OutputShape { tensor: "d_o", .. }), "{e}");
     let opts = BwdOptions { kernel: Some("nope"), ..Default::default() };
     let e = fa.backward(&q, &q, &q, &fwd, &q, &opts).expect_err("unknown family");
-    assert!(matches!(&e, Error::UnknownKernel { name, available } if name == "nope" && available == flashattn::BWD_FAMILIES), "{e}");
+    assert!(
+        matches!(&e, Error::UnknownKernel { name, available } if name == "nope" && *available == flashattn::BWD_FAMILIES.iter().map(|f| f.name).collect::<Vec<_>>()),
+        "{e}"
+    );
     // Forward family names are not backward ones.
     let opts = BwdOptions { kernel: Some("mma_br64"), ..Default::default() };
     let e = fa.backward(&q, &q, &q, &fwd, &q, &opts).expect_err("a forward-only family");
@@ -394,4 +433,24 @@ fn backward_takes_the_forwards_attention_and_inputs() {
     let mut fwd = fwd;
     fa.forward_into(&q, &k, &v, &attn, &FwdOptions::default(), &mut fwd).unwrap();
     assert!(fwd.o_lo().is_none());
+}
+
+/// A variant's launch at `head_dim`: (rows per block, threads, shared memory bytes).
+fn fl<V: Launched>(v: &V, head_dim: u32) -> (u32, u32, u32) {
+    let l = v.launch_at(head_dim).unwrap_or_else(|| panic!("no launch at head_dim {head_dim}"));
+    (l.rows, l.threads, l.smem_bytes)
+}
+
+trait Launched {
+    fn launch_at(&self, head_dim: u32) -> Option<flashattn::kernels::registry::Launch>;
+}
+impl Launched for flashattn::kernels::registry::FwdVariant {
+    fn launch_at(&self, head_dim: u32) -> Option<flashattn::kernels::registry::Launch> {
+        self.launch(head_dim)
+    }
+}
+impl Launched for flashattn::kernels::registry::BwdVariant {
+    fn launch_at(&self, head_dim: u32) -> Option<flashattn::kernels::registry::Launch> {
+        self.launch(head_dim)
+    }
 }
