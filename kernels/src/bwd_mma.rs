@@ -46,7 +46,7 @@ use crate::nonfinite::{add_nonfinite, dkdv_tile_masked, finite_frag, row_at};
 use crate::params::BwdParams;
 use crate::smem::{LaneAddr, Layout};
 use crate::softmax::QuadRow;
-use crate::tile::{MMA_WARPS, exchange_floats};
+use crate::tile::{Config, MMA_WARPS, MmaBwdTile, exchange_floats};
 use core::f32::consts::LOG2_E;
 
 /// Rows (queries for dq, keys for dkdv) per block: 16 per warp.
@@ -96,7 +96,8 @@ unsafe fn load<T: MmaElement, const D: usize, const ROWS: usize, const SPLIT: us
     }
 }
 
-/// The dQ kernel for one tile: D = 16 DK SPLIT = 8 DN SPLIT (DK, DN: per warp, SPLIT warps
+/// The dQ kernel for one tile `C` (`tile::mma_bwd_tile`; its const parameters are the tile's
+/// fields and counts, checked against it at compile time): D = 16 DK SPLIT = 8 DN SPLIT (DK, DN: per warp, SPLIT warps
 /// share each 16 query rows, `slice_and_half`), Bc = BC = 8 NS keys per K/V tile; QREG
 /// keeps the warp's Q and dO fragments in registers (else they are re-read from shared memory
 /// at every key tile); causal or not at run time. Also writes m_i, 1 / l_i, D_i to the workspace.
@@ -107,6 +108,7 @@ unsafe fn load<T: MmaElement, const D: usize, const ROWS: usize, const SPLIT: us
 #[inline(always)]
 pub unsafe fn dq<
     T: MmaElement,
+    C: Config<Tile = MmaBwdTile>,
     const D: usize,
     const DK: usize,
     const DN: usize,
@@ -118,6 +120,11 @@ pub unsafe fn dq<
 >(
     p: &BwdParams,
 ) {
+    const {
+        let t = C::TILE;
+        assert!(D == t.head_dim as usize && SPLIT == t.split as usize && DK * 16 * SPLIT == D && DN * 8 * SPLIT == D);
+        assert!(BC == t.dq_bc as usize && NS * 8 == BC && QREG == t.dq_q_in_regs);
+    }
     unsafe {
         if p.causal != 0 {
             dq_masked::<T, Causal, D, DK, DN, BC, NS, QREG, STATS_ONLY, SPLIT>(p)
@@ -145,13 +152,7 @@ unsafe fn dq_masked<
     let br = BLOCK_ROWS;
     // Head dims that are multiples of 8 only (`registry::BwdFamilyDesc::aligned_only`).
     let d = p.head_dim;
-    if d > D as u32
-        || !d.is_multiple_of(8)
-        || DK * 16 * SPLIT != D
-        || DN * 8 * SPLIT != D
-        || NS * 8 != BC
-        || block::dim() != MMA_WARPS * 32 * SPLIT as u32
-    {
+    if d > D as u32 || !d.is_multiple_of(8) || block::dim() != MMA_WARPS * 32 * SPLIT as u32 {
         thread::trap();
     }
     let (q_blk, h, b) = block::idx();
@@ -402,7 +403,8 @@ impl<T: MmaElement, const D: usize, const DK: usize, const QREG: bool, const SPL
     }
 }
 
-/// The dK/dV kernel for one tile: D = 16 DK SPLIT = 8 DN SPLIT (DK, DN: per warp, SPLIT warps
+/// The dK/dV kernel for one tile `C` (`tile::mma_bwd_tile`, with DQ `mma_bwd_tile_atomic`;
+/// const parameters checked against it as for [`dq`]): D = 16 DK SPLIT = 8 DN SPLIT (DK, DN: per warp, SPLIT warps
 /// share each 16 keys, `slice_and_half`), query tiles of BR = 8 NQ rows; KVREG keeps
 /// the warp's K and V fragments in registers (else they are re-read from shared memory at
 /// every query tile). Causal or not at run time. Reads m_i, 1 / l_i, D_i from the dQ
@@ -416,6 +418,7 @@ impl<T: MmaElement, const D: usize, const DK: usize, const QREG: bool, const SPL
 #[inline(always)]
 pub unsafe fn dkdv<
     T: MmaElement,
+    C: Config<Tile = MmaBwdTile>,
     const D: usize,
     const DK: usize,
     const DN: usize,
@@ -427,6 +430,11 @@ pub unsafe fn dkdv<
 >(
     p: &BwdParams,
 ) {
+    const {
+        let t = C::TILE;
+        assert!(D == t.head_dim as usize && SPLIT == t.split as usize && DK * 16 * SPLIT == D && DN * 8 * SPLIT == D);
+        assert!(BR == t.kv_br as usize && NQ * 8 == BR && KVREG == t.kv_in_regs);
+    }
     unsafe {
         if p.causal != 0 {
             dkdv_masked::<T, Causal, D, DK, DN, BR, NQ, KVREG, DQ, SPLIT>(p)
@@ -456,13 +464,7 @@ unsafe fn dkdv_masked<
     let bc = BLOCK_ROWS;
     // Head dims that are multiples of 8 only (`registry::BwdFamilyDesc::aligned_only`).
     let d = p.head_dim;
-    if d > D as u32
-        || !d.is_multiple_of(8)
-        || DK * 16 * SPLIT != D
-        || DN * 8 * SPLIT != D
-        || NQ * 8 != BR
-        || block::dim() != MMA_WARPS * 32 * SPLIT as u32
-    {
+    if d > D as u32 || !d.is_multiple_of(8) || block::dim() != MMA_WARPS * 32 * SPLIT as u32 {
         thread::trap();
     }
     let (kv_blk, hk, b) = block::idx();

@@ -21,7 +21,7 @@ use crate::dtype::Element;
 use crate::mask::{Causal, Mask, NoMask};
 use crate::params::BwdParams;
 use crate::softmax::score_scale;
-use crate::tile::{SimtKvTile, SimtTile};
+use crate::tile::{Config, SimtKvTile, SimtTile};
 use core::f32::consts::LOG2_E;
 
 /// P_ij = exp(S_ij * scale - m_i) / l_i, 0 where masked or where the row sees no key
@@ -105,13 +105,14 @@ impl RowStats {
 /// # Safety
 /// `p` valid (host-checked); launch with `simt_kv_tile(d)`'s threads and shared memory.
 #[inline(always)]
-pub unsafe fn dkdv<T: Element, const RK: usize, const DCH: usize>(p: &BwdParams) {
-    unsafe { if p.causal != 0 { dkdv_masked::<T, Causal, RK, DCH>(p) } else { dkdv_masked::<T, NoMask, RK, DCH>(p) } }
+pub unsafe fn dkdv<T: Element, C: Config<Tile = SimtKvTile>, const RK: usize, const DCH: usize>(p: &BwdParams) {
+    const { assert!(RK == C::TILE.keys_per_warp as usize && DCH == C::TILE.d_chunks as usize) };
+    unsafe { if p.causal != 0 { dkdv_masked::<T, C, Causal, RK, DCH>(p) } else { dkdv_masked::<T, C, NoMask, RK, DCH>(p) } }
 }
 
 #[inline(always)]
-unsafe fn dkdv_masked<T: Element, M: Mask, const RK: usize, const DCH: usize>(p: &BwdParams) {
-    let tile = SimtKvTile { keys_per_warp: RK as u32, d_chunks: DCH as u32 };
+unsafe fn dkdv_masked<T: Element, C: Config<Tile = SimtKvTile>, M: Mask, const RK: usize, const DCH: usize>(p: &BwdParams) {
+    let tile = C::TILE;
     let (bn, bm, d) = (tile.bn(), SimtKvTile::BM, p.head_dim);
     if d > 32 * DCH as u32 || block::dim() != tile.threads() {
         thread::trap();
@@ -264,13 +265,14 @@ impl FirstVisible for core::ops::Range<u32> {
 /// # Safety
 /// `p` valid (host-checked); launch with `simt_tile(d)`'s threads and `simt_dq_smem_bytes(d)`.
 #[inline(always)]
-pub unsafe fn dq<T: Element, const ROWS: usize, const DCH: usize, const SC: usize>(p: &BwdParams) {
-    unsafe { if p.causal != 0 { dq_masked::<T, Causal, ROWS, DCH, SC>(p) } else { dq_masked::<T, NoMask, ROWS, DCH, SC>(p) } }
+pub unsafe fn dq<T: Element, C: Config<Tile = SimtTile>, const ROWS: usize, const DCH: usize, const SC: usize>(p: &BwdParams) {
+    const { assert!(ROWS == C::TILE.rows_per_warp as usize && DCH == C::TILE.d_chunks as usize && SC == C::TILE.s_cols as usize) };
+    unsafe { if p.causal != 0 { dq_masked::<T, C, Causal, ROWS, DCH, SC>(p) } else { dq_masked::<T, C, NoMask, ROWS, DCH, SC>(p) } }
 }
 
 #[inline(always)]
-unsafe fn dq_masked<T: Element, M: Mask, const ROWS: usize, const DCH: usize, const SC: usize>(p: &BwdParams) {
-    let tile = SimtTile { rows_per_warp: ROWS as u32, d_chunks: DCH as u32, s_cols: SC as u32 };
+unsafe fn dq_masked<T: Element, C: Config<Tile = SimtTile>, M: Mask, const ROWS: usize, const DCH: usize, const SC: usize>(p: &BwdParams) {
+    let tile = C::TILE;
     let (br, bc, d) = (tile.br(), tile.bc(), p.head_dim);
     if d > tile.max_head_dim() || block::dim() != tile.threads() {
         thread::trap();

@@ -66,13 +66,15 @@ use crate::nonfinite::{clean_own_pair, dkdv_tile_masked, own_chunks_nonfinite, w
 use crate::params::BwdParams;
 use crate::smem::Sw;
 use crate::softmax::QuadRow;
-use crate::tile::HOT_TILES;
+use crate::tile::{Config, HOT_TILES, WgmmaBwdTile};
 use core::f32::consts::LOG2_E;
 
 /// Keys per block: one warpgroup's M.
 const KEYS: usize = 64;
 
-/// Entry body for one tile: D = 8 DN, query tiles of BR = 8 NQ = 16 KQ rows.
+/// Entry body for one tile `C` (`tile::wgmma_bwd_tile`; its const parameters are the tile's
+/// fields and counts, checked against it at compile time): D = 8 DN, query tiles of
+/// BR = 8 NQ = 16 KQ rows.
 ///
 /// # Safety
 /// `p` valid (host-checked), `p.head_dim <= D`, 128 threads,
@@ -81,6 +83,7 @@ const KEYS: usize = 64;
 #[inline(always)]
 pub unsafe fn dkdv<
     T: MmaElement,
+    C: Config<Tile = WgmmaBwdTile>,
     const D: usize,
     const DN: usize,
     const BR: usize,
@@ -91,13 +94,18 @@ pub unsafe fn dkdv<
 >(
     p: &BwdParams,
 ) {
+    const {
+        let t = C::TILE;
+        assert!(D == t.head_dim as usize && DN * 8 == D && D.is_multiple_of(64) && PAD == t.padded);
+        assert!(BR == t.br as usize && NQ * 8 == BR && KQ * 16 == BR);
+    }
     // With DQ (the atomic family), head dims that are multiples of 8 only
     // (`registry::BwdFamilyDesc::aligned_only`).
-    if DQ && by_element::<PAD>(p.head_dim) {
+    if DQ && by_element(PAD, p.head_dim) {
         thread::trap();
     }
     unsafe {
-        match (p.causal != 0, !DQ && by_element::<PAD>(p.head_dim)) {
+        match (p.causal != 0, !DQ && by_element(PAD, p.head_dim)) {
             (true, false) => dkdv_masked::<T, Causal, D, DN, BR, NQ, KQ, PAD, DQ, false>(p),
             (true, true) => dkdv_masked::<T, Causal, D, DN, BR, NQ, KQ, PAD, DQ, true>(p),
             (false, false) => dkdv_masked::<T, NoMask, D, DN, BR, NQ, KQ, PAD, DQ, false>(p),
@@ -122,16 +130,8 @@ unsafe fn dkdv_masked<
     p: &BwdParams,
 ) {
     // Without PAD, head_dim is exactly D and the padding checks compile away.
-    let d = body_head_dim::<D, PAD, EL>(p.head_dim);
-    if p.head_dim > D as u32
-        || (!PAD && p.head_dim != D as u32)
-        || d == 0
-        || DN * 8 != D
-        || NQ * 8 != BR
-        || KQ * 16 != BR
-        || !D.is_multiple_of(64)
-        || block::dim() != warpgroup::SIZE
-    {
+    let d = body_head_dim::<D, EL>(PAD, p.head_dim);
+    if p.head_dim > D as u32 || (!PAD && p.head_dim != D as u32) || d == 0 || block::dim() != warpgroup::SIZE {
         thread::trap();
     }
     let (kv_blk, hk, b) = block::idx();
@@ -476,7 +476,7 @@ pub const DQ_SAVED: u8 = 1;
 /// backward's first kernel), no dQ.
 pub const DQ_STATS: u8 = 2;
 
-/// The dQ kernel for one tile: D = 8 DN, key tiles of BC = 8 NS = 16 KS keys, MODE
+/// The dQ kernel for one tile `C` (as [`dkdv`]): D = 8 DN, key tiles of BC = 8 NS = 16 KS keys, MODE
 /// [`DQ_SAVED`] or [`DQ_STATS`] (see the module doc).
 ///
 /// # Safety
@@ -486,6 +486,7 @@ pub const DQ_STATS: u8 = 2;
 #[inline(always)]
 pub unsafe fn dq<
     T: MmaElement,
+    C: Config<Tile = WgmmaBwdTile>,
     const D: usize,
     const DN: usize,
     const BC: usize,
@@ -496,13 +497,18 @@ pub unsafe fn dq<
 >(
     p: &BwdParams,
 ) {
+    const {
+        let t = C::TILE;
+        assert!(D == t.head_dim as usize && DN * 8 == D && D.is_multiple_of(64) && PAD == t.padded);
+        assert!(BC == t.dq_bc as usize && NS * 8 == BC && KS * 16 == BC);
+    }
     // DQ_STATS (the atomic family): head dims that are multiples of 8 only
     // (`registry::BwdFamilyDesc::aligned_only`).
-    if MODE == DQ_STATS && by_element::<PAD>(p.head_dim) {
+    if MODE == DQ_STATS && by_element(PAD, p.head_dim) {
         thread::trap();
     }
     unsafe {
-        match (p.causal != 0, MODE != DQ_STATS && by_element::<PAD>(p.head_dim)) {
+        match (p.causal != 0, MODE != DQ_STATS && by_element(PAD, p.head_dim)) {
             (true, false) => dq_masked::<T, Causal, D, DN, BC, NS, KS, PAD, MODE, false>(p),
             (true, true) => dq_masked::<T, Causal, D, DN, BC, NS, KS, PAD, MODE, true>(p),
             (false, false) => dq_masked::<T, NoMask, D, DN, BC, NS, KS, PAD, MODE, false>(p),
@@ -529,16 +535,8 @@ unsafe fn dq_masked<
     const { assert!(MODE == DQ_SAVED || MODE == DQ_STATS) };
     let (saved, stats_only) = (MODE == DQ_SAVED, MODE == DQ_STATS);
     // Without PAD, head_dim is exactly D and the padding checks compile away.
-    let d = body_head_dim::<D, PAD, EL>(p.head_dim);
-    if p.head_dim > D as u32
-        || (!PAD && p.head_dim != D as u32)
-        || d == 0
-        || DN * 8 != D
-        || NS * 8 != BC
-        || KS * 16 != BC
-        || !D.is_multiple_of(64)
-        || block::dim() != warpgroup::SIZE
-    {
+    let d = body_head_dim::<D, EL>(PAD, p.head_dim);
+    if p.head_dim > D as u32 || (!PAD && p.head_dim != D as u32) || d == 0 || block::dim() != warpgroup::SIZE {
         thread::trap();
     }
     let (q_blk, h, b) = block::idx();

@@ -10,15 +10,15 @@ use crate::dev::{Chunk16, Shared, block, global, thread};
 use crate::dtype::{Element, MmaElement};
 use crate::smem::TileLayout;
 
-/// The head_dim a kernel body compiled for D works with: D itself without PAD; with PAD the
-/// run-time `head_dim`, which in a body for whole 16-byte chunks (`EL` false: the kernel's
+/// The head_dim a kernel body compiled for D works with: D itself for an exact tile (`pad`
+/// false, a constant of the tile); for a padded one the run-time `head_dim`, which in a body for whole 16-byte chunks (`EL` false: the kernel's
 /// entry checked head_dim % 8 == 0) is known to the compiler as a multiple of 8, so the
 /// element-wise paths of [`load_tile_in`], [`store_chunk`] and the kernels fold away there and
 /// that body compiles as if they did not exist (inside the KV loop they cost the 255-register
 /// kernels spills). EL: the body for any other head_dim.
 #[inline(always)]
-pub(crate) fn body_head_dim<const D: usize, const PAD: bool, const EL: bool>(head_dim: u32) -> u32 {
-    if !PAD {
+pub(crate) fn body_head_dim<const D: usize, const EL: bool>(pad: bool, head_dim: u32) -> u32 {
+    if !pad {
         D as u32
     } else if EL {
         // SAFETY: the entry runs this body only for such a head_dim (`by_element`); told so,
@@ -33,10 +33,10 @@ pub(crate) fn body_head_dim<const D: usize, const PAD: bool, const EL: bool>(hea
     }
 }
 
-/// Whether a kernel compiled for D with PAD runs its element-wise body (`EL`) for `head_dim`.
+/// Whether a kernel of a padded tile (`pad`) runs its element-wise body (`EL`) for `head_dim`.
 #[inline(always)]
-pub(crate) fn by_element<const PAD: bool>(head_dim: u32) -> bool {
-    PAD && !head_dim.is_multiple_of(8)
+pub(crate) fn by_element(pad: bool, head_dim: u32) -> bool {
+    pad && !head_dim.is_multiple_of(8)
 }
 
 /// Block of THREADS threads: copies ROWS rows of a [seqlen, d] slice (row stride `stride`)

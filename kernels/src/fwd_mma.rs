@@ -18,12 +18,13 @@ use crate::nonfinite::{own_chunks_nonfinite, warp_fix_stored_o, zero_own_nonfini
 use crate::params::FwdParams;
 use crate::smem::{LaneAddr, Layout};
 use crate::softmax::{Domain, RowState, normalize};
-use crate::tile::{MMA_WARPS, MmaTile};
+use crate::tile::{Config, MMA_WARPS, MmaTile};
 
-/// Entry body for one tile. Stable Rust cannot size arrays from expressions of const
-/// parameters, so the derived counts come in too: DK = D / 16 (k-steps of Q K^T), DN = D / 8
-/// (n-tiles of O), NS = BC / 8 (n-tiles of S). PAD: head_dim may be less than D. Causal or
-/// not is chosen at run time.
+/// Entry body for one tile `C` (`tile::mma_tile`). Its const parameters are the tile's fields
+/// and the counts derived from them, checked against it at compile time (see `tile::Config`):
+/// D = head_dim, DK = D / 16 (k-steps of Q K^T), DN = D / 8 (n-tiles of O), MT = m_tiles,
+/// BC = bc, NS = BC / 8 (n-tiles of S), QREG = q_in_regs, PAD = padded (head_dim may be less
+/// than D), FUSED = fused_exp. Causal or not is chosen at run time.
 ///
 /// # Safety
 /// `p` valid (host-checked), `p.head_dim == D`, 128 threads and the tile's
@@ -31,6 +32,7 @@ use crate::tile::{MMA_WARPS, MmaTile};
 #[inline(always)]
 pub unsafe fn entry<
     T: MmaElement,
+    C: Config<Tile = MmaTile>,
     const D: usize,
     const DK: usize,
     const DN: usize,
@@ -43,12 +45,17 @@ pub unsafe fn entry<
 >(
     p: &FwdParams,
 ) {
+    const {
+        let t = C::TILE;
+        assert!(D == t.head_dim as usize && DK * 16 == D && DN * 8 == D && MT == t.m_tiles as usize);
+        assert!(BC == t.bc as usize && NS * 8 == BC && QREG == t.q_in_regs && PAD == t.padded && FUSED == t.fused_exp);
+    }
     unsafe {
-        match (p.causal != 0, by_element::<PAD>(p.head_dim)) {
-            (true, false) => fwd::<T, Causal, D, DK, DN, MT, BC, NS, QREG, PAD, FUSED, false>(p),
-            (true, true) => fwd::<T, Causal, D, DK, DN, MT, BC, NS, QREG, PAD, FUSED, true>(p),
-            (false, false) => fwd::<T, NoMask, D, DK, DN, MT, BC, NS, QREG, PAD, FUSED, false>(p),
-            (false, true) => fwd::<T, NoMask, D, DK, DN, MT, BC, NS, QREG, PAD, FUSED, true>(p),
+        match (p.causal != 0, by_element(PAD, p.head_dim)) {
+            (true, false) => fwd::<T, C, Causal, D, DK, DN, MT, BC, NS, QREG, PAD, FUSED, false>(p),
+            (true, true) => fwd::<T, C, Causal, D, DK, DN, MT, BC, NS, QREG, PAD, FUSED, true>(p),
+            (false, false) => fwd::<T, C, NoMask, D, DK, DN, MT, BC, NS, QREG, PAD, FUSED, false>(p),
+            (false, true) => fwd::<T, C, NoMask, D, DK, DN, MT, BC, NS, QREG, PAD, FUSED, true>(p),
         }
     }
 }
@@ -106,6 +113,7 @@ unsafe fn load_kv<T: MmaElement, const D: usize, const BC: usize, const PAD: boo
 #[inline(always)]
 unsafe fn fwd<
     T: MmaElement,
+    C: Config<Tile = MmaTile>,
     M: Mask,
     const D: usize,
     const DK: usize,
@@ -120,18 +128,11 @@ unsafe fn fwd<
 >(
     p: &FwdParams,
 ) {
-    let tile = MmaTile { m_tiles: MT as u32, bc: BC as u32, q_in_regs: QREG, head_dim: D as u32, padded: PAD, fused_exp: FUSED };
+    let tile = C::TILE;
     let br = tile.br() as usize;
     // Without PAD, head_dim is exactly D and the padding checks compile away.
-    let d = body_head_dim::<D, PAD, EL>(p.head_dim);
-    if p.head_dim > D as u32
-        || (!PAD && p.head_dim != D as u32)
-        || d == 0
-        || DK * 16 != D
-        || DN * 8 != D
-        || NS * 8 != BC
-        || block::dim() != tile.threads()
-    {
+    let d = body_head_dim::<D, EL>(PAD, p.head_dim);
+    if p.head_dim > D as u32 || (!PAD && p.head_dim != D as u32) || d == 0 || block::dim() != tile.threads() {
         thread::trap();
     }
     let (q_blk, h, b) = block::idx();

@@ -11,7 +11,7 @@ use crate::dtype::Element;
 use crate::mask::{Causal, Mask, NoMask};
 use crate::params::FwdParams;
 use crate::softmax::{Domain, Natural, RowState, normalize};
-use crate::tile::SimtTile;
+use crate::tile::{Config, SimtTile};
 
 /// Entry body for one tile shape; causal or not is chosen at run time.
 ///
@@ -19,13 +19,14 @@ use crate::tile::SimtTile;
 /// `p` must describe valid device buffers, checked by the host; the launch must use
 /// `tile.threads()` threads and `tile.smem_bytes(head_dim)` bytes of dynamic shared memory.
 #[inline(always)]
-pub unsafe fn entry<T: Element, const ROWS: usize, const DCH: usize, const SC: usize>(p: &FwdParams) {
-    unsafe { if p.causal != 0 { fwd::<T, Causal, ROWS, DCH, SC>(p) } else { fwd::<T, NoMask, ROWS, DCH, SC>(p) } }
+pub unsafe fn entry<T: Element, C: Config<Tile = SimtTile>, const ROWS: usize, const DCH: usize, const SC: usize>(p: &FwdParams) {
+    const { assert!(ROWS == C::TILE.rows_per_warp as usize && DCH == C::TILE.d_chunks as usize && SC == C::TILE.s_cols as usize) };
+    unsafe { if p.causal != 0 { fwd::<T, C, Causal, ROWS, DCH, SC>(p) } else { fwd::<T, C, NoMask, ROWS, DCH, SC>(p) } }
 }
 
 #[inline(always)]
-unsafe fn fwd<T: Element, M: Mask, const ROWS: usize, const DCH: usize, const SC: usize>(p: &FwdParams) {
-    let tile = SimtTile { rows_per_warp: ROWS as u32, d_chunks: DCH as u32, s_cols: SC as u32 };
+unsafe fn fwd<T: Element, C: Config<Tile = SimtTile>, M: Mask, const ROWS: usize, const DCH: usize, const SC: usize>(p: &FwdParams) {
+    let tile = C::TILE;
     let (br, bc, d) = (tile.br(), tile.bc(), p.head_dim);
     if d > tile.max_head_dim() || block::dim() != tile.threads() {
         thread::trap();

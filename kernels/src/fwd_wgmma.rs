@@ -19,11 +19,12 @@ use crate::nonfinite::{add_nonfinite, own_chunks_nonfinite, row_at, zero_own_non
 use crate::params::FwdParams;
 use crate::smem::Sw;
 use crate::softmax::{Domain, RowState, normalize};
-use crate::tile::WgmmaTile;
+use crate::tile::{Config, WgmmaTile};
 
-/// Entry body for one tile. The derived counts come in as parameters (stable Rust cannot
-/// size arrays from expressions of const parameters): NS = BC / 8 (n-tiles of S),
-/// DN = D / 8 (n-tiles of O), KS = BC / 16 (k-steps of P V).
+/// Entry body for one tile `C` (`tile::wgmma_tile`). Its const parameters are the tile's
+/// fields and the counts derived from them, checked against it at compile time (see
+/// `tile::Config`): D = head_dim, WG = warpgroups, BC = bc, NS = BC / 8 (n-tiles of S),
+/// DN = D / 8 (n-tiles of O), KS = BC / 16 (k-steps of P V), PAD = padded.
 ///
 /// # Safety
 /// `p` valid (host-checked), `p.head_dim <= D`, 128 WG threads and the tile's
@@ -31,6 +32,7 @@ use crate::tile::WgmmaTile;
 #[inline(always)]
 pub unsafe fn entry<
     T: MmaElement,
+    C: Config<Tile = WgmmaTile>,
     const D: usize,
     const WG: usize,
     const BC: usize,
@@ -41,12 +43,17 @@ pub unsafe fn entry<
 >(
     p: &FwdParams,
 ) {
+    const {
+        let t = C::TILE;
+        assert!(D == t.head_dim as usize && WG == t.warpgroups as usize && BC == t.bc as usize && PAD == t.padded);
+        assert!(NS * 8 == BC && DN * 8 == D && KS * 16 == BC);
+    }
     unsafe {
-        match (p.causal != 0, by_element::<PAD>(p.head_dim)) {
-            (true, false) => fwd::<T, Causal, D, WG, BC, NS, DN, KS, PAD, false>(p),
-            (true, true) => fwd::<T, Causal, D, WG, BC, NS, DN, KS, PAD, true>(p),
-            (false, false) => fwd::<T, NoMask, D, WG, BC, NS, DN, KS, PAD, false>(p),
-            (false, true) => fwd::<T, NoMask, D, WG, BC, NS, DN, KS, PAD, true>(p),
+        match (p.causal != 0, by_element(PAD, p.head_dim)) {
+            (true, false) => fwd::<T, C, Causal, D, WG, BC, NS, DN, KS, PAD, false>(p),
+            (true, true) => fwd::<T, C, Causal, D, WG, BC, NS, DN, KS, PAD, true>(p),
+            (false, false) => fwd::<T, C, NoMask, D, WG, BC, NS, DN, KS, PAD, false>(p),
+            (false, true) => fwd::<T, C, NoMask, D, WG, BC, NS, DN, KS, PAD, true>(p),
         }
     }
 }
@@ -70,6 +77,7 @@ fn pv_k_step<const DN: usize>(a: [u32; 4], b: warpgroup::Desc, acc: &mut [[f32; 
 #[inline(always)]
 unsafe fn fwd<
     T: MmaElement,
+    C: Config<Tile = WgmmaTile>,
     M: Mask,
     const D: usize,
     const WG: usize,
@@ -82,18 +90,11 @@ unsafe fn fwd<
 >(
     p: &FwdParams,
 ) {
-    let tile = WgmmaTile { warpgroups: WG as u32, bc: BC as u32, head_dim: D as u32, padded: PAD };
+    let tile = C::TILE;
     const { assert!(D.is_multiple_of(64) && BC.is_multiple_of(16)) };
     let br = tile.br() as usize;
-    let d = body_head_dim::<D, PAD, EL>(p.head_dim);
-    if p.head_dim > D as u32
-        || (!PAD && p.head_dim != D as u32)
-        || d == 0
-        || NS * 8 != BC
-        || DN * 8 != D
-        || KS * 16 != BC
-        || block::dim() != tile.threads()
-    {
+    let d = body_head_dim::<D, EL>(PAD, p.head_dim);
+    if p.head_dim > D as u32 || (!PAD && p.head_dim != D as u32) || d == 0 || block::dim() != tile.threads() {
         thread::trap();
     }
     let (q_blk, h, b) = block::idx();

@@ -17,7 +17,7 @@ use crate::dtype::{Bf16, F16};
 use crate::dtype::{DType, Element};
 use crate::params::{BwdParams, FwdParams};
 use crate::tile::{
-    MmaBwdTile, MmaTile, SimtKvTile, SimtTile, WgmmaBwdTile, WgmmaTile, mma_bwd_tile, mma_bwd_tile_atomic, mma_tile, mma_tile_br64,
+    Config, MmaBwdTile, MmaTile, SimtKvTile, SimtTile, WgmmaBwdTile, WgmmaTile, mma_bwd_tile, mma_bwd_tile_atomic, mma_tile, mma_tile_br64,
     mma_tile_unfused, simt_dq_smem_bytes, simt_kv_tile, simt_tile, wgmma_bwd_tile, wgmma_tile, wgmma_tile_wg2,
 };
 
@@ -279,34 +279,45 @@ macro_rules! tile_const {
     }};
 }
 
-/// The SIMT forward variant of a class: `simt_tile(class)`.
-macro_rules! fwd_simt {
-    ($ty:ty, $d:literal) => {
-        crate::fwd_simt::entry::<
-            $ty,
-            { simt_tile($d).rows_per_warp as usize },
-            { simt_tile($d).d_chunks as usize },
-            { simt_tile($d).s_cols as usize },
-        >
+/// Declares `$c`, a `tile::Config` type whose tile is `$tile` (one per variant: the tile
+/// reaches the kernel whole, as a type).
+macro_rules! config {
+    ($c:ident: $ty:ty = $tile:expr) => {
+        struct $c;
+        impl Config for $c {
+            type Tile = $ty;
+            const TILE: $ty = $tile;
+        }
     };
 }
 
-/// The tensor-core forward variant of a class, for a tile function.
+/// The SIMT forward variant of a class: `simt_tile(class)`.
+macro_rules! fwd_simt {
+    ($ty:ty, $d:literal) => {{
+        config!(C: SimtTile = simt_tile($d));
+        crate::fwd_simt::entry::<$ty, C, { C::TILE.rows_per_warp as usize }, { C::TILE.d_chunks as usize }, { C::TILE.s_cols as usize }>
+    }};
+}
+
+/// The tensor-core forward variant of a class, for a tile function: its tile as a
+/// `tile::Config` type, and the counts the kernel takes as const parameters.
 macro_rules! fwd_mma_with {
-    ($ty:ty, $tile:ident, $d:literal) => {
+    ($ty:ty, $tile:ident, $d:literal) => {{
+        config!(C: MmaTile = tile_const!(MmaTile, $tile($d)));
         crate::fwd_mma::entry::<
             $ty,
-            { tile_const!(MmaTile, $tile($d)).head_dim as usize },
-            { tile_const!(MmaTile, $tile($d)).head_dim as usize / 16 },
-            { tile_const!(MmaTile, $tile($d)).head_dim as usize / 8 },
-            { tile_const!(MmaTile, $tile($d)).m_tiles as usize },
-            { tile_const!(MmaTile, $tile($d)).bc as usize },
-            { tile_const!(MmaTile, $tile($d)).bc as usize / 8 },
-            { tile_const!(MmaTile, $tile($d)).q_in_regs },
-            { tile_const!(MmaTile, $tile($d)).padded },
-            { tile_const!(MmaTile, $tile($d)).fused_exp },
+            C,
+            { C::TILE.head_dim as usize },
+            { C::TILE.head_dim as usize / 16 },
+            { C::TILE.head_dim as usize / 8 },
+            { C::TILE.m_tiles as usize },
+            { C::TILE.bc as usize },
+            { C::TILE.bc as usize / 8 },
+            { C::TILE.q_in_regs },
+            { C::TILE.padded },
+            { C::TILE.fused_exp },
         >
-    };
+    }};
 }
 macro_rules! fwd_mma {
     ($ty:ty, $d:literal) => {
@@ -324,20 +335,22 @@ macro_rules! fwd_mma_unfused {
     };
 }
 
-/// The Hopper forward variant of a class, for a tile function.
+/// The Hopper forward variant of a class, for a tile function (as `fwd_mma_with!`).
 macro_rules! fwd_wgmma_with {
-    ($ty:ty, $tile:ident, $d:literal) => {
+    ($ty:ty, $tile:ident, $d:literal) => {{
+        config!(C: WgmmaTile = tile_const!(WgmmaTile, $tile($d)));
         crate::fwd_wgmma::entry::<
             $ty,
-            { tile_const!(WgmmaTile, $tile($d)).head_dim as usize },
-            { tile_const!(WgmmaTile, $tile($d)).warpgroups as usize },
-            { tile_const!(WgmmaTile, $tile($d)).bc as usize },
-            { tile_const!(WgmmaTile, $tile($d)).bc as usize / 8 },
-            { tile_const!(WgmmaTile, $tile($d)).head_dim as usize / 8 },
-            { tile_const!(WgmmaTile, $tile($d)).bc as usize / 16 },
-            { tile_const!(WgmmaTile, $tile($d)).padded },
+            C,
+            { C::TILE.head_dim as usize },
+            { C::TILE.warpgroups as usize },
+            { C::TILE.bc as usize },
+            { C::TILE.bc as usize / 8 },
+            { C::TILE.head_dim as usize / 8 },
+            { C::TILE.bc as usize / 16 },
+            { C::TILE.padded },
         >
-    };
+    }};
 }
 macro_rules! fwd_wgmma {
     ($ty:ty, $d:literal) => {
@@ -733,39 +746,38 @@ macro_rules! bwd_variants {
 
 /// The SIMT dK/dV variant of a class: `simt_kv_tile(class)`.
 macro_rules! bwd_simt_kv {
-    ($ty:ty, $d:literal) => {
-        crate::bwd_simt::dkdv::<$ty, { simt_kv_tile($d).keys_per_warp as usize }, { simt_kv_tile($d).d_chunks as usize }>
-    };
+    ($ty:ty, $d:literal) => {{
+        config!(C: SimtKvTile = simt_kv_tile($d));
+        crate::bwd_simt::dkdv::<$ty, C, { C::TILE.keys_per_warp as usize }, { C::TILE.d_chunks as usize }>
+    }};
 }
 
 /// The SIMT dQ variant of a class: the forward's `simt_tile(class)`.
 macro_rules! bwd_simt_q {
-    ($ty:ty, $d:literal) => {
-        crate::bwd_simt::dq::<
-            $ty,
-            { simt_tile($d).rows_per_warp as usize },
-            { simt_tile($d).d_chunks as usize },
-            { simt_tile($d).s_cols as usize },
-        >
-    };
+    ($ty:ty, $d:literal) => {{
+        config!(C: SimtTile = simt_tile($d));
+        crate::bwd_simt::dq::<$ty, C, { C::TILE.rows_per_warp as usize }, { C::TILE.d_chunks as usize }, { C::TILE.s_cols as usize }>
+    }};
 }
 
 /// The tensor-core dQ kernel of a class, `mma_bwd_tile(class)`; with `$stats`, its first pass
 /// alone (the atomic backward's statistics kernel).
 macro_rules! bwd_mma_q_with {
-    ($ty:ty, $d:literal, $stats:literal) => {
+    ($ty:ty, $d:literal, $stats:literal) => {{
+        config!(C: MmaBwdTile = tile_const!(MmaBwdTile, mma_bwd_tile($d)));
         crate::bwd_mma::dq::<
             $ty,
-            { tile_const!(MmaBwdTile, mma_bwd_tile($d)).head_dim as usize },
-            { tile_const!(MmaBwdTile, mma_bwd_tile($d)).head_dim as usize / 16 / tile_const!(MmaBwdTile, mma_bwd_tile($d)).split as usize },
-            { tile_const!(MmaBwdTile, mma_bwd_tile($d)).head_dim as usize / 8 / tile_const!(MmaBwdTile, mma_bwd_tile($d)).split as usize },
-            { tile_const!(MmaBwdTile, mma_bwd_tile($d)).dq_bc as usize },
-            { tile_const!(MmaBwdTile, mma_bwd_tile($d)).dq_bc as usize / 8 },
-            { tile_const!(MmaBwdTile, mma_bwd_tile($d)).dq_q_in_regs },
+            C,
+            { C::TILE.head_dim as usize },
+            { C::TILE.head_dim as usize / 16 / C::TILE.split as usize },
+            { C::TILE.head_dim as usize / 8 / C::TILE.split as usize },
+            { C::TILE.dq_bc as usize },
+            { C::TILE.dq_bc as usize / 8 },
+            { C::TILE.dq_q_in_regs },
             $stats,
-            { tile_const!(MmaBwdTile, mma_bwd_tile($d)).split as usize },
+            { C::TILE.split as usize },
         >
-    };
+    }};
 }
 macro_rules! bwd_mma_q {
     ($ty:ty, $d:literal) => {
@@ -781,19 +793,21 @@ macro_rules! bwd_mma_stats {
 /// The tensor-core dK/dV kernel of a class for a tile function; with `$dq`, it also adds dQ
 /// to the f32 accumulator with atomics (the atomic backward's main kernel).
 macro_rules! bwd_mma_kv_with {
-    ($ty:ty, $tile:ident, $d:literal, $dq:literal) => {
+    ($ty:ty, $tile:ident, $d:literal, $dq:literal) => {{
+        config!(C: MmaBwdTile = tile_const!(MmaBwdTile, $tile($d)));
         crate::bwd_mma::dkdv::<
             $ty,
-            { tile_const!(MmaBwdTile, $tile($d)).head_dim as usize },
-            { tile_const!(MmaBwdTile, $tile($d)).head_dim as usize / 16 / tile_const!(MmaBwdTile, $tile($d)).split as usize },
-            { tile_const!(MmaBwdTile, $tile($d)).head_dim as usize / 8 / tile_const!(MmaBwdTile, $tile($d)).split as usize },
-            { tile_const!(MmaBwdTile, $tile($d)).kv_br as usize },
-            { tile_const!(MmaBwdTile, $tile($d)).kv_br as usize / 8 },
-            { tile_const!(MmaBwdTile, $tile($d)).kv_in_regs },
+            C,
+            { C::TILE.head_dim as usize },
+            { C::TILE.head_dim as usize / 16 / C::TILE.split as usize },
+            { C::TILE.head_dim as usize / 8 / C::TILE.split as usize },
+            { C::TILE.kv_br as usize },
+            { C::TILE.kv_br as usize / 8 },
+            { C::TILE.kv_in_regs },
             $dq,
-            { tile_const!(MmaBwdTile, $tile($d)).split as usize },
+            { C::TILE.split as usize },
         >
-    };
+    }};
 }
 macro_rules! bwd_mma_kv {
     ($ty:ty, $d:literal) => {
@@ -809,18 +823,20 @@ macro_rules! bwd_mma_kvq {
 /// The Hopper dK/dV kernel of a class, `wgmma_bwd_tile(class)`; with `$dq`, it also adds dQ
 /// to the f32 accumulator with atomics (the atomic backward's main kernel).
 macro_rules! bwd_wgmma_kv_with {
-    ($ty:ty, $d:literal, $dq:literal) => {
+    ($ty:ty, $d:literal, $dq:literal) => {{
+        config!(C: WgmmaBwdTile = tile_const!(WgmmaBwdTile, wgmma_bwd_tile($d)));
         crate::bwd_wgmma::dkdv::<
             $ty,
-            { tile_const!(WgmmaBwdTile, wgmma_bwd_tile($d)).head_dim as usize },
-            { tile_const!(WgmmaBwdTile, wgmma_bwd_tile($d)).head_dim as usize / 8 },
-            { tile_const!(WgmmaBwdTile, wgmma_bwd_tile($d)).br as usize },
-            { tile_const!(WgmmaBwdTile, wgmma_bwd_tile($d)).br as usize / 8 },
-            { tile_const!(WgmmaBwdTile, wgmma_bwd_tile($d)).br as usize / 16 },
-            { tile_const!(WgmmaBwdTile, wgmma_bwd_tile($d)).padded },
+            C,
+            { C::TILE.head_dim as usize },
+            { C::TILE.head_dim as usize / 8 },
+            { C::TILE.br as usize },
+            { C::TILE.br as usize / 8 },
+            { C::TILE.br as usize / 16 },
+            { C::TILE.padded },
             $dq,
         >
-    };
+    }};
 }
 macro_rules! bwd_wgmma_kv {
     ($ty:ty, $d:literal) => {
@@ -836,18 +852,20 @@ macro_rules! bwd_wgmma_kvq {
 /// The Hopper dQ kernel of a class, `wgmma_bwd_tile(class)`, with the passes of `$mode`
 /// (`bwd_wgmma::DQ_SAVED`, `DQ_STATS`).
 macro_rules! bwd_wgmma_q_with {
-    ($ty:ty, $d:literal, $mode:ident) => {
+    ($ty:ty, $d:literal, $mode:ident) => {{
+        config!(C: WgmmaBwdTile = tile_const!(WgmmaBwdTile, wgmma_bwd_tile($d)));
         crate::bwd_wgmma::dq::<
             $ty,
-            { tile_const!(WgmmaBwdTile, wgmma_bwd_tile($d)).head_dim as usize },
-            { tile_const!(WgmmaBwdTile, wgmma_bwd_tile($d)).head_dim as usize / 8 },
-            { tile_const!(WgmmaBwdTile, wgmma_bwd_tile($d)).dq_bc as usize },
-            { tile_const!(WgmmaBwdTile, wgmma_bwd_tile($d)).dq_bc as usize / 8 },
-            { tile_const!(WgmmaBwdTile, wgmma_bwd_tile($d)).dq_bc as usize / 16 },
-            { tile_const!(WgmmaBwdTile, wgmma_bwd_tile($d)).padded },
+            C,
+            { C::TILE.head_dim as usize },
+            { C::TILE.head_dim as usize / 8 },
+            { C::TILE.dq_bc as usize },
+            { C::TILE.dq_bc as usize / 8 },
+            { C::TILE.dq_bc as usize / 16 },
+            { C::TILE.padded },
             { crate::bwd_wgmma::$mode },
         >
-    };
+    }};
 }
 macro_rules! bwd_wgmma_dq_saved {
     ($ty:ty, $d:literal) => {

@@ -1,6 +1,21 @@
 //! Every tile decision, in one pure function per kernel family, used by the kernels (as
 //! const generics of their entry points) and by the host (grid, block, shared memory).
 
+/// A tile as a type: how a kernel variant's tile reaches its kernel whole (FA2's
+/// `Kernel_traits`). The registry declares one per variant, holding the tile its family's
+/// tile function gives (`registry::config!`); the kernel takes it as a type parameter `C` and
+/// the tile's fields and derived counts as const parameters, checked against `C::TILE` at
+/// compile time (`const { assert!(..) }`). Stable Rust cannot size arrays from `C::TILE`
+/// inside a generic function or pass it on as a const argument, so the registry computes
+/// those parameters from the tile. The flags that choose code paths (q_in_regs, padded,
+/// fused_exp, split, ...) stay const parameters too: read from `C::TILE` in the body, the
+/// same kernels came out with other registers (ptxas 13.0, sm_80: mma forward d=128 padded
+/// 242 -> 248, d=256 241 -> 244).
+pub trait Config {
+    type Tile: Copy;
+    const TILE: Self::Tile;
+}
+
 /// Warps per block of the SIMT forward kernel.
 pub const SIMT_WARPS: u32 = 4;
 
