@@ -41,7 +41,7 @@ use crate::copy::load_tile_chunks;
 use crate::dev::{self, Shared, block, global, math, thread, warp};
 use crate::dtype::MmaElement;
 use crate::frag::{pair_sum, store_rows, to_a};
-use crate::mask::{Causal, Mask, NoMask};
+use crate::mask::Mask;
 use crate::nonfinite::{add_nonfinite, dkdv_tile_masked, finite_frag, row_at};
 use crate::params::BwdParams;
 use crate::smem::{LaneAddr, Layout};
@@ -125,13 +125,7 @@ pub unsafe fn dq<
         assert!(D == t.head_dim as usize && SPLIT == t.split as usize && DK * 16 * SPLIT == D && DN * 8 * SPLIT == D);
         assert!(BC == t.dq_bc as usize && NS * 8 == BC && QREG == t.dq_q_in_regs);
     }
-    unsafe {
-        if p.causal != 0 {
-            dq_masked::<T, Causal, D, DK, DN, BC, NS, QREG, STATS_ONLY, SPLIT>(p)
-        } else {
-            dq_masked::<T, NoMask, D, DK, DN, BC, NS, QREG, STATS_ONLY, SPLIT>(p)
-        }
-    }
+    unsafe { with_mask!(p, M => dq_masked::<T, M, D, DK, DN, BC, NS, QREG, STATS_ONLY, SPLIT>(p)) }
 }
 
 #[inline(always)]
@@ -435,13 +429,7 @@ pub unsafe fn dkdv<
         assert!(D == t.head_dim as usize && SPLIT == t.split as usize && DK * 16 * SPLIT == D && DN * 8 * SPLIT == D);
         assert!(BR == t.kv_br as usize && NQ * 8 == BR && KVREG == t.kv_in_regs);
     }
-    unsafe {
-        if p.causal != 0 {
-            dkdv_masked::<T, Causal, D, DK, DN, BR, NQ, KVREG, DQ, SPLIT>(p)
-        } else {
-            dkdv_masked::<T, NoMask, D, DK, DN, BR, NQ, KVREG, DQ, SPLIT>(p)
-        }
-    }
+    unsafe { with_mask!(p, M => dkdv_masked::<T, M, D, DK, DN, BR, NQ, KVREG, DQ, SPLIT>(p)) }
 }
 
 #[inline(always)]

@@ -18,7 +18,7 @@
 use crate::copy::{load_tile_f32, store_tile_f32};
 use crate::dev::{self, Shared, block, global, math, thread, warp};
 use crate::dtype::Element;
-use crate::mask::{Causal, Mask, NoMask};
+use crate::mask::Mask;
 use crate::params::BwdParams;
 use crate::softmax::score_scale;
 use crate::tile::{Config, SimtKvTile, SimtTile};
@@ -107,7 +107,7 @@ impl RowStats {
 #[inline(always)]
 pub unsafe fn dkdv<T: Element, C: Config<Tile = SimtKvTile>, const RK: usize, const DCH: usize>(p: &BwdParams) {
     const { assert!(RK == C::TILE.keys_per_warp as usize && DCH == C::TILE.d_chunks as usize) };
-    unsafe { if p.causal != 0 { dkdv_masked::<T, C, Causal, RK, DCH>(p) } else { dkdv_masked::<T, C, NoMask, RK, DCH>(p) } }
+    unsafe { with_mask!(p, M => dkdv_masked::<T, C, M, RK, DCH>(p)) }
 }
 
 #[inline(always)]
@@ -267,7 +267,7 @@ impl FirstVisible for core::ops::Range<u32> {
 #[inline(always)]
 pub unsafe fn dq<T: Element, C: Config<Tile = SimtTile>, const ROWS: usize, const DCH: usize, const SC: usize>(p: &BwdParams) {
     const { assert!(ROWS == C::TILE.rows_per_warp as usize && DCH == C::TILE.d_chunks as usize && SC == C::TILE.s_cols as usize) };
-    unsafe { if p.causal != 0 { dq_masked::<T, C, Causal, ROWS, DCH, SC>(p) } else { dq_masked::<T, C, NoMask, ROWS, DCH, SC>(p) } }
+    unsafe { with_mask!(p, M => dq_masked::<T, C, M, ROWS, DCH, SC>(p)) }
 }
 
 #[inline(always)]

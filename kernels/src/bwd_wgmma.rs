@@ -61,7 +61,7 @@ use crate::dtype::MmaElement;
 use crate::frag::{store_rows, to_a};
 
 use crate::copy::{body_head_dim, by_element, load_tile_in};
-use crate::mask::{Causal, Mask, NoMask};
+use crate::mask::Mask;
 use crate::nonfinite::{clean_own_pair, dkdv_tile_masked, own_chunks_nonfinite, warp_fix_stored_dv, zero_own_nonfinite};
 use crate::params::BwdParams;
 use crate::smem::Sw;
@@ -105,12 +105,10 @@ pub unsafe fn dkdv<
         thread::trap();
     }
     unsafe {
-        match (p.causal != 0, !DQ && by_element(PAD, p.head_dim)) {
-            (true, false) => dkdv_masked::<T, Causal, D, DN, BR, NQ, KQ, PAD, DQ, false>(p),
-            (true, true) => dkdv_masked::<T, Causal, D, DN, BR, NQ, KQ, PAD, DQ, true>(p),
-            (false, false) => dkdv_masked::<T, NoMask, D, DN, BR, NQ, KQ, PAD, DQ, false>(p),
-            (false, true) => dkdv_masked::<T, NoMask, D, DN, BR, NQ, KQ, PAD, DQ, true>(p),
-        }
+        with_mask!(p, M => match !DQ && by_element(PAD, p.head_dim) {
+            false => dkdv_masked::<T, M, D, DN, BR, NQ, KQ, PAD, DQ, false>(p),
+            true => dkdv_masked::<T, M, D, DN, BR, NQ, KQ, PAD, DQ, true>(p),
+        })
     }
 }
 
@@ -508,12 +506,10 @@ pub unsafe fn dq<
         thread::trap();
     }
     unsafe {
-        match (p.causal != 0, MODE != DQ_STATS && by_element(PAD, p.head_dim)) {
-            (true, false) => dq_masked::<T, Causal, D, DN, BC, NS, KS, PAD, MODE, false>(p),
-            (true, true) => dq_masked::<T, Causal, D, DN, BC, NS, KS, PAD, MODE, true>(p),
-            (false, false) => dq_masked::<T, NoMask, D, DN, BC, NS, KS, PAD, MODE, false>(p),
-            (false, true) => dq_masked::<T, NoMask, D, DN, BC, NS, KS, PAD, MODE, true>(p),
-        }
+        with_mask!(p, M => match MODE != DQ_STATS && by_element(PAD, p.head_dim) {
+            false => dq_masked::<T, M, D, DN, BC, NS, KS, PAD, MODE, false>(p),
+            true => dq_masked::<T, M, D, DN, BC, NS, KS, PAD, MODE, true>(p),
+        })
     }
 }
 

@@ -13,7 +13,7 @@
 use crate::copy::{body_head_dim, by_element, load_tile_in, negate_own_chunks, store_chunk};
 use crate::dev::{self, Shared, block, global, thread, warp};
 use crate::dtype::MmaElement;
-use crate::mask::{Causal, Mask, NoMask};
+use crate::mask::Mask;
 use crate::nonfinite::{own_chunks_nonfinite, warp_fix_stored_o, zero_own_nonfinite};
 use crate::params::FwdParams;
 use crate::smem::{LaneAddr, Layout};
@@ -51,12 +51,10 @@ pub unsafe fn entry<
         assert!(BC == t.bc as usize && NS * 8 == BC && QREG == t.q_in_regs && PAD == t.padded && FUSED == t.fused_exp);
     }
     unsafe {
-        match (p.causal != 0, by_element(PAD, p.head_dim)) {
-            (true, false) => fwd::<T, C, Causal, D, DK, DN, MT, BC, NS, QREG, PAD, FUSED, false>(p),
-            (true, true) => fwd::<T, C, Causal, D, DK, DN, MT, BC, NS, QREG, PAD, FUSED, true>(p),
-            (false, false) => fwd::<T, C, NoMask, D, DK, DN, MT, BC, NS, QREG, PAD, FUSED, false>(p),
-            (false, true) => fwd::<T, C, NoMask, D, DK, DN, MT, BC, NS, QREG, PAD, FUSED, true>(p),
-        }
+        with_mask!(p, M => match by_element(PAD, p.head_dim) {
+            false => fwd::<T, C, M, D, DK, DN, MT, BC, NS, QREG, PAD, FUSED, false>(p),
+            true => fwd::<T, C, M, D, DK, DN, MT, BC, NS, QREG, PAD, FUSED, true>(p),
+        })
     }
 }
 

@@ -8,7 +8,7 @@
 use crate::copy::load_tile_f32;
 use crate::dev::{self, Shared, block, global, thread, warp};
 use crate::dtype::Element;
-use crate::mask::{Causal, Mask, NoMask};
+use crate::mask::Mask;
 use crate::params::FwdParams;
 use crate::softmax::{Domain, Natural, RowState, normalize};
 use crate::tile::{Config, SimtTile};
@@ -21,7 +21,7 @@ use crate::tile::{Config, SimtTile};
 #[inline(always)]
 pub unsafe fn entry<T: Element, C: Config<Tile = SimtTile>, const ROWS: usize, const DCH: usize, const SC: usize>(p: &FwdParams) {
     const { assert!(ROWS == C::TILE.rows_per_warp as usize && DCH == C::TILE.d_chunks as usize && SC == C::TILE.s_cols as usize) };
-    unsafe { if p.causal != 0 { fwd::<T, C, Causal, ROWS, DCH, SC>(p) } else { fwd::<T, C, NoMask, ROWS, DCH, SC>(p) } }
+    unsafe { with_mask!(p, M => fwd::<T, C, M, ROWS, DCH, SC>(p)) }
 }
 
 #[inline(always)]

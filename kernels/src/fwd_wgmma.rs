@@ -14,7 +14,7 @@
 use crate::copy::{body_head_dim, by_element, load_tile_in, negate_own_chunks, store_chunk};
 use crate::dev::{self, Shared, block, global, thread, warp, warpgroup};
 use crate::dtype::MmaElement;
-use crate::mask::{Causal, Mask, NoMask};
+use crate::mask::Mask;
 use crate::nonfinite::{add_nonfinite, own_chunks_nonfinite, row_at, zero_own_nonfinite};
 use crate::params::FwdParams;
 use crate::smem::Sw;
@@ -49,12 +49,10 @@ pub unsafe fn entry<
         assert!(NS * 8 == BC && DN * 8 == D && KS * 16 == BC);
     }
     unsafe {
-        match (p.causal != 0, by_element(PAD, p.head_dim)) {
-            (true, false) => fwd::<T, C, Causal, D, WG, BC, NS, DN, KS, PAD, false>(p),
-            (true, true) => fwd::<T, C, Causal, D, WG, BC, NS, DN, KS, PAD, true>(p),
-            (false, false) => fwd::<T, C, NoMask, D, WG, BC, NS, DN, KS, PAD, false>(p),
-            (false, true) => fwd::<T, C, NoMask, D, WG, BC, NS, DN, KS, PAD, true>(p),
-        }
+        with_mask!(p, M => match by_element(PAD, p.head_dim) {
+            false => fwd::<T, C, M, D, WG, BC, NS, DN, KS, PAD, false>(p),
+            true => fwd::<T, C, M, D, WG, BC, NS, DN, KS, PAD, true>(p),
+        })
     }
 }
 

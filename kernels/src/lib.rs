@@ -50,6 +50,20 @@ macro_rules! inline_closure {
     }};
 }
 
+/// The one mask switch of every kernel entry: `$body` with `$m` the mask type the launch
+/// asks for (`mask::Causal` when `p.causal != 0`, else `mask::NoMask`), chosen at run time.
+macro_rules! with_mask {
+    ($p:expr, $m:ident => $body:expr) => {
+        if $p.causal != 0 {
+            type $m = $crate::mask::Causal;
+            $body
+        } else {
+            type $m = $crate::mask::NoMask;
+            $body
+        }
+    };
+}
+
 #[cfg(not(target_arch = "nvptx64"))]
 extern crate std;
 
