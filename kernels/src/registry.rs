@@ -126,62 +126,74 @@ pub struct FwdFamilyDesc {
 /// softmax on scaled scores, head_dim 64), `wgmma_wg2` (the first Hopper tile: two
 /// warpgroups per block, d = 64 and 128).
 #[cfg(not(target_arch = "nvptx64"))]
-pub const FWD_FAMILIES: &[FwdFamilyDesc] = &[
-    FwdFamilyDesc {
-        family: FwdFamily::Wgmma,
-        name: "wgmma",
-        arch: Arch::Sm90a,
-        auto: true,
-        writes_residual: true,
-        tiles: FwdTiles::Wgmma(wgmma_tile),
-    },
-    FwdFamilyDesc {
-        family: FwdFamily::Mma,
-        name: "mma",
-        arch: Arch::Sm80,
-        auto: true,
-        writes_residual: false,
-        tiles: FwdTiles::Mma(mma_tile),
-    },
-    FwdFamilyDesc {
-        family: FwdFamily::Simt,
-        name: "simt",
-        arch: Arch::Sm80,
-        auto: true,
-        writes_residual: false,
-        tiles: FwdTiles::Simt(simt_tile),
-    },
-    FwdFamilyDesc {
-        family: FwdFamily::MmaBr64,
-        name: "mma_br64",
-        arch: Arch::Sm80,
-        auto: false,
-        writes_residual: false,
-        tiles: FwdTiles::Mma(mma_tile_br64),
-    },
-    FwdFamilyDesc {
-        family: FwdFamily::MmaUnfused,
-        name: "mma_unfused",
-        arch: Arch::Sm80,
-        auto: false,
-        writes_residual: false,
-        tiles: FwdTiles::Mma(mma_tile_unfused),
-    },
-    FwdFamilyDesc {
-        family: FwdFamily::WgmmaWg2,
-        name: "wgmma_wg2",
-        arch: Arch::Sm90a,
-        auto: false,
-        writes_residual: true,
-        tiles: FwdTiles::Wgmma(wgmma_tile_wg2),
-    },
-];
+pub const FWD_FAMILIES: &[FwdFamilyDesc] = &[FWD_WGMMA, FWD_MMA, FWD_SIMT, FWD_MMA_BR64, FWD_MMA_UNFUSED, FWD_WGMMA_WG2];
+#[cfg(not(target_arch = "nvptx64"))]
+const FWD_WGMMA: FwdFamilyDesc = FwdFamilyDesc {
+    family: FwdFamily::Wgmma,
+    name: "wgmma",
+    arch: Arch::Sm90a,
+    auto: true,
+    writes_residual: true,
+    tiles: FwdTiles::Wgmma(wgmma_tile),
+};
+#[cfg(not(target_arch = "nvptx64"))]
+const FWD_MMA: FwdFamilyDesc = FwdFamilyDesc {
+    family: FwdFamily::Mma,
+    name: "mma",
+    arch: Arch::Sm80,
+    auto: true,
+    writes_residual: false,
+    tiles: FwdTiles::Mma(mma_tile),
+};
+#[cfg(not(target_arch = "nvptx64"))]
+const FWD_SIMT: FwdFamilyDesc = FwdFamilyDesc {
+    family: FwdFamily::Simt,
+    name: "simt",
+    arch: Arch::Sm80,
+    auto: true,
+    writes_residual: false,
+    tiles: FwdTiles::Simt(simt_tile),
+};
+#[cfg(not(target_arch = "nvptx64"))]
+const FWD_MMA_BR64: FwdFamilyDesc = FwdFamilyDesc {
+    family: FwdFamily::MmaBr64,
+    name: "mma_br64",
+    arch: Arch::Sm80,
+    auto: false,
+    writes_residual: false,
+    tiles: FwdTiles::Mma(mma_tile_br64),
+};
+#[cfg(not(target_arch = "nvptx64"))]
+const FWD_MMA_UNFUSED: FwdFamilyDesc = FwdFamilyDesc {
+    family: FwdFamily::MmaUnfused,
+    name: "mma_unfused",
+    arch: Arch::Sm80,
+    auto: false,
+    writes_residual: false,
+    tiles: FwdTiles::Mma(mma_tile_unfused),
+};
+#[cfg(not(target_arch = "nvptx64"))]
+const FWD_WGMMA_WG2: FwdFamilyDesc = FwdFamilyDesc {
+    family: FwdFamily::WgmmaWg2,
+    name: "wgmma_wg2",
+    arch: Arch::Sm90a,
+    auto: false,
+    writes_residual: true,
+    tiles: FwdTiles::Wgmma(wgmma_tile_wg2),
+};
 
 #[cfg(not(target_arch = "nvptx64"))]
 impl FwdFamily {
     /// Its descriptor.
     pub fn desc(self) -> &'static FwdFamilyDesc {
-        FWD_FAMILIES.iter().find(|f| f.family == self).expect("every forward family has a descriptor")
+        match self {
+            FwdFamily::Wgmma => &FWD_WGMMA,
+            FwdFamily::Mma => &FWD_MMA,
+            FwdFamily::Simt => &FWD_SIMT,
+            FwdFamily::MmaBr64 => &FWD_MMA_BR64,
+            FwdFamily::MmaUnfused => &FWD_MMA_UNFUSED,
+            FwdFamily::WgmmaWg2 => &FWD_WGMMA_WG2,
+        }
     }
     /// The family of that name.
     pub fn from_name(name: &str) -> Option<FwdFamily> {
@@ -595,64 +607,74 @@ pub struct BwdFamilyDesc {
 /// one per dQ element per 64 keys, cost more than the dQ kernel they replace
 /// (benches/RESULTS.md).
 #[cfg(not(target_arch = "nvptx64"))]
-pub const BWD_FAMILIES: &[BwdFamilyDesc] = &[
-    BwdFamilyDesc {
-        family: BwdFamily::Wgmma,
-        name: "wgmma",
-        arch: Arch::Sm90a,
-        auto: true,
-        deterministic: true,
-        aligned_only: false,
-        passes: [&[Pass::Prep, Pass::DqSaved, Pass::Dkdv], &[Pass::PrepResidual, Pass::DqSaved, Pass::Dkdv]],
-        tiles: BwdTiles::Wgmma(wgmma_bwd_tile),
-    },
-    BwdFamilyDesc {
-        family: BwdFamily::Mma,
-        name: "mma",
-        arch: Arch::Sm80,
-        auto: true,
-        deterministic: true,
-        aligned_only: true,
-        passes: [&[Pass::Dq, Pass::Dkdv], &[Pass::Dq, Pass::Dkdv]],
-        tiles: BwdTiles::Mma(mma_bwd_tile),
-    },
-    BwdFamilyDesc {
-        family: BwdFamily::Simt,
-        name: "simt",
-        arch: Arch::Sm80,
-        auto: true,
-        deterministic: true,
-        aligned_only: false,
-        passes: [&[Pass::Dq, Pass::Dkdv], &[Pass::Dq, Pass::Dkdv]],
-        tiles: BwdTiles::Simt(simt_tile, simt_kv_tile),
-    },
-    BwdFamilyDesc {
-        family: BwdFamily::MmaAtomic,
-        name: "mma_atomic",
-        arch: Arch::Sm80,
-        auto: false,
-        deterministic: false,
-        aligned_only: true,
-        passes: [&[Pass::Stats, Pass::Dkdvq, Pass::DqConvert], &[Pass::Stats, Pass::Dkdvq, Pass::DqConvert]],
-        tiles: BwdTiles::Mma(mma_bwd_tile_atomic),
-    },
-    BwdFamilyDesc {
-        family: BwdFamily::WgmmaAtomic,
-        name: "wgmma_atomic",
-        arch: Arch::Sm90a,
-        auto: false,
-        deterministic: false,
-        aligned_only: true,
-        passes: [&[Pass::Stats, Pass::Dkdvq, Pass::DqConvert], &[Pass::PrepResidual, Pass::Dkdvq, Pass::DqConvert]],
-        tiles: BwdTiles::Wgmma(wgmma_bwd_tile),
-    },
-];
+pub const BWD_FAMILIES: &[BwdFamilyDesc] = &[BWD_WGMMA, BWD_MMA, BWD_SIMT, BWD_MMA_ATOMIC, BWD_WGMMA_ATOMIC];
+#[cfg(not(target_arch = "nvptx64"))]
+const BWD_WGMMA: BwdFamilyDesc = BwdFamilyDesc {
+    family: BwdFamily::Wgmma,
+    name: "wgmma",
+    arch: Arch::Sm90a,
+    auto: true,
+    deterministic: true,
+    aligned_only: false,
+    passes: [&[Pass::Prep, Pass::DqSaved, Pass::Dkdv], &[Pass::PrepResidual, Pass::DqSaved, Pass::Dkdv]],
+    tiles: BwdTiles::Wgmma(wgmma_bwd_tile),
+};
+#[cfg(not(target_arch = "nvptx64"))]
+const BWD_MMA: BwdFamilyDesc = BwdFamilyDesc {
+    family: BwdFamily::Mma,
+    name: "mma",
+    arch: Arch::Sm80,
+    auto: true,
+    deterministic: true,
+    aligned_only: true,
+    passes: [&[Pass::Dq, Pass::Dkdv], &[Pass::Dq, Pass::Dkdv]],
+    tiles: BwdTiles::Mma(mma_bwd_tile),
+};
+#[cfg(not(target_arch = "nvptx64"))]
+const BWD_SIMT: BwdFamilyDesc = BwdFamilyDesc {
+    family: BwdFamily::Simt,
+    name: "simt",
+    arch: Arch::Sm80,
+    auto: true,
+    deterministic: true,
+    aligned_only: false,
+    passes: [&[Pass::Dq, Pass::Dkdv], &[Pass::Dq, Pass::Dkdv]],
+    tiles: BwdTiles::Simt(simt_tile, simt_kv_tile),
+};
+#[cfg(not(target_arch = "nvptx64"))]
+const BWD_MMA_ATOMIC: BwdFamilyDesc = BwdFamilyDesc {
+    family: BwdFamily::MmaAtomic,
+    name: "mma_atomic",
+    arch: Arch::Sm80,
+    auto: false,
+    deterministic: false,
+    aligned_only: true,
+    passes: [&[Pass::Stats, Pass::Dkdvq, Pass::DqConvert], &[Pass::Stats, Pass::Dkdvq, Pass::DqConvert]],
+    tiles: BwdTiles::Mma(mma_bwd_tile_atomic),
+};
+#[cfg(not(target_arch = "nvptx64"))]
+const BWD_WGMMA_ATOMIC: BwdFamilyDesc = BwdFamilyDesc {
+    family: BwdFamily::WgmmaAtomic,
+    name: "wgmma_atomic",
+    arch: Arch::Sm90a,
+    auto: false,
+    deterministic: false,
+    aligned_only: true,
+    passes: [&[Pass::Stats, Pass::Dkdvq, Pass::DqConvert], &[Pass::PrepResidual, Pass::Dkdvq, Pass::DqConvert]],
+    tiles: BwdTiles::Wgmma(wgmma_bwd_tile),
+};
 
 #[cfg(not(target_arch = "nvptx64"))]
 impl BwdFamily {
     /// Its descriptor.
     pub fn desc(self) -> &'static BwdFamilyDesc {
-        BWD_FAMILIES.iter().find(|f| f.family == self).expect("every backward family has a descriptor")
+        match self {
+            BwdFamily::Wgmma => &BWD_WGMMA,
+            BwdFamily::Mma => &BWD_MMA,
+            BwdFamily::Simt => &BWD_SIMT,
+            BwdFamily::MmaAtomic => &BWD_MMA_ATOMIC,
+            BwdFamily::WgmmaAtomic => &BWD_WGMMA_ATOMIC,
+        }
     }
     /// The family of that name.
     pub fn from_name(name: &str) -> Option<BwdFamily> {

@@ -162,6 +162,7 @@ fn every_family_has_variants_and_every_variant_a_family() {
     for f in flashattn::FWD_FAMILIES {
         assert!(FWD_VARIANTS.iter().any(|v| v.family == f.family), "family {} has no variant", f.name);
         assert_eq!(flashattn::FwdFamily::from_name(f.name), Some(f.family), "{}: one descriptor per family", f.name);
+        assert_eq!((f.family.desc().family, f.family.desc().name), (f.family, f.name), "{}: desc() is its descriptor", f.name);
     }
     for v in FWD_VARIANTS {
         assert!(v.head_dims().0 >= 1 && v.launch(v.head_dims().1).is_some(), "{} serves no head_dim", v.name);
@@ -239,6 +240,7 @@ fn backward_selection_and_registry_match_tile_functions() {
     use flashattn::kernels::tile::{MmaBwdTile, WgmmaBwdTile, mma_bwd_tile, mma_bwd_tile_atomic, wgmma_bwd_tile};
     for f in flashattn::BWD_FAMILIES {
         assert_eq!(flashattn::BwdFamily::from_name(f.name), Some(f.family), "{}: one descriptor per family", f.name);
+        assert_eq!((f.family.desc().family, f.family.desc().name), (f.family, f.name), "{}: desc() is its descriptor", f.name);
         // Every pass of the family has a variant at some head_dim and dtype.
         for &pass in f.passes.iter().flat_map(|p| p.iter()) {
             assert!(BWD_VARIANTS.iter().any(|v| v.family == f.family && v.pass == pass), "family {} has no {pass:?} variant", f.name);
