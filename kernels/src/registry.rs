@@ -517,7 +517,7 @@ impl BwdTiles {
     /// Whether the family has a tile for `head_dim`.
     fn serves(self, head_dim: u32) -> bool {
         match self {
-            BwdTiles::Simt(f, _) => (1..=f(256).max_head_dim()).contains(&head_dim),
+            BwdTiles::Simt(f, _) => (1..=f(head_dim).max_head_dim()).contains(&head_dim),
             BwdTiles::Mma(f) => f(head_dim).is_some(),
             BwdTiles::Wgmma(f) => f(head_dim).is_some(),
         }
