@@ -1,5 +1,7 @@
 //! The Hopper backward kernels (sm_90a): FA2's backward on `wgmma.mma_async` with f32
-//! accumulation, one warpgroup per block. Three launches: `bwd_prep` (m_i, 1 / l_i from the
+//! accumulation, one warpgroup per block up to head_dim 128; above it two, which split D
+//! (each computes the block's whole S and dP, and accumulates its half of the columns of dK
+//! and dV, or dQ: the accumulators of one warpgroup at d = 128). Three launches: `bwd_prep` (m_i, 1 / l_i from the
 //! forward's LSE, D~_i = dO_i . O_i), then [`dq`], then [`dkdv`]; a fixed summation order
 //! (bitwise deterministic):
 //! - [`dq`] ([`DQ_SAVED`]): one block per (64 query rows, head, batch), one pass over the key
@@ -9,7 +11,7 @@
 //!   With [`DQ_STATS`] the rows' m_i, l_i, D_i from S and dP instead (the `wgmma_atomic`
 //!   family's first kernel, as `bwd_mma::dq`'s pass 0 explains).
 //!
-//! - [`dkdv`]: one block per (64 keys, KV head, batch); warp w of the warpgroup owns keys
+//! - [`dkdv`]: one block per (64 keys, KV head, batch); warp w of a warpgroup owns keys
 //!   16w..16w + 16 and the block loops over every query tile (BR rows) of every query head of
 //!   the KV head's group, as `bwd_mma::dkdv` does, in the transposed orientation (keys as the
 //!   M of every product):
@@ -72,12 +74,21 @@ use core::f32::consts::LOG2_E;
 /// Keys per block: one warpgroup's M.
 const KEYS: usize = 64;
 
+/// Thread of a block of THREADS: (its warpgroup, its warp in the warpgroup, its lane); with
+/// one warpgroup the first is 0 and the second the warp index for the compiler too.
+#[inline(always)]
+fn wg_warp_lane<const THREADS: usize>() -> (usize, usize, usize) {
+    let (wp, lane) = (warp::id() as usize, warp::lane() as usize);
+    if THREADS == warpgroup::SIZE as usize { (0, wp, lane) } else { (warpgroup::id() as usize, wp % 4, lane) }
+}
+
 /// Entry body for one tile `C` (`tile::wgmma_bwd_tile`; its const parameters are the tile's
 /// fields and counts, checked against it at compile time): D = 8 DN, query tiles of
-/// BR = 8 NQ = 16 KQ rows.
+/// BR = 8 NQ = 16 KQ rows, THREADS / 128 warpgroups
+/// of DW = 8 DNW columns of dK and dV each.
 ///
 /// # Safety
-/// `p` valid (host-checked), `p.head_dim <= D`, 128 threads,
+/// `p` valid (host-checked), `p.head_dim <= D`, THREADS threads,
 /// `WgmmaBwdTile::dkdv_smem_bytes()` bytes of dynamic shared memory; the dQ kernel has
 /// written the statistics; an sm_90a device.
 #[inline(always)]
@@ -89,6 +100,9 @@ pub unsafe fn dkdv<
     const BR: usize,
     const NQ: usize,
     const KQ: usize,
+    const THREADS: usize,
+    const DW: usize,
+    const DNW: usize,
     const PAD: bool,
     const DQ: bool,
 >(
@@ -98,6 +112,14 @@ pub unsafe fn dkdv<
         let t = C::TILE;
         assert!(D == t.head_dim as usize && DN * 8 == D && D.is_multiple_of(64) && PAD == t.padded);
         assert!(BR == t.br as usize && NQ * 8 == BR && KQ * 16 == BR);
+        // Whole 64-column swizzle blocks per warpgroup; with DQ one warpgroup.
+        assert!(
+            THREADS == 128 * t.split as usize
+                && DW * t.split as usize == D
+                && DNW * 8 == DW
+                && DW.is_multiple_of(64)
+                && (!DQ || THREADS == 128)
+        );
     }
     // With DQ (the atomic family), head dims that are multiples of 8 only
     // (`registry::BwdFamilyDesc::aligned_only`).
@@ -106,8 +128,8 @@ pub unsafe fn dkdv<
     }
     unsafe {
         with_mask!(p, M => match !DQ && by_element(PAD, p.head_dim) {
-            false => dkdv_masked::<T, M, D, DN, BR, NQ, KQ, PAD, DQ, false>(p),
-            true => dkdv_masked::<T, M, D, DN, BR, NQ, KQ, PAD, DQ, true>(p),
+            false => dkdv_masked::<T, M, D, BR, NQ, KQ, THREADS, DW, DNW, PAD, DQ, false>(p),
+            true => dkdv_masked::<T, M, D, BR, NQ, KQ, THREADS, DW, DNW, PAD, DQ, true>(p),
         })
     }
 }
@@ -117,10 +139,12 @@ unsafe fn dkdv_masked<
     T: MmaElement,
     M: Mask,
     const D: usize,
-    const DN: usize,
     const BR: usize,
     const NQ: usize,
     const KQ: usize,
+    const THREADS: usize,
+    const DW: usize,
+    const DNW: usize,
     const PAD: bool,
     const DQ: bool,
     const EL: bool,
@@ -129,14 +153,16 @@ unsafe fn dkdv_masked<
 ) {
     // Without PAD, head_dim is exactly D and the padding checks compile away.
     let d = body_head_dim::<D, EL>(PAD, p.head_dim);
-    if p.head_dim > D as u32 || (!PAD && p.head_dim != D as u32) || d == 0 || block::dim() != warpgroup::SIZE {
+    if p.head_dim > D as u32 || (!PAD && p.head_dim != D as u32) || d == 0 || block::dim() != THREADS as u32 {
         thread::trap();
     }
     let (kv_blk, hk, b) = block::idx();
-    let (w, lane) = (warp::id() as usize, warp::lane() as usize);
+    // Warp w of warpgroup wg: keys 16w.. of the block, dK and dV columns DW wg..
+    let (wg, w, lane) = wg_warp_lane::<THREADS>();
     let (g, t) = (lane / 4, lane % 4);
     let (sq, sk) = (p.seqlen_q, p.seqlen_k);
     let j0 = kv_blk * KEYS as u32;
+    let col0 = wg * DW;
 
     // Shared memory: K, V [64][D]; Q stages 0, 1 and dO stages 0, 1 ([BR][D] each); with DQ
     // dS^T [64][BR]; then f32 m_i, 1 / l_i and D_i, stages 0, 1 each ([BR]).
@@ -158,11 +184,23 @@ unsafe fn dkdv_masked<
     let kv_at = p.k_strides.offset(b, 0, hk) as usize;
     let first = (j0.min(sk) as u64 * p.k_strides.row) as usize;
     let load_k = || unsafe {
-        load_tile_in::<T, Sw<KEYS, D>, D, KEYS, 128, true>(k_s, (p.k as *const T).add(kv_at + first), p.k_strides.row, sk - j0.min(sk), d)
+        load_tile_in::<T, Sw<KEYS, D>, D, KEYS, THREADS, true>(
+            k_s,
+            (p.k as *const T).add(kv_at + first),
+            p.k_strides.row,
+            sk - j0.min(sk),
+            d,
+        )
     };
     unsafe {
         load_k();
-        load_tile_in::<T, Sw<KEYS, D>, D, KEYS, 128, true>(v_s, (p.v as *const T).add(kv_at + first), p.k_strides.row, sk - j0.min(sk), d);
+        load_tile_in::<T, Sw<KEYS, D>, D, KEYS, THREADS, true>(
+            v_s,
+            (p.v as *const T).add(kv_at + first),
+            p.k_strides.row,
+            sk - j0.min(sk),
+            d,
+        );
     }
 
     // The query tiles that see any key of this block, for every query head of the group
@@ -181,8 +219,8 @@ unsafe fn dkdv_masked<
         let (h, i0) = tile_of(it);
         let q_at = (p.q_strides.offset(b, 0, h) + i0 as u64 * p.q_strides.row) as usize;
         unsafe {
-            load_tile_in::<T, Sw<BR, D>, D, BR, 128, true>(q_s(stage), (p.q as *const T).add(q_at), p.q_strides.row, sq - i0, d);
-            load_tile_in::<T, Sw<BR, D>, D, BR, 128, true>(do_s(stage), (p.d_o as *const T).add(q_at), p.q_strides.row, sq - i0, d);
+            load_tile_in::<T, Sw<BR, D>, D, BR, THREADS, true>(q_s(stage), (p.q as *const T).add(q_at), p.q_strides.row, sq - i0, d);
+            load_tile_in::<T, Sw<BR, D>, D, BR, THREADS, true>(do_s(stage), (p.d_o as *const T).add(q_at), p.q_strides.row, sq - i0, d);
         }
         let tid = thread::idx() as usize;
         if tid < BR {
@@ -206,8 +244,8 @@ unsafe fn dkdv_masked<
     }
     thread::cp_async_commit();
 
-    let mut acc_dk = [[0f32; 4]; DN];
-    let mut acc_dv = [[0f32; 4]; DN];
+    let mut acc_dk = [[0f32; 4]; DNW];
+    let mut acc_dv = [[0f32; 4]; DNW];
     let (mut k_bad, mut any_bad) = (false, false);
     let factor = crate::softmax::score_scale(p.scale) * LOG2_E;
     let key0 = j0 + (w * 16) as u32; // first key of this warp
@@ -220,8 +258,8 @@ unsafe fn dkdv_masked<
                                 i0: u32,
                                 masked: bool,
                                 k_bad: bool,
-                                acc_dk: &mut [[f32; 4]; DN],
-                                acc_dv: &mut [[f32; 4]; DN]| {
+                                acc_dk: &mut [[f32; 4]; DNW],
+                                acc_dv: &mut [[f32; 4]; DNW]| {
         let (m_row, il_row, d_row) = (m_s(st), il_s(st), dd_s(st));
         // Thread: the statistics of its query columns n * 8 + 2t, + 1 of n-tile n.
         let stat = |i: usize| (m_row.ld(i), il_row.ld(i), d_row.ld(i));
@@ -236,13 +274,14 @@ unsafe fn dkdv_masked<
             }
             warpgroup::commit();
         });
-        // Warpgroup: acc += X^T B_i over the tile's queries (BR / 16 k-steps of m64n{D}k16,
-        // X^T from registers, B [BR][D] read MN-major), as one group.
-        let issue_acc = inline_closure!(|x: &[[u32; 4]; KQ], b_s: Shared<T>, acc: &mut [[f32; 4]; DN]| {
-            let b0 = warpgroup::desc_sw128(b_s, 0, Sw::<BR, D>::BLOCK_BYTES, 1024).opaque();
+        // Warpgroup: acc += X^T B_i over the tile's queries (BR / 16 k-steps of m64n{DW}k16,
+        // X^T from registers, B [BR][D] read MN-major from the warpgroup's column block on),
+        // as one group.
+        let issue_acc = inline_closure!(|x: &[[u32; 4]; KQ], b_s: Shared<T>, acc: &mut [[f32; 4]; DNW]| {
+            let b0 = warpgroup::desc_sw128(b_s, Sw::<BR, D>::at(0, col0), Sw::<BR, D>::BLOCK_BYTES, 1024).opaque();
             for (kq, f) in x.iter().enumerate() {
                 let b = b0.advance(kq * 16 * 64 * 2);
-                warpgroup::mma_rs::<DN, true>(*f, b, acc, true, T::BF16);
+                warpgroup::mma_rs::<DNW, true>(*f, b, acc, true, T::BF16);
             }
             warpgroup::commit();
         });
@@ -335,7 +374,7 @@ unsafe fn dkdv_masked<
         warpgroup::fence_fragments(&mut da);
         warpgroup::fence();
         issue_acc(&da, q_s(st), acc_dk);
-        warpgroup::wait::<0, DN>(acc_dk);
+        warpgroup::wait::<0, DNW>(acc_dk);
         warpgroup::fence_fragments(&mut da);
         if DQ {
             // Warpgroup: dQ_i = dS_ij K_j over the block's 64 keys (4 k-steps of m64n64k16 per
@@ -346,7 +385,7 @@ unsafe fn dkdv_masked<
                 // as 0 for this product (a masked pair's dS is 0, a
                 // visible one's NaN already), restored from global memory after it.
                 block::sync();
-                zero_own_nonfinite::<T, Sw<KEYS, D>, D, KEYS, 128>(k_s);
+                zero_own_nonfinite::<T, Sw<KEYS, D>, D, KEYS, THREADS>(k_s);
             }
             thread::fence_proxy_async();
             block::sync();
@@ -409,10 +448,10 @@ unsafe fn dkdv_masked<
         // the first tile the block votes on K's (`nonfinite`).
         let (mut bad, mut kb) = (false, false);
         if masked {
-            bad = clean_own_pair::<T, Sw<BR, D>, D, BR, 128>(q_s(it % 2), do_s(it % 2));
+            bad = clean_own_pair::<T, Sw<BR, D>, D, BR, THREADS>(q_s(it % 2), do_s(it % 2));
         }
         if DQ && it == 0 {
-            kb = own_chunks_nonfinite::<T, Sw<KEYS, D>, D, KEYS, 128>(k_s);
+            kb = own_chunks_nonfinite::<T, Sw<KEYS, D>, D, KEYS, THREADS>(k_s);
         }
         thread::fence_proxy_async();
         if DQ && it == 0 {
@@ -435,15 +474,24 @@ unsafe fn dkdv_masked<
         thread::cp_async_wait::<0>();
     }
 
-    // Warp: dK_j = scale * acc_dk, dV_j = acc_dv, rows of its 16 keys, in T.
+    // Warp: dK_j = scale * acc_dk, dV_j = acc_dv, rows of its 16 keys, its warpgroup's
+    // columns, in T.
+    let d_wg = d.saturating_sub(col0 as u32);
     unsafe {
-        store_rows::<T, DN, true>(&acc_dk, p.scale, (p.dk as *mut T).add(kv_at), p.k_strides.row, key0, sk, d);
-        store_rows::<T, DN, true>(&acc_dv, 1.0, (p.dv as *mut T).add(kv_at), p.k_strides.row, key0, sk, d);
+        store_rows::<T, DNW, true>(&acc_dk, p.scale, (p.dk as *mut T).add(kv_at + col0), p.k_strides.row, key0, sk, d_wg);
+        store_rows::<T, DNW, true>(&acc_dv, 1.0, (p.dv as *mut T).add(kv_at + col0), p.k_strides.row, key0, sk, d_wg);
     }
     if any_bad {
         // dO's NaNs and infinities, zeroed on the masked tiles, into the stored dV of the rows
-        // that see them (`nonfinite`).
-        warp::sync();
+        // that see them (`nonfinite`), by the first warpgroup's warps once every column is
+        // stored.
+        if THREADS > 128 {
+            block::sync();
+        } else {
+            warp::sync();
+        }
+    }
+    if any_bad && wg == 0 {
         let group = p.heads_q / p.heads_kv;
         let d_o = p.d_o + 2 * p.q_strides.offset(b, 0, hk * group);
         let do_strides = (p.q_strides.row << 32) | p.q_strides.offset(0, 0, 1);
@@ -474,11 +522,12 @@ pub const DQ_SAVED: u8 = 1;
 /// backward's first kernel), no dQ.
 pub const DQ_STATS: u8 = 2;
 
-/// The dQ kernel for one tile `C` (as [`dkdv`]): D = 8 DN, key tiles of BC = 8 NS = 16 KS keys, MODE
-/// [`DQ_SAVED`] or [`DQ_STATS`] (see the module doc).
+/// The dQ kernel for one tile `C` (as [`dkdv`]): D = 8 DN, key tiles of BC = 8 NS = 16 KS keys,
+/// THREADS / 128 warpgroups of DW = 8 DNW columns of dQ each, MODE [`DQ_SAVED`] or
+/// [`DQ_STATS`] (see the module doc).
 ///
 /// # Safety
-/// `p` valid (host-checked), `p.head_dim <= D`, 128 threads,
+/// `p` valid (host-checked), `p.head_dim <= D`, THREADS threads,
 /// `WgmmaBwdTile::dq_smem_bytes()` bytes of dynamic shared memory; an sm_90a device; with
 /// DQ_SAVED, the statistics written.
 #[inline(always)]
@@ -490,6 +539,9 @@ pub unsafe fn dq<
     const BC: usize,
     const NS: usize,
     const KS: usize,
+    const THREADS: usize,
+    const DW: usize,
+    const DNW: usize,
     const PAD: bool,
     const MODE: u8,
 >(
@@ -499,6 +551,9 @@ pub unsafe fn dq<
         let t = C::TILE;
         assert!(D == t.head_dim as usize && DN * 8 == D && D.is_multiple_of(64) && PAD == t.padded);
         assert!(BC == t.dq_bc as usize && NS * 8 == BC && KS * 16 == BC);
+        // Whole 64-column swizzle blocks per warpgroup; DQ_STATS with one warpgroup.
+        assert!(THREADS == 128 * t.split as usize && DW * t.split as usize == D && DNW * 8 == DW && DW.is_multiple_of(64));
+        assert!(MODE == DQ_SAVED || THREADS == 128);
     }
     // DQ_STATS (the atomic family): head dims that are multiples of 8 only
     // (`registry::BwdFamilyDesc::aligned_only`).
@@ -507,8 +562,8 @@ pub unsafe fn dq<
     }
     unsafe {
         with_mask!(p, M => match MODE != DQ_STATS && by_element(PAD, p.head_dim) {
-            false => dq_masked::<T, M, D, DN, BC, NS, KS, PAD, MODE, false>(p),
-            true => dq_masked::<T, M, D, DN, BC, NS, KS, PAD, MODE, true>(p),
+            false => dq_masked::<T, M, D, BC, NS, KS, THREADS, DW, DNW, PAD, MODE, false>(p),
+            true => dq_masked::<T, M, D, BC, NS, KS, THREADS, DW, DNW, PAD, MODE, true>(p),
         })
     }
 }
@@ -518,10 +573,12 @@ unsafe fn dq_masked<
     T: MmaElement,
     M: Mask,
     const D: usize,
-    const DN: usize,
     const BC: usize,
     const NS: usize,
     const KS: usize,
+    const THREADS: usize,
+    const DW: usize,
+    const DNW: usize,
     const PAD: bool,
     const MODE: u8,
     const EL: bool,
@@ -532,12 +589,15 @@ unsafe fn dq_masked<
     let (saved, stats_only) = (MODE == DQ_SAVED, MODE == DQ_STATS);
     // Without PAD, head_dim is exactly D and the padding checks compile away.
     let d = body_head_dim::<D, EL>(PAD, p.head_dim);
-    if p.head_dim > D as u32 || (!PAD && p.head_dim != D as u32) || d == 0 || block::dim() != warpgroup::SIZE {
+    if p.head_dim > D as u32 || (!PAD && p.head_dim != D as u32) || d == 0 || block::dim() != THREADS as u32 {
         thread::trap();
     }
     let (q_blk, h, b) = block::idx();
-    let (w, lane) = (warp::id() as usize, warp::lane() as usize);
+    // Warp w of warpgroup wg: rows 16w.. of the block, dQ columns DW wg.. (every warpgroup
+    // computes the block's S and dP).
+    let (wg, w, lane) = wg_warp_lane::<THREADS>();
     let (g, t) = (lane / 4, lane % 4);
+    let col0 = wg * DW;
     let (sq, sk) = (p.seqlen_q, p.seqlen_k);
     let hk = h / (p.heads_q / p.heads_kv);
     let row0 = q_blk * ROWS as u32;
@@ -567,14 +627,14 @@ unsafe fn dq_masked<
         let c1 = (j * BC) as u32;
         let off = (c1 as u64 * p.k_strides.row) as usize;
         unsafe {
-            load_tile_in::<T, Sw<BC, D>, D, BC, 128, true>(k_s(stage), k_g.add(off), p.k_strides.row, sk - c1, d);
-            load_tile_in::<T, Sw<BC, D>, D, BC, 128, true>(v_s(stage), v_g.add(off), p.k_strides.row, sk - c1, d);
+            load_tile_in::<T, Sw<BC, D>, D, BC, THREADS, true>(k_s(stage), k_g.add(off), p.k_strides.row, sk - c1, d);
+            load_tile_in::<T, Sw<BC, D>, D, BC, THREADS, true>(v_s(stage), v_g.add(off), p.k_strides.row, sk - c1, d);
         }
     };
     // Block: Q_i, dO_i and the first K, V tile in flight.
     unsafe {
-        load_tile_in::<T, Sw<ROWS, D>, D, ROWS, 128, true>(q_s, q_g.add(first), p.q_strides.row, sq - row0.min(sq), d);
-        load_tile_in::<T, Sw<ROWS, D>, D, ROWS, 128, true>(do_s, do_g.add(first), p.q_strides.row, sq - row0.min(sq), d);
+        load_tile_in::<T, Sw<ROWS, D>, D, ROWS, THREADS, true>(q_s, q_g.add(first), p.q_strides.row, sq - row0.min(sq), d);
+        load_tile_in::<T, Sw<ROWS, D>, D, ROWS, THREADS, true>(do_s, do_g.add(first), p.q_strides.row, sq - row0.min(sq), d);
     }
     if n_tiles > 0 {
         load_kv(0, 0);
@@ -582,7 +642,7 @@ unsafe fn dq_masked<
     thread::cp_async_commit();
 
     let factor = crate::softmax::score_scale(p.scale) * LOG2_E;
-    let mut acc_dq = [[0f32; 4]; DN];
+    let mut acc_dq = [[0f32; 4]; DNW];
     // Rows g and g + 8 of the warp's 16: running statistics (DQ_STATS), or m_i, 1 / l_i, D~_i
     // from the workspace (DQ_SAVED).
     let mut rows = [QuadRow::INIT; 2];
@@ -598,7 +658,7 @@ unsafe fn dq_masked<
         let mut i = thread::idx() as usize;
         while i < ones32.len() {
             ones32.st(i, T::pack2(1.0, 1.0));
-            i += warpgroup::SIZE as usize;
+            i += THREADS;
         }
     }
     // DQ_SAVED: per-warp votes of the current tile (two slots, by iteration parity) and the
@@ -659,7 +719,7 @@ unsafe fn dq_masked<
     // (to the async proxy too); with `check`, it also votes on whether K holds a NaN or an
     // infinity (`nonfinite`).
     let clean_k_vote = inline_closure!(|stage: usize, check: bool| -> bool {
-        let found = check && own_chunks_nonfinite::<T, Sw<BC, D>, D, BC, 128>(k_s(stage));
+        let found = check && own_chunks_nonfinite::<T, Sw<BC, D>, D, BC, THREADS>(k_s(stage));
         thread::fence_proxy_async();
         if check {
             block::sync_any(found)
@@ -674,7 +734,7 @@ unsafe fn dq_masked<
     let clean_k = inline_closure!(|stage: usize, bad: bool| {
         if bad {
             block::sync();
-            zero_own_nonfinite::<T, Sw<BC, D>, D, BC, 128>(k_s(stage));
+            zero_own_nonfinite::<T, Sw<BC, D>, D, BC, THREADS>(k_s(stage));
             thread::fence_proxy_async();
             block::sync();
         }
@@ -773,19 +833,20 @@ unsafe fn dq_masked<
             warpgroup::fence_operands(&mut acc_one);
             warpgroup::fence_fragments(&mut da);
             warpgroup::fence();
-            let kd = warpgroup::desc_sw128(k_s(it % 2), 0, Sw::<BC, D>::BLOCK_BYTES, 1024).opaque();
+            let kd = warpgroup::desc_sw128(k_s(it % 2), Sw::<BC, D>::at(0, col0), Sw::<BC, D>::BLOCK_BYTES, 1024).opaque();
             let od = warpgroup::desc_sw128(ones, 0, 16, 1024).opaque();
             for (ks, f) in da.iter().enumerate() {
-                warpgroup::mma_rs::<DN, true>(*f, kd.advance(ks * 16 * 64 * 2), &mut acc_dq, true, T::BF16);
+                warpgroup::mma_rs::<DNW, true>(*f, kd.advance(ks * 16 * 64 * 2), &mut acc_dq, true, T::BF16);
                 // delta_t += dS~ 1 (the sum of the rounded dS~, what the product adds).
                 warpgroup::mma_rs::<1, false>(*f, od.advance(ks * 32), &mut acc_one, true, T::BF16);
             }
             warpgroup::commit();
-            warpgroup::wait::<0, DN>(&mut acc_dq);
+            warpgroup::wait::<0, DNW>(&mut acc_dq);
             warpgroup::fence_operands(&mut acc_one);
             warpgroup::fence_fragments(&mut da);
-            if saved {
-                // Warp: whether one of its rows has a key with P > HOT_P in this tile.
+            if saved && wg == 0 {
+                // Warp: whether one of its rows has a key with P > HOT_P in this tile (the
+                // first warpgroup's: every warpgroup has the same P).
                 let v = warp::any(p_max > HOT_P);
                 if lane == 0 {
                     votes.st(4 * (it % 2) + w, v as u32);
@@ -799,7 +860,7 @@ unsafe fn dq_masked<
             // Block: tile j is hot if a warp voted so (every thread reads the same votes).
             let at = 4 * (it % 2);
             if (votes.ld(at) | votes.ld(at + 1) | votes.ld(at + 2) | votes.ld(at + 3)) != 0 && n_hot < HOT_TILES {
-                if w == 0 && lane == 0 {
+                if wg == 0 && w == 0 && lane == 0 {
                     hot.st(n_hot, j as u32);
                 }
                 n_hot += 1;
@@ -816,7 +877,7 @@ unsafe fn dq_masked<
     if saved {
         // B_i = sum P_ij K_j over the hot tiles (S and P recomputed: at most one tile per key
         // with P > HOT_P), and sigma_i = sum of those P rounded to T (what the product adds).
-        let mut acc_b = [[0f32; 4]; DN];
+        let mut acc_b = [[0f32; 4]; DNW];
         let mut sigma = [0f32; 2];
         // Thread: dQ~ parked in the V stages (free now; conflict-free, element-major) while the
         // hot tiles need the registers.
@@ -825,7 +886,7 @@ unsafe fn dq_masked<
         if n_hot > 0 {
             for (n, acc) in acc_dq.iter().enumerate() {
                 for (e, x) in acc.iter().enumerate() {
-                    park.st((n * 4 + e) * warpgroup::SIZE as usize + tid, *x);
+                    park.st((n * 4 + e) * THREADS + tid, *x);
                 }
             }
         }
@@ -835,7 +896,7 @@ unsafe fn dq_masked<
             let j = hot.ld(ix) as usize;
             let c1 = (j * BC) as u32;
             unsafe {
-                load_tile_in::<T, Sw<BC, D>, D, BC, 128, true>(
+                load_tile_in::<T, Sw<BC, D>, D, BC, THREADS, true>(
                     k_s(0),
                     k_g.add((c1 as u64 * p.k_strides.row) as usize),
                     p.k_strides.row,
@@ -872,18 +933,18 @@ unsafe fn dq_masked<
             warpgroup::fence_operands(&mut acc_b);
             warpgroup::fence_fragments(&mut pa);
             warpgroup::fence();
-            let kd = warpgroup::desc_sw128(k_s(0), 0, Sw::<BC, D>::BLOCK_BYTES, 1024).opaque();
+            let kd = warpgroup::desc_sw128(k_s(0), Sw::<BC, D>::at(0, col0), Sw::<BC, D>::BLOCK_BYTES, 1024).opaque();
             for (ks, f) in pa.iter().enumerate() {
-                warpgroup::mma_rs::<DN, true>(*f, kd.advance(ks * 16 * 64 * 2), &mut acc_b, true, T::BF16);
+                warpgroup::mma_rs::<DNW, true>(*f, kd.advance(ks * 16 * 64 * 2), &mut acc_b, true, T::BF16);
             }
             warpgroup::commit();
-            warpgroup::wait::<0, DN>(&mut acc_b);
+            warpgroup::wait::<0, DNW>(&mut acc_b);
             warpgroup::fence_fragments(&mut pa);
         }
         if n_hot > 0 {
             for (n, acc) in acc_dq.iter_mut().enumerate() {
                 for (e, x) in acc.iter_mut().enumerate() {
-                    *x = park.ld((n * 4 + e) * warpgroup::SIZE as usize + tid);
+                    *x = park.ld((n * 4 + e) * THREADS + tid);
                 }
             }
         }
@@ -897,7 +958,7 @@ unsafe fn dq_masked<
         for half in 0..2 {
             let (dl, dl_t, sg) = (warp::allreduce_sum_in::<4>(delta[half]), acc_one[0][2 * half], warp::allreduce_sum_in::<4>(sigma[half]));
             let r = row_w + (g + 8 * half) as u32;
-            if t == 0 && r < sq {
+            if wg == 0 && t == 0 && r < sq {
                 unsafe { global::store((p.stats as *mut f32).add(p.stat_at(2, b_late, h, r)), fin[half].2 + dl) };
             }
             if sg >= 0.5 {
@@ -911,6 +972,7 @@ unsafe fn dq_masked<
     }
     // Warp: dQ_i = scale * acc, rows of its 16, in T.
     if !stats_only {
-        unsafe { store_rows::<T, DN, true>(&acc_dq, p.scale, (p.dq as *mut T).add(q_at), p.q_strides.row, row_w, sq, d) };
+        let d_wg = d.saturating_sub(col0 as u32);
+        unsafe { store_rows::<T, DNW, true>(&acc_dq, p.scale, (p.dq as *mut T).add(q_at + col0), p.q_strides.row, row_w, sq, d_wg) };
     }
 }

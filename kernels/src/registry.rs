@@ -18,7 +18,7 @@ use crate::dtype::{DType, Element};
 use crate::params::{BwdParams, FwdParams};
 use crate::tile::{
     Config, MmaBwdTile, MmaTile, SimtKvTile, SimtTile, WgmmaBwdTile, WgmmaTile, mma_bwd_tile, mma_bwd_tile_atomic, mma_tile, mma_tile_br64,
-    mma_tile_unfused, simt_dq_smem_bytes, simt_kv_tile, simt_tile, wgmma_bwd_tile, wgmma_tile, wgmma_tile_wg2,
+    mma_tile_unfused, simt_dq_smem_bytes, simt_kv_tile, simt_tile, wgmma_bwd_tile, wgmma_bwd_tile_atomic, wgmma_tile, wgmma_tile_wg2,
 };
 
 /// The PTX module a variant is compiled into, and so the devices it runs on.
@@ -601,7 +601,7 @@ pub struct BwdFamilyDesc {
 
 /// The backward families, in the order automatic selection tries them (best first), among
 /// those the device runs: on Hopper `wgmma` (`prep`, dQ and dK/dV kernels on warpgroup MMA;
-/// compute capability 9.0, f16 and bf16, head_dim <= 128), the tensor-core kernels (`mma`)
+/// compute capability 9.0, f16 and bf16, head_dim <= 256), the tensor-core kernels (`mma`)
 /// where they apply, else SIMT. By name only: `mma_atomic` (FA2's single dK/dV/dQ kernel with
 /// atomic dQ) and `wgmma_atomic` (the same structure on warpgroup MMA): their f32 atomics,
 /// one per dQ element per 64 keys, cost more than the dQ kernel they replace
@@ -661,7 +661,7 @@ const BWD_WGMMA_ATOMIC: BwdFamilyDesc = BwdFamilyDesc {
     deterministic: false,
     aligned_only: true,
     passes: [&[Pass::Stats, Pass::Dkdvq, Pass::DqConvert], &[Pass::PrepResidual, Pass::Dkdvq, Pass::DqConvert]],
-    tiles: BwdTiles::Wgmma(wgmma_bwd_tile),
+    tiles: BwdTiles::Wgmma(wgmma_bwd_tile_atomic),
 };
 
 #[cfg(not(target_arch = "nvptx64"))]
@@ -855,6 +855,9 @@ macro_rules! bwd_wgmma_kv_with {
             { C::TILE.br as usize },
             { C::TILE.br as usize / 8 },
             { C::TILE.br as usize / 16 },
+            { C::TILE.threads() as usize },
+            { (C::TILE.head_dim / C::TILE.split) as usize },
+            { (C::TILE.head_dim / C::TILE.split) as usize / 8 },
             { C::TILE.padded },
             $dq,
         >
@@ -884,6 +887,9 @@ macro_rules! bwd_wgmma_q_with {
             { C::TILE.dq_bc as usize },
             { C::TILE.dq_bc as usize / 8 },
             { C::TILE.dq_bc as usize / 16 },
+            { C::TILE.threads() as usize },
+            { (C::TILE.head_dim / C::TILE.split) as usize },
+            { (C::TILE.head_dim / C::TILE.split) as usize / 8 },
             { C::TILE.padded },
             { crate::bwd_wgmma::$mode },
         >
@@ -932,6 +938,10 @@ bwd_variants! {
         flash_bwd_wgmma_dqs_bf16_d64 => DqSaved: bwd_wgmma_dq_saved(Bf16, 64),
         flash_bwd_wgmma_dqs_bf16_d128p => DqSaved: bwd_wgmma_dq_saved(Bf16, 120),
         flash_bwd_wgmma_dqs_bf16_d128 => DqSaved: bwd_wgmma_dq_saved(Bf16, 128),
+        flash_bwd_wgmma_dqs_f16_d256p => DqSaved: bwd_wgmma_dq_saved(F16, 192),
+        flash_bwd_wgmma_dqs_f16_d256 => DqSaved: bwd_wgmma_dq_saved(F16, 256),
+        flash_bwd_wgmma_dqs_bf16_d256p => DqSaved: bwd_wgmma_dq_saved(Bf16, 192),
+        flash_bwd_wgmma_dqs_bf16_d256 => DqSaved: bwd_wgmma_dq_saved(Bf16, 256),
         flash_bwd_wgmma_dkdv_f16_d64p => Dkdv: bwd_wgmma_kv(F16, 56),
         flash_bwd_wgmma_dkdv_f16_d64 => Dkdv: bwd_wgmma_kv(F16, 64),
         flash_bwd_wgmma_dkdv_f16_d128p => Dkdv: bwd_wgmma_kv(F16, 120),
@@ -940,6 +950,10 @@ bwd_variants! {
         flash_bwd_wgmma_dkdv_bf16_d64 => Dkdv: bwd_wgmma_kv(Bf16, 64),
         flash_bwd_wgmma_dkdv_bf16_d128p => Dkdv: bwd_wgmma_kv(Bf16, 120),
         flash_bwd_wgmma_dkdv_bf16_d128 => Dkdv: bwd_wgmma_kv(Bf16, 128),
+        flash_bwd_wgmma_dkdv_f16_d256p => Dkdv: bwd_wgmma_kv(F16, 192),
+        flash_bwd_wgmma_dkdv_f16_d256 => Dkdv: bwd_wgmma_kv(F16, 256),
+        flash_bwd_wgmma_dkdv_bf16_d256p => Dkdv: bwd_wgmma_kv(Bf16, 192),
+        flash_bwd_wgmma_dkdv_bf16_d256 => Dkdv: bwd_wgmma_kv(Bf16, 256),
     }
     WgmmaAtomic @ Sm90a {
         flash_bwd_wgmma_atomic_stats_f16_d64p => Stats: bwd_wgmma_stats(F16, 56),

@@ -479,10 +479,10 @@ pub const fn wgmma_tile_wg2(head_dim: u32) -> Option<WgmmaTile> {
     }
 }
 
-/// Tile of the Hopper backward kernels (`bwd_wgmma`, sm_90a): one warpgroup per block, of 64
-/// query rows (dQ, key tiles of `dq_bc`) or 64 keys (dK/dV, query tiles of `br` rows),
-/// double-buffered; 128-byte-swizzle tiles, so the
-/// compiled head_dim is a multiple of 64.
+/// Tile of the Hopper backward kernels (`bwd_wgmma`, sm_90a): `split` warpgroups per block, of
+/// 64 query rows (dQ, key tiles of `dq_bc`) or 64 keys (dK/dV, query tiles of `br` rows),
+/// double-buffered; 128-byte-swizzle tiles, so the compiled head_dim is a multiple of 64, and
+/// a multiple of 64 split.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WgmmaBwdTile {
     /// Query rows per Q/dO tile of the dK/dV kernel (the N of S^T = K Q^T, the K of
@@ -498,14 +498,18 @@ pub struct WgmmaBwdTile {
     pub dkdv_max_regs: u32,
     /// `.maxnreg` of the dQ kernel (0: none).
     pub dq_max_regs: u32,
+    /// Warpgroups per block, splitting D: each computes the block's whole S and dP (the
+    /// products over D, twice over with 2) and accumulates its own head_dim / split columns of
+    /// dK and dV (or dQ).
+    pub split: u32,
 }
 
 impl WgmmaBwdTile {
     /// Keys per block.
     pub const KEYS: u32 = 64;
-    /// Threads per block: one warpgroup.
+    /// Threads per block: `split` warpgroups.
     pub const fn threads(&self) -> u32 {
-        128
+        128 * self.split
     }
     /// Shared memory in bytes: K, V [64] rows, two stages of Q and dO [br] rows (16-bit), two
     /// stages of m, 1 / l and D [br] (f32).
@@ -527,7 +531,7 @@ impl WgmmaBwdTile {
 }
 
 /// The Hopper backward tile for `head_dim`, if there is one (f16 and bf16, sm_90a): every
-/// head_dim 1..=128, compiled for 64 or 128 (exact there, zero-padded below).
+/// head_dim 1..=256, compiled for 64, 128 or 256 (exact there, zero-padded below).
 ///
 /// Reasons: one warpgroup per block, as in [`wgmma_tile`] (several blocks per SM hide each
 /// other's exponentials); br = dq_bc = 64 keeps S and dP at 32 registers each next to the
@@ -554,14 +558,28 @@ impl WgmmaBwdTile {
 /// 199 / 215 / 209 and 173 / 204 / 203. At d=128 shared memory (96-100 KB per block) allows
 /// two blocks whatever the registers.
 pub const fn wgmma_bwd_tile(head_dim: u32) -> Option<WgmmaBwdTile> {
+    const fn t(head_dim: u32, d: u32, split: u32) -> Option<WgmmaBwdTile> {
+        Some(WgmmaBwdTile { br: 64, dq_bc: 64, head_dim: d, padded: head_dim != d, dkdv_max_regs: 0, dq_max_regs: 0, split })
+    }
     match head_dim {
-        0 | 129.. => None,
+        0 | 257.. => None,
         // Caps off: with the non-finite checks (`nonfinite`) the kernels need 178 and 159
         // registers, and spill 8 and 48 bytes under the 168 / 128 caps measured above: two and
         // three blocks per SM instead of three and four, until the checks are slimmed.
-        ..=64 => Some(WgmmaBwdTile { br: 64, dq_bc: 64, head_dim: 64, padded: head_dim != 64, dkdv_max_regs: 0, dq_max_regs: 0 }),
-        _ => Some(WgmmaBwdTile { br: 64, dq_bc: 64, head_dim: 128, padded: head_dim != 128, dkdv_max_regs: 0, dq_max_regs: 0 }),
+        ..=64 => t(head_dim, 64, 1),
+        ..=128 => t(head_dim, 128, 1),
+        // Two warpgroups, each with 128 columns of dK and dV (dQ): the accumulators of d=128's
+        // one warpgroup, the products over D = 256 done by both. 192 runs padded to 256: a
+        // split of 192 in halves of 96 columns cuts a 64-column swizzle block, which an
+        // MN-major operand cannot start inside.
+        _ => t(head_dim, 256, 2),
     }
+}
+
+/// The Hopper atomic backward's tile (`wgmma_atomic`): [`wgmma_bwd_tile`] up to head_dim 128
+/// (its dK/dV kernel also holds dS^T in shared memory and adds dQ with one warpgroup).
+pub const fn wgmma_bwd_tile_atomic(head_dim: u32) -> Option<WgmmaBwdTile> {
+    if head_dim <= 128 { wgmma_bwd_tile(head_dim) } else { None }
 }
 
 /// f32 of the S / dP exchange of a block whose warp pairs split D (SPLIT = 2; none

@@ -103,9 +103,9 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
         };
         // The atomic tensor-core kernels serve head_dim <= 128 (16 units of 8), `mma` and SIMT
         // up to 256.
-        let d_units = if matches!(family, Some("simt" | "mma")) || family.is_none() && !few_keys { 32 } else { 16 };
+        let d_units = if matches!(family, Some("simt" | "mma")) || family.is_none() { 32 } else { 16 };
         let (max_s, max_d, max_hkv, max_group, max_b, budget) = match (kind, few_keys) {
-            (_, true) => (50, 16, 2, 2, 1, 60_000),
+            (_, true) => (50, d_units, 2, 2, 1, 60_000),
             (BackendKind::Gpu, false) => (200, d_units, 4, 4, 2, 2_000_000),
             (BackendKind::Emulator, false) => (50, d_units, 2, 2, 2, 60_000),
         };
