@@ -522,9 +522,53 @@ pub const DQ_SAVED: u8 = 1;
 /// backward's first kernel), no dQ.
 pub const DQ_STATS: u8 = 2;
 
+/// Warpgroup: acc = A B^T over D, A a [RA][D] and B a [RB][D] tile (both K-major, the
+/// descriptors at their first rows): D / 16 k-steps of m64n{8N}k16, issued (the caller commits
+/// and waits).
+#[inline(always)]
+fn issue_abt<T: MmaElement, const N: usize, const D: usize, const RA: usize, const RB: usize>(
+    a: warpgroup::Desc,
+    b: warpgroup::Desc,
+    acc: &mut [[f32; 4]; N],
+) {
+    for kk in 0..D / 16 {
+        let (ao, bo) = (((kk / 4) * RA * 64 + (kk % 4) * 16) * 2, ((kk / 4) * RB * 64 + (kk % 4) * 16) * 2);
+        warpgroup::mma_ss::<N>(a.advance(ao), b.advance(bo), acc, kk > 0, T::BF16);
+    }
+}
+
+/// Thread: `hidden` where its S fragment (rows row_w + g, + 8 of lane (g, t), N n-tiles of
+/// keys from c0) is hidden by the mask or by seqlen_k; one uniform branch (`masked`: true on
+/// the last tiles only).
+#[inline(always)]
+fn mask_frag<M: Mask, const N: usize>(
+    s: &mut [[f32; 4]; N],
+    c0: u32,
+    row_w: u32,
+    (g, t): (usize, usize),
+    (sq, sk): (u32, u32),
+    masked: bool,
+    hidden: f32,
+) {
+    if masked {
+        for (n, x) in s.iter_mut().enumerate() {
+            for (e, x) in x.iter_mut().enumerate() {
+                let row = row_w + (g + 8 * (e / 2)) as u32;
+                let col = c0 + (n * 8 + 2 * t + e % 2) as u32;
+                if col >= sk || M::hides(row, col, sq, sk) {
+                    *x = hidden;
+                }
+            }
+        }
+    }
+}
+
 /// The dQ kernel for one tile `C` (as [`dkdv`]): D = 8 DN, key tiles of BC = 8 NS = 16 KS keys,
-/// THREADS / 128 warpgroups of DW = 8 DNW columns of dQ each, MODE [`DQ_SAVED`] or
-/// [`DQ_STATS`] (see the module doc).
+/// THREADS / 128 warpgroups; MODE [`DQ_SAVED`] or [`DQ_STATS`] (see the module doc). With two
+/// warpgroups, each takes BC / 2 = 8 NSW = 16 KSW keys of every tile (S, dP and dQ~ over D of
+/// its keys, no product done twice) and the two halves of dQ~ and of the rows' sums are added
+/// after the loop, warpgroup wg keeping DW = 8 DNW columns (the hot tiles' pass, over every
+/// key of a tile, then gives each warpgroup its columns of B_i).
 ///
 /// # Safety
 /// `p` valid (host-checked), `p.head_dim <= D`, THREADS threads,
@@ -539,6 +583,8 @@ pub unsafe fn dq<
     const BC: usize,
     const NS: usize,
     const KS: usize,
+    const NSW: usize,
+    const KSW: usize,
     const THREADS: usize,
     const DW: usize,
     const DNW: usize,
@@ -553,7 +599,7 @@ pub unsafe fn dq<
         assert!(BC == t.dq_bc as usize && NS * 8 == BC && KS * 16 == BC);
         // Whole 64-column swizzle blocks per warpgroup; DQ_STATS with one warpgroup.
         assert!(THREADS == 128 * t.split as usize && DW * t.split as usize == D && DNW * 8 == DW && DW.is_multiple_of(64));
-        assert!(MODE == DQ_SAVED || THREADS == 128);
+        assert!(NSW * t.split as usize == NS && KSW * 2 == NSW && (MODE == DQ_SAVED || THREADS == 128));
     }
     // DQ_STATS (the atomic family): head dims that are multiples of 8 only
     // (`registry::BwdFamilyDesc::aligned_only`).
@@ -562,8 +608,8 @@ pub unsafe fn dq<
     }
     unsafe {
         with_mask!(p, M => match MODE != DQ_STATS && by_element(PAD, p.head_dim) {
-            false => dq_masked::<T, M, D, BC, NS, KS, THREADS, DW, DNW, PAD, MODE, false>(p),
-            true => dq_masked::<T, M, D, BC, NS, KS, THREADS, DW, DNW, PAD, MODE, true>(p),
+            false => dq_masked::<T, M, D, DN, BC, NS, KS, NSW, KSW, THREADS, DW, DNW, PAD, MODE, false>(p),
+            true => dq_masked::<T, M, D, DN, BC, NS, KS, NSW, KSW, THREADS, DW, DNW, PAD, MODE, true>(p),
         })
     }
 }
@@ -573,9 +619,12 @@ unsafe fn dq_masked<
     T: MmaElement,
     M: Mask,
     const D: usize,
+    const DN: usize,
     const BC: usize,
     const NS: usize,
     const KS: usize,
+    const NSW: usize,
+    const KSW: usize,
     const THREADS: usize,
     const DW: usize,
     const DNW: usize,
@@ -593,18 +642,19 @@ unsafe fn dq_masked<
         thread::trap();
     }
     let (q_blk, h, b) = block::idx();
-    // Warp w of warpgroup wg: rows 16w.. of the block, dQ columns DW wg.. (every warpgroup
-    // computes the block's S and dP).
+    // Warp w of warpgroup wg: rows 16w.. of the block; in the loop keys BC / SPLIT wg.. of
+    // each tile, after it dQ columns DW wg..
+    let split = THREADS / warpgroup::SIZE as usize;
     let (wg, w, lane) = wg_warp_lane::<THREADS>();
     let (g, t) = (lane / 4, lane % 4);
-    let col0 = wg * DW;
+    let (col0, key_w) = (wg * DW, wg * (BC / split));
     let (sq, sk) = (p.seqlen_q, p.seqlen_k);
     let hk = h / (p.heads_q / p.heads_kv);
     let row0 = q_blk * ROWS as u32;
     let row_w = row0 + (w * 16) as u32; // first query row of this warp
 
     // Shared memory: Q, dO [64][D], then K stages 0 and 1, V stages 0 and 1 ([BC][D] each),
-    // then (DQ_SAVED) 8 x 64 ones, then (u32) 8 votes and HOT_TILES tile indices.
+    // then (DQ_SAVED) 8 x 64 ones, then (u32) 8 votes a warpgroup and HOT_TILES tile indices.
     let smem: Shared<T> = unsafe { dev::dynamic_shared((2 * ROWS + 4 * BC) * D) };
     let ones: Shared<T> = smem.after(8 * 64);
     let q_s = smem.slice(0, ROWS * D);
@@ -642,7 +692,8 @@ unsafe fn dq_masked<
     thread::cp_async_commit();
 
     let factor = crate::softmax::score_scale(p.scale) * LOG2_E;
-    let mut acc_dq = [[0f32; 4]; DNW];
+    // dQ~ over the warpgroup's keys, every column (then `halves`).
+    let mut acc_dq = [[0f32; 4]; DN];
     // Rows g and g + 8 of the warp's 16: running statistics (DQ_STATS), or m_i, 1 / l_i, D~_i
     // from the workspace (DQ_SAVED).
     let mut rows = [QuadRow::INIT; 2];
@@ -663,7 +714,7 @@ unsafe fn dq_masked<
     }
     // DQ_SAVED: per-warp votes of the current tile (two slots, by iteration parity) and the
     // list of the key tiles where some row has a key with P > HOT_P (block-uniform).
-    let votes: Shared<u32> = ones.after(8);
+    let votes: Shared<u32> = ones.after(8 * split);
     let hot: Shared<u32> = votes.after(HOT_TILES);
     let mut n_hot = 0usize;
     if saved {
@@ -701,19 +752,8 @@ unsafe fn dq_masked<
     };
     // Thread: `hidden` where key tile j hides S (one uniform branch: true on the last tiles
     // only).
-    let mask = inline_closure!(|s: &mut [[f32; 4]; NS], j: usize, masked: bool, hidden: f32| {
-        if masked {
-            let c0 = (j * BC) as u32;
-            for (n, x) in s.iter_mut().enumerate() {
-                for (e, x) in x.iter_mut().enumerate() {
-                    let row = row_w + (g + 8 * (e / 2)) as u32;
-                    let col = c0 + (n * 8 + 2 * t + e % 2) as u32;
-                    if col >= sk || M::hides(row, col, sq, sk) {
-                        *x = hidden;
-                    }
-                }
-            }
-        }
+    let mask = inline_closure!(|s: &mut [[f32; 4]; NSW], j: usize, masked: bool, hidden: f32| {
+        mask_frag::<M, NSW>(s, (j * BC + key_w) as u32, row_w, (g, t), (sq, sk), masked, hidden)
     });
     // Block, after the copies of key tile `stage` landed: the barrier that makes them visible
     // (to the async proxy too); with `check`, it also votes on whether K holds a NaN or an
@@ -739,29 +779,24 @@ unsafe fn dq_masked<
             block::sync();
         }
     });
-    // Warpgroup: acc = A B^T over d, A a [64][D] and B a [BC][D] tile (both K-major): D / 16
-    // k-steps of m64n{BC}k16, issued (the caller commits and waits).
-    let issue_abt = inline_closure!(|a: warpgroup::Desc, b: warpgroup::Desc, acc: &mut [[f32; 4]; NS]| {
-        for kk in 0..D / 16 {
-            let (ao, bo) = (((kk / 4) * ROWS * 64 + (kk % 4) * 16) * 2, ((kk / 4) * BC * 64 + (kk % 4) * 16) * 2);
-            warpgroup::mma_ss::<NS>(a.advance(ao), b.advance(bo), acc, kk > 0, T::BF16);
-        }
-    });
+
     // Warpgroup: S = Q K_j^T times scale log2(e), -inf where masked (DQ_SAVED: unscaled and
     // unmasked), and dP = dO V_j^T for
     // key tile j in `stage` (D / 16 k-steps of m64n{BC}k16 each, one group).
-    let scores = inline_closure!(|j: usize, stage: usize, masked: bool| -> ([[f32; 4]; NS], [[f32; 4]; NS]) {
-        let mut s = [[0f32; 4]; NS];
-        let mut dp = [[0f32; 4]; NS];
+    let scores = inline_closure!(|j: usize, stage: usize, masked: bool| -> ([[f32; 4]; NSW], [[f32; 4]; NSW]) {
+        let mut s = [[0f32; 4]; NSW];
+        let mut dp = [[0f32; 4]; NSW];
         warpgroup::fence_operands(&mut s);
         warpgroup::fence_operands(&mut dp);
         warpgroup::fence();
         let (qd, od) = (warpgroup::desc_sw128(q_s, 0, 16, 1024).opaque(), warpgroup::desc_sw128(do_s, 0, 16, 1024).opaque());
-        let (kd, vd) = (warpgroup::desc_sw128(k_s(stage), 0, 16, 1024).opaque(), warpgroup::desc_sw128(v_s(stage), 0, 16, 1024).opaque());
-        issue_abt(qd, kd, &mut s);
-        issue_abt(od, vd, &mut dp);
+        // The warpgroup's keys: rows key_w.. of the tile (a multiple of 8 rows).
+        let at = Sw::<BC, D>::at(key_w, 0);
+        let (kd, vd) = (warpgroup::desc_sw128(k_s(stage), at, 16, 1024).opaque(), warpgroup::desc_sw128(v_s(stage), at, 16, 1024).opaque());
+        issue_abt::<T, NSW, D, ROWS, BC>(qd, kd, &mut s);
+        issue_abt::<T, NSW, D, ROWS, BC>(od, vd, &mut dp);
         warpgroup::commit();
-        warpgroup::wait::<0, NS>(&mut s);
+        warpgroup::wait::<0, NSW>(&mut s);
         warpgroup::fence_operands(&mut dp);
         if !saved {
             for x in s.iter_mut() {
@@ -796,10 +831,10 @@ unsafe fn dq_masked<
             // Pass 0, lane quad: fold tile j into the rows' running statistics.
             for (half, row) in rows.iter_mut().enumerate() {
                 let (x, dpx) = (
-                    core::array::from_fn::<_, NS, _>(|n| [s[n][2 * half], s[n][2 * half + 1]]),
+                    core::array::from_fn::<_, NSW, _>(|n| [s[n][2 * half], s[n][2 * half + 1]]),
                     core::array::from_fn(|n| [dp[n][2 * half], dp[n][2 * half + 1]]),
                 );
-                if masked { row.push::<true, NS>(x, dpx) } else { row.push::<false, NS>(x, dpx) }
+                if masked { row.push::<true, NSW>(x, dpx) } else { row.push::<false, NSW>(x, dpx) }
             }
         } else {
             // Thread: P = exp2(S scale log2 e - m_i) (`prep` gives 1 / l_i = 1, and m_i = +inf
@@ -813,43 +848,44 @@ unsafe fn dq_masked<
                 }
             }
             mask(&mut pt, j, j >= n_unmasked, 0.0);
-            let mut ds = [[0f32; 4]; NS];
+            let mut ds = [[0f32; 4]; NSW];
             let mut p_max = 0f32; // over both rows: the warp votes on any of its rows
-            for n in 0..NS {
+            for n in 0..NSW {
                 for e in 0..4 {
                     ds[n][e] = pt[n][e] * (dp[n][e] - fin[e / 2].2);
                 }
             }
             // 0 where masked, whatever the row's D and dP hold.
             mask(&mut ds, j, masked, 0.0);
-            for n in 0..NS {
+            for n in 0..NSW {
                 for e in 0..4 {
                     p_max = p_max.max(pt[n][e]);
                     delta[e / 2] += ds[n][e];
                 }
             }
-            let mut da: [[u32; 4]; KS] = core::array::from_fn(|ks| to_a::<T>(ds[2 * ks], ds[2 * ks + 1]));
+            let mut da: [[u32; 4]; KSW] = core::array::from_fn(|ks| to_a::<T>(ds[2 * ks], ds[2 * ks + 1]));
             warpgroup::fence_operands(&mut acc_dq);
             warpgroup::fence_operands(&mut acc_one);
             warpgroup::fence_fragments(&mut da);
             warpgroup::fence();
-            let kd = warpgroup::desc_sw128(k_s(it % 2), Sw::<BC, D>::at(0, col0), Sw::<BC, D>::BLOCK_BYTES, 1024).opaque();
+            // K_j's rows key_w.. read MN-major (N = D), as many k-steps as the warpgroup's keys.
+            let kd = warpgroup::desc_sw128(k_s(it % 2), Sw::<BC, D>::at(key_w, 0), Sw::<BC, D>::BLOCK_BYTES, 1024).opaque();
             let od = warpgroup::desc_sw128(ones, 0, 16, 1024).opaque();
             for (ks, f) in da.iter().enumerate() {
-                warpgroup::mma_rs::<DNW, true>(*f, kd.advance(ks * 16 * 64 * 2), &mut acc_dq, true, T::BF16);
+                warpgroup::mma_rs::<DN, true>(*f, kd.advance(ks * 16 * 64 * 2), &mut acc_dq, true, T::BF16);
                 // delta_t += dS~ 1 (the sum of the rounded dS~, what the product adds).
                 warpgroup::mma_rs::<1, false>(*f, od.advance(ks * 32), &mut acc_one, true, T::BF16);
             }
             warpgroup::commit();
-            warpgroup::wait::<0, DNW>(&mut acc_dq);
+            warpgroup::wait::<0, DN>(&mut acc_dq);
             warpgroup::fence_operands(&mut acc_one);
             warpgroup::fence_fragments(&mut da);
-            if saved && wg == 0 {
-                // Warp: whether one of its rows has a key with P > HOT_P in this tile (the
-                // first warpgroup's: every warpgroup has the same P).
+            if saved {
+                // Warp: whether one of its rows has a key with P > HOT_P among its
+                // warpgroup's keys of this tile.
                 let v = warp::any(p_max > HOT_P);
                 if lane == 0 {
-                    votes.st(4 * (it % 2) + w, v as u32);
+                    votes.st(4 * split * (it % 2) + 4 * wg + w, v as u32);
                 }
             }
         }
@@ -858,8 +894,12 @@ unsafe fn dq_masked<
         block::sync();
         if saved {
             // Block: tile j is hot if a warp voted so (every thread reads the same votes).
-            let at = 4 * (it % 2);
-            if (votes.ld(at) | votes.ld(at + 1) | votes.ld(at + 2) | votes.ld(at + 3)) != 0 && n_hot < HOT_TILES {
+            let at = 4 * split * (it % 2);
+            let mut any = 0;
+            for v in 0..4 * split {
+                any |= votes.ld(at + v);
+            }
+            if any != 0 && n_hot < HOT_TILES {
                 if wg == 0 && w == 0 && lane == 0 {
                     hot.st(n_hot, j as u32);
                 }
@@ -873,6 +913,41 @@ unsafe fn dq_masked<
     if stats_only {
         publish(&rows);
     }
+    // Two warpgroups: warpgroup wg keeps columns DW wg.. of dQ~, the sum of both warpgroups'
+    // parts (over their keys), and the rows' delta and delta~ over every key. Through the V
+    // stages and K stage 1 (free now): each thread's part of the other's columns, and its
+    // sums, for the thread of the same place in the other warpgroup. a + b = b + a: both
+    // warpgroups hold the same sums.
+    let tid = thread::idx() as usize;
+    let mut acc_dq: [[f32; 4]; DNW] = if THREADS == warpgroup::SIZE as usize {
+        core::array::from_fn(|n| acc_dq[n])
+    } else {
+        let (xs, ss) = (smem.slice((2 * ROWS + 2 * BC) * D, 2 * BC * D).cast::<f32>(), k_s(1).cast::<f32>());
+        let other = tid ^ warpgroup::SIZE as usize;
+        for n in 0..DNW {
+            for e in 0..4 {
+                xs.st((n * 4 + e) * THREADS + tid, if wg == 0 { acc_dq[DNW + n][e] } else { acc_dq[n][e] });
+            }
+        }
+        for i in 0..2 {
+            ss.st(i * THREADS + tid, delta[i]);
+        }
+        for e in 0..4 {
+            ss.st((2 + e) * THREADS + tid, acc_one[0][e]);
+        }
+        block::sync();
+        let mine: [[f32; 4]; DNW] = core::array::from_fn(|n| if wg == 0 { acc_dq[n] } else { acc_dq[DNW + n] });
+        let sum = core::array::from_fn(|n| core::array::from_fn(|e| mine[n][e] + xs.ld((n * 4 + e) * THREADS + other)));
+        for i in 0..2 {
+            delta[i] += ss.ld(i * THREADS + other);
+        }
+        for e in 0..4 {
+            acc_one[0][e] += ss.ld((2 + e) * THREADS + other);
+        }
+        // Everyone has read the other's part before the V stages are reused.
+        block::sync();
+        sum
+    };
 
     if saved {
         // B_i = sum P_ij K_j over the hot tiles (S and P recomputed: at most one tile per key
@@ -882,7 +957,6 @@ unsafe fn dq_masked<
         // Thread: dQ~ parked in the V stages (free now; conflict-free, element-major) while the
         // hot tiles need the registers.
         let park = smem.slice((2 * ROWS + 2 * BC) * D, 2 * BC * D).cast::<f32>();
-        let tid = thread::idx() as usize;
         if n_hot > 0 {
             for (n, acc) in acc_dq.iter().enumerate() {
                 for (e, x) in acc.iter().enumerate() {
@@ -912,7 +986,7 @@ unsafe fn dq_masked<
             warpgroup::fence_operands(&mut s);
             warpgroup::fence();
             let (qd, kd) = (warpgroup::desc_sw128(q_s, 0, 16, 1024).opaque(), warpgroup::desc_sw128(k_s(0), 0, 16, 1024).opaque());
-            issue_abt(qd, kd, &mut s);
+            issue_abt::<T, NS, D, ROWS, BC>(qd, kd, &mut s);
             warpgroup::commit();
             warpgroup::wait::<0, NS>(&mut s);
             clean_k(0, bad_k);
@@ -921,7 +995,7 @@ unsafe fn dq_masked<
                     *x = math::ex2(math::fma(*x, factor, -fin[e / 2].0));
                 }
             }
-            mask(&mut s, j, j >= n_unmasked, 0.0);
+            mask_frag::<M, NS>(&mut s, (j * BC) as u32, row_w, (g, t), (sq, sk), j >= n_unmasked, 0.0);
             let mut pa: [[u32; 4]; KS] = core::array::from_fn(|ks| to_a::<T>(s[2 * ks], s[2 * ks + 1]));
             for f in pa.iter() {
                 for (e, w) in f.iter().enumerate() {

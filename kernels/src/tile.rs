@@ -524,9 +524,10 @@ impl WgmmaBwdTile {
     /// Query rows per block of the dQ kernel.
     pub const ROWS: u32 = 64;
     /// The dQ kernel's shared memory in bytes: Q, dO [64] rows and two stages of K, V [dq_bc]
-    /// rows, 16-bit; 8 x 64 ones (16-bit); 8 votes and the hot-tile list (u32, `bwd_wgmma`).
+    /// rows, 16-bit; 8 x 64 ones (16-bit); 8 votes a warpgroup and the hot-tile list (u32,
+    /// `bwd_wgmma`).
     pub const fn dq_smem_bytes(&self) -> u32 {
-        (2 * Self::ROWS + 4 * self.dq_bc) * self.head_dim * 2 + 8 * 64 * 2 + (8 + HOT_TILES as u32) * 4
+        (2 * Self::ROWS + 4 * self.dq_bc) * self.head_dim * 2 + 8 * 64 * 2 + (8 * self.split + HOT_TILES as u32) * 4
     }
 }
 
