@@ -150,7 +150,6 @@ unsafe fn dkdv_masked<T: Element, C: Config<Tile = SimtKvTile>, M: Mask, const R
         let h = hk * group + g;
         let q_at = p.q_strides.offset(b, 0, h) as usize;
         let (q_g, do_g) = unsafe { ((p.q as *const T).add(q_at), (p.d_o as *const T).add(q_at)) };
-        let stat = ((b as u64 * p.heads_q as u64 + h as u64) * sq as u64) as usize;
         let mut i0 = i_first / bm * bm;
         while i0 < sq {
             // Block: Q_i, dO_i and the row statistics (m_i, 1/l_i, D_i - c_i, c_i) for query rows i0..i0+32.
@@ -160,10 +159,9 @@ unsafe fn dkdv_masked<T: Element, C: Config<Tile = SimtKvTile>, M: Mask, const R
                 load_tile_f32(do_s, ds, do_g, p.q_strides.row, i0, bm, sq, d);
                 let t = thread::idx();
                 if t < bm {
-                    let valid = i0 + t < sq;
-                    let at = stat + (i0 + t) as usize;
-                    let n = (p.batch * p.heads_q * sq) as usize;
-                    let ld = |k: usize, dflt: f32| if valid { global::load((p.stats as *const f32).add(k * n + at)) } else { dflt };
+                    let (r, valid) = (i0 + t, i0 + t < sq);
+                    let ld =
+                        |k: usize, dflt: f32| if valid { global::load((p.stats as *const f32).add(p.stat_at(k, b, h, r))) } else { dflt };
                     m_s.st(t as usize, ld(0, f32::NEG_INFINITY));
                     il_s.st(t as usize, ld(1, 0.0));
                     d_s.st(t as usize, ld(2, 0.0));
@@ -333,8 +331,6 @@ unsafe fn dq_masked<T: Element, C: Config<Tile = SimtTile>, M: Mask, const ROWS:
         }
     }
     // To shared memory for pass 1, and to the workspace for the dK/dV kernel.
-    let stat = ((b as u64 * p.heads_q as u64 + h as u64) * sq as u64) as usize;
-    let n = (p.batch * p.heads_q * sq) as usize;
     for (i, rs) in part.iter().enumerate() {
         let (m, il, dd, cc) = rs.finish();
         let r = r_w + i as u32;
@@ -345,12 +341,12 @@ unsafe fn dq_masked<T: Element, C: Config<Tile = SimtTile>, M: Mask, const ROWS:
             c_s.st(r as usize, cc);
             if row0 + r < sq {
                 let st = p.stats as *mut f32;
-                let at = stat + (row0 + r) as usize;
+                let at = |k| p.stat_at(k, b, h, row0 + r);
                 unsafe {
-                    global::store(st.add(at), m);
-                    global::store(st.add(n + at), il);
-                    global::store(st.add(2 * n + at), dd);
-                    global::store(st.add(3 * n + at), cc);
+                    global::store(st.add(at(0)), m);
+                    global::store(st.add(at(1)), il);
+                    global::store(st.add(at(2)), dd);
+                    global::store(st.add(at(3)), cc);
                 }
             }
         }
