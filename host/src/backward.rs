@@ -1,5 +1,5 @@
 //! The backward pass: dQ, dK, dV from Q, K, V and dO. Families (`kernels/src/bwd_*.rs`):
-//! - `wgmma` (Hopper: warpgroup MMA; f16, bf16, head_dim up to 128; selected on compute
+//! - `wgmma` (Hopper: warpgroup MMA; f16, bf16, head_dim up to 256; selected on compute
 //!   capability 9.0): FA2's backward from the forward's LSE and O, `prep` (each row's m_i and
 //!   1 / l_i from the LSE, D~_i = dO_i . O_i), a dQ kernel (one pass over the keys; it corrects
 //!   D~ exactly where a row has large softmax weights and writes the exact D_i, `bwd_wgmma`),

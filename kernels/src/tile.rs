@@ -498,9 +498,9 @@ pub struct WgmmaBwdTile {
     pub dkdv_max_regs: u32,
     /// `.maxnreg` of the dQ kernel (0: none).
     pub dq_max_regs: u32,
-    /// Warpgroups per block, splitting D: each computes the block's whole S and dP (the
-    /// products over D, twice over with 2) and accumulates its own head_dim / split columns of
-    /// dK and dV (or dQ).
+    /// Warpgroups per block. With 2, in the dK/dV kernel each computes the block's whole S
+    /// and dP and accumulates its head_dim / 2 columns of dK and dV; in the dQ kernel each
+    /// takes half of every key tile, and keeps head_dim / 2 columns of dQ after the loop.
     pub split: u32,
 }
 
@@ -534,45 +534,32 @@ impl WgmmaBwdTile {
 /// The Hopper backward tile for `head_dim`, if there is one (f16 and bf16, sm_90a): every
 /// head_dim 1..=256, compiled for 64, 128 or 256 (exact there, zero-padded below).
 ///
-/// Reasons: one warpgroup per block, as in [`wgmma_tile`] (several blocks per SM hide each
-/// other's exponentials); br = dq_bc = 64 keeps S and dP at 32 registers each next to the
-/// accumulators (dK and dV: D / 2 each; dQ: D / 2). ptxas (sm_90a, 13.0), no spills, without
-/// caps: dK/dV 171 registers at d=64 and 240 at d=128 (it builds its descriptors from one
-/// register each, `Desc::opaque`: hoisted as constants they made it spill 16-68 bytes at
-/// d=128), the dQ kernel (`DQ_SAVED`, with its correction) 145-159 and 206 (3f020a8); with the
-/// caps below, 168 and 128 at d=64. Measured on an H200 (33e7e8a, f16, FA paper shapes, s = 1k / 4k / 16k, TFLOP/s of
-/// the whole backward with mma's dQ kernel): d=64 129 / 140 / 143 non-causal and 116 / 138 /
-/// 141 causal, against the mma dK/dV kernel's 126 / 133 / 135 and 110 / 128 / 132; d=128 150
-/// / 158 / 157 and 128 / 148 / -, against 123 / 128 / - and 106 / 120 / -. With this dQ
-/// kernel too (fd2dab9): d=64 160 / 178 / 181 and 146 / 172 / 175, d=128 208 / 229 / 224 and
-/// 181 / 217 / 217; with the statistics from the forward (74fc232): d=64 205 / 245 / 255 and
-/// 182 / 234 / 243, d=128 270 / 316 / 317 and 227 / 299 / 304 (benches/RESULTS.md).
+/// Chosen (ptxas 13.0 sm_90a, no spills; speeds in benches/RESULTS.md):
+/// - One warpgroup per block up to d = 128, as in [`wgmma_tile`] (several blocks per SM hide
+///   each other's exponentials); br = dq_bc = 64 keeps S and dP at 32 registers each beside
+///   the accumulators (dK, dV: D / 2 each; dQ: D / 2). dK/dV 178 / 242 registers at d = 64 /
+///   128, dQ 167 / 217.
+/// - Above 128, two warpgroups: the dK/dV kernel's split D (each has 128 columns of dK and
+///   dV, and computes the block's whole S and dP: 248 registers); the dQ kernel's split each
+///   key tile (S, dP, dQ~ over D of 32 keys each, the halves added after the loop: 254).
 ///
-/// Registers (`.maxnreg`, applied to the PTX when it is loaded): at d=64 the dK/dV kernel in
-/// 168 (three blocks per SM instead of two; ptxas 13.0: no spills once its statistics address
-/// was rebuilt per tile) and the dQ kernel in 128 (four instead of three; no spills once its
-/// statistics address is rebuilt after the loop and dQ~ parked in shared memory during the
-/// hot-tile pass, 3f020a8; the cap was first measured on the dQ kernel with both passes of
-/// the recomputed statistics). Measured on an H200 (7fde370, f16, s = 1k / 4k / 16k, TFLOP/s): with the
-/// statistics from the forward 204 / 243 / 257 non-causal and 182 / 234 / 242 causal became
-/// 256 / 296 / 299 and 210 / 275 / 282; recomputed, 159 / 178 / 181 and 145 / 172 / 175 became
-/// 199 / 215 / 209 and 173 / 204 / 203. At d=128 shared memory (96-100 KB per block) allows
-/// two blocks whatever the registers.
+/// Rejected:
+/// - The mma.sync kernels above 128 (`mma_bwd_tile`): 0.29-0.58x FA2 at 215be52, against
+///   0.56-1.04x for the two warpgroups at 4de1846.
+/// - `.maxnreg` 168 / 128 at d = 64 (three and four blocks per SM, 1.2x at 7fde370): with the
+///   non-finite checks the kernels spill 8 and 48 bytes under them.
+/// - Splitting 192 in halves of 96 columns: it cuts a 64-column swizzle block, where an
+///   MN-major operand cannot start; 192 runs padded to 256.
+/// - Statistics recomputed in the dQ kernel instead of read from the forward's LSE: 0.75x
+///   (74fc232).
 pub const fn wgmma_bwd_tile(head_dim: u32) -> Option<WgmmaBwdTile> {
     const fn t(head_dim: u32, d: u32, split: u32) -> Option<WgmmaBwdTile> {
         Some(WgmmaBwdTile { br: 64, dq_bc: 64, head_dim: d, padded: head_dim != d, dkdv_max_regs: 0, dq_max_regs: 0, split })
     }
     match head_dim {
         0 | 257.. => None,
-        // Caps off: with the non-finite checks (`nonfinite`) the kernels need 178 and 159
-        // registers, and spill 8 and 48 bytes under the 168 / 128 caps measured above: two and
-        // three blocks per SM instead of three and four, until the checks are slimmed.
-        ..=64 => t(head_dim, 64, 1),
-        ..=128 => t(head_dim, 128, 1),
-        // Two warpgroups, each with 128 columns of dK and dV (dQ): the accumulators of d=128's
-        // one warpgroup, the products over D = 256 done by both. 192 runs padded to 256: a
-        // split of 192 in halves of 96 columns cuts a 64-column swizzle block, which an
-        // MN-major operand cannot start inside.
+        1..=64 => t(head_dim, 64, 1),
+        65..=128 => t(head_dim, 128, 1),
         _ => t(head_dim, 256, 2),
     }
 }
