@@ -134,29 +134,22 @@ impl MmaTile {
 
 /// The tensor-core forward tile for `head_dim`, if there is one (f16 and bf16).
 ///
-/// Measured on an H200, f16, FA paper shapes (hidden 2048, 16k tokens), TFLOP/s at
-/// seqlen 1k / 16k non-causal; benches/RESULTS.md has the full tables:
-/// - one m16 tile per warp, Bc = 64, Q in registers (commit 38ad60d): d=64 186 / 196,
-///   d=128 201 / 216. Each K/V fragment from ldmatrix feeds two mma: twice FA2's
-///   shared-memory traffic per FLOP.
-/// - two m16 tiles per warp (Br = 128, FA2's block rows; Q reloaded per k-step): each
-///   fragment feeds four mma. d=64: 228 / 243 (commit 295875a), 220 / 235 with the mma and
-///   ldmatrix asm kept in program order (commit 1967868, needed so ptxas does not spill
-///   elsewhere) -> chosen for d=64 (0.78x FA2 at 16k).
-/// - d=128 with two m-tiles: Bc = 32 spilled (ptxas: 52 bytes even in program order) while
-///   LLVM hoisted the 16 per-thread cp.async addresses out of the KV loop and built every
-///   shared address in 64 bits; with those fixed (commit 2f46583: `thread::opaque`, 32-bit
-///   shared addresses, unrolled copies) it fits in 251 registers, no spills, and runs 305 / 351
-///   (0.91x / 0.99x FA2) against one m-tile's 256 / 283 (`mma_br64`, same run) -> chosen for
-///   d=128 exactly. Bc = 64 (FA2's Hopper tile) still spills 284-460 bytes. The same commit
-///   took d=64 (two m-tiles, Bc = 64) from 220 / 235 to 277 / 305 (0.96x / 1.00x).
-/// - head_dim 32, 96, 192, 256 (not yet timed): the largest tile ptxas fits in 255
-///   registers with no spills; d=32 two m-tiles with Q in registers, d=96 one m-tile with Q in
-///   registers, d=192 and 256 one m-tile, Bc = 32, Q reloaded.
-/// - Every other head_dim runs in the next larger tile, zero-padded (`padded`; a head_dim
-///   that is not a multiple of 8 is copied element by element, `copy`). d=64 and d=128 keep
-///   exact kernels (the measured ones above, no padding checks); d=33..63 and d=97..127 take
-///   one-m-tile tiles with Q in registers (not yet timed).
+/// Chosen (ptxas 13.0, no spills; speeds in benches/RESULTS.md):
+/// - d=64: two m16 tiles per warp (Br = 128, FA2's block rows), Bc = 64, Q reloaded per
+///   k-step: each K/V fragment feeds four mma.
+/// - d=128: two m16 tiles, Bc = 32: 251 registers once the cp.async addresses are rebuilt per
+///   tile and shared addresses kept in 32 bits (`thread::opaque`, 2f46583).
+/// - 32, 96, 192, 256: the largest tile ptxas fits in 255 registers: d=32 two m-tiles with Q
+///   in registers, d=96 one m-tile with Q in registers, d=192 and 256 one m-tile, Bc = 32, Q
+///   reloaded.
+/// - Every other head_dim: the next larger tile, zero-padded (`padded`; not a multiple of 8:
+///   element by element, `copy`); d=33..63 and 97..127 one m-tile with Q in registers.
+///
+/// Rejected:
+/// - One m16 tile per warp, Q in registers (38ad60d): a fragment feeds two mma, twice FA2's
+///   shared-memory traffic per FLOP; at d=128 (`mma_br64`) 256 / 283 TFLOP/s at s = 1k / 16k
+///   against 305 / 351 (2f46583).
+/// - d=128, Bc = 64 (FA2's Hopper tile): spills 284-460 bytes.
 pub const fn mma_tile(head_dim: u32) -> Option<MmaTile> {
     const fn t(m_tiles: u32, bc: u32, q_in_regs: bool, head_dim: u32, padded: bool) -> Option<MmaTile> {
         Some(MmaTile { m_tiles, bc, q_in_regs, head_dim, padded, fused_exp: true })
@@ -324,40 +317,33 @@ impl MmaBwdTile {
 }
 
 /// The tensor-core backward tile for `head_dim`, if there is one: head dims up to 256.
-/// Registers per thread are the binding constraint: dQ holds Q
-/// and dO fragments (D/4, when dq_q_in_regs), the dQ accumulator (D/2), S and dP (dq_bc/2
-/// each) and its rows' statistics; dK/dV holds two accumulators (D/2 each), S^T, dP^T
-/// (kv_br/2 each) and, with kv_in_regs, K and V fragments (D/4); addresses and ptxas's
-/// hoisted ldmatrix loads take the rest (ptxas fills up to 255 where it can). ptxas -v
-/// (13.0), registers on sm_80 / sm_90, no spills, no stack, at 6282a3e:
-/// - D = 32: Bc = Br = 64, fragments in registers: dq 168 / 168, dkdv 133 / 132.
-/// - D = 64: the same: dq 246 / 246, dkdv 244 / 243.
-/// - D = 96: dq Bc = 32, Q/dO in registers (224 / 222); dkdv Br = 32, K/V re-read from shared
-///   memory (233 / 227).
-/// - D = 128: dq Bc = 32, Q/dO re-read from shared memory (244 / 242; Bc = 64 spills 4 bytes on
-///   sm_90); dkdv Br = 32, K/V from shared memory (254 / 255). Br = 32 (16 before) spilled on
-///   sm_90 until the loads of 2f46583; measured at 6282a3e (H200, f16, s = 1k-16k): the
-///   backward went from 97-106 to 121-126 TFLOP/s non-causal, 88-100 to 105-120 causal.
-/// - The atomic family's dK/dV/dQ kernel ([`mma_bwd_tile_atomic`]) also holds the
-///   dQ product's fragments: D = 32 (64, in registers) 236 / 233; D = 64 (32, in registers)
-///   254 / 254 (Br = 64 spilled 16-52 bytes either way); D = 96 and 128 (16, from shared
-///   memory) 246 / 243 and 255 / 255. Measured 0.69-0.76x of the deterministic kernels at
-///   6282a3e (benches/RESULTS.md): it is chosen only by name.
-/// - D = 192 and 256 (d 136..=256; bf16 on the H200 at 215be52: 60-93 TFLOP/s, 0.29-0.58x
-///   FA2, RESULTS.md): `split` = 2, 8 warps; each warp of a pair
-///   holds half of D's accumulators (dK and dV 48 / 64 registers each, dQ 48 / 64) and the
-///   contraction of S and dP over its half, so per warp the kernels are those of D = 96 / 128
-///   plus the exchange. dq Bc = 32, dkdv Br = 32, fragments re-read from shared memory:
-///   dq 249 / 246 (D = 192) and 245 / 245 (D = 256), dkdv 255 / 255 both (5ee9f45; the warp's
-///   half of D read again where used, `bwd_mma::half_now`: live across the loop it cost dkdv
-///   D = 192 12 bytes of spills on sm_90). Shared memory: dq 128 KB (D = 192) and 160 KB
-///   (D = 256), dkdv 128.75 KB and 160.75 KB (32 KB of it the exchange), under sm_80's
-///   163 KB and sm_90's 227 KB; one block (8 warps) per SM at D = 256, as registers allow.
-///   Rejected: one warp per 16 rows (dK and dV alone 256 registers at D = 256); S and dP
-///   recomputed per column half of the outputs instead of split (1.5x the products of dK/dV);
-///   Br = Bc = 64 (S and dP 64 registers next to the 128 of the accumulators: D = 128
-///   unsplit spilled at Bc = 64); Br = Bc = 16 (fewer registers, but K, V or Q, dO
-///   fragments re-read twice as often per product; D = 128 went from Br = 16 to 32 for +20%).
+/// Registers per thread are the binding constraint: dQ holds Q and dO fragments (D/4, when
+/// dq_q_in_regs), the dQ accumulator (D/2), S and dP (dq_bc/2 each) and its rows' statistics;
+/// dK/dV holds two accumulators (D/2 each), S^T, dP^T (kv_br/2 each) and, with kv_in_regs, K
+/// and V fragments (D/4).
+///
+/// Chosen (ptxas 13.0, registers sm_80 / sm_90, no spills, no stack; speeds in
+/// benches/RESULTS.md):
+/// - D = 32 and 64: Bc = Br = 64, fragments in registers: dq 168 and 246, dkdv 133 and 244.
+/// - D = 96: dq Bc = 32 with Q/dO in registers (224 / 222); dkdv Br = 32, K/V re-read from
+///   shared memory (233 / 227).
+/// - D = 128: dq Bc = 32, Q/dO re-read (244 / 242); dkdv Br = 32, K/V re-read (254 / 255).
+/// - D = 192 and 256: `split` = 2, 8 warps; each warp of a pair holds half of D's
+///   accumulators and contracts S and dP over its half, the pair adding the halves through
+///   shared memory: per warp the kernels of D = 96 / 128 plus the exchange. dq Bc = 32, dkdv
+///   Br = 32, fragments re-read: dq 249 / 246 and 245 / 245, dkdv 255 / 255 (the warp's half
+///   of D read again where used, `bwd_mma::half_now`). Shared memory up to 160.75 KB (32 KB
+///   of it the exchange): one block per SM at D = 256.
+/// - The atomic family ([`mma_bwd_tile_atomic`]) also holds the dQ product's fragments:
+///   dkdv Br = 64 / 32 / 16 / 16 at D = 32 / 64 / 96 / 128 (236, 254, 246, 255 on sm_80).
+///
+/// Rejected:
+/// - D = 128 dkdv Br = 16: 0.8x of Br = 32 (6282a3e); dq Bc = 64: spills 4 bytes on sm_90.
+/// - Br = Bc = 64 above D = 64: S and dP 64 registers beside the accumulators (D = 128
+///   spilled).
+/// - D = 192 / 256 with one warp per 16 rows: dK and dV alone 256 registers; with S and dP
+///   recomputed per column half instead of split: 1.5x the dK/dV products.
+/// - The atomic family as default: 0.69-0.76x of the deterministic kernels (6282a3e).
 pub const fn mma_bwd_tile(head_dim: u32) -> Option<MmaBwdTile> {
     const fn t(head_dim: u32, dq_bc: u32, dq_q_in_regs: bool, kv_br: u32, kv_in_regs: bool, split: u32) -> Option<MmaBwdTile> {
         Some(MmaBwdTile { head_dim, dq_bc, dq_q_in_regs, kv_br, kv_in_regs, split })
@@ -425,39 +411,27 @@ impl WgmmaTile {
 /// head_dim 8..=256 (a multiple of 8), compiled for 64 (d <= 64), 128 (d 72..=128), 192
 /// (d 136..=192) or 256 (d 200..=256), exact at 64, 128, 192 and 256 and zero-padded below.
 ///
-/// Reasons: one warpgroup per block, as many blocks per SM as registers and shared memory
-/// allow. ptxas places a warpgroup's wait for P V before its softmax (see `fwd_wgmma`), so a
-/// warpgroup never overlaps its exponentials with its own tensor-core work; independent
-/// blocks on one SM do (FA3 gets the same from two warpgroups in ping-pong, which needs
-/// warp specialisation). Measured on an H200, f16, FA paper shapes, TFLOP/s at seqlen
-/// 1k / 2k / 4k / 16k, non-causal and causal, all with the KV loop split into unmasked and
-/// masked iterations (this commit; mma.sync in the same run: d=64 284 / 292 / 297 / 300 and
-/// 223 / 255 / 274 / 295):
-/// - d <= 64: Bc = 128: 168 registers, 72 KB, three blocks (12 warps) per SM: 392 / 415 /
-///   428 / 439 and 244 / 336 / 379 / 419. Bc = 64 (127 registers, 40 KB, four blocks):
-///   343 / 357 / 364 / 366 and 279 / 314 / 335 / 355.
-/// - d 72..=128: Bc = 64: 168 registers, 80 KB, two blocks per SM (shared memory bound;
-///   Bc = 128 would be 144 KB, one block): 397 / - / 442 / 455 and 316 / - / 402 / 459.
-/// - Before the split (mask code in every iteration), same run: two warpgroups and Bc = 128
-///   ([`wgmma_tile_wg2`]; 255 registers at d=128, one block per SM) ran d=128 337 / - / 373 /
-///   384 and 248 / - / 306 / 345 against one warpgroup's 375 / - / 411 / 406 and 283 / - /
-///   336 / 367; at d=64 (168 registers x 256 threads: one block per SM) 244 / - / 271 / 279
-///   against one warpgroup and Bc = 64's 310 / - / 327 / 326. Two warpgroups and Bc = 64 at
-///   d=64 (127 registers, two blocks): 293 / - / 311 / 315.
-/// - d 129..=256: one warpgroup, Bc = 32, so that two blocks share an SM, as at d <= 128
-///   (bf16, same shapes, 260a28a: D = 256 324 / 346 / 364 / 382 and 231 / 276 / 310 / 383,
-///   1.06-1.40x FA2 but for causal s <= 1k; D = 192 221 / 234 / 244 / 253 and 161 / 190 /
-///   210 / 250, 0.71-0.92x; mma.sync 0.63-0.94x at both). O's
-///   accumulator is D / 2 registers per thread (128 at D = 256); P V is one wgmma of N = 128
-///   per two 64-column blocks of V and one of N = 64 for the rest (`fwd_wgmma::pv_k_step`),
-///   S = Q K^T is m64n32k16. ptxas -v (sm_90a, 13.0), registers exact / padded, f16 and
-///   bf16, no spills, no stack:
-///   - D = 192, Bc = 32: 210 / 234, 72 KB: two blocks per SM (registers: three would need
-///     168). Bc = 64: 248 / 250 (bf16 254 / 250), 120 KB: one block.
-///   - D = 256, Bc = 32: 242 / 255 (bf16 242 / 243), 96 KB: two blocks per SM (2 x 128 x 256
-///     registers is the whole register file). Bc = 64: 255 / 255, 160 KB: one block.
-///   - Before the O_lo epilogue rebuilt its staging addresses (`fwd_wgmma`), Bc = 32 spilled:
-///     D = 192 250 / 255 with 56 bytes, D = 256 255 with 296-304 bytes.
+/// Chosen (ptxas 13.0 sm_90a, registers exact / padded, no spills, no stack; speeds in
+/// benches/RESULTS.md): one warpgroup per block, as many blocks per SM as registers and shared
+/// memory allow. ptxas places a warpgroup's wait for P V before its softmax (`fwd_wgmma`), so
+/// a warpgroup never overlaps its exponentials with its own tensor-core work; independent
+/// blocks on one SM do (FA3 gets it from two warpgroups in ping-pong, with warp
+/// specialisation).
+/// - d <= 64: Bc = 128: 168 registers, 72 KB, three blocks per SM.
+/// - d 72..=128: Bc = 64: 168 registers, 80 KB, two blocks per SM (shared memory bound).
+/// - d 129..=256: Bc = 32, so that two blocks share an SM: D = 192 210 / 234, 72 KB; D = 256
+///   242 / 255, 96 KB (2 x 128 x 256 registers is the whole register file). O's accumulator
+///   is D / 2 registers per thread; P V is one wgmma of N = 128 per two 64-column blocks of V
+///   and one of N = 64 for the rest (`fwd_wgmma::pv_k_step`), S = Q K^T m64n32k16.
+///
+/// Rejected (f16 / bf16, FA paper shapes, s = 1k / 16k non-causal):
+/// - d <= 64, Bc = 64 (127 registers, four blocks): 343 / 366 TFLOP/s against Bc = 128's
+///   392 / 439.
+/// - Two warpgroups, Bc = 128 ([`wgmma_tile_wg2`], one block per SM): d=128 337 / 384
+///   against 375 / 406, d=64 244 / 279 against 310 / 326 (before the masked/unmasked split).
+/// - D = 192 / 256 with Bc = 64: one block per SM (248-255 registers, 120 / 160 KB).
+/// - The O_lo epilogue's staging addresses kept live: Bc = 32 spilled 56 bytes (D = 192)
+///   and 296-304 (D = 256).
 #[allow(clippy::match_overlapping_arm)] // the arms are tried in order
 pub const fn wgmma_tile(head_dim: u32) -> Option<WgmmaTile> {
     match head_dim {
