@@ -1,7 +1,8 @@
 //! The Hopper backward kernels (sm_90a): FA2's backward on `wgmma.mma_async` with f32
-//! accumulation, one warpgroup per block up to head_dim 128; above it two, which split D
-//! (each computes the block's whole S and dP, and accumulates its half of the columns of dK
-//! and dV, or dQ: the accumulators of one warpgroup at d = 128). Three launches: `bwd_prep` (m_i, 1 / l_i from the
+//! accumulation, one warpgroup per block up to head_dim 128; above it two: in [`dkdv`] they
+//! split D (each computes the block's whole S and dP and accumulates its half of the columns
+//! of dK and dV: one warpgroup's accumulators at d = 128), in [`dq`] they split every key
+//! tile (see there). Three launches: `bwd_prep` (m_i, 1 / l_i from the
 //! forward's LSE, D~_i = dO_i . O_i), then [`dq`], then [`dkdv`]; a fixed summation order
 //! (bitwise deterministic):
 //! - [`dq`] ([`DQ_SAVED`]): one block per (64 query rows, head, batch), one pass over the key
@@ -642,7 +643,7 @@ unsafe fn dq_masked<
         thread::trap();
     }
     let (q_blk, h, b) = block::idx();
-    // Warp w of warpgroup wg: rows 16w.. of the block; in the loop keys BC / SPLIT wg.. of
+    // Warp w of warpgroup wg: rows 16w.. of the block; in the loop keys BC / split wg.. of
     // each tile, after it dQ columns DW wg..
     let split = THREADS / warpgroup::SIZE as usize;
     let (wg, w, lane) = wg_warp_lane::<THREADS>();
