@@ -268,11 +268,7 @@ unsafe fn dkdv_masked<
         // B [BR][D] K-major in shared memory), as one group.
         let issue_t = inline_closure!(|a_s: Shared<T>, b_s: Shared<T>, acc: &mut [[f32; 4]; NQ]| {
             let (a0, b0) = (warpgroup::desc_sw128(a_s, 0, 16, 1024).opaque(), warpgroup::desc_sw128(b_s, 0, 16, 1024).opaque());
-            for kk in 0..D / 16 {
-                let a = a0.advance(((kk / 4) * KEYS * 64 + (kk % 4) * 16) * 2);
-                let b = b0.advance(((kk / 4) * BR * 64 + (kk % 4) * 16) * 2);
-                warpgroup::mma_ss::<NQ>(a, b, acc, kk > 0, T::BF16);
-            }
+            issue_abt::<T, NQ, D, KEYS, BR>(a0, b0, acc);
             warpgroup::commit();
         });
         // Warpgroup: acc += X^T B_i over the tile's queries (BR / 16 k-steps of m64n{DW}k16,
