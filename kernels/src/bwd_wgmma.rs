@@ -1,8 +1,8 @@
 //! The Hopper backward kernels (sm_90a): FA2's backward on `wgmma.mma_async` with f32
 //! accumulation, one warpgroup per block up to head_dim 128; above it two: in [`dkdv`] they
-//! split D (each computes the block's whole S and dP and accumulates its half of the columns
-//! of dK and dV: one warpgroup's accumulators at d = 128), in [`dq`] they split every key
-//! tile (see there). Three launches: `bwd_prep` (m_i, 1 / l_i from the
+//! split every query tile for S^T and dP^T, exchange P^T and dS^T through shared memory,
+//! and the first accumulates dV, the second dK (one accumulator of D columns each), in
+//! [`dq`] they split every key tile (see there). Three launches: `bwd_prep` (m_i, 1 / l_i from the
 //! forward's LSE, D~_i = dO_i . O_i), then [`dq`], then [`dkdv`]; a fixed summation order
 //! (bitwise deterministic):
 //! - [`dq`] ([`DQ_SAVED`]): one block per (64 query rows, head, batch), one pass over the key
@@ -85,8 +85,8 @@ fn wg_warp_lane<const THREADS: usize>() -> (usize, usize, usize) {
 
 /// Entry body for one tile `C` (`tile::wgmma_bwd_tile`; its const parameters are the tile's
 /// fields and counts, checked against it at compile time): D = 8 DN, query tiles of
-/// BR = 8 NQ = 16 KQ rows, THREADS / 128 warpgroups
-/// of DW = 8 DNW columns of dK and dV each.
+/// BR = 8 NQ = 16 KQ rows, THREADS / 128 warpgroups of NACC accumulators of D columns
+/// each (dK and dV, or with two warpgroups dV in the first and dK in the second).
 ///
 /// # Safety
 /// `p` valid (host-checked), `p.head_dim <= D`, THREADS threads,
@@ -102,8 +102,7 @@ pub unsafe fn dkdv<
     const NQ: usize,
     const KQ: usize,
     const THREADS: usize,
-    const DW: usize,
-    const DNW: usize,
+    const NACC: usize,
     const PAD: bool,
     const DQ: bool,
 >(
@@ -113,14 +112,11 @@ pub unsafe fn dkdv<
         let t = C::TILE;
         assert!(D == t.head_dim as usize && DN * 8 == D && D.is_multiple_of(64) && PAD == t.padded);
         assert!(BR == t.br as usize && NQ * 8 == BR && KQ * 16 == BR);
-        // Whole 64-column swizzle blocks per warpgroup; with DQ one warpgroup.
-        assert!(
-            THREADS == 128 * t.split as usize
-                && DW * t.split as usize == D
-                && DNW * 8 == DW
-                && DW.is_multiple_of(64)
-                && (!DQ || THREADS == 128)
-        );
+        // NACC accumulators of D columns a warpgroup: dK and dV, or with two warpgroups
+        // one each (P^T and dS^T of one 64-query tile through shared memory); with DQ one
+        // warpgroup.
+        assert!(THREADS == 128 * t.split as usize && NACC * t.split as usize == 2 && (!DQ || THREADS == 128));
+        assert!(THREADS == 128 || BR == 64);
     }
     // With DQ (the atomic family), head dims that are multiples of 8 only
     // (`registry::BwdFamilyDesc::aligned_only`).
@@ -129,8 +125,8 @@ pub unsafe fn dkdv<
     }
     unsafe {
         with_mask!(p, M => match !DQ && by_element(PAD, p.head_dim) {
-            false => dkdv_masked::<T, M, D, BR, NQ, KQ, THREADS, DW, DNW, PAD, DQ, false>(p),
-            true => dkdv_masked::<T, M, D, BR, NQ, KQ, THREADS, DW, DNW, PAD, DQ, true>(p),
+            false => dkdv_masked::<T, M, D, DN, BR, NQ, KQ, THREADS, NACC, PAD, DQ, false>(p),
+            true => dkdv_masked::<T, M, D, DN, BR, NQ, KQ, THREADS, NACC, PAD, DQ, true>(p),
         })
     }
 }
@@ -140,12 +136,12 @@ unsafe fn dkdv_masked<
     T: MmaElement,
     M: Mask,
     const D: usize,
+    const DN: usize,
     const BR: usize,
     const NQ: usize,
     const KQ: usize,
     const THREADS: usize,
-    const DW: usize,
-    const DNW: usize,
+    const NACC: usize,
     const PAD: bool,
     const DQ: bool,
     const EL: bool,
@@ -158,20 +154,24 @@ unsafe fn dkdv_masked<
         thread::trap();
     }
     let (kv_blk, hk, b) = block::idx();
-    // Warp w of warpgroup wg: keys 16w.. of the block, dK and dV columns DW wg..
+    // Warp w of warpgroup wg: keys 16w.. of the block; with two warpgroups, query columns
+    // 32 wg.. of S^T and dP^T, and dV (wg 0) or dK (wg 1).
     let (wg, w, lane) = wg_warp_lane::<THREADS>();
     let (g, t) = (lane / 4, lane % 4);
     let (sq, sk) = (p.seqlen_q, p.seqlen_k);
     let j0 = kv_blk * KEYS as u32;
-    let col0 = wg * DW;
+    let split = THREADS > 128;
 
     // Shared memory: K, V [64][D]; Q stages 0, 1 and dO stages 0, 1 ([BR][D] each); with DQ
-    // dS^T [64][BR]; then f32 m_i, 1 / l_i and D_i, stages 0, 1 each ([BR]).
+    // dS^T [64][BR], with two warpgroups dS^T and P^T [64][BR]; then f32 m_i, 1 / l_i and
+    // D_i, stages 0, 1 each ([BR]).
     // (The dS^T stores below address one 128-byte row of queries per key.)
-    const { assert!(!DQ || BR == 64) };
-    let ds_len = if DQ { KEYS * BR } else { 0 };
-    let smem: Shared<T> = unsafe { dev::dynamic_shared((2 * KEYS + 4 * BR) * D + ds_len) };
+    const { assert!(!(DQ || THREADS > 128) || BR == 64) };
+    let ds_len = if DQ || split { KEYS * BR } else { 0 };
+    let pt_len = if split { KEYS * BR } else { 0 };
+    let smem: Shared<T> = unsafe { dev::dynamic_shared((2 * KEYS + 4 * BR) * D + ds_len + pt_len) };
     let ds_s = smem.slice((2 * KEYS + 4 * BR) * D, ds_len);
+    let pt_s = smem.slice((2 * KEYS + 4 * BR) * D + ds_len, pt_len);
     let k_s = smem.slice(0, KEYS * D);
     let v_s = smem.slice(KEYS * D, KEYS * D);
     let q_s = |stage: usize| smem.slice((2 * KEYS + stage * BR) * D, BR * D);
@@ -245,8 +245,8 @@ unsafe fn dkdv_masked<
     }
     thread::cp_async_commit();
 
-    let mut acc_dk = [[0f32; 4]; DNW];
-    let mut acc_dv = [[0f32; 4]; DNW];
+    // The warpgroup's accumulators: product wg NACC + k of (dV, dK) in acc[k].
+    let mut acc = [[[0f32; 4]; DN]; NACC];
     let (mut k_bad, mut any_bad) = (false, false);
     let factor = crate::softmax::score_scale(p.scale) * LOG2_E;
     let key0 = j0 + (w * 16) as u32; // first key of this warp
@@ -259,8 +259,8 @@ unsafe fn dkdv_masked<
                                 i0: u32,
                                 masked: bool,
                                 k_bad: bool,
-                                acc_dk: &mut [[f32; 4]; DNW],
-                                acc_dv: &mut [[f32; 4]; DNW]| {
+                                acc_dk: &mut [[f32; 4]; DN],
+                                acc_dv: &mut [[f32; 4]; DN]| {
         let (m_row, il_row, d_row) = (m_s(st), il_s(st), dd_s(st));
         // Thread: the statistics of its query columns n * 8 + 2t, + 1 of n-tile n.
         let stat = |i: usize| (m_row.ld(i), il_row.ld(i), d_row.ld(i));
@@ -271,14 +271,13 @@ unsafe fn dkdv_masked<
             issue_abt::<T, NQ, D, KEYS, BR>(a0, b0, acc);
             warpgroup::commit();
         });
-        // Warpgroup: acc += X^T B_i over the tile's queries (BR / 16 k-steps of m64n{DW}k16,
-        // X^T from registers, B [BR][D] read MN-major from the warpgroup's column block on),
-        // as one group.
-        let issue_acc = inline_closure!(|x: &[[u32; 4]; KQ], b_s: Shared<T>, acc: &mut [[f32; 4]; DNW]| {
-            let b0 = warpgroup::desc_sw128(b_s, Sw::<BR, D>::at(0, col0), Sw::<BR, D>::BLOCK_BYTES, 1024).opaque();
+        // Warpgroup: acc += X^T B_i over the tile's queries (BR / 16 k-steps of m64n{D}k16,
+        // X^T from registers, B [BR][D] read MN-major), as one group.
+        let issue_acc = inline_closure!(|x: &[[u32; 4]; KQ], b_s: Shared<T>, acc: &mut [[f32; 4]; DN]| {
+            let b0 = warpgroup::desc_sw128(b_s, 0, Sw::<BR, D>::BLOCK_BYTES, 1024).opaque();
             for (kq, f) in x.iter().enumerate() {
                 let b = b0.advance(kq * 16 * 64 * 2);
-                warpgroup::mma_rs::<DNW, true>(*f, b, acc, true, T::BF16);
+                warpgroup::mma_rs::<DN, true>(*f, b, acc, true, T::BF16);
             }
             warpgroup::commit();
         });
@@ -371,7 +370,7 @@ unsafe fn dkdv_masked<
         warpgroup::fence_fragments(&mut da);
         warpgroup::fence();
         issue_acc(&da, q_s(st), acc_dk);
-        warpgroup::wait::<0, DNW>(acc_dk);
+        warpgroup::wait::<0, DN>(acc_dk);
         warpgroup::fence_fragments(&mut da);
         if DQ {
             // Warpgroup: dQ_i = dS_ij K_j over the block's 64 keys (4 k-steps of m64n64k16 per
@@ -426,6 +425,89 @@ unsafe fn dkdv_masked<
         }
     });
 
+    // Thread: the 16-bit pairs of its fragment x (keys 16w + g, + 8; the warpgroup's query
+    // columns 32 wg + 8n + 2t, + 1) into a [key][query] tile (queries along the 128-byte rows:
+    // the K-major A of the dV and dK products); a warp's 32 stores hit 32 banks.
+    // The lane's part is rebuilt per tile (`opaque`), not hoisted as sixteen live addresses.
+    let store_t = |x_s: Shared<T>, x: &[[f32; 4]; KQ]| {
+        let x32: Shared<u32> = x_s.cast();
+        let lane = thread::opaque((((w * 16 + g) << 3) | (wg << 2) | t) as u64) as usize;
+        let (key, c0, t2) = (lane >> 3, 4 * ((lane >> 2) & 1), 2 * (lane & 3));
+        for (n, v) in x.iter().enumerate() {
+            for h in 0..2 {
+                // Sw::<KEYS, BR>::at(key + 8h, 8 (c0 + n) + t2), key % 8 = (key + 8h) % 8.
+                let at = (key + 8 * h) * 64 + (((c0 + n) ^ (key % 8)) * 8) + t2;
+                x32.st(at / 2, T::pack2(v[2 * h], v[2 * h + 1]));
+            }
+        }
+    };
+    // Block of two warpgroups: one query tile. Warpgroup wg computes S^T and dP^T for the
+    // tile's queries 32 wg..32 wg + 32, P^T and dS^T into shared memory; then wg 0 adds
+    // P^T dO_i to dV, wg 1 dS^T Q_i to dK, over all the tile's queries.
+    let step_split = inline_closure!(|st: usize, i0: u32, masked: bool, acc: &mut [[f32; 4]; DN]| {
+        let (m_row, il_row, d_row) = (m_s(st), il_s(st), dd_s(st));
+        let q0 = 32 * wg;
+        let half = |b_s: Shared<T>| warpgroup::desc_sw128(b_s, Sw::<BR, D>::at(q0, 0), 16, 1024).opaque();
+        let (ak, av) = (warpgroup::desc_sw128(k_s, 0, 16, 1024).opaque(), warpgroup::desc_sw128(v_s, 0, 16, 1024).opaque());
+        // S^T = K_j Q_i^T, dP^T = V_j dO_i^T over the warpgroup's queries (m64n32k16), two
+        // groups.
+        let mut sc = [[0f32; 4]; KQ];
+        let mut dp = [[0f32; 4]; KQ];
+        warpgroup::fence_operands(&mut sc);
+        warpgroup::fence_operands(&mut dp);
+        warpgroup::fence();
+        issue_abt::<T, KQ, D, KEYS, BR>(ak, half(q_s(st)), &mut sc);
+        warpgroup::commit();
+        issue_abt::<T, KQ, D, KEYS, BR>(av, half(do_s(st)), &mut dp);
+        warpgroup::commit();
+        warpgroup::wait::<1, KQ>(&mut sc);
+        // Thread: P^T = exp2(S^T scale log2(e) - m) / l per query column, then -0.0 where
+        // masked (as in `step`).
+        for (n, x) in sc.iter_mut().enumerate() {
+            let c = q0 + n * 8 + 2 * t;
+            let (ms, ils) = ([m_row.ld(c), m_row.ld(c + 1)], [il_row.ld(c), il_row.ld(c + 1)]);
+            for (e, x) in x.iter_mut().enumerate() {
+                *x = math::ex2(*x * factor - ms[e % 2]) * ils[e % 2];
+            }
+        }
+        if masked {
+            for (n, x) in sc.iter_mut().enumerate() {
+                for (e, x) in x.iter_mut().enumerate() {
+                    let (key, query) = (key0 + (g + 8 * (e / 2)) as u32, i0 + (q0 + n * 8 + 2 * t + e % 2) as u32);
+                    if query >= sq || M::hides(query, key, sq, sk) {
+                        *x = -0.0;
+                    }
+                }
+            }
+        }
+        store_t(pt_s, &sc);
+        warpgroup::wait::<0, KQ>(&mut dp);
+        // Thread: dS^T = P^T (dP^T - D) per query column, 0 where masked.
+        for (n, x) in dp.iter_mut().enumerate() {
+            let c = q0 + n * 8 + 2 * t;
+            let dd = [d_row.ld(c), d_row.ld(c + 1)];
+            for (e, x) in x.iter_mut().enumerate() {
+                *x = if masked && sc[n][e].to_bits() == 0x8000_0000 { 0.0 } else { sc[n][e] * (*x - dd[e % 2]) };
+            }
+        }
+        store_t(ds_s, &dp);
+        // Every warp's P^T and dS^T landed, for the async proxy too.
+        thread::fence_proxy_async();
+        block::sync();
+        // Warpgroup: dV += P^T dO_i (wg 0) or dK += dS^T Q_i (wg 1): BR / 16 k-steps of
+        // m64n{D}k16, A [64][BR] K-major, B [BR][D] MN-major, one group.
+        let (x_s, b_s) = if wg == 0 { (pt_s, do_s(st)) } else { (ds_s, q_s(st)) };
+        let a0 = warpgroup::desc_sw128(x_s, 0, 16, 1024).opaque();
+        let b0 = warpgroup::desc_sw128(b_s, 0, Sw::<BR, D>::BLOCK_BYTES, 1024).opaque();
+        warpgroup::fence_operands(acc);
+        warpgroup::fence();
+        for kq in 0..KQ {
+            warpgroup::mma_ss_tb::<DN>(a0.advance(kq * 32), b0.advance(kq * 16 * 64 * 2), acc, true, T::BF16);
+        }
+        warpgroup::commit();
+        warpgroup::wait::<0, DN>(acc);
+    });
+
     for it in 0..n_iter {
         // Block: prefetch the next query tile into the other stage while this one is computed.
         if it + 1 < n_iter {
@@ -460,7 +542,12 @@ unsafe fn dkdv_masked<
         } else {
             block::sync();
         }
-        step(it % 2, h, i0, masked, k_bad, &mut acc_dk, &mut acc_dv);
+        if split {
+            step_split(it % 2, i0, masked, &mut acc[0]);
+        } else {
+            let (dv, dk) = acc.split_at_mut(1);
+            step(it % 2, h, i0, masked, k_bad, &mut dk[0], &mut dv[0]);
+        }
         // dO's NaNs and infinities are added back into dV after the store.
         any_bad |= bad;
         // Everyone is done with stage it % 2 (its wgmma complete) before iteration it + 1
@@ -471,12 +558,10 @@ unsafe fn dkdv_masked<
         thread::cp_async_wait::<0>();
     }
 
-    // Warp: dK_j = scale * acc_dk, dV_j = acc_dv, rows of its 16 keys, its warpgroup's
-    // columns, in T.
-    let d_wg = d.saturating_sub(col0 as u32);
-    unsafe {
-        store_rows::<T, DNW, true>(&acc_dk, p.scale, (p.dk as *mut T).add(kv_at + col0), p.k_strides.row, key0, sk, d_wg);
-        store_rows::<T, DNW, true>(&acc_dv, 1.0, (p.dv as *mut T).add(kv_at + col0), p.k_strides.row, key0, sk, d_wg);
+    // Warp: dV_j = acc_dv, dK_j = scale * acc_dk, rows of its 16 keys, in T.
+    for (k, a) in acc.iter().enumerate() {
+        let (dst, factor) = if wg * NACC + k == 0 { (p.dv, 1.0) } else { (p.dk, p.scale) };
+        unsafe { store_rows::<T, DN, true>(a, factor, (dst as *mut T).add(kv_at), p.k_strides.row, key0, sk, d) };
     }
     if any_bad {
         // dO's NaNs and infinities, zeroed on the masked tiles, into the stored dV of the rows

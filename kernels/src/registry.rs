@@ -856,8 +856,7 @@ macro_rules! bwd_wgmma_kv_with {
             { C::TILE.br as usize / 8 },
             { C::TILE.br as usize / 16 },
             { C::TILE.threads() as usize },
-            { (C::TILE.head_dim / C::TILE.split) as usize },
-            { (C::TILE.head_dim / C::TILE.split) as usize / 8 },
+            { 2 / C::TILE.split as usize },
             { C::TILE.padded },
             $dq,
         >

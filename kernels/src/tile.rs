@@ -472,9 +472,10 @@ pub struct WgmmaBwdTile {
     pub dkdv_max_regs: u32,
     /// `.maxnreg` of the dQ kernel (0: none).
     pub dq_max_regs: u32,
-    /// Warpgroups per block. With 2, in the dK/dV kernel each computes the block's whole S
-    /// and dP and accumulates its head_dim / 2 columns of dK and dV; in the dQ kernel each
-    /// takes half of every key tile, and keeps head_dim / 2 columns of dQ after the loop.
+    /// Warpgroups per block. With 2, in the dK/dV kernel each computes S^T and dP^T for half
+    /// of every query tile and the first accumulates dV, the second dK (P^T and dS^T through
+    /// shared memory); in the dQ kernel each takes half of every key tile, and keeps
+    /// head_dim / 2 columns of dQ after the loop.
     pub split: u32,
 }
 
@@ -485,10 +486,11 @@ impl WgmmaBwdTile {
     pub const fn threads(&self) -> u32 {
         128 * self.split
     }
-    /// Shared memory in bytes: K, V [64] rows, two stages of Q and dO [br] rows (16-bit), two
-    /// stages of m, 1 / l and D [br] (f32).
+    /// Shared memory in bytes: K, V [64] rows, two stages of Q and dO [br] rows (16-bit), with
+    /// two warpgroups P^T and dS^T [64][br] (16-bit), two stages of m, 1 / l and D [br] (f32).
     pub const fn dkdv_smem_bytes(&self) -> u32 {
-        (2 * Self::KEYS + 4 * self.br) * self.head_dim * 2 + 6 * self.br * 4
+        let pt_ds = if self.split > 1 { 2 * Self::KEYS * self.br * 2 } else { 0 };
+        (2 * Self::KEYS + 4 * self.br) * self.head_dim * 2 + pt_ds + 6 * self.br * 4
     }
     /// The dK/dV kernel's shared memory with dQ (the atomic backward): dS^T [64][br] (16-bit)
     /// besides.

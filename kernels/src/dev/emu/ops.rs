@@ -198,9 +198,10 @@ fn fault_unless_compiled(compiled: bool, nt: usize, a: &str, b_mn_major: bool) {
 /// wgmma completes at issue in the emulator: the warpgroup's 128 threads meet, and the
 /// scheduler writes each thread's accumulators through the pointer it passed.
 #[track_caller]
-pub fn wgmma_ss<const NT: usize, const MN: bool>(a: u64, b: u64, acc: &mut [[f32; 4]; NT], accumulate: bool, bf16: bool) {
+pub fn wgmma_ss<const NT: usize, const TA: bool, const TB: bool>(a: u64, b: u64, acc: &mut [[f32; 4]; NT], accumulate: bool, bf16: bool) {
     // The shapes the PTX build has (`nvptx::wgmma_ss`; any other traps on the GPU).
-    fault_unless_compiled(matches!((NT, MN), (4, false) | (8, _) | (16, _)), NT, "A", MN);
+    let compiled = matches!((NT, TA, TB), (4, false, false) | (8 | 16, false, false) | (8 | 16, true, true) | (24 | 32, false, true));
+    fault_unless_compiled(compiled, NT, if TA { "A MN-major" } else { "A K-major" }, TB);
     let ev = Event::Wgmma {
         a_desc: Some(a),
         a_regs: [0; 4],
@@ -208,8 +209,8 @@ pub fn wgmma_ss<const NT: usize, const MN: bool>(a: u64, b: u64, acc: &mut [[f32
         acc: acc.as_flattened_mut().as_mut_ptr(),
         nt: NT as u32,
         accumulate,
-        trans_a: MN,
-        trans_b: MN,
+        trans_a: TA,
+        trans_b: TB,
         bf16,
         at: Location::caller(),
     };
