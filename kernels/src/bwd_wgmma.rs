@@ -619,6 +619,21 @@ fn issue_abt<T: MmaElement, const N: usize, const D: usize, const RA: usize, con
     }
 }
 
+/// Warpgroup: acc += P B over one key tile (KS k-steps of m64n{8N}k16, P from registers, B
+/// read MN-major from `b`), waited for.
+#[inline(always)]
+fn add_pk<T: MmaElement, const N: usize, const KS: usize>(acc: &mut [[f32; 4]; N], pa: &mut [[u32; 4]; KS], b: warpgroup::Desc) {
+    warpgroup::fence_operands(acc);
+    warpgroup::fence_fragments(pa);
+    warpgroup::fence();
+    for (ks, f) in pa.iter().enumerate() {
+        warpgroup::mma_rs::<N, true>(*f, b.advance(ks * 16 * 64 * 2), acc, true, T::BF16);
+    }
+    warpgroup::commit();
+    warpgroup::wait::<0, N>(acc);
+    warpgroup::fence_fragments(pa);
+}
+
 /// Thread: `hidden` where its S fragment (rows row_w + g, + 8 of lane (g, t), N n-tiles of
 /// keys from c0) is hidden by the mask or by seqlen_k; one uniform branch (`masked`: true on
 /// the last tiles only).
@@ -679,8 +694,8 @@ pub unsafe fn dq<
         let t = C::TILE;
         assert!(D == t.head_dim as usize && DN * 8 == D && D.is_multiple_of(64) && PAD == t.padded);
         assert!(BC == t.dq_bc as usize && NS * 8 == BC && KS * 16 == BC);
-        // Whole 64-column swizzle blocks per warpgroup; DQ_STATS with one warpgroup.
-        assert!(THREADS == 128 * t.split as usize && DW * t.split as usize == D && DNW * 8 == DW && DW.is_multiple_of(64));
+        // DQ_STATS with one warpgroup; with two, halves of D (of 96 columns at D = 192).
+        assert!(THREADS == 128 * t.split as usize && DW * t.split as usize == D && DNW * 8 == DW && DW.is_multiple_of(32));
         assert!(NSW * t.split as usize == NS && KSW * 2 == NSW && (MODE == DQ_SAVED || THREADS == 128));
     }
     // DQ_STATS (the atomic family): head dims that are multiples of 8 only
@@ -1034,7 +1049,11 @@ unsafe fn dq_masked<
     if saved {
         // B_i = sum P_ij K_j over the hot tiles (S and P recomputed: at most one tile per key
         // with P > HOT_P), and sigma_i = sum of those P rounded to T (what the product adds).
-        let mut acc_b = [[0f32; 4]; DNW];
+        // Over the warpgroup's columns, or (FULL_B: its columns do not start a 64-column
+        // swizzle block, where an MN-major operand cannot start) over all D, the warpgroup's
+        // columns taken after.
+        let full_b = !DW.is_multiple_of(64);
+        let mut acc_b = [[0f32; 4]; DN];
         let mut sigma = [0f32; 2];
         // Thread: dQ~ parked in the V stages (free now; conflict-free, element-major) while the
         // hot tiles need the registers.
@@ -1085,17 +1104,13 @@ unsafe fn dq_masked<
                     sigma[e % 2] += a + b;
                 }
             }
-            // Warpgroup: B += P K_j, K_j read MN-major.
-            warpgroup::fence_operands(&mut acc_b);
-            warpgroup::fence_fragments(&mut pa);
-            warpgroup::fence();
-            let kd = warpgroup::desc_sw128(k_s(0), Sw::<BC, D>::at(0, col0), Sw::<BC, D>::BLOCK_BYTES, 1024).opaque();
-            for (ks, f) in pa.iter().enumerate() {
-                warpgroup::mma_rs::<DNW, true>(*f, kd.advance(ks * 16 * 64 * 2), &mut acc_b, true, T::BF16);
+            // Warpgroup: B += P K_j, K_j read MN-major (every column with FULL_B).
+            let kd = warpgroup::desc_sw128(k_s(0), Sw::<BC, D>::at(0, if full_b { 0 } else { col0 }), Sw::<BC, D>::BLOCK_BYTES, 1024);
+            if full_b {
+                add_pk::<T, DN, KS>(&mut acc_b, &mut pa, kd.opaque());
+            } else if let Some(mine) = acc_b.first_chunk_mut::<DNW>() {
+                add_pk::<T, DNW, KS>(mine, &mut pa, kd.opaque());
             }
-            warpgroup::commit();
-            warpgroup::wait::<0, DNW>(&mut acc_b);
-            warpgroup::fence_fragments(&mut pa);
         }
         if n_hot > 0 {
             for (n, acc) in acc_dq.iter_mut().enumerate() {
@@ -1119,7 +1134,8 @@ unsafe fn dq_masked<
             }
             if sg >= 0.5 {
                 let c = dl_t / sg;
-                for (acc, bb) in acc_dq.iter_mut().zip(acc_b.iter()) {
+                let b_mine: [[f32; 4]; DNW] = core::array::from_fn(|n| if full_b && wg == 1 { acc_b[DNW + n] } else { acc_b[n] });
+                for (acc, bb) in acc_dq.iter_mut().zip(b_mine.iter()) {
                     acc[2 * half] -= c * bb[2 * half];
                     acc[2 * half + 1] -= c * bb[2 * half + 1];
                 }

@@ -508,24 +508,28 @@ impl WgmmaBwdTile {
 }
 
 /// The Hopper backward tile for `head_dim`, if there is one (f16 and bf16, sm_90a): every
-/// head_dim 1..=256, compiled for 64, 128 or 256 (exact there, zero-padded below).
+/// head_dim 1..=256, compiled for 64, 128, 192 or 256 (exact there, zero-padded below).
 ///
 /// Chosen (ptxas 13.0 sm_90a, no spills; speeds in benches/RESULTS.md):
 /// - One warpgroup per block up to d = 128, as in [`wgmma_tile`] (several blocks per SM hide
 ///   each other's exponentials); br = dq_bc = 64 keeps S and dP at 32 registers each beside
 ///   the accumulators (dK, dV: D / 2 each; dQ: D / 2). dK/dV 178 / 242 registers at d = 64 /
 ///   128, dQ 167 / 217.
-/// - Above 128, two warpgroups: the dK/dV kernel's split D (each has 128 columns of dK and
-///   dV, and computes the block's whole S and dP: 248 registers); the dQ kernel's split each
-///   key tile (S, dP, dQ~ over D of 32 keys each, the halves added after the loop: 254).
+/// - Above 128, two warpgroups (one block per SM): the dK/dV kernel's split each query tile
+///   for S^T and dP^T (32 queries each), P^T and dS^T go through shared memory, and the first
+///   accumulates dV, the second dK, over all D (255 registers at 256); the dQ kernel's split
+///   each key tile (S, dP, dQ~ over D of 32 keys each, the halves added after the loop: 254),
+///   with 96 columns each at 192 after it.
 ///
 /// Rejected:
 /// - The mma.sync kernels above 128 (`mma_bwd_tile`): 0.29-0.58x FA2 at 215be52, against
 ///   0.56-1.04x for the two warpgroups at 4de1846.
 /// - `.maxnreg` 168 / 128 at d = 64 (three and four blocks per SM, 1.2x at 7fde370): with the
 ///   non-finite checks the kernels spill 8 and 48 bytes under them.
-/// - Splitting 192 in halves of 96 columns: it cuts a 64-column swizzle block, where an
-///   MN-major operand cannot start; 192 runs padded to 256.
+/// - Splitting D between the dK/dV kernel's warpgroups (each computing the block's whole S
+///   and dP): 6 products per tile pair for 4, 0.95-0.97x the query split at d = 256; at 192
+///   it cuts a 64-column swizzle block, where an MN-major operand cannot start (192 ran
+///   padded to 256, 0.66-0.88x FA2).
 /// - Statistics recomputed in the dQ kernel instead of read from the forward's LSE: 0.75x
 ///   (74fc232).
 pub const fn wgmma_bwd_tile(head_dim: u32) -> Option<WgmmaBwdTile> {
@@ -536,6 +540,7 @@ pub const fn wgmma_bwd_tile(head_dim: u32) -> Option<WgmmaBwdTile> {
         0 | 257.. => None,
         1..=64 => t(head_dim, 64, 1),
         65..=128 => t(head_dim, 128, 1),
+        129..=192 => t(head_dim, 192, 2),
         _ => t(head_dim, 256, 2),
     }
 }

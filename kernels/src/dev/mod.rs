@@ -214,7 +214,7 @@ pub mod warp {
 /// [`fence`], one or more [`mma_ss`]/[`mma_rs`], [`commit`], and [`wait`] before the
 /// accumulators are read again. Shapes compiled in: N = 64 and 128 (NT = 8, 16) for [`mma_ss`],
 /// [`mma_ss_mn`] and [`mma_rs`], N = 32 for [`mma_ss`], N = 192 and 256 for [`mma_ss_tb`],
-/// N = 256 for [`mma_rs`] with B MN-major and N = 8 with B K-major; others trap (and the
+/// N = 192 and 256 for [`mma_rs`] with B MN-major and N = 8 with B K-major; others trap (and the
 /// emulator reports them). Wider products are several of these (`fwd_wgmma`'s P V at head_dim 192 and 256).
 ///
 /// ptxas's rule, learnt the hard way: while any wgmma is in flight, no other instruction may

@@ -219,7 +219,7 @@ pub fn wgmma_ss<const NT: usize, const TA: bool, const TB: bool>(a: u64, b: u64,
 #[track_caller]
 pub fn wgmma_rs<const NT: usize, const TRANS_B: bool>(a: [u32; 4], b: u64, acc: &mut [[f32; 4]; NT], accumulate: bool, bf16: bool) {
     // The shapes the PTX build has (`nvptx::wgmma_rs`; any other traps on the GPU).
-    fault_unless_compiled(matches!((NT, TRANS_B), (1, false) | (8, _) | (16, _) | (32, true)), NT, "A from registers", TRANS_B);
+    fault_unless_compiled(matches!((NT, TRANS_B), (1, false) | (8, _) | (16, _) | (24 | 32, true)), NT, "A from registers", TRANS_B);
     let ev = Event::Wgmma {
         a_desc: None,
         a_regs: a,
