@@ -1,7 +1,7 @@
 //! The Hopper backward kernels (sm_90a): FA2's backward on `wgmma.mma_async` with f32
-//! accumulation, one warpgroup per block up to head_dim 128; above it two: in [`dkdv`] they
-//! split every query tile for S^T and dP^T, exchange P^T and dS^T through shared memory,
-//! and the first accumulates dV, the second dK (one accumulator of D columns each), in
+//! accumulation, one warpgroup per block up to head_dim 128; above it two: in [`dkdv`] the
+//! first computes S^T and P^T and accumulates dV, the second dP^T and dS^T (P^T from the
+//! first through shared memory) and accumulates dK (one accumulator of D columns each), in
 //! [`dq`] they split every key tile (see there). Three launches: `bwd_prep` (m_i, 1 / l_i from the
 //! forward's LSE, D~_i = dO_i . O_i), then [`dq`], then [`dkdv`]; a fixed summation order
 //! (bitwise deterministic):
@@ -154,8 +154,8 @@ unsafe fn dkdv_masked<
         thread::trap();
     }
     let (kv_blk, hk, b) = block::idx();
-    // Warp w of warpgroup wg: keys 16w.. of the block; with two warpgroups, query columns
-    // 32 wg.. of S^T and dP^T, and dV (wg 0) or dK (wg 1).
+    // Warp w of warpgroup wg: keys 16w.. of the block; with two warpgroups, S^T and dV
+    // (wg 0) or dP^T and dK (wg 1).
     let (wg, w, lane) = wg_warp_lane::<THREADS>();
     let (g, t) = (lane / 4, lane % 4);
     let (sq, sk) = (p.seqlen_q, p.seqlen_k);
@@ -163,12 +163,12 @@ unsafe fn dkdv_masked<
     let split = THREADS > 128;
 
     // Shared memory: K, V [64][D]; Q stages 0, 1 and dO stages 0, 1 ([BR][D] each); with DQ
-    // dS^T [64][BR], with two warpgroups dS^T and P^T [64][BR]; then f32 m_i, 1 / l_i and
-    // D_i, stages 0, 1 each ([BR]).
+    // dS^T [64][BR], with two warpgroups the P^T exchange ([64][BR] f32); then f32 m_i,
+    // 1 / l_i and D_i, stages 0, 1 each ([BR]).
     // (The dS^T stores below address one 128-byte row of queries per key.)
     const { assert!(!(DQ || THREADS > 128) || BR == 64) };
-    let ds_len = if DQ || split { KEYS * BR } else { 0 };
-    let pt_len = if split { KEYS * BR } else { 0 };
+    let ds_len = if DQ { KEYS * BR } else { 0 };
+    let pt_len = if split { 2 * KEYS * BR } else { 0 };
     let smem: Shared<T> = unsafe { dev::dynamic_shared((2 * KEYS + 4 * BR) * D + ds_len + pt_len) };
     let ds_s = smem.slice((2 * KEYS + 4 * BR) * D, ds_len);
     let pt_s = smem.slice((2 * KEYS + 4 * BR) * D + ds_len, pt_len);
@@ -425,94 +425,92 @@ unsafe fn dkdv_masked<
         }
     });
 
-    // Thread: the 16-bit pairs of its fragment x (keys 16w + g, + 8; the warpgroup's query
-    // columns 32 wg + 8n + 2t, + 1) into a [key][query] tile (queries along the 128-byte rows:
-    // the K-major A of the dV and dK products); a warp's 32 stores hit 32 banks.
-    // The lane's part is rebuilt per tile (`opaque`), not hoisted as sixteen live addresses.
-    let store_t = |x_s: Shared<T>, x: &[[f32; 4]; KQ]| {
-        let x32: Shared<u32> = x_s.cast();
-        let lane = thread::opaque((((w * 16 + g) << 3) | (wg << 2) | t) as u64) as usize;
-        let (key, c0, t2) = (lane >> 3, 4 * ((lane >> 2) & 1), 2 * (lane & 3));
-        for (n, v) in x.iter().enumerate() {
-            for h in 0..2 {
-                // Sw::<KEYS, BR>::at(key + 8h, 8 (c0 + n) + t2), key % 8 = (key + 8h) % 8.
-                let at = (key + 8 * h) * 64 + (((c0 + n) ^ (key % 8)) * 8) + t2;
-                x32.st(at / 2, T::pack2(v[2 * h], v[2 * h + 1]));
-            }
-        }
-    };
-    // Block of two warpgroups: one query tile. Warpgroup wg computes S^T and dP^T for the
-    // tile's queries 32 wg..32 wg + 32, P^T and dS^T into shared memory; then wg 0 adds
-    // P^T dO_i to dV, wg 1 dS^T Q_i to dK, over all the tile's queries.
+    // Block of two warpgroups: one query tile. The first computes S^T and P^T and adds
+    // P^T dO_i to dV, the second dP^T and dS^T (P^T from the first, through shared memory as
+    // f32, element-major) and adds dS^T Q_i to dK: 4 products, none twice, and while one
+    // warpgroup waits for the exchange or computes its elementwise step the other's product
+    // runs. The same arithmetic as `step`.
     let step_split = inline_closure!(|st: usize, i0: u32, masked: bool, acc: &mut [[f32; 4]; DN]| {
         let (m_row, il_row, d_row) = (m_s(st), il_s(st), dd_s(st));
-        let q0 = 32 * wg;
-        let half = |b_s: Shared<T>| warpgroup::desc_sw128(b_s, Sw::<BR, D>::at(q0, 0), 16, 1024).opaque();
-        let (ak, av) = (warpgroup::desc_sw128(k_s, 0, 16, 1024).opaque(), warpgroup::desc_sw128(v_s, 0, 16, 1024).opaque());
-        // S^T = K_j Q_i^T, dP^T = V_j dO_i^T over the warpgroup's queries (m64n32k16), two
-        // groups.
-        let mut sc = [[0f32; 4]; KQ];
-        let mut dp = [[0f32; 4]; KQ];
-        warpgroup::fence_operands(&mut sc);
-        warpgroup::fence_operands(&mut dp);
+        let pf: Shared<f32> = pt_s.cast();
+        let at = |n: usize, e: usize| (n * 4 + e) * warpgroup::SIZE as usize + w * 32 + lane;
+        // Warpgroup: S^T = K_j Q_i^T (first) or dP^T = V_j dO_i^T (second), over D.
+        let (a_s, b_s) = if wg == 0 { (k_s, q_s(st)) } else { (v_s, do_s(st)) };
+        let mut x = [[0f32; 4]; NQ];
+        warpgroup::fence_operands(&mut x);
         warpgroup::fence();
-        issue_abt::<T, KQ, D, KEYS, BR>(ak, half(q_s(st)), &mut sc);
+        let (a0, b0) = (warpgroup::desc_sw128(a_s, 0, 16, 1024).opaque(), warpgroup::desc_sw128(b_s, 0, 16, 1024).opaque());
+        issue_abt::<T, NQ, D, KEYS, BR>(a0, b0, &mut x);
         warpgroup::commit();
-        issue_abt::<T, KQ, D, KEYS, BR>(av, half(do_s(st)), &mut dp);
-        warpgroup::commit();
-        warpgroup::wait::<1, KQ>(&mut sc);
-        // Thread: P^T = exp2(S^T scale log2(e) - m) / l per query column, then -0.0 where
-        // masked (as in `step`).
-        for (n, x) in sc.iter_mut().enumerate() {
-            let c = q0 + n * 8 + 2 * t;
-            let (ms, ils) = ([m_row.ld(c), m_row.ld(c + 1)], [il_row.ld(c), il_row.ld(c + 1)]);
-            for (e, x) in x.iter_mut().enumerate() {
-                *x = math::ex2(*x * factor - ms[e % 2]) * ils[e % 2];
-            }
-        }
-        if masked {
-            for (n, x) in sc.iter_mut().enumerate() {
+        warpgroup::wait::<0, NQ>(&mut x);
+        if wg == 0 {
+            // Thread: P^T = exp2(S^T scale log2(e) - m) / l per query column, then -0.0 where
+            // masked (as in `step`), to the exchange.
+            for (n, x) in x.iter_mut().enumerate() {
+                let c = n * 8 + 2 * t;
+                let (ms, ils) = ([m_row.ld(c), m_row.ld(c + 1)], [il_row.ld(c), il_row.ld(c + 1)]);
                 for (e, x) in x.iter_mut().enumerate() {
-                    let (key, query) = (key0 + (g + 8 * (e / 2)) as u32, i0 + (q0 + n * 8 + 2 * t + e % 2) as u32);
-                    if query >= sq || M::hides(query, key, sq, sk) {
-                        *x = -0.0;
+                    *x = math::ex2(*x * factor - ms[e % 2]) * ils[e % 2];
+                }
+            }
+            if masked {
+                for (n, x) in x.iter_mut().enumerate() {
+                    for (e, x) in x.iter_mut().enumerate() {
+                        let (key, query) = (key0 + (g + 8 * (e / 2)) as u32, i0 + (n * 8 + 2 * t + e % 2) as u32);
+                        if query >= sq || M::hides(query, key, sq, sk) {
+                            *x = -0.0;
+                        }
                     }
                 }
             }
-        }
-        store_t(pt_s, &sc);
-        warpgroup::wait::<0, KQ>(&mut dp);
-        // Thread: dS^T = P^T (dP^T - D) per query column, 0 where masked.
-        for (n, x) in dp.iter_mut().enumerate() {
-            let c = q0 + n * 8 + 2 * t;
-            let dd = [d_row.ld(c), d_row.ld(c + 1)];
-            for (e, x) in x.iter_mut().enumerate() {
-                *x = if masked && sc[n][e].to_bits() == 0x8000_0000 { 0.0 } else { sc[n][e] * (*x - dd[e % 2]) };
+            for (n, x) in x.iter().enumerate() {
+                for (e, x) in x.iter().enumerate() {
+                    pf.st(at(n, e), *x);
+                }
             }
         }
-        store_t(ds_s, &dp);
-        // Every warp's P^T and dS^T landed, for the async proxy too.
-        thread::fence_proxy_async();
+        // P^T landed.
         block::sync();
-        // Warpgroup: dV += P^T dO_i (wg 0) or dK += dS^T Q_i (wg 1): BR / 16 k-steps of
-        // m64n{D}k16, A [64][BR] K-major, B [BR][D] MN-major, one group.
-        let (x_s, b_s) = if wg == 0 { (pt_s, do_s(st)) } else { (ds_s, q_s(st)) };
-        let a0 = warpgroup::desc_sw128(x_s, 0, 16, 1024).opaque();
-        let b0 = warpgroup::desc_sw128(b_s, 0, Sw::<BR, D>::BLOCK_BYTES, 1024).opaque();
+        if wg == 1 {
+            // Thread: dS^T = P^T (dP^T - D) per query column, 0 where masked (P = -0.0).
+            for (n, x) in x.iter_mut().enumerate() {
+                let c = n * 8 + 2 * t;
+                let dd = [d_row.ld(c), d_row.ld(c + 1)];
+                for (e, x) in x.iter_mut().enumerate() {
+                    let pv = pf.ld(at(n, e));
+                    *x = if masked && pv.to_bits() == 0x8000_0000 { 0.0 } else { pv * (*x - dd[e % 2]) };
+                }
+            }
+        }
+        // Warpgroup: dV_j += P^T dO_i (first) or dK_j += dS^T Q_i (second): BR / 16 k-steps of
+        // m64n{D}k16, the 16-bit A from registers, B [BR][D] read MN-major.
+        let mut xa: [[u32; 4]; KQ] = core::array::from_fn(|kq| to_a::<T>(x[2 * kq], x[2 * kq + 1]));
+        let bm = warpgroup::desc_sw128(if wg == 0 { do_s(st) } else { q_s(st) }, 0, Sw::<BR, D>::BLOCK_BYTES, 1024).opaque();
         warpgroup::fence_operands(acc);
+        warpgroup::fence_fragments(&mut xa);
         warpgroup::fence();
-        for kq in 0..KQ {
-            warpgroup::mma_ss_tb::<DN>(a0.advance(kq * 32), b0.advance(kq * 16 * 64 * 2), acc, true, T::BF16);
+        for (kq, f) in xa.iter().enumerate() {
+            warpgroup::mma_rs::<DN, true>(*f, bm.advance(kq * 16 * 64 * 2), acc, true, T::BF16);
         }
         warpgroup::commit();
         warpgroup::wait::<0, DN>(acc);
+        warpgroup::fence_fragments(&mut xa);
     });
 
-    for it in 0..n_iter {
-        // Block: prefetch the next query tile into the other stage while this one is computed.
+    // Block: the next query tile into the other stage, computed while this one is.
+    let prefetch = |it: usize| {
         if it + 1 < n_iter {
             fetch(it + 1, (it + 1) % 2);
             thread::cp_async_commit();
+        }
+    };
+    for it in 0..n_iter {
+        // One warpgroup: the prefetch first (the loop's last barrier freed its stage); two:
+        // after the barrier below (every thread is done with iteration it - 1 there).
+        if !split {
+            prefetch(it);
+        }
+        if !split && it + 1 < n_iter {
             thread::cp_async_wait::<1>();
         } else {
             thread::cp_async_wait::<0>();
@@ -543,6 +541,7 @@ unsafe fn dkdv_masked<
             block::sync();
         }
         if split {
+            prefetch(it);
             step_split(it % 2, i0, masked, &mut acc[0]);
         } else {
             let (dv, dk) = acc.split_at_mut(1);
@@ -550,9 +549,11 @@ unsafe fn dkdv_masked<
         }
         // dO's NaNs and infinities are added back into dV after the store.
         any_bad |= bad;
-        // Everyone is done with stage it % 2 (its wgmma complete) before iteration it + 1
-        // refills it.
-        block::sync();
+        if !split {
+            // Everyone is done with stage it % 2 (its wgmma complete) before iteration it + 1
+            // refills it.
+            block::sync();
+        }
     }
     if n_iter == 0 {
         thread::cp_async_wait::<0>();

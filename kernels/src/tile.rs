@@ -472,9 +472,8 @@ pub struct WgmmaBwdTile {
     pub dkdv_max_regs: u32,
     /// `.maxnreg` of the dQ kernel (0: none).
     pub dq_max_regs: u32,
-    /// Warpgroups per block. With 2, in the dK/dV kernel each computes S^T and dP^T for half
-    /// of every query tile and the first accumulates dV, the second dK (P^T and dS^T through
-    /// shared memory); in the dQ kernel each takes half of every key tile, and keeps
+    /// Warpgroups per block. With 2, in the dK/dV kernel the first computes S^T, P^T and
+    /// dV, the second dP^T, dS^T and dK (P^T through shared memory); in the dQ kernel each takes half of every key tile, and keeps
     /// head_dim / 2 columns of dQ after the loop.
     pub split: u32,
 }
@@ -487,10 +486,10 @@ impl WgmmaBwdTile {
         128 * self.split
     }
     /// Shared memory in bytes: K, V [64] rows, two stages of Q and dO [br] rows (16-bit), with
-    /// two warpgroups P^T and dS^T [64][br] (16-bit), two stages of m, 1 / l and D [br] (f32).
+    /// two warpgroups the P^T exchange [64][br] (f32), two stages of m, 1 / l and D [br] (f32).
     pub const fn dkdv_smem_bytes(&self) -> u32 {
-        let pt_ds = if self.split > 1 { 2 * Self::KEYS * self.br * 2 } else { 0 };
-        (2 * Self::KEYS + 4 * self.br) * self.head_dim * 2 + pt_ds + 6 * self.br * 4
+        let pt = if self.split > 1 { Self::KEYS * self.br * 4 } else { 0 };
+        (2 * Self::KEYS + 4 * self.br) * self.head_dim * 2 + pt + 6 * self.br * 4
     }
     /// The dK/dV kernel's shared memory with dQ (the atomic backward): dS^T [64][br] (16-bit)
     /// besides.
@@ -515,9 +514,9 @@ impl WgmmaBwdTile {
 ///   each other's exponentials); br = dq_bc = 64 keeps S and dP at 32 registers each beside
 ///   the accumulators (dK, dV: D / 2 each; dQ: D / 2). dK/dV 178 / 242 registers at d = 64 /
 ///   128, dQ 167 / 217.
-/// - Above 128, two warpgroups (one block per SM): the dK/dV kernel's split each query tile
-///   for S^T and dP^T (32 queries each), P^T and dS^T go through shared memory, and the first
-///   accumulates dV, the second dK, over all D (255 registers at 256); the dQ kernel's split
+/// - Above 128, two warpgroups (one block per SM): in the dK/dV kernel the first computes
+///   S^T and dV, the second dP^T and dK (P^T passed through shared memory; 4 products per
+///   tile pair, none twice); the dQ kernel's split
 ///   each key tile (S, dP, dQ~ over D of 32 keys each, the halves added after the loop: 254),
 ///   with 96 columns each at 192 after it.
 ///

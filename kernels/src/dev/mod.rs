@@ -213,8 +213,8 @@ pub mod warp {
 /// writes, [`thread::fence_proxy_async`] and a barrier order shared-memory writes), then
 /// [`fence`], one or more [`mma_ss`]/[`mma_rs`], [`commit`], and [`wait`] before the
 /// accumulators are read again. Shapes compiled in: N = 64 and 128 (NT = 8, 16) for [`mma_ss`],
-/// [`mma_ss_mn`] and [`mma_rs`], N = 32 for [`mma_ss`], N = 192 and 256 for [`mma_ss_tb`],
-/// N = 192 and 256 for [`mma_rs`] with B MN-major and N = 8 with B K-major; others trap (and the
+/// [`mma_ss_mn`] and [`mma_rs`], N = 32 for [`mma_ss`], N = 192 and 256 for [`mma_rs`] with
+/// B MN-major and N = 8 with B K-major; others trap (and the
 /// emulator reports them). Wider products are several of these (`fwd_wgmma`'s P V at head_dim 192 and 256).
 ///
 /// ptxas's rule, learnt the hard way: while any wgmma is in flight, no other instruction may
@@ -313,13 +313,6 @@ pub mod warpgroup {
     #[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
     pub fn mma_ss_mn<const NT: usize>(a: Desc, b: Desc, acc: &mut [[f32; 4]; NT], accumulate: bool, bf16: bool) {
         imp::wgmma_ss::<NT, true, true>(a.0, b.0, acc, accumulate, bf16)
-    }
-    /// As [`mma_ss`] with A K-major (as there) and B MN-major (as in [`mma_rs`] with
-    /// `TRANS_B`: `lbo` the byte offset between its 64-element blocks along N).
-    #[inline(always)]
-    #[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
-    pub fn mma_ss_tb<const NT: usize>(a: Desc, b: Desc, acc: &mut [[f32; 4]; NT], accumulate: bool, bf16: bool) {
-        imp::wgmma_ss::<NT, false, true>(a.0, b.0, acc, accumulate, bf16)
     }
     /// As [`mma_ss`] with A from registers (lane 4g + t of warp w: rows 16w + g, 16w + g + 8
     /// at k = 2t, 2t + 1, and + 8: the A layout of mma.sync m16n8k16) and B in shared memory,

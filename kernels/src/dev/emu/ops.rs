@@ -200,7 +200,7 @@ fn fault_unless_compiled(compiled: bool, nt: usize, a: &str, b_mn_major: bool) {
 #[track_caller]
 pub fn wgmma_ss<const NT: usize, const TA: bool, const TB: bool>(a: u64, b: u64, acc: &mut [[f32; 4]; NT], accumulate: bool, bf16: bool) {
     // The shapes the PTX build has (`nvptx::wgmma_ss`; any other traps on the GPU).
-    let compiled = matches!((NT, TA, TB), (4, false, false) | (8 | 16, false, false) | (8 | 16, true, true) | (24 | 32, false, true));
+    let compiled = matches!((NT, TA, TB), (4, false, false) | (8 | 16, false, false) | (8 | 16, true, true));
     fault_unless_compiled(compiled, NT, if TA { "A MN-major" } else { "A K-major" }, TB);
     let ev = Event::Wgmma {
         a_desc: Some(a),
