@@ -516,7 +516,7 @@ impl WgmmaBwdTile {
 ///   128, dQ 167 / 217.
 /// - Above 128, two warpgroups (one block per SM): in the dK/dV kernel the first computes
 ///   S^T and dV, the second dP^T and dK (P^T passed through shared memory; 4 products per
-///   tile pair, none twice); the dQ kernel's split
+///   tile pair, none twice; 252-254 registers at 256, 206-210 at 192); the dQ kernel's split
 ///   each key tile (S, dP, dQ~ over D of 32 keys each, the halves added after the loop: 254),
 ///   with 96 columns each at 192 after it.
 ///
@@ -526,9 +526,11 @@ impl WgmmaBwdTile {
 /// - `.maxnreg` 168 / 128 at d = 64 (three and four blocks per SM, 1.2x at 7fde370): with the
 ///   non-finite checks the kernels spill 8 and 48 bytes under them.
 /// - Splitting D between the dK/dV kernel's warpgroups (each computing the block's whole S
-///   and dP): 6 products per tile pair for 4, 0.95-0.97x the query split at d = 256; at 192
-///   it cuts a 64-column swizzle block, where an MN-major operand cannot start (192 ran
-///   padded to 256, 0.66-0.88x FA2).
+///   and dP, 6 products per tile pair for 4): 0.79-1.09x FA2 at d = 256 (b1a8703) against
+///   0.87-1.20x (027f1fd); at 192 it cuts a 64-column swizzle block, where an MN-major
+///   operand cannot start (192 padded to 256: 0.62-0.94x FA2, against 0.73-1.04x).
+/// - Splitting each query tile between them for S^T and dP^T (P^T and dS^T both exchanged,
+///   three barriers an iteration): 1.01-1.05x the D split at d = 256 (14132e1).
 /// - Statistics recomputed in the dQ kernel instead of read from the forward's LSE: 0.75x
 ///   (74fc232).
 pub const fn wgmma_bwd_tile(head_dim: u32) -> Option<WgmmaBwdTile> {
