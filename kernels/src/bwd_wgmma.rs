@@ -113,8 +113,7 @@ pub unsafe fn dkdv<
         assert!(D == t.head_dim as usize && DN * 8 == D && D.is_multiple_of(64) && PAD == t.padded);
         assert!(BR == t.br as usize && NQ * 8 == BR && KQ * 16 == BR);
         // NACC accumulators of D columns a warpgroup: dK and dV, or with two warpgroups
-        // one each (P^T and dS^T of one 64-query tile through shared memory); with DQ one
-        // warpgroup.
+        // one each (the exchange of P^T holds one 64-query tile); with DQ one warpgroup.
         assert!(THREADS == 128 * t.split as usize && NACC * t.split as usize == 2 && (!DQ || THREADS == 128));
         assert!(THREADS == 128 || BR == 64);
     }
