@@ -265,10 +265,14 @@ pub fn pin_u32(x: &mut u32) {
 
 /// One wgmma.mma_async with the accumulator registers `$i` (positional operands {0}..,
 /// the template's list built from them): `ss` (A by descriptor) or `rs` (A in four
-/// registers). The scale-d predicate comes from `sd` (0: acc = A B); `$tb` is imm-trans-b
-/// (and, `ss` only, `$ta` imm-trans-a).
+/// registers), bf16 inputs when `$bf` (a constant after inlining) and f16 otherwise. The
+/// scale-d predicate comes from `sd` (0: acc = A B); `$tb` is imm-trans-b (and, `ss` only,
+/// `$ta` imm-trans-a).
 macro_rules! wgmma_asm {
-    (ss, $ty:literal, $n:literal, $acc:ident, [$i0:literal $(, $i:literal)*], $a:ident, $b:ident, $sd:ident, $ta:literal, $tb:literal) => {{
+    ($form:ident, $bf:ident, $n:literal, $acc:ident, $list:tt, $($rest:tt)*) => {
+        if $bf { wgmma_asm!(@$form "bf16", $n, $acc, $list, $($rest)*) } else { wgmma_asm!(@$form "f16", $n, $acc, $list, $($rest)*) }
+    };
+    (@ss $ty:literal, $n:literal, $acc:ident, [$i0:literal $(, $i:literal)*], $a:ident, $b:ident, $sd:ident, $ta:literal, $tb:literal) => {{
         let acc = unsafe { &mut *($acc.as_mut_ptr() as *mut [f32; $n / 2]) };
         unsafe {
             asm!(concat!("{{ .reg .pred p; setp.ne.b32 p, {sd}, 0; wgmma.mma_async.sync.aligned.m64n", $n, "k16.f32.", $ty, ".", $ty, " {{{", $i0, "}", $(", {", $i, "}",)* "}}, {a}, {b}, p, 1, 1, ", $ta, ", ", $tb, "; }}"),
@@ -276,7 +280,7 @@ macro_rules! wgmma_asm {
                 a = in(reg64) $a, b = in(reg64) $b, sd = in(reg32) $sd, options(nostack));
         }
     }};
-    (rs, $ty:literal, $n:literal, $acc:ident, [$i0:literal $(, $i:literal)*], $a:ident, $b:ident, $sd:ident, $tb:literal) => {{
+    (@rs $ty:literal, $n:literal, $acc:ident, [$i0:literal $(, $i:literal)*], $a:ident, $b:ident, $sd:ident, $tb:literal) => {{
         let acc = unsafe { &mut *($acc.as_mut_ptr() as *mut [f32; $n / 2]) };
         unsafe {
             asm!(concat!("{{ .reg .pred p; setp.ne.b32 p, {sd}, 0; wgmma.mma_async.sync.aligned.m64n", $n, "k16.f32.", $ty, ".", $ty, " {{{", $i0, "}", $(", {", $i, "}",)* "}}, {{{a0}, {a1}, {a2}, {a3}}}, {b}, p, 1, 1, ", $tb, "; }}"),
@@ -293,16 +297,11 @@ macro_rules! wgmma_asm {
 pub fn wgmma_ss<const NT: usize, const TA: bool, const TB: bool>(a: u64, b: u64, acc: &mut [[f32; 4]; NT], accumulate: bool, bf16: bool) {
     let sd = accumulate as u32;
     let acc = acc.as_flattened_mut();
-    match (bf16, NT, TA, TB) {
-        (false, 4, false, false) => {
-            wgmma_asm!(ss, "f16", 32, acc, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15], a, b, sd, "0", "0")
-        }
-        (true, 4, false, false) => {
-            wgmma_asm!(ss, "bf16", 32, acc, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15], a, b, sd, "0", "0")
-        }
-        (false, 8, false, false) => wgmma_asm!(
+    match (NT, TA, TB) {
+        (4, false, false) => wgmma_asm!(ss, bf16, 32, acc, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15], a, b, sd, "0", "0"),
+        (8, false, false) => wgmma_asm!(
             ss,
-            "f16",
+            bf16,
             64,
             acc,
             [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31],
@@ -312,21 +311,9 @@ pub fn wgmma_ss<const NT: usize, const TA: bool, const TB: bool>(a: u64, b: u64,
             "0",
             "0"
         ),
-        (true, 8, false, false) => wgmma_asm!(
+        (8, true, true) => wgmma_asm!(
             ss,
-            "bf16",
-            64,
-            acc,
-            [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31],
-            a,
-            b,
-            sd,
-            "0",
-            "0"
-        ),
-        (false, 8, true, true) => wgmma_asm!(
-            ss,
-            "f16",
+            bf16,
             64,
             acc,
             [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31],
@@ -336,21 +323,9 @@ pub fn wgmma_ss<const NT: usize, const TA: bool, const TB: bool>(a: u64, b: u64,
             "1",
             "1"
         ),
-        (true, 8, true, true) => wgmma_asm!(
+        (16, false, false) => wgmma_asm!(
             ss,
-            "bf16",
-            64,
-            acc,
-            [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31],
-            a,
-            b,
-            sd,
-            "1",
-            "1"
-        ),
-        (false, 16, false, false) => wgmma_asm!(
-            ss,
-            "f16",
+            bf16,
             128,
             acc,
             [
@@ -363,39 +338,9 @@ pub fn wgmma_ss<const NT: usize, const TA: bool, const TB: bool>(a: u64, b: u64,
             "0",
             "0"
         ),
-        (true, 16, false, false) => wgmma_asm!(
+        (16, true, true) => wgmma_asm!(
             ss,
-            "bf16",
-            128,
-            acc,
-            [
-                0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32,
-                33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63
-            ],
-            a,
-            b,
-            sd,
-            "0",
-            "0"
-        ),
-        (false, 16, true, true) => wgmma_asm!(
-            ss,
-            "f16",
-            128,
-            acc,
-            [
-                0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32,
-                33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63
-            ],
-            a,
-            b,
-            sd,
-            "1",
-            "1"
-        ),
-        (true, 16, true, true) => wgmma_asm!(
-            ss,
-            "bf16",
+            bf16,
             128,
             acc,
             [
@@ -417,12 +362,11 @@ pub fn wgmma_ss<const NT: usize, const TA: bool, const TB: bool>(a: u64, b: u64,
 pub fn wgmma_rs<const NT: usize, const TRANS_B: bool>(a: [u32; 4], b: u64, acc: &mut [[f32; 4]; NT], accumulate: bool, bf16: bool) {
     let sd = accumulate as u32;
     let acc = acc.as_flattened_mut();
-    match (bf16, NT, TRANS_B) {
-        (false, 1, false) => wgmma_asm!(rs, "f16", 8, acc, [0, 1, 2, 3], a, b, sd, "0"),
-        (true, 1, false) => wgmma_asm!(rs, "bf16", 8, acc, [0, 1, 2, 3], a, b, sd, "0"),
-        (false, 8, false) => wgmma_asm!(
+    match (NT, TRANS_B) {
+        (1, false) => wgmma_asm!(rs, bf16, 8, acc, [0, 1, 2, 3], a, b, sd, "0"),
+        (8, false) => wgmma_asm!(
             rs,
-            "f16",
+            bf16,
             64,
             acc,
             [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31],
@@ -431,20 +375,9 @@ pub fn wgmma_rs<const NT: usize, const TRANS_B: bool>(a: [u32; 4], b: u64, acc: 
             sd,
             "0"
         ),
-        (true, 8, false) => wgmma_asm!(
+        (8, true) => wgmma_asm!(
             rs,
-            "bf16",
-            64,
-            acc,
-            [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31],
-            a,
-            b,
-            sd,
-            "0"
-        ),
-        (false, 8, true) => wgmma_asm!(
-            rs,
-            "f16",
+            bf16,
             64,
             acc,
             [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31],
@@ -453,20 +386,9 @@ pub fn wgmma_rs<const NT: usize, const TRANS_B: bool>(a: [u32; 4], b: u64, acc: 
             sd,
             "1"
         ),
-        (true, 8, true) => wgmma_asm!(
+        (16, false) => wgmma_asm!(
             rs,
-            "bf16",
-            64,
-            acc,
-            [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31],
-            a,
-            b,
-            sd,
-            "1"
-        ),
-        (false, 16, false) => wgmma_asm!(
-            rs,
-            "f16",
+            bf16,
             128,
             acc,
             [
@@ -478,23 +400,9 @@ pub fn wgmma_rs<const NT: usize, const TRANS_B: bool>(a: [u32; 4], b: u64, acc: 
             sd,
             "0"
         ),
-        (true, 16, false) => wgmma_asm!(
+        (16, true) => wgmma_asm!(
             rs,
-            "bf16",
-            128,
-            acc,
-            [
-                0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32,
-                33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63
-            ],
-            a,
-            b,
-            sd,
-            "0"
-        ),
-        (false, 16, true) => wgmma_asm!(
-            rs,
-            "f16",
+            bf16,
             128,
             acc,
             [
@@ -506,23 +414,9 @@ pub fn wgmma_rs<const NT: usize, const TRANS_B: bool>(a: [u32; 4], b: u64, acc: 
             sd,
             "1"
         ),
-        (true, 16, true) => wgmma_asm!(
+        (24, true) => wgmma_asm!(
             rs,
-            "bf16",
-            128,
-            acc,
-            [
-                0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32,
-                33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63
-            ],
-            a,
-            b,
-            sd,
-            "1"
-        ),
-        (false, 24, true) => wgmma_asm!(
-            rs,
-            "f16",
+            bf16,
             192,
             acc,
             [
@@ -536,42 +430,9 @@ pub fn wgmma_rs<const NT: usize, const TRANS_B: bool>(a: [u32; 4], b: u64, acc: 
             sd,
             "1"
         ),
-        (true, 24, true) => wgmma_asm!(
+        (32, true) => wgmma_asm!(
             rs,
-            "bf16",
-            192,
-            acc,
-            [
-                0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32,
-                33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63,
-                64, 65, 66, 67, 68, 69, 70, 71, 72, 73, 74, 75, 76, 77, 78, 79, 80, 81, 82, 83, 84, 85, 86, 87, 88, 89, 90, 91, 92, 93, 94,
-                95
-            ],
-            a,
-            b,
-            sd,
-            "1"
-        ),
-        (false, 32, true) => wgmma_asm!(
-            rs,
-            "f16",
-            256,
-            acc,
-            [
-                0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32,
-                33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63,
-                64, 65, 66, 67, 68, 69, 70, 71, 72, 73, 74, 75, 76, 77, 78, 79, 80, 81, 82, 83, 84, 85, 86, 87, 88, 89, 90, 91, 92, 93, 94,
-                95, 96, 97, 98, 99, 100, 101, 102, 103, 104, 105, 106, 107, 108, 109, 110, 111, 112, 113, 114, 115, 116, 117, 118, 119,
-                120, 121, 122, 123, 124, 125, 126, 127
-            ],
-            a,
-            b,
-            sd,
-            "1"
-        ),
-        (true, 32, true) => wgmma_asm!(
-            rs,
-            "bf16",
+            bf16,
             256,
             acc,
             [
