@@ -2,8 +2,7 @@
 //! accumulation, one warpgroup per block up to head_dim 128; above it two: in [`dkdv`] the
 //! first computes S^T and P^T and accumulates dV, the second dP^T and dS^T (P^T from the
 //! first through shared memory) and accumulates dK (one accumulator of D columns each), in
-//! [`dq`] the first computes S and P, the second dP and dS~, and each accumulates its own
-//! columns of dQ (see there). Three launches: `bwd_prep` (m_i, 1 / l_i from the
+//! [`dq`] they split every key tile (see there). Three launches: `bwd_prep` (m_i, 1 / l_i from the
 //! forward's LSE, D~_i = dO_i . O_i), then [`dq`], then [`dkdv`]; a fixed summation order
 //! (bitwise deterministic):
 //! - [`dq`] ([`DQ_SAVED`]): one block per (64 query rows, head, batch), one pass over the key
@@ -635,24 +634,6 @@ fn add_pk<T: MmaElement, const N: usize, const KS: usize>(acc: &mut [[f32; 4]; N
     warpgroup::fence_fragments(pa);
 }
 
-/// Block, after a barrier that follows the votes of the four warps that compute P on key tile
-/// `it`: tile `it` is hot if one voted so (every thread reads the same votes; `leader` adds it
-/// to the list).
-#[inline(always)]
-fn tally_votes(votes: Shared<u32>, hot: Shared<u32>, it: usize, n_hot: &mut usize, leader: bool) {
-    let at = 4 * (it % 2);
-    let mut any = 0;
-    for v in 0..4 {
-        any |= votes.ld(at + v);
-    }
-    if any != 0 && *n_hot < HOT_TILES {
-        if leader {
-            hot.st(*n_hot, it as u32);
-        }
-        *n_hot += 1;
-    }
-}
-
 /// Thread: `hidden` where its S fragment (rows row_w + g, + 8 of lane (g, t), N n-tiles of
 /// keys from c0) is hidden by the mask or by seqlen_k; one uniform branch (`masked`: true on
 /// the last tiles only).
@@ -681,10 +662,10 @@ fn mask_frag<M: Mask, const N: usize>(
 
 /// The dQ kernel for one tile `C` (as [`dkdv`]): D = 8 DN, key tiles of BC = 8 NS = 16 KS keys,
 /// THREADS / 128 warpgroups; MODE [`DQ_SAVED`] or [`DQ_STATS`] (see the module doc). With two
-/// warpgroups they split the products of every key tile: the first computes S and P, the
-/// second dP and dS~ (P from the first through shared memory), and each adds dS~ K_j over its
-/// own columns of dQ~ (dS~ to the first through shared memory): DNA = `dq_cols(0)` / 8 n-tiles
-/// of columns in the first, DNB = `dq_cols(1)` / 8 from column 8 DNA in the second.
+/// warpgroups, each takes BC / 2 = 8 NSW = 16 KSW keys of every tile (S, dP and dQ~ over D of
+/// its keys, no product done twice) and the two halves of dQ~ and of the rows' sums are added
+/// after the loop, warpgroup wg keeping DW = 8 DNW columns (the hot tiles' pass, over every
+/// key of a tile, then gives each warpgroup its columns of B_i).
 ///
 /// # Safety
 /// `p` valid (host-checked), `p.head_dim <= D`, THREADS threads,
@@ -699,9 +680,11 @@ pub unsafe fn dq<
     const BC: usize,
     const NS: usize,
     const KS: usize,
+    const NSW: usize,
+    const KSW: usize,
     const THREADS: usize,
-    const DNA: usize,
-    const DNB: usize,
+    const DW: usize,
+    const DNW: usize,
     const PAD: bool,
     const MODE: u8,
 >(
@@ -711,9 +694,9 @@ pub unsafe fn dq<
         let t = C::TILE;
         assert!(D == t.head_dim as usize && DN * 8 == D && D.is_multiple_of(64) && PAD == t.padded);
         assert!(BC == t.dq_bc as usize && NS * 8 == BC && KS * 16 == BC);
-        // DQ_STATS with one warpgroup; with two, 128 columns of dQ and the rest.
-        assert!(THREADS == 128 * t.split as usize && DNA * 8 == t.dq_cols(0) as usize && DNB * 8 == t.dq_cols(1) as usize);
-        assert!(DNA + DNB == DN && DNB <= DNA && (MODE == DQ_SAVED || THREADS == 128));
+        // DQ_STATS with one warpgroup; with two, halves of D (of 96 columns at D = 192).
+        assert!(THREADS == 128 * t.split as usize && DW * t.split as usize == D && DNW * 8 == DW && DW.is_multiple_of(32));
+        assert!(NSW * t.split as usize == NS && KSW * 2 == NSW && (MODE == DQ_SAVED || THREADS == 128));
     }
     // DQ_STATS (the atomic family): head dims that are multiples of 8 only
     // (`registry::BwdFamilyDesc::aligned_only`).
@@ -722,8 +705,8 @@ pub unsafe fn dq<
     }
     unsafe {
         with_mask!(p, M => match MODE != DQ_STATS && by_element(PAD, p.head_dim) {
-            false => dq_masked::<T, M, D, DN, BC, NS, KS, THREADS, DNA, DNB, PAD, MODE, false>(p),
-            true => dq_masked::<T, M, D, DN, BC, NS, KS, THREADS, DNA, DNB, PAD, MODE, true>(p),
+            false => dq_masked::<T, M, D, DN, BC, NS, KS, NSW, KSW, THREADS, DW, DNW, PAD, MODE, false>(p),
+            true => dq_masked::<T, M, D, DN, BC, NS, KS, NSW, KSW, THREADS, DW, DNW, PAD, MODE, true>(p),
         })
     }
 }
@@ -737,9 +720,11 @@ unsafe fn dq_masked<
     const BC: usize,
     const NS: usize,
     const KS: usize,
+    const NSW: usize,
+    const KSW: usize,
     const THREADS: usize,
-    const DNA: usize,
-    const DNB: usize,
+    const DW: usize,
+    const DNW: usize,
     const PAD: bool,
     const MODE: u8,
     const EL: bool,
@@ -754,23 +739,19 @@ unsafe fn dq_masked<
         thread::trap();
     }
     let (q_blk, h, b) = block::idx();
-    // Warp w of warpgroup wg: rows 16w.. of the block (every key of each tile); after the
-    // loop warpgroup wg keeps dQ columns col0..
-    let two = THREADS == 2 * warpgroup::SIZE as usize;
+    // Warp w of warpgroup wg: rows 16w.. of the block; in the loop keys BC / split wg.. of
+    // each tile, after it dQ columns DW wg..
+    let split = THREADS / warpgroup::SIZE as usize;
     let (wg, w, lane) = wg_warp_lane::<THREADS>();
     let (g, t) = (lane / 4, lane % 4);
-    // The thread's place in its warpgroup: where it meets the other warpgroup's thread of the
-    // same fragment in the exchanges.
-    let tw = w * 32 + lane;
-    let col0 = wg * DNA * 8;
+    let (col0, key_w) = (wg * DW, wg * (BC / split));
     let (sq, sk) = (p.seqlen_q, p.seqlen_k);
     let hk = h / (p.heads_q / p.heads_kv);
     let row0 = q_blk * ROWS as u32;
     let row_w = row0 + (w * 16) as u32; // first query row of this warp
 
     // Shared memory: Q, dO [64][D], then K stages 0 and 1, V stages 0 and 1 ([BC][D] each),
-    // then (DQ_SAVED) 8 x 64 ones, then (u32) 8 votes a warpgroup and HOT_TILES tile indices,
-    // then (two warpgroups) the P exchange (f32) and the dS~ exchange (A fragments).
+    // then (DQ_SAVED) 8 x 64 ones, then (u32) 8 votes a warpgroup and HOT_TILES tile indices.
     let smem: Shared<T> = unsafe { dev::dynamic_shared((2 * ROWS + 4 * BC) * D) };
     let ones: Shared<T> = smem.after(8 * 64);
     let q_s = smem.slice(0, ROWS * D);
@@ -808,16 +789,15 @@ unsafe fn dq_masked<
     thread::cp_async_commit();
 
     let factor = crate::softmax::score_scale(p.scale) * LOG2_E;
-    // dQ~ over the warpgroup's columns.
-    let mut acc_dq = [[0f32; 4]; DNA];
+    // dQ~ over the warpgroup's keys, every column (then `halves`).
+    let mut acc_dq = [[0f32; 4]; DN];
     // Rows g and g + 8 of the warp's 16: running statistics (DQ_STATS), or m_i, 1 / l_i, D~_i
     // from the workspace (DQ_SAVED).
     let mut rows = [QuadRow::INIT; 2];
     let mut fin = [(f32::INFINITY, 0f32, 0f32); 2];
-    // DQ_SAVED, rows g and g + 8 (the warpgroup that computes dS~): delta_i = sum_j dS~_ij in
-    // f32 (this thread's columns), and delta~_i, the sum of the dS~ rounded to T, from the
-    // tensor cores (dS~ times the ones: acc_one[0][2 half] is row g + 8 half's, over all
-    // columns); dS~ = P (dP - D~_i).
+    // DQ_SAVED, rows g and g + 8: delta_i = sum_j dS~_ij in f32 (this thread's columns), and
+    // delta~_i, the sum of the dS~ rounded to T, from the tensor cores (dS~ times the ones:
+    // acc_one[0][2 half] is row g + 8 half's, over all columns); dS~ = P (dP - D~_i).
     let (mut delta, mut acc_one) = ([0f32; 2], [[0f32; 4]; 1]);
     if saved {
         // Block: the ones (1024 bytes, a 1024-byte-aligned 128-byte-swizzle atom: every layout
@@ -829,14 +809,10 @@ unsafe fn dq_masked<
             i += THREADS;
         }
     }
-    // DQ_SAVED: votes of the warps that compute P (two slots of 4, by iteration parity) and the
+    // DQ_SAVED: per-warp votes of the current tile (two slots, by iteration parity) and the
     // list of the key tiles where some row has a key with P > HOT_P (block-uniform).
-    let split = THREADS / warpgroup::SIZE as usize;
-    let votes: Shared<u32> = ones.after(8);
+    let votes: Shared<u32> = ones.after(8 * split);
     let hot: Shared<u32> = votes.after(HOT_TILES);
-    // Two warpgroups: P (f32) and dS~ (A fragments), element-major (conflict-free).
-    let p_x: Shared<f32> = hot.after(if two { ROWS * BC } else { 0 });
-    let ds_x: Shared<u32> = p_x.after(if two { ROWS * BC / 2 } else { 0 });
     let mut n_hot = 0usize;
     if saved {
         // Thread: its two rows' statistics from the workspace.
@@ -873,8 +849,8 @@ unsafe fn dq_masked<
     };
     // Thread: `hidden` where key tile j hides S (one uniform branch: true on the last tiles
     // only).
-    let mask = inline_closure!(|s: &mut [[f32; 4]; NS], j: usize, masked: bool, hidden: f32| {
-        mask_frag::<M, NS>(s, (j * BC) as u32, row_w, (g, t), (sq, sk), masked, hidden)
+    let mask = inline_closure!(|s: &mut [[f32; 4]; NSW], j: usize, masked: bool, hidden: f32| {
+        mask_frag::<M, NSW>(s, (j * BC + key_w) as u32, row_w, (g, t), (sq, sk), masked, hidden)
     });
     // Block, after the copies of key tile `stage` landed: the barrier that makes them visible
     // (to the async proxy too); with `check`, it also votes on whether K holds a NaN or an
@@ -900,214 +876,188 @@ unsafe fn dq_masked<
             block::sync();
         }
     });
-    // Warpgroup: acc = A B_j^T over D for key tile j (D / 16 k-steps of m64n{BC}k16, one
-    // group, waited for): S from Q and K_j, dP from dO and V_j.
-    let product = inline_closure!(|a: Shared<T>, b: Shared<T>| -> [[f32; 4]; NS] {
-        let mut acc = [[0f32; 4]; NS];
-        warpgroup::fence_operands(&mut acc);
-        warpgroup::fence();
-        let (ad, bd) = (warpgroup::desc_sw128(a, 0, 16, 1024).opaque(), warpgroup::desc_sw128(b, 0, 16, 1024).opaque());
-        issue_abt::<T, NS, D, ROWS, BC>(ad, bd, &mut acc);
-        warpgroup::commit();
-        warpgroup::wait::<0, NS>(&mut acc);
-        acc
-    });
-    // Warpgroup: S = Q K_j^T and dP = dO V_j^T for key tile j in `stage` (one group).
-    let products = inline_closure!(|stage: usize| -> ([[f32; 4]; NS], [[f32; 4]; NS]) {
-        let mut s = [[0f32; 4]; NS];
-        let mut dp = [[0f32; 4]; NS];
+
+    // Warpgroup: S = Q K_j^T times scale log2(e), -inf where masked (DQ_SAVED: unscaled and
+    // unmasked), and dP = dO V_j^T for
+    // key tile j in `stage` (D / 16 k-steps of m64n{BC}k16 each, one group).
+    let scores = inline_closure!(|j: usize, stage: usize, masked: bool| -> ([[f32; 4]; NSW], [[f32; 4]; NSW]) {
+        let mut s = [[0f32; 4]; NSW];
+        let mut dp = [[0f32; 4]; NSW];
         warpgroup::fence_operands(&mut s);
         warpgroup::fence_operands(&mut dp);
         warpgroup::fence();
         let (qd, od) = (warpgroup::desc_sw128(q_s, 0, 16, 1024).opaque(), warpgroup::desc_sw128(do_s, 0, 16, 1024).opaque());
-        let (kd, vd) = (warpgroup::desc_sw128(k_s(stage), 0, 16, 1024).opaque(), warpgroup::desc_sw128(v_s(stage), 0, 16, 1024).opaque());
-        issue_abt::<T, NS, D, ROWS, BC>(qd, kd, &mut s);
-        issue_abt::<T, NS, D, ROWS, BC>(od, vd, &mut dp);
+        // The warpgroup's keys: rows key_w.. of the tile (a multiple of 8 rows).
+        let at = Sw::<BC, D>::at(key_w, 0);
+        let (kd, vd) = (warpgroup::desc_sw128(k_s(stage), at, 16, 1024).opaque(), warpgroup::desc_sw128(v_s(stage), at, 16, 1024).opaque());
+        issue_abt::<T, NSW, D, ROWS, BC>(qd, kd, &mut s);
+        issue_abt::<T, NSW, D, ROWS, BC>(od, vd, &mut dp);
         warpgroup::commit();
-        warpgroup::wait::<0, NS>(&mut s);
+        warpgroup::wait::<0, NSW>(&mut s);
         warpgroup::fence_operands(&mut dp);
+        if !saved {
+            for x in s.iter_mut() {
+                for x in x.iter_mut() {
+                    *x *= factor;
+                }
+            }
+            mask(&mut s, j, masked, f32::NEG_INFINITY);
+        }
         (s, dp)
-    });
-    // Thread: P = exp2(S scale log2 e - m_i) (`prep` gives 1 / l_i = 1, and m_i = +inf to
-    // rows with no visible key), 0 where masked; and the largest P of its two rows.
-    let probs = inline_closure!(|s: [[f32; 4]; NS], j: usize, masked: bool| -> ([[f32; 4]; NS], f32) {
-        let mut pt = s;
-        for x in pt.iter_mut() {
-            for (e, x) in x.iter_mut().enumerate() {
-                *x = math::ex2(math::fma(*x, factor, -fin[e / 2].0));
-            }
-        }
-        mask(&mut pt, j, masked, 0.0);
-        let mut p_max = 0f32;
-        for x in pt.iter() {
-            for x in x.iter() {
-                p_max = p_max.max(*x);
-            }
-        }
-        (pt, p_max)
-    });
-    // Thread: dS~ = P (dP - D~_i), 0 where masked whatever the row's D and dP hold, added to
-    // delta; as 16-bit A fragments (k-step ks: n-tiles 2ks, 2ks + 1).
-    let grads =
-        inline_closure!(|pt: &[[f32; 4]; NS], dp: &[[f32; 4]; NS], j: usize, masked: bool, delta: &mut [f32; 2]| -> [[u32; 4]; KS] {
-            let mut ds = [[0f32; 4]; NS];
-            for n in 0..NS {
-                for e in 0..4 {
-                    ds[n][e] = pt[n][e] * (dp[n][e] - fin[e / 2].2);
-                }
-            }
-            mask(&mut ds, j, masked, 0.0);
-            for x in ds.iter() {
-                for (e, x) in x.iter().enumerate() {
-                    delta[e / 2] += *x;
-                }
-            }
-            core::array::from_fn(|ks| to_a::<T>(ds[2 * ks], ds[2 * ks + 1]))
-        });
-    // Warpgroup: dQ~ += dS~ K_j over N n-tiles of columns from col0, K_j read MN-major; with
-    // `ones`, delta~ += dS~ 1 beside it (the sum of the rounded dS~, what the product adds).
-    let add_dsk = inline_closure!(|acc: &mut [[f32; 4]; DNA],
-                                   da: &mut [[u32; 4]; KS],
-                                   acc_one: &mut [[f32; 4]; 1],
-                                   stage: usize,
-                                   with_ones: bool| {
-        warpgroup::fence_operands(acc);
-        warpgroup::fence_operands(acc_one);
-        warpgroup::fence_fragments(da);
-        warpgroup::fence();
-        let kd = warpgroup::desc_sw128(k_s(stage), Sw::<BC, D>::at(0, col0), Sw::<BC, D>::BLOCK_BYTES, 1024).opaque();
-        let od = warpgroup::desc_sw128(ones, 0, 16, 1024).opaque();
-        for (ks, f) in da.iter().enumerate() {
-            if wg == 0 {
-                warpgroup::mma_rs::<DNA, true>(*f, kd.advance(ks * 16 * 64 * 2), acc, true, T::BF16);
-            } else if let Some(mine) = acc.first_chunk_mut::<DNB>() {
-                warpgroup::mma_rs::<DNB, true>(*f, kd.advance(ks * 16 * 64 * 2), mine, true, T::BF16);
-            }
-            if with_ones {
-                warpgroup::mma_rs::<1, false>(*f, od.advance(ks * 32), acc_one, true, T::BF16);
-            }
-        }
-        warpgroup::commit();
-        warpgroup::wait::<0, DNA>(acc);
-        warpgroup::fence_operands(acc_one);
-        warpgroup::fence_fragments(da);
-    });
-    // Warp (of the warpgroup that computes P): its vote on key tile `it` (whether one of its
-    // rows has a key with P > HOT_P).
-    let vote = inline_closure!(|it: usize, p_max: f32| {
-        let v = warp::any(p_max > HOT_P);
-        if lane == 0 {
-            votes.st(4 * (it % 2) + w, v as u32);
-        }
     });
 
     // One pass over the key tiles (DQ_SAVED: dQ, DQ_STATS: the statistics), double-buffered.
     for it in 0..n_tiles {
         let j = it;
-        let stage = it % 2;
-        thread::cp_async_wait::<0>();
-        // This tile's copies landed, for every thread and for the async proxy, and everyone is
-        // done with the other stage; on masked tiles the block votes on whether K holds a NaN
-        // or an infinity (`nonfinite`).
-        let masked = j >= n_unmasked;
-        let bad_k = clean_k_vote(stage, masked && !stats_only);
-        // Block: prefetch the next tile's K, V into the other stage while this one is computed;
-        // the previous tile's votes are in.
+        // Block: prefetch the next iteration's K, V into the other stage while this one is
+        // computed.
         if it + 1 < n_tiles {
             load_kv(it + 1, (it + 1) % 2);
+            thread::cp_async_commit();
+            thread::cp_async_wait::<1>();
+        } else {
+            thread::cp_async_wait::<0>();
         }
-        thread::cp_async_commit();
-        if saved && it > 0 {
-            tally_votes(votes, hot, it - 1, &mut n_hot, thread::idx() == 0);
-        }
-        if !two {
-            let (mut s, dp) = products(stage);
-            clean_k(stage, bad_k);
-            if stats_only {
-                // Pass 0, thread: S times scale log2(e), -inf where masked; lane quad: tile j
-                // folded into the rows' running statistics.
-                for x in s.iter_mut() {
-                    for x in x.iter_mut() {
-                        *x *= factor;
-                    }
-                }
-                mask(&mut s, j, masked, f32::NEG_INFINITY);
-                for (half, row) in rows.iter_mut().enumerate() {
-                    let x = core::array::from_fn::<_, NS, _>(|n| [s[n][2 * half], s[n][2 * half + 1]]);
-                    let dpx = core::array::from_fn(|n| [dp[n][2 * half], dp[n][2 * half + 1]]);
-                    if masked { row.push::<true, NS>(x, dpx) } else { row.push::<false, NS>(x, dpx) }
-                }
-            } else {
-                let (pt, p_max) = probs(s, j, masked);
-                let mut da = grads(&pt, &dp, j, masked, &mut delta);
-                add_dsk(&mut acc_dq, &mut da, &mut acc_one, stage, true);
-                vote(it, p_max);
+        // This tile's copies landed, for every thread and for the async proxy; on masked tiles
+        // the block votes on whether K holds a NaN or an infinity (`nonfinite`).
+        let masked = j >= n_unmasked;
+        let bad_k = clean_k_vote(it % 2, masked && !stats_only);
+        let (s, dp) = scores(j, it % 2, masked);
+        clean_k(it % 2, bad_k);
+        if stats_only {
+            // Pass 0, lane quad: fold tile j into the rows' running statistics.
+            for (half, row) in rows.iter_mut().enumerate() {
+                let (x, dpx) = (
+                    core::array::from_fn::<_, NSW, _>(|n| [s[n][2 * half], s[n][2 * half + 1]]),
+                    core::array::from_fn(|n| [dp[n][2 * half], dp[n][2 * half + 1]]),
+                );
+                if masked { row.push::<true, NSW>(x, dpx) } else { row.push::<false, NSW>(x, dpx) }
             }
         } else {
-            // The first warpgroup S and P, the second dP; P crosses to the second.
-            let x = if wg == 0 { product(q_s, k_s(stage)) } else { product(do_s, v_s(stage)) };
-            clean_k(stage, bad_k);
-            if wg == 0 {
-                let (pt, p_max) = probs(x, j, masked);
-                for (n, v) in pt.iter().enumerate() {
-                    for (e, v) in v.iter().enumerate() {
-                        p_x.st((n * 4 + e) * 128 + tw, *v);
-                    }
-                }
-                vote(it, p_max);
-            }
-            block::sync();
-            // The second dS~, which crosses to the first; each adds dS~ K_j over its columns.
-            let mut da = [[0u32; 4]; KS];
-            if wg == 1 {
-                let pt: [[f32; 4]; NS] = core::array::from_fn(|n| core::array::from_fn(|e| p_x.ld((n * 4 + e) * 128 + tw)));
-                da = grads(&pt, &x, j, masked, &mut delta);
-                for (ks, f) in da.iter().enumerate() {
-                    for (e, v) in f.iter().enumerate() {
-                        ds_x.st((ks * 4 + e) * 128 + tw, *v);
-                    }
+            // Thread: P = exp2(S scale log2 e - m_i) (`prep` gives 1 / l_i = 1, and m_i = +inf
+            // to rows with no visible key), 0 where masked; dS~ = P (dP - D~_i) to 16-bit A
+            // fragments (k-step ks: n-tiles 2ks, 2ks + 1); then dQ~_i += dS~ K_j, K_j read
+            // MN-major.
+            let mut pt = s;
+            for x in pt.iter_mut() {
+                for (e, x) in x.iter_mut().enumerate() {
+                    *x = math::ex2(math::fma(*x, factor, -fin[e / 2].0));
                 }
             }
-            block::sync();
-            if wg == 0 {
-                da = core::array::from_fn(|ks| core::array::from_fn(|e| ds_x.ld((ks * 4 + e) * 128 + tw)));
+            mask(&mut pt, j, j >= n_unmasked, 0.0);
+            let mut ds = [[0f32; 4]; NSW];
+            let mut p_max = 0f32; // over both rows: the warp votes on any of its rows
+            for n in 0..NSW {
+                for e in 0..4 {
+                    ds[n][e] = pt[n][e] * (dp[n][e] - fin[e / 2].2);
+                }
             }
-            add_dsk(&mut acc_dq, &mut da, &mut acc_one, stage, wg == 1);
+            // 0 where masked, whatever the row's D and dP hold.
+            mask(&mut ds, j, masked, 0.0);
+            for n in 0..NSW {
+                for e in 0..4 {
+                    p_max = p_max.max(pt[n][e]);
+                    delta[e / 2] += ds[n][e];
+                }
+            }
+            let mut da: [[u32; 4]; KSW] = core::array::from_fn(|ks| to_a::<T>(ds[2 * ks], ds[2 * ks + 1]));
+            warpgroup::fence_operands(&mut acc_dq);
+            warpgroup::fence_operands(&mut acc_one);
+            warpgroup::fence_fragments(&mut da);
+            warpgroup::fence();
+            // K_j's rows key_w.. read MN-major (N = D), as many k-steps as the warpgroup's keys.
+            let kd = warpgroup::desc_sw128(k_s(it % 2), Sw::<BC, D>::at(key_w, 0), Sw::<BC, D>::BLOCK_BYTES, 1024).opaque();
+            let od = warpgroup::desc_sw128(ones, 0, 16, 1024).opaque();
+            for (ks, f) in da.iter().enumerate() {
+                warpgroup::mma_rs::<DN, true>(*f, kd.advance(ks * 16 * 64 * 2), &mut acc_dq, true, T::BF16);
+                // delta_t += dS~ 1 (the sum of the rounded dS~, what the product adds).
+                warpgroup::mma_rs::<1, false>(*f, od.advance(ks * 32), &mut acc_one, true, T::BF16);
+            }
+            warpgroup::commit();
+            warpgroup::wait::<0, DN>(&mut acc_dq);
+            warpgroup::fence_operands(&mut acc_one);
+            warpgroup::fence_fragments(&mut da);
+            if saved {
+                // Warp: whether one of its rows has a key with P > HOT_P among its
+                // warpgroup's keys of this tile.
+                let v = warp::any(p_max > HOT_P);
+                if lane == 0 {
+                    votes.st(4 * split * (it % 2) + 4 * wg + w, v as u32);
+                }
+            }
+        }
+        // Everyone is done with stage it % 2 (its wgmma complete) before iteration it + 1
+        // refills it.
+        block::sync();
+        if saved {
+            // Block: tile j is hot if a warp voted so (every thread reads the same votes).
+            let at = 4 * split * (it % 2);
+            let mut any = 0;
+            for v in 0..4 * split {
+                any |= votes.ld(at + v);
+            }
+            if any != 0 && n_hot < HOT_TILES {
+                if wg == 0 && w == 0 && lane == 0 {
+                    hot.st(n_hot, j as u32);
+                }
+                n_hot += 1;
+            }
         }
     }
-    thread::cp_async_wait::<0>();
+    if n_tiles == 0 {
+        thread::cp_async_wait::<0>();
+    }
     if stats_only {
         publish(&rows);
     }
-    // Everyone is done with the K, V stages (the hot tiles reuse them), and the last tile's
-    // votes are in.
-    block::sync();
-    if saved && n_tiles > 0 {
-        tally_votes(votes, hot, n_tiles - 1, &mut n_hot, thread::idx() == 0);
-    }
-    if two {
-        // The first warpgroup's delta~ (for its correction), from the second.
-        if wg == 1 {
+    // Two warpgroups: warpgroup wg keeps columns DW wg.. of dQ~, the sum of both warpgroups'
+    // parts (over their keys), and the rows' delta and delta~ over every key. Through the V
+    // stages and K stage 1 (free now): each thread's part of the other's columns, and its
+    // sums, for the thread of the same place in the other warpgroup. a + b = b + a: both
+    // warpgroups hold the same sums.
+    let tid = thread::idx() as usize;
+    let mut acc_dq: [[f32; 4]; DNW] = if THREADS == warpgroup::SIZE as usize {
+        core::array::from_fn(|n| acc_dq[n])
+    } else {
+        let (xs, ss) = (smem.slice((2 * ROWS + 2 * BC) * D, 2 * BC * D).cast::<f32>(), k_s(1).cast::<f32>());
+        let other = tid ^ warpgroup::SIZE as usize;
+        for n in 0..DNW {
             for e in 0..4 {
-                p_x.st(e * 128 + tw, acc_one[0][e]);
+                xs.st((n * 4 + e) * THREADS + tid, if wg == 0 { acc_dq[DNW + n][e] } else { acc_dq[n][e] });
             }
         }
-        block::sync();
-        if wg == 0 {
-            acc_one[0] = core::array::from_fn(|e| p_x.ld(e * 128 + tw));
+        for i in 0..2 {
+            ss.st(i * THREADS + tid, delta[i]);
         }
-    }
-    let tid = thread::idx() as usize;
+        for e in 0..4 {
+            ss.st((2 + e) * THREADS + tid, acc_one[0][e]);
+        }
+        block::sync();
+        let mine: [[f32; 4]; DNW] = core::array::from_fn(|n| if wg == 0 { acc_dq[n] } else { acc_dq[DNW + n] });
+        let sum = core::array::from_fn(|n| core::array::from_fn(|e| mine[n][e] + xs.ld((n * 4 + e) * THREADS + other)));
+        for i in 0..2 {
+            delta[i] += ss.ld(i * THREADS + other);
+        }
+        for e in 0..4 {
+            acc_one[0][e] += ss.ld((2 + e) * THREADS + other);
+        }
+        // Everyone has read the other's part before the V stages are reused.
+        block::sync();
+        sum
+    };
 
     if saved {
         // B_i = sum P_ij K_j over the hot tiles (S and P recomputed: at most one tile per key
-        // with P > HOT_P), and sigma_i = sum of those P rounded to T (what the product adds),
-        // over the warpgroup's columns.
-        let mut acc_b = [[0f32; 4]; DNA];
+        // with P > HOT_P), and sigma_i = sum of those P rounded to T (what the product adds).
+        // Over the warpgroup's columns, or (FULL_B: its columns do not start a 64-column
+        // swizzle block, where an MN-major operand cannot start) over all D, the warpgroup's
+        // columns taken after.
+        let full_b = !DW.is_multiple_of(64);
+        let mut acc_b = [[0f32; 4]; DN];
         let mut sigma = [0f32; 2];
-        // Thread: dQ~ parked in K stage 1 and the V stages (free now; conflict-free,
-        // element-major) while the hot tiles need the registers.
-        let park = smem.slice((2 * ROWS + BC) * D, 3 * BC * D).cast::<f32>();
+        // Thread: dQ~ parked in the V stages (free now; conflict-free, element-major) while the
+        // hot tiles need the registers.
+        let park = smem.slice((2 * ROWS + 2 * BC) * D, 2 * BC * D).cast::<f32>();
         if n_hot > 0 {
             for (n, acc) in acc_dq.iter().enumerate() {
                 for (e, x) in acc.iter().enumerate() {
@@ -1133,22 +1083,33 @@ unsafe fn dq_masked<
             thread::cp_async_wait::<0>();
             let bad_k = clean_k_vote(0, j >= n_unmasked);
             // Warpgroup: S = Q K_j^T, then thread: P to 16-bit A fragments.
-            let s = product(q_s, k_s(0));
+            let mut s = [[0f32; 4]; NS];
+            warpgroup::fence_operands(&mut s);
+            warpgroup::fence();
+            let (qd, kd) = (warpgroup::desc_sw128(q_s, 0, 16, 1024).opaque(), warpgroup::desc_sw128(k_s(0), 0, 16, 1024).opaque());
+            issue_abt::<T, NS, D, ROWS, BC>(qd, kd, &mut s);
+            warpgroup::commit();
+            warpgroup::wait::<0, NS>(&mut s);
             clean_k(0, bad_k);
-            let (pt, _) = probs(s, j, j >= n_unmasked);
-            let mut pa: [[u32; 4]; KS] = core::array::from_fn(|ks| to_a::<T>(pt[2 * ks], pt[2 * ks + 1]));
+            for x in s.iter_mut() {
+                for (e, x) in x.iter_mut().enumerate() {
+                    *x = math::ex2(math::fma(*x, factor, -fin[e / 2].0));
+                }
+            }
+            mask_frag::<M, NS>(&mut s, (j * BC) as u32, row_w, (g, t), (sq, sk), j >= n_unmasked, 0.0);
+            let mut pa: [[u32; 4]; KS] = core::array::from_fn(|ks| to_a::<T>(s[2 * ks], s[2 * ks + 1]));
             for f in pa.iter() {
                 for (e, w) in f.iter().enumerate() {
                     let (a, b) = T::unpack2(*w);
                     sigma[e % 2] += a + b;
                 }
             }
-            // Warpgroup: B += P K_j over its columns, K_j read MN-major.
-            let kd = warpgroup::desc_sw128(k_s(0), Sw::<BC, D>::at(0, col0), Sw::<BC, D>::BLOCK_BYTES, 1024).opaque();
-            if wg == 0 {
-                add_pk::<T, DNA, KS>(&mut acc_b, &mut pa, kd);
-            } else if let Some(mine) = acc_b.first_chunk_mut::<DNB>() {
-                add_pk::<T, DNB, KS>(mine, &mut pa, kd);
+            // Warpgroup: B += P K_j, K_j read MN-major (every column with FULL_B).
+            let kd = warpgroup::desc_sw128(k_s(0), Sw::<BC, D>::at(0, if full_b { 0 } else { col0 }), Sw::<BC, D>::BLOCK_BYTES, 1024);
+            if full_b {
+                add_pk::<T, DN, KS>(&mut acc_b, &mut pa, kd.opaque());
+            } else if let Some(mine) = acc_b.first_chunk_mut::<DNW>() {
+                add_pk::<T, DNW, KS>(mine, &mut pa, kd.opaque());
             }
         }
         if n_hot > 0 {
@@ -1159,34 +1120,31 @@ unsafe fn dq_masked<
             }
         }
         // Lane quad: the rows' delta, delta~, sigma; D_i = D~_i + delta_i to the workspace
-        // for the dK/dV kernel (from the warpgroup that computed dS~); where the hot tiles hold
-        // at least half of a row's P, dQ_i -= (delta~_i / sigma_i) B_i: the coefficients of K
-        // in dQ_i then sum to 0 as the exact dS_ij do (see the module doc).
+        // for the dK/dV kernel; where the hot tiles hold at least half of a row's P,
+        // dQ_i -= (delta~_i / sigma_i) B_i: the coefficients of K in dQ_i then sum to 0 as the
+        // exact dS_ij do (see the module doc).
         // (The row's address rebuilt from an opaque batch index: hoisted from the loads of
         // `fin` it was kept across the loop and spilled at 128 registers.)
         let b_late = thread::opaque(b as u64) as u32;
         for half in 0..2 {
             let (dl, dl_t, sg) = (warp::allreduce_sum_in::<4>(delta[half]), acc_one[0][2 * half], warp::allreduce_sum_in::<4>(sigma[half]));
             let r = row_w + (g + 8 * half) as u32;
-            if wg == split - 1 && t == 0 && r < sq {
+            if wg == 0 && t == 0 && r < sq {
                 unsafe { global::store((p.stats as *mut f32).add(p.stat_at(2, b_late, h, r)), fin[half].2 + dl) };
             }
             if sg >= 0.5 {
                 let c = dl_t / sg;
-                for (acc, bb) in acc_dq.iter_mut().zip(acc_b.iter()) {
+                let b_mine: [[f32; 4]; DNW] = core::array::from_fn(|n| if full_b && wg == 1 { acc_b[DNW + n] } else { acc_b[n] });
+                for (acc, bb) in acc_dq.iter_mut().zip(b_mine.iter()) {
                     acc[2 * half] -= c * bb[2 * half];
                     acc[2 * half + 1] -= c * bb[2 * half + 1];
                 }
             }
         }
     }
-    // Warp: dQ_i = scale * acc, rows of its 16, its warpgroup's columns, in T.
+    // Warp: dQ_i = scale * acc, rows of its 16, in T.
     if !stats_only {
-        let (out, d_wg) = (unsafe { (p.dq as *mut T).add(q_at + col0) }, d.saturating_sub(col0 as u32));
-        if wg == 0 {
-            unsafe { store_rows::<T, DNA, true>(&acc_dq, p.scale, out, p.q_strides.row, row_w, sq, d_wg) };
-        } else if let Some(mine) = acc_dq.first_chunk::<DNB>() {
-            unsafe { store_rows::<T, DNB, true>(mine, p.scale, out, p.q_strides.row, row_w, sq, d_wg) };
-        }
+        let d_wg = d.saturating_sub(col0 as u32);
+        unsafe { store_rows::<T, DNW, true>(&acc_dq, p.scale, (p.dq as *mut T).add(q_at + col0), p.q_strides.row, row_w, sq, d_wg) };
     }
 }

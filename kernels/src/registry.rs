@@ -886,9 +886,11 @@ macro_rules! bwd_wgmma_q_with {
             { C::TILE.dq_bc as usize },
             { C::TILE.dq_bc as usize / 8 },
             { C::TILE.dq_bc as usize / 16 },
+            { (C::TILE.dq_bc / C::TILE.split) as usize / 8 },
+            { (C::TILE.dq_bc / C::TILE.split) as usize / 16 },
             { C::TILE.threads() as usize },
-            { C::TILE.dq_cols(0) as usize / 8 },
-            { C::TILE.dq_cols(1) as usize / 8 },
+            { (C::TILE.head_dim / C::TILE.split) as usize },
+            { (C::TILE.head_dim / C::TILE.split) as usize / 8 },
             { C::TILE.padded },
             { crate::bwd_wgmma::$mode },
         >

@@ -499,23 +499,10 @@ impl WgmmaBwdTile {
     /// Query rows per block of the dQ kernel.
     pub const ROWS: u32 = 64;
     /// The dQ kernel's shared memory in bytes: Q, dO [64] rows and two stages of K, V [dq_bc]
-    /// rows, 16-bit; 8 x 64 ones (16-bit); 8 votes and the hot-tile list (u32,
-    /// `bwd_wgmma`); with two warpgroups the P exchange [64][dq_bc] (f32) and the dS~
-    /// exchange [64][dq_bc] (16-bit).
+    /// rows, 16-bit; 8 x 64 ones (16-bit); 8 votes a warpgroup and the hot-tile list (u32,
+    /// `bwd_wgmma`).
     pub const fn dq_smem_bytes(&self) -> u32 {
-        let exchange = if self.split > 1 { Self::ROWS * self.dq_bc * (4 + 2) } else { 0 };
-        (2 * Self::ROWS + 4 * self.dq_bc) * self.head_dim * 2 + 8 * 64 * 2 + (8 + HOT_TILES as u32) * 4 + exchange
-    }
-    /// Columns of dQ warpgroup `wg` of the dQ kernel accumulates: all of them with one; with
-    /// two the first 128 and the rest (where an MN-major operand can start: a 64-column
-    /// swizzle block).
-    pub const fn dq_cols(&self, wg: u32) -> u32 {
-        match (self.split, wg) {
-            (1, 0) => self.head_dim,
-            (1, _) => 0,
-            (_, 0) => 128,
-            _ => self.head_dim - 128,
-        }
+        (2 * Self::ROWS + 4 * self.dq_bc) * self.head_dim * 2 + 8 * 64 * 2 + (8 * self.split + HOT_TILES as u32) * 4
     }
 }
 
@@ -529,9 +516,9 @@ impl WgmmaBwdTile {
 ///   128, dQ 167 / 217.
 /// - Above 128, two warpgroups (one block per SM): in the dK/dV kernel the first computes
 ///   S^T and dV, the second dP^T and dK (P^T passed through shared memory; 4 products per
-///   tile pair, none twice; 252-254 registers at 256, 206-210 at 192); in the dQ kernel the
-///   first computes S and P, the second dP and dS~ (P and dS~ through shared memory), each
-///   adds dS~ K_j over its columns (128 and the rest: 218 registers at 256, 216 at 192).
+///   tile pair, none twice; 252-254 registers at 256, 206-210 at 192); the dQ kernel's split
+///   each key tile (S, dP, dQ~ over D of 32 keys each, the halves added after the loop: 254),
+///   with 96 columns each at 192 after it.
 ///
 /// Rejected:
 /// - The mma.sync kernels above 128 (`mma_bwd_tile`): 0.29-0.58x FA2 at 215be52, against
