@@ -530,7 +530,7 @@ impl WgmmaBwdTile {
 ///   0.87-1.20x (027f1fd); at 192 it cuts a 64-column swizzle block, where an MN-major
 ///   operand cannot start (192 padded to 256: 0.62-0.94x FA2, against 0.73-1.04x).
 /// - In the dQ kernel, the first warpgroup S and P, the second dP and dS~, each its own dQ
-///   columns (P and dS~ exchanged, three barriers an iteration): 0.92-0.94x the key split
+///   columns (P and dS~ exchanged, three barriers an iteration): 0.89-0.97x the key split
 ///   (af0a3c3).
 /// - Splitting each query tile between them for S^T and dP^T (P^T and dS^T both exchanged,
 ///   three barriers an iteration): 1.01-1.05x the D split at d = 256 (14132e1).
