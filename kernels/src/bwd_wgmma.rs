@@ -63,9 +63,9 @@ use crate::dev::{self, Shared, block, global, math, thread, warp, warpgroup};
 use crate::dtype::MmaElement;
 use crate::frag::{store_rows, to_a};
 
-use crate::copy::{body_head_dim, by_element, load_tile_as, load_tile_in};
+use crate::copy::{body_head_dim, by_element, load_tile_in};
 use crate::mask::Mask;
-use crate::nonfinite::{clean_own_pair, clean_own_pair_as, dkdv_tile_masked, own_chunks_nonfinite, warp_fix_stored_dv, zero_own_nonfinite};
+use crate::nonfinite::{clean_own_pair, dkdv_tile_masked, own_chunks_nonfinite, warp_fix_stored_dv, zero_own_nonfinite};
 use crate::params::BwdParams;
 use crate::smem::Sw;
 use crate::softmax::QuadRow;
@@ -156,22 +156,18 @@ unsafe fn dkdv_masked<
     // Warp w of warpgroup wg: keys 16w.. of the block; with two warpgroups, S^T and dV
     // (wg 0) or dP^T and dK (wg 1).
     let (wg, w, lane) = wg_warp_lane::<THREADS>();
-    let split = THREADS > 128;
-    // With two warpgroups the loop branches on wg around products: told that it is
-    // warp-uniform, ptxas does not serialize the wgmma under those branches.
-    let wg = if split { warp::broadcast(wg as u32) as usize } else { wg };
     let (g, t) = (lane / 4, lane % 4);
     let (sq, sk) = (p.seqlen_q, p.seqlen_k);
     let j0 = kv_blk * KEYS as u32;
+    let split = THREADS > 128;
 
     // Shared memory: K, V [64][D]; Q stages 0, 1 and dO stages 0, 1 ([BR][D] each); with DQ
-    // dS^T [64][BR], with two warpgroups the P^T exchange ([64][BR] f32);
-    // then f32 m_i, 1 / l_i and D_i, `nst` stages each ([BR]; `WgmmaBwdTile::stat_stages`).
+    // dS^T [64][BR], with two warpgroups the P^T exchange ([64][BR] f32); then f32 m_i,
+    // 1 / l_i and D_i, stages 0, 1 each ([BR]).
     // (The dS^T stores below address one 128-byte row of queries per key.)
     const { assert!(!(DQ || THREADS > 128) || BR == 64) };
     let ds_len = if DQ { KEYS * BR } else { 0 };
     let pt_len = if split { 2 * KEYS * BR } else { 0 };
-    let nst = if split { 3 } else { 2 };
     let smem: Shared<T> = unsafe { dev::dynamic_shared((2 * KEYS + 4 * BR) * D + ds_len + pt_len) };
     let ds_s = smem.slice((2 * KEYS + 4 * BR) * D, ds_len);
     let pt_s = smem.slice((2 * KEYS + 4 * BR) * D + ds_len, pt_len);
@@ -179,10 +175,10 @@ unsafe fn dkdv_masked<
     let v_s = smem.slice(KEYS * D, KEYS * D);
     let q_s = |stage: usize| smem.slice((2 * KEYS + stage * BR) * D, BR * D);
     let do_s = |stage: usize| smem.slice((2 * KEYS + (2 + stage) * BR) * D, BR * D);
-    let f_s: Shared<f32> = smem.after(3 * nst * BR);
+    let f_s: Shared<f32> = smem.after(6 * BR);
     let m_s = |stage: usize| f_s.slice(stage * BR, BR);
-    let il_s = |stage: usize| f_s.slice((nst + stage) * BR, BR);
-    let dd_s = |stage: usize| f_s.slice((2 * nst + stage) * BR, BR);
+    let il_s = |stage: usize| f_s.slice((2 + stage) * BR, BR);
+    let dd_s = |stage: usize| f_s.slice((4 + stage) * BR, BR);
 
     // Block: K_j, V_j (zero rows past seqlen_k: their dK, dV are computed and not stored).
     let kv_at = p.k_strides.offset(b, 0, hk) as usize;
@@ -217,17 +213,16 @@ unsafe fn dkdv_masked<
     // Iteration it: query head and first row of its tile.
     let tile_of = |it: usize| ((hk as usize * group + it / n_qt) as u32, ((qt_first + it % n_qt) * BR) as u32);
 
-    // Iteration it's Q_i, dO_i in global memory (offset from p.q, p.d_o) and first row.
-    let q_at = |it: usize| {
+    // Block: Q_i, dO_i (cp.async) and m_i, 1 / l_i, D_i (plain loads) of iteration `it` into
+    // stage `stage`; rows past seqlen_q get Q = dO = 0 and (+inf, 0, 0), so P = 0.
+    let fetch = |it: usize, stage: usize| {
         let (h, i0) = tile_of(it);
-        ((p.q_strides.offset(b, 0, h) + i0 as u64 * p.q_strides.row) as usize, i0)
-    };
-    // The loader x of BR (a thread of the block or of a warpgroup): m_i, 1 / l_i, D_i of row
-    // x of iteration `it` into stage `stage` (plain loads); rows past seqlen_q get (+inf, 0,
-    // 0), so P = 0.
-    let load_stats = |it: usize, stage: usize, x: usize| {
-        let (h, i0) = tile_of(it);
-        let tid = x;
+        let q_at = (p.q_strides.offset(b, 0, h) + i0 as u64 * p.q_strides.row) as usize;
+        unsafe {
+            load_tile_in::<T, Sw<BR, D>, D, BR, THREADS, true>(q_s(stage), (p.q as *const T).add(q_at), p.q_strides.row, sq - i0, d);
+            load_tile_in::<T, Sw<BR, D>, D, BR, THREADS, true>(do_s(stage), (p.d_o as *const T).add(q_at), p.q_strides.row, sq - i0, d);
+        }
+        let tid = thread::idx() as usize;
         if tid < BR {
             let r = i0 + tid as u32;
             let valid = r < sq;
@@ -244,31 +239,8 @@ unsafe fn dkdv_masked<
             dd_s(stage).st(tid, ld(2, 0.0));
         }
     };
-    // Block: Q_i, dO_i (cp.async) and the statistics of iteration `it` into stage `stage`.
-    let fetch = |it: usize, stage: usize| {
-        let (at, i0) = q_at(it);
-        unsafe {
-            load_tile_in::<T, Sw<BR, D>, D, BR, THREADS, true>(q_s(stage), (p.q as *const T).add(at), p.q_strides.row, sq - i0, d);
-            load_tile_in::<T, Sw<BR, D>, D, BR, THREADS, true>(do_s(stage), (p.d_o as *const T).add(at), p.q_strides.row, sq - i0, d);
-        }
-        load_stats(it, stage, thread::idx() as usize);
-    };
-    // Two warpgroups, the second alone (copier x = its thread's index in it): Q_i (`q`) or
-    // dO_i of iteration `it` into stage `stage` (cp.async).
-    let wg_x = thread::idx() as usize % warpgroup::SIZE as usize;
-    let fetch_wg = |it: usize, stage: usize, q: bool| {
-        let (at, i0) = q_at(it);
-        let (dst, src) = if q { (q_s(stage), p.q as *const T) } else { (do_s(stage), p.d_o as *const T) };
-        unsafe {
-            load_tile_as::<T, Sw<BR, D>, D, BR, { warpgroup::SIZE as usize }, true>(wg_x, dst, src.add(at), p.q_strides.row, sq - i0, d)
-        };
-    };
-    if n_iter > 0 && !split {
+    if n_iter > 0 {
         fetch(0, 0);
-    } else if n_iter > 0 && wg == 1 {
-        fetch_wg(0, 0, true);
-        fetch_wg(0, 0, false);
-        load_stats(0, 0, wg_x);
     }
     thread::cp_async_commit();
 
@@ -452,31 +424,17 @@ unsafe fn dkdv_masked<
         }
     });
 
-    // Two warpgroups, per query tile i: the first computes S^T_i and P^T_i (P^T to the
-    // exchange, as f32, element-major) and adds P^T_i dO_i to dV; the second, one
-    // tile behind, dS^T_{i-1} = P^T_{i-1} (dP^T_{i-1} - D) (P^T from the first's slot) and
-    // dK += dS^T_{i-1} Q_{i-1}, then dP^T_i = V_j dO_i^T for the next iteration. 4 products
-    // per tile, none twice; an iteration's two barriers pair S^T_i with dK_{i-1}, then the
-    // first's exponentials and dV_i with dP^T_i, so the exponentials run under a product.
-    // The same arithmetic as `step`.
-    let pf: Shared<f32> = pt_s.cast();
-    let at = |n: usize, e: usize| (n * 4 + e) * warpgroup::SIZE as usize + w * 32 + lane;
-    // Warpgroup: acc += X^T B over the tile's queries (BR / 16 k-steps of m64n{D}k16, the
-    // 16-bit X^T from registers, B [BR][D] read MN-major), issued and committed.
-    let issue_xb = inline_closure!(|x: &[[f32; 4]; NQ], b_s: Shared<T>, acc: &mut [[f32; 4]; DN]| -> [[u32; 4]; KQ] {
-        let mut xa: [[u32; 4]; KQ] = core::array::from_fn(|kq| to_a::<T>(x[2 * kq], x[2 * kq + 1]));
-        let bm = warpgroup::desc_sw128(b_s, 0, Sw::<BR, D>::BLOCK_BYTES, 1024).opaque();
-        warpgroup::fence_operands(acc);
-        warpgroup::fence_fragments(&mut xa);
-        warpgroup::fence();
-        for (kq, f) in xa.iter().enumerate() {
-            warpgroup::mma_rs::<DN, true>(*f, bm.advance(kq * 16 * 64 * 2), acc, true, T::BF16);
-        }
-        warpgroup::commit();
-        xa
-    });
-    // Warpgroup: x = A_j B_i^T over D (A [64][D], B [BR][D], both K-major), waited for.
-    let product_t = inline_closure!(|a_s: Shared<T>, b_s: Shared<T>| -> [[f32; 4]; NQ] {
+    // Block of two warpgroups: one query tile. The first computes S^T and P^T and adds
+    // P^T dO_i to dV, the second dP^T and dS^T (P^T from the first, through shared memory as
+    // f32, element-major) and adds dS^T Q_i to dK: 4 products, none twice, and while one
+    // warpgroup waits for the exchange or computes its elementwise step the other's product
+    // runs. The same arithmetic as `step`.
+    let step_split = inline_closure!(|st: usize, i0: u32, masked: bool, acc: &mut [[f32; 4]; DN]| {
+        let (m_row, il_row, d_row) = (m_s(st), il_s(st), dd_s(st));
+        let pf: Shared<f32> = pt_s.cast();
+        let at = |n: usize, e: usize| (n * 4 + e) * warpgroup::SIZE as usize + w * 32 + lane;
+        // Warpgroup: S^T = K_j Q_i^T (first) or dP^T = V_j dO_i^T (second), over D.
+        let (a_s, b_s) = if wg == 0 { (k_s, q_s(st)) } else { (v_s, do_s(st)) };
         let mut x = [[0f32; 4]; NQ];
         warpgroup::fence_operands(&mut x);
         warpgroup::fence();
@@ -484,47 +442,37 @@ unsafe fn dkdv_masked<
         issue_abt::<T, NQ, D, KEYS, BR>(a0, b0, &mut x);
         warpgroup::commit();
         warpgroup::wait::<0, NQ>(&mut x);
-        x
-    });
-    // First warpgroup, query tile i (stage st, statistics stage ss, first row i0), S^T in
-    // `x`: P^T = exp2(S^T scale log2(e) - m) / l per query column, then -0.0 where masked
-    // (as in `step`), to the exchange (read by the second before this half's barrier); then
-    // dV_j += P^T dO_i.
-    let first_wg = inline_closure!(|st: usize, ss: usize, i0: u32, masked: bool, x: &mut [[f32; 4]; NQ], acc: &mut [[f32; 4]; DN]| {
-        let (m_row, il_row) = (m_s(ss), il_s(ss));
-        for (n, x) in x.iter_mut().enumerate() {
-            let c = n * 8 + 2 * t;
-            let (ms, ils) = ([m_row.ld(c), m_row.ld(c + 1)], [il_row.ld(c), il_row.ld(c + 1)]);
-            for (e, x) in x.iter_mut().enumerate() {
-                *x = math::ex2(*x * factor - ms[e % 2]) * ils[e % 2];
-            }
-        }
-        if masked {
+        if wg == 0 {
+            // Thread: P^T = exp2(S^T scale log2(e) - m) / l per query column, then -0.0 where
+            // masked (as in `step`), to the exchange.
             for (n, x) in x.iter_mut().enumerate() {
+                let c = n * 8 + 2 * t;
+                let (ms, ils) = ([m_row.ld(c), m_row.ld(c + 1)], [il_row.ld(c), il_row.ld(c + 1)]);
                 for (e, x) in x.iter_mut().enumerate() {
-                    let (key, query) = (key0 + (g + 8 * (e / 2)) as u32, i0 + (n * 8 + 2 * t + e % 2) as u32);
-                    if query >= sq || M::hides(query, key, sq, sk) {
-                        *x = -0.0;
+                    *x = math::ex2(*x * factor - ms[e % 2]) * ils[e % 2];
+                }
+            }
+            if masked {
+                for (n, x) in x.iter_mut().enumerate() {
+                    for (e, x) in x.iter_mut().enumerate() {
+                        let (key, query) = (key0 + (g + 8 * (e / 2)) as u32, i0 + (n * 8 + 2 * t + e % 2) as u32);
+                        if query >= sq || M::hides(query, key, sq, sk) {
+                            *x = -0.0;
+                        }
                     }
                 }
             }
-        }
-        for (n, x) in x.iter().enumerate() {
-            for (e, x) in x.iter().enumerate() {
-                pf.st(at(n, e), *x);
+            for (n, x) in x.iter().enumerate() {
+                for (e, x) in x.iter().enumerate() {
+                    pf.st(at(n, e), *x);
+                }
             }
         }
-        let mut xa = issue_xb(x, do_s(st), acc);
-        warpgroup::wait::<0, DN>(acc);
-        warpgroup::fence_fragments(&mut xa);
-    });
-    // Second warpgroup, query tile i - 1 (stage st, statistics stage ss, dP^T in `dp`):
-    // dS^T = P^T (dP^T - D) per query column, 0 where masked (P = -0.0); dK_j += dS^T Q_i
-    // issued (the caller waits).
-    let second_wg =
-        inline_closure!(|st: usize, ss: usize, masked: bool, dp: &mut [[f32; 4]; NQ], acc: &mut [[f32; 4]; DN]| -> [[u32; 4]; KQ] {
-            let d_row = dd_s(ss);
-            for (n, x) in dp.iter_mut().enumerate() {
+        // P^T landed.
+        block::sync();
+        if wg == 1 {
+            // Thread: dS^T = P^T (dP^T - D) per query column, 0 where masked (P = -0.0).
+            for (n, x) in x.iter_mut().enumerate() {
                 let c = n * 8 + 2 * t;
                 let dd = [d_row.ld(c), d_row.ld(c + 1)];
                 for (e, x) in x.iter_mut().enumerate() {
@@ -532,8 +480,21 @@ unsafe fn dkdv_masked<
                     *x = if masked && pv.to_bits() == 0x8000_0000 { 0.0 } else { pv * (*x - dd[e % 2]) };
                 }
             }
-            issue_xb(dp, q_s(st), acc)
-        });
+        }
+        // Warpgroup: dV_j += P^T dO_i (first) or dK_j += dS^T Q_i (second): BR / 16 k-steps of
+        // m64n{D}k16, the 16-bit A from registers, B [BR][D] read MN-major.
+        let mut xa: [[u32; 4]; KQ] = core::array::from_fn(|kq| to_a::<T>(x[2 * kq], x[2 * kq + 1]));
+        let bm = warpgroup::desc_sw128(if wg == 0 { do_s(st) } else { q_s(st) }, 0, Sw::<BR, D>::BLOCK_BYTES, 1024).opaque();
+        warpgroup::fence_operands(acc);
+        warpgroup::fence_fragments(&mut xa);
+        warpgroup::fence();
+        for (kq, f) in xa.iter().enumerate() {
+            warpgroup::mma_rs::<DN, true>(*f, bm.advance(kq * 16 * 64 * 2), acc, true, T::BF16);
+        }
+        warpgroup::commit();
+        warpgroup::wait::<0, DN>(acc);
+        warpgroup::fence_fragments(&mut xa);
+    });
 
     // Block: the next query tile into the other stage, computed while this one is.
     let prefetch = |it: usize| {
@@ -542,13 +503,9 @@ unsafe fn dkdv_masked<
             thread::cp_async_commit();
         }
     };
-    // Two warpgroups: the second's dP^T of the previous tile, and that tile's mask.
-    let mut dp = [[0f32; 4]; NQ];
-    let mut masked_prev = false;
-    // With two warpgroups one iteration more: the second's dS^T and dK of the last tile.
-    for it in 0..n_iter + split as usize {
+    for it in 0..n_iter {
         // One warpgroup: the prefetch first (the loop's last barrier freed its stage); two:
-        // the second warpgroup fetches tile it + 1 during iteration it.
+        // after the barrier below (every thread is done with iteration it - 1 there).
         if !split {
             prefetch(it);
         }
@@ -557,22 +514,17 @@ unsafe fn dkdv_masked<
         } else {
             thread::cp_async_wait::<0>();
         }
-        let tile = it < n_iter;
-        let (h, i0) = if tile { tile_of(it) } else { (0, 0) };
+        let (h, i0) = tile_of(it);
         // Masked tiles: the diagonal, the tile past seqlen_q, with DQ the block past seqlen_k
         // (`nonfinite::dkdv_tile_masked`).
         const { assert!(KEYS == 64) };
-        let masked = tile && dkdv_tile_masked::<M>(i0, BR as u32, j0, sq, sk, DQ);
+        let masked = dkdv_tile_masked::<M>(i0, BR as u32, j0, sq, sk, DQ);
         // This tile's copies (and K, V) landed, for every thread and for the async proxy; on
-        // masked tiles Q's and dO's NaNs and infinities replaced by 0 first (by the threads
-        // that copied them: with two warpgroups the second), and with DQ at the first tile
-        // the block votes on K's (`nonfinite`). With two warpgroups the barrier also
-        // publishes P^T and the statistics of tile it - 1 and it.
+        // masked tiles Q's and dO's NaNs and infinities replaced by 0 first, and with DQ at
+        // the first tile the block votes on K's (`nonfinite`).
         let (mut bad, mut kb) = (false, false);
-        if masked && !split {
+        if masked {
             bad = clean_own_pair::<T, Sw<BR, D>, D, BR, THREADS>(q_s(it % 2), do_s(it % 2));
-        } else if masked && wg == 1 {
-            bad = clean_own_pair_as::<T, Sw<BR, D>, D, BR, { warpgroup::SIZE as usize }>(wg_x, q_s(it % 2), do_s(it % 2));
         }
         if DQ && it == 0 {
             kb = own_chunks_nonfinite::<T, Sw<KEYS, D>, D, KEYS, THREADS>(k_s);
@@ -588,43 +540,12 @@ unsafe fn dkdv_masked<
             block::sync();
         }
         if split {
-            // First half: S^T_it (first warpgroup); dS^T and dK of tile it - 1, then the
-            // statistics and dO of tile it + 1 fetched into stages last read before this
-            // iteration's barrier (second).
-            let mut x = [[0f32; 4]; NQ];
-            if wg == 0 && tile {
-                x = product_t(k_s, q_s(it % 2));
-            } else if wg == 1 {
-                if it > 0 {
-                    let mut da = second_wg((it - 1) % 2, (it - 1) % 3, masked_prev, &mut dp, &mut acc[0]);
-                    warpgroup::wait::<0, DN>(&mut acc[0]);
-                    warpgroup::fence_fragments(&mut da);
-                }
-                // (After the product: divergent code with a wgmma in flight serializes them.)
-                if it + 1 < n_iter {
-                    fetch_wg(it + 1, (it + 1) % 2, false);
-                    load_stats(it + 1, (it + 1) % 3, wg_x);
-                }
-            }
-            // Everyone is done with Q_{it-1} (its wgmma complete) before it is refilled.
-            block::sync();
-            // Second half: P^T_it and dV (first); Q of tile it + 1, then dP^T_it (second).
-            if wg == 0 && tile {
-                first_wg(it % 2, it % 3, i0, masked, &mut x, &mut acc[0]);
-            } else if wg == 1 {
-                if it + 1 < n_iter {
-                    fetch_wg(it + 1, (it + 1) % 2, true);
-                    thread::cp_async_commit();
-                }
-                if tile {
-                    dp = product_t(v_s, do_s(it % 2));
-                }
-            }
+            prefetch(it);
+            step_split(it % 2, i0, masked, &mut acc[0]);
         } else {
             let (dv, dk) = acc.split_at_mut(1);
             step(it % 2, h, i0, masked, k_bad, &mut dk[0], &mut dv[0]);
         }
-        masked_prev = masked;
         // dO's NaNs and infinities are added back into dV after the store.
         any_bad |= bad;
         if !split {

@@ -64,28 +64,6 @@ pub(crate) unsafe fn load_tile_in<
     limit: u32,
     d: u32,
 ) {
-    unsafe { load_tile_as::<T, L, D, ROWS, THREADS, BOUNDS>(thread::idx() as usize, dst, src, stride, limit, d) }
-}
-
-/// [`load_tile_in`] by THREADS threads of which this one is copier `x` (0..THREADS): one
-/// warpgroup of a larger block copies a tile alone with x its index in the warpgroup. The
-/// non-finite scans of `nonfinite` take the same x (their `_as` forms).
-#[inline(always)]
-pub(crate) unsafe fn load_tile_as<
-    T: MmaElement,
-    L: TileLayout,
-    const D: usize,
-    const ROWS: usize,
-    const THREADS: usize,
-    const BOUNDS: bool,
->(
-    x: usize,
-    dst: Shared<T>,
-    src: *const T,
-    stride: u64,
-    limit: u32,
-    d: u32,
-) {
     let cpr = D / 8; // chunks per row
     if BOUNDS && !d.is_multiple_of(8) {
         // Element by element, one at a time: a loop at run time over this thread's chunks'
@@ -95,7 +73,7 @@ pub(crate) unsafe fn load_tile_as<
         // caller's loop.
         let n = thread::opaque(((ROWS * cpr).div_ceil(THREADS) * 8) as u64) as usize;
         let (x, stride, limit, d) = (
-            thread::opaque(x as u64) as usize,
+            thread::opaque(thread::idx() as u64) as usize,
             thread::opaque(stride),
             thread::opaque(limit as u64) as u32,
             thread::opaque(d as u64) as u32,
@@ -116,7 +94,7 @@ pub(crate) unsafe fn load_tile_as<
         }
         return;
     }
-    unsafe { load_tile_chunks_as::<T, L, D, ROWS, THREADS, BOUNDS>(x, dst, src, stride, limit, d) }
+    unsafe { load_tile_chunks::<T, L, D, ROWS, THREADS, BOUNDS>(dst, src, stride, limit, d) }
 }
 
 /// [`load_tile_in`] for a d that is a multiple of 8 (16-byte chunks, cp.async), with no
@@ -137,22 +115,9 @@ pub(crate) unsafe fn load_tile_chunks<
     limit: u32,
     d: u32,
 ) {
-    unsafe { load_tile_chunks_as::<T, L, D, ROWS, THREADS, BOUNDS>(thread::idx() as usize, dst, src, stride, limit, d) }
-}
-
-/// [`load_tile_chunks`] by copier `x` of THREADS (as [`load_tile_as`]).
-#[inline(always)]
-unsafe fn load_tile_chunks_as<T: MmaElement, L: TileLayout, const D: usize, const ROWS: usize, const THREADS: usize, const BOUNDS: bool>(
-    x: usize,
-    dst: Shared<T>,
-    src: *const T,
-    stride: u64,
-    limit: u32,
-    d: u32,
-) {
     let cpr = D / 8; // chunks per row
     let stride = thread::opaque(stride);
-    let x = thread::opaque(x as u64) as usize;
+    let x = thread::opaque(thread::idx() as u64) as usize;
     for i in 0..(ROWS * cpr).div_ceil(THREADS) {
         let e = x + THREADS * i;
         // Whole-block chunks: row x / cpr + i * THREADS / cpr, column fixed per thread.

@@ -56,7 +56,7 @@ pub(crate) fn own_chunks_nonfinite<T: MmaElement, L: TileLayout, const D: usize,
 ) -> bool {
     let words: Shared<u32> = tile.cast();
     let mut found = false;
-    each_own_chunk::<D, ROWS, THREADS>(thread::idx() as usize, |r, c| {
+    each_own_chunk::<D, ROWS, THREADS>(|r, c| {
         // One chunk at a time (a load behind the branch on the last): four chunks in flight
         // took 16 registers, which the 255-register kernels do not have.
         if !found {
@@ -88,19 +88,9 @@ pub(crate) fn clean_own_pair<T: MmaElement, L: TileLayout, const D: usize, const
     a: Shared<T>,
     b: Shared<T>,
 ) -> bool {
-    clean_own_pair_as::<T, L, D, ROWS, THREADS>(thread::idx() as usize, a, b)
-}
-
-/// [`clean_own_pair`] of copier `x` of THREADS (`copy::load_tile_as`).
-#[inline(always)]
-pub(crate) fn clean_own_pair_as<T: MmaElement, L: TileLayout, const D: usize, const ROWS: usize, const THREADS: usize>(
-    x: usize,
-    a: Shared<T>,
-    b: Shared<T>,
-) -> bool {
     let (wa, wb): (Shared<u32>, Shared<u32>) = (a.cast(), b.cast());
     let mut found = false;
-    each_own_chunk::<D, ROWS, THREADS>(x, |r, c| {
+    each_own_chunk::<D, ROWS, THREADS>(|r, c| {
         if !found {
             let at = L::at(r, c) / 2;
             let (x, y) = (wa.ld_16(at).0, wb.ld_16(at).0);
@@ -108,8 +98,8 @@ pub(crate) fn clean_own_pair_as<T: MmaElement, L: TileLayout, const D: usize, co
         }
     });
     if found {
-        zero_own_nonfinite_as::<T, L, D, ROWS, THREADS>(x, a);
-        zero_own_nonfinite_as::<T, L, D, ROWS, THREADS>(x, b);
+        zero_own_nonfinite::<T, L, D, ROWS, THREADS>(a);
+        zero_own_nonfinite::<T, L, D, ROWS, THREADS>(b);
     }
     found
 }
@@ -119,14 +109,8 @@ pub(crate) fn clean_own_pair_as<T: MmaElement, L: TileLayout, const D: usize, co
 /// thread's `thread::fence_proxy_async` and then a barrier.
 #[inline(always)]
 pub(crate) fn zero_own_nonfinite<T: MmaElement, L: TileLayout, const D: usize, const ROWS: usize, const THREADS: usize>(tile: Shared<T>) {
-    zero_own_nonfinite_as::<T, L, D, ROWS, THREADS>(thread::idx() as usize, tile)
-}
-
-/// [`zero_own_nonfinite`] of copier `x` of THREADS.
-#[inline(always)]
-fn zero_own_nonfinite_as<T: MmaElement, L: TileLayout, const D: usize, const ROWS: usize, const THREADS: usize>(x: usize, tile: Shared<T>) {
     let words: Shared<u32> = tile.cast();
-    each_own_chunk::<D, ROWS, THREADS>(x, |r, c| {
+    each_own_chunk::<D, ROWS, THREADS>(|r, c| {
         let at = L::at(r, c) / 2;
         for k in 0..4 {
             let w = words.ld(at + k);
@@ -138,13 +122,13 @@ fn zero_own_nonfinite_as<T: MmaElement, L: TileLayout, const D: usize, const ROW
     });
 }
 
-/// Copier `x` of THREADS: the (row, column) of each 16-byte chunk of a [ROWS][D] tile that
-/// `copy::load_tile_as` gives it (chunks x + THREADS i).
+/// Thread `x` of THREADS: the (row, column) of each 16-byte chunk of a [ROWS][D] tile that
+/// `copy::load_tile_in` gives it (chunks x + THREADS i).
 #[inline(always)]
-fn each_own_chunk<const D: usize, const ROWS: usize, const THREADS: usize>(x: usize, mut f: impl FnMut(usize, usize)) {
+fn each_own_chunk<const D: usize, const ROWS: usize, const THREADS: usize>(mut f: impl FnMut(usize, usize)) {
     let cpr = D / 8;
     // Recomputed where used (`opaque`), not hoisted out of the KV loop as live addresses.
-    let x = thread::opaque(x as u64) as usize;
+    let x = thread::opaque(thread::idx() as u64) as usize;
     let mut e = x;
     while e < ROWS * cpr {
         f(e / cpr, (e % cpr) * 8);

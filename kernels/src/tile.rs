@@ -473,8 +473,7 @@ pub struct WgmmaBwdTile {
     /// `.maxnreg` of the dQ kernel (0: none).
     pub dq_max_regs: u32,
     /// Warpgroups per block. With 2, in the dK/dV kernel the first computes S^T, P^T and
-    /// dV, the second dP^T, dS^T and dK (P^T through shared memory) one query tile behind
-    /// for dS^T and dK; in the dQ kernel each takes half of every key tile, and keeps
+    /// dV, the second dP^T, dS^T and dK (P^T through shared memory); in the dQ kernel each takes half of every key tile, and keeps
     /// head_dim / 2 columns of dQ after the loop.
     pub split: u32,
 }
@@ -487,17 +486,10 @@ impl WgmmaBwdTile {
         128 * self.split
     }
     /// Shared memory in bytes: K, V [64] rows, two stages of Q and dO [br] rows (16-bit), with
-    /// two warpgroups the P^T exchange [64][br] (f32), [`Self::stat_stages`] stages of m,
-    /// 1 / l and D [br] (f32).
+    /// two warpgroups the P^T exchange [64][br] (f32), two stages of m, 1 / l and D [br] (f32).
     pub const fn dkdv_smem_bytes(&self) -> u32 {
         let pt = if self.split > 1 { Self::KEYS * self.br * 4 } else { 0 };
-        (2 * Self::KEYS + 4 * self.br) * self.head_dim * 2 + pt + 3 * self.stat_stages() * self.br * 4
-    }
-    /// Stages of the dK/dV kernel's statistics: two, three with two warpgroups (the second
-    /// reads a tile's D one iteration after the first read its m and 1 / l, while it fetches
-    /// the next tile's).
-    pub const fn stat_stages(&self) -> u32 {
-        if self.split > 1 { 3 } else { 2 }
+        (2 * Self::KEYS + 4 * self.br) * self.head_dim * 2 + pt + 6 * self.br * 4
     }
     /// The dK/dV kernel's shared memory with dQ (the atomic backward): dS^T [64][br] (16-bit)
     /// besides.

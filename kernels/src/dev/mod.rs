@@ -134,14 +134,6 @@ pub mod warp {
     pub fn shfl_xor(v: f32, lane_mask: u32) -> f32 {
         imp::shfl_xor_f32(v, lane_mask)
     }
-    /// `shfl.sync.idx.b32` from lane 0: lane 0's `v`, to every lane. Of a value the same on
-    /// every lane (a warp or warpgroup index), the compiler then knows that it is: branches
-    /// on it are uniform, and wgmma under them is not serialized.
-    #[inline(always)]
-    #[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
-    pub fn broadcast(v: u32) -> u32 {
-        imp::broadcast_u32(v)
-    }
     /// `vote.sync.any.pred`: whether `v` holds on any lane of the warp, to every lane.
     #[inline(always)]
     #[cfg_attr(not(target_arch = "nvptx64"), track_caller)]

@@ -9,8 +9,6 @@ unsafe extern "C" {
     fn nvvm_ex2(x: f32) -> f32;
     #[link_name = "llvm.nvvm.shfl.sync.bfly.f32"]
     fn nvvm_shfl_bfly(member_mask: u32, v: f32, lane_mask: u32, clamp: u32) -> f32;
-    #[link_name = "llvm.nvvm.shfl.sync.idx.i32"]
-    fn nvvm_shfl_idx(member_mask: u32, v: u32, lane: u32, clamp: u32) -> u32;
     #[link_name = "llvm.nvvm.bar.warp.sync"]
     fn nvvm_bar_warp_sync(member_mask: u32);
 }
@@ -51,10 +49,6 @@ pub fn sync_warp() {
 #[inline(always)]
 pub fn shfl_xor_f32(v: f32, lane_mask: u32) -> f32 {
     unsafe { nvvm_shfl_bfly(0xffff_ffff, v, lane_mask, 0x1f) }
-}
-#[inline(always)]
-pub fn broadcast_u32(v: u32) -> u32 {
-    unsafe { nvvm_shfl_idx(0xffff_ffff, v, 0, 0x1f) }
 }
 /// Not `pure`: LLVM must assume it changes, so it is neither hoisted nor merged.
 #[inline(always)]

@@ -34,10 +34,6 @@ pub fn shfl_xor_f32(v: f32, lane_mask: u32) -> f32 {
     let r = current().wait(Event::ShflXor { v: v.to_bits(), lane_mask, at: Location::caller() });
     f32::from_bits(r[0])
 }
-#[track_caller]
-pub fn broadcast_u32(v: u32) -> u32 {
-    current().wait(Event::Broadcast { v, at: Location::caller() })[0]
-}
 pub fn opaque(x: u64) -> u64 {
     x
 }

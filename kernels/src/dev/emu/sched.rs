@@ -20,8 +20,6 @@ pub(crate) enum Event {
     WarpSync(&'static Location<'static>),
     /// `warp::shfl_xor`: this lane's value and lane mask.
     ShflXor { v: u32, lane_mask: u32, at: &'static Location<'static> },
-    /// `warp::broadcast`: this lane's value (every lane gets lane 0's).
-    Broadcast { v: u32, at: &'static Location<'static> },
     /// `warp::any`: this lane's predicate.
     VoteAny { v: bool, at: &'static Location<'static> },
     /// `warp::ldmatrix_x4[_trans]`: the address of the 16-byte row this lane supplies.
@@ -51,7 +49,6 @@ impl Event {
             Event::WarpSync(at) => at,
             Event::Barrier { at, .. }
             | Event::ShflXor { at, .. }
-            | Event::Broadcast { at, .. }
             | Event::VoteAny { at, .. }
             | Event::Ldmatrix { at, .. }
             | Event::Mma { at, .. }
@@ -63,7 +60,6 @@ impl Event {
             Event::Barrier { .. } => "block barrier",
             Event::WarpSync(_) => "warp barrier",
             Event::ShflXor { .. } => "warp shuffle",
-            Event::Broadcast { .. } => "warp broadcast",
             Event::VoteAny { .. } => "warp vote",
             Event::Ldmatrix { .. } => "warp ldmatrix",
             Event::Mma { .. } => "warp mma",
@@ -433,7 +429,6 @@ pub(crate) fn run_block(
                         St::Wait(
                             ev @ (Event::WarpSync(_)
                             | Event::ShflXor { .. }
-                            | Event::Broadcast { .. }
                             | Event::VoteAny { .. }
                             | Event::Ldmatrix { .. }
                             | Event::Mma { .. }),
@@ -459,10 +454,6 @@ pub(crate) fn run_block(
                             _ => unreachable!(),
                         })
                         .collect(),
-                    Event::Broadcast { .. } => match evs[0] {
-                        Event::Broadcast { v, .. } => std::vec![[v, 0, 0, 0]; 32],
-                        _ => unreachable!(),
-                    },
                     Event::VoteAny { .. } => {
                         let any = evs.iter().any(|e| matches!(e, Event::VoteAny { v: true, .. }));
                         std::vec![[any as u32, 0, 0, 0]; 32]
