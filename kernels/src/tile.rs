@@ -529,6 +529,9 @@ impl WgmmaBwdTile {
 ///   and dP, 6 products per tile pair for 4): 0.79-1.09x FA2 at d = 256 (b1a8703) against
 ///   0.87-1.20x (027f1fd); at 192 it cuts a 64-column swizzle block, where an MN-major
 ///   operand cannot start (192 padded to 256: 0.62-0.94x FA2, against 0.73-1.04x).
+/// - In the dK/dV kernel, the second warpgroup's dS^T and dK one query tile behind (the
+///   exponentials under its product; Q_{i+1} fetched only mid-iteration): 0.78-0.95x
+///   (9f8bcc0).
 /// - In the dQ kernel, the first warpgroup S and P, the second dP and dS~, each its own dQ
 ///   columns (P and dS~ exchanged, three barriers an iteration): 0.89-0.97x the key split
 ///   (af0a3c3).
