@@ -222,7 +222,10 @@ unsafe fn dkdv_masked<
             load_tile_in::<T, Sw<BR, D>, D, BR, THREADS, true>(q_s(stage), (p.q as *const T).add(q_at), p.q_strides.row, sq - i0, d);
             load_tile_in::<T, Sw<BR, D>, D, BR, THREADS, true>(do_s(stage), (p.d_o as *const T).add(q_at), p.q_strides.row, sq - i0, d);
         }
-        let tid = thread::idx() as usize;
+        // The statistics' loaders: threads 0..BR, with two warpgroups the second's (the first
+        // starts S^T, P^T right after this; the second waits for P^T anyway, so the loads'
+        // latency is off the iteration's critical path).
+        let tid = if split { (thread::idx() as usize).wrapping_sub(warpgroup::SIZE as usize) } else { thread::idx() as usize };
         if tid < BR {
             let r = i0 + tid as u32;
             let valid = r < sq;
