@@ -516,7 +516,7 @@ impl WgmmaBwdTile {
 ///   128, dQ 167 / 217.
 /// - Above 128, two warpgroups (one block per SM): in the dK/dV kernel the first computes
 ///   S^T and dV, the second dP^T and dK (P^T passed through shared memory; 4 products per
-///   tile pair, none twice; 252-254 registers at 256, 206-210 at 192); the dQ kernel's split
+///   tile pair, none twice; 252-254 registers at 256, 192-208 at 192); the dQ kernel's split
 ///   each key tile (S, dP, dQ~ over D of 32 keys each, the halves added after the loop: 254),
 ///   with 96 columns each at 192 after it.
 ///
