@@ -113,8 +113,8 @@ pub unsafe fn dkdv<
         assert!(D == t.head_dim as usize && DN * 8 == D && D.is_multiple_of(64) && PAD == t.padded);
         assert!(BR == t.br as usize && NQ * 8 == BR && KQ * 16 == BR);
         // NACC accumulators of D columns a warpgroup: dK and dV, or with two warpgroups
-        // one each (the exchange of P^T holds one 64-query tile); with DQ one warpgroup.
-        assert!(THREADS == 128 * t.split as usize && NACC * t.split as usize == 2 && (!DQ || THREADS == 128));
+        // one each (the exchange of P^T holds one 64-query tile).
+        assert!(THREADS == 128 * t.split as usize && NACC * t.split as usize == 2);
         assert!(THREADS == 128 || BR == 64);
     }
     // With DQ (the atomic family), head dims that are multiples of 8 only
@@ -352,20 +352,8 @@ unsafe fn dkdv_masked<
         }
         let mut da = pack(&dp);
         if DQ {
-            // Thread: dS^T (16-bit, as the dK product sees it) into shared memory as [key][query]
-            // (queries along the 128-byte rows: dS, MN-major): fragment register r of k-step kq
-            // holds key 16w + g + 8 (r % 2) at queries 16 kq + 8 (r / 2) + 2t, + 1, that is
-            // 16-byte chunk 2 kq + r / 2 of its row, swizzled by the row's g. The lane's part is
-            // rebuilt per tile (`opaque`), not hoisted as sixteen live addresses.
-            let lane = thread::opaque((((w * 16 + g) << 2) | t) as u64) as usize;
-            let (row, t2) = (lane >> 2, 2 * (lane & 3));
-            let ds32: Shared<u32> = ds_s.cast();
-            for (kq, f) in da.iter().enumerate() {
-                for (r, &x) in f.iter().enumerate() {
-                    let at = (row + 8 * (r % 2)) * 64 + (((2 * kq + r / 2) ^ (row % 8)) * 8) + t2;
-                    ds32.st(at / 2, x);
-                }
-            }
+            // Thread: dS^T into shared memory (`store_ds_t`).
+            store_ds_t::<T, KQ>(ds_s, w, g, t, &da);
         }
         // dK_j += dS^T Q_i.
         warpgroup::fence_operands(acc_dk);
@@ -387,36 +375,15 @@ unsafe fn dkdv_masked<
             }
             thread::fence_proxy_async();
             block::sync();
-            // Thread: its dQ_i elements (rows 16w + g, + 8, columns 8n + 2t, + 1) added to the
-            // f32 accumulator of the tile's query head, two per red; in column blocks of 64 (32
-            // accumulators: all D at once spilled at d=128). The lane's address is rebuilt per
-            // tile (`opaque`).
-            let row = i0 + (w * 16 + g) as u32;
-            let at = ((b as u64 * p.heads_q as u64 + h as u64) * sq as u64 + row as u64) * d as u64 + 2 * t as u64;
-            let acc_g = thread::opaque(p.dq_accum + at * 4) as *mut f32;
-            let col0 = 2 * t as u32;
-            let a0 = warpgroup::desc_sw128(ds_s, 0, Sw::<KEYS, BR>::BLOCK_BYTES, 1024).opaque();
-            let b0 = warpgroup::desc_sw128(k_s, 0, Sw::<KEYS, D>::BLOCK_BYTES, 1024).opaque();
+            // Warpgroup: dQ_i = dS_ij K_j in column blocks of 64 (32 accumulators: all D at
+            // once spilled at d=128), each added to the accumulator after its wait.
             for cb in 0..D / 64 {
                 let mut acc_dq = [[0f32; 4]; 8];
                 warpgroup::fence_operands(&mut acc_dq);
                 warpgroup::fence();
-                let b1 = b0.advance(cb * Sw::<KEYS, D>::BLOCK_BYTES as usize);
-                for ks in 0..KEYS / 16 {
-                    warpgroup::mma_ss_mn::<8>(a0.advance(ks * 16 * 128), b1.advance(ks * 16 * 128), &mut acc_dq, ks > 0, T::BF16);
-                }
-                warpgroup::commit();
+                issue_dq_block::<T, D>(ds_s, k_s, cb, &mut acc_dq);
                 warpgroup::wait::<0, 8>(&mut acc_dq);
-                for (n, x) in acc_dq.iter().enumerate() {
-                    let col = (cb * 64 + n * 8) as u32;
-                    for half in 0..2usize {
-                        let r = row + 8 * half as u32;
-                        if r < sq && col0 + col < d {
-                            let off = (8 * half as u64 * d as u64 + col as u64) as usize;
-                            unsafe { global::red_add_v2(acc_g.add(off), [x[2 * half], x[2 * half + 1]]) };
-                        }
-                    }
-                }
+                red_dq_block::<D>(p, b, h, i0 + (w * 16 + g) as u32, t, d, cb, &acc_dq);
             }
             if masked && k_bad {
                 block::sync();
@@ -432,7 +399,7 @@ unsafe fn dkdv_masked<
     // f32, element-major) and adds dS^T Q_i to dK: 4 products, none twice, and while one
     // warpgroup waits for the exchange or computes its elementwise step the other's product
     // runs. The same arithmetic as `step`.
-    let step_split = inline_closure!(|st: usize, i0: u32, masked: bool, acc: &mut [[f32; 4]; DN]| {
+    let step_split = inline_closure!(|st: usize, h: u32, i0: u32, masked: bool, k_bad: bool, acc: &mut [[f32; 4]; DN]| {
         let (m_row, il_row, d_row) = (m_s(st), il_s(st), dd_s(st));
         let pf: Shared<f32> = pt_s.cast();
         let at = |n: usize, e: usize| (n * 4 + e) * warpgroup::SIZE as usize + w * 32 + lane;
@@ -459,7 +426,7 @@ unsafe fn dkdv_masked<
                 for (n, x) in x.iter_mut().enumerate() {
                     for (e, x) in x.iter_mut().enumerate() {
                         let (key, query) = (key0 + (g + 8 * (e / 2)) as u32, i0 + (n * 8 + 2 * t + e % 2) as u32);
-                        if query >= sq || M::hides(query, key, sq, sk) {
+                        if (DQ && key >= sk) || query >= sq || M::hides(query, key, sq, sk) {
                             *x = -0.0;
                         }
                     }
@@ -487,6 +454,17 @@ unsafe fn dkdv_masked<
         // Warpgroup: dV_j += P^T dO_i (first) or dK_j += dS^T Q_i (second): BR / 16 k-steps of
         // m64n{D}k16, the 16-bit A from registers, B [BR][D] read MN-major.
         let mut xa: [[u32; 4]; KQ] = core::array::from_fn(|kq| to_a::<T>(x[2 * kq], x[2 * kq + 1]));
+        if DQ {
+            if wg == 1 {
+                // Thread: dS^T to shared memory, as `step` stores it.
+                store_ds_t::<T, KQ>(ds_s, w, g, t, &xa);
+            }
+            if masked && k_bad {
+                // The first warpgroup's S^T read K (waited before the exchange's barrier):
+                // K's NaNs and infinities as 0 for dQ's product, restored after it (`step`).
+                zero_own_nonfinite::<T, Sw<KEYS, D>, D, KEYS, THREADS>(k_s);
+            }
+        }
         let bm = warpgroup::desc_sw128(if wg == 0 { do_s(st) } else { q_s(st) }, 0, Sw::<BR, D>::BLOCK_BYTES, 1024).opaque();
         warpgroup::fence_operands(acc);
         warpgroup::fence_fragments(&mut xa);
@@ -497,6 +475,32 @@ unsafe fn dkdv_masked<
         warpgroup::commit();
         warpgroup::wait::<0, DN>(acc);
         warpgroup::fence_fragments(&mut xa);
+        if DQ {
+            // dS^T (and a cleaned K) landed, for the async proxy too. (The barrier follows the
+            // products' wait: a branch or a loop with a wgmma in flight makes ptxas serialize
+            // them.)
+            thread::fence_proxy_async();
+            block::sync();
+            // Warpgroup: dQ_i = dS_ij K_j for its 64-column blocks of D (the first the even
+            // ones: the second also computed dS^T), each added to the accumulator after its
+            // wait.
+            let mut cb = wg;
+            while cb < D / 64 {
+                let mut acc_dq = [[0f32; 4]; 8];
+                warpgroup::fence_operands(&mut acc_dq);
+                warpgroup::fence();
+                issue_dq_block::<T, D>(ds_s, k_s, cb, &mut acc_dq);
+                warpgroup::wait::<0, 8>(&mut acc_dq);
+                red_dq_block::<D>(p, b, h, i0 + (w * 16 + g) as u32, t, d, cb, &acc_dq);
+                cb += 2;
+            }
+            if masked && k_bad {
+                block::sync();
+                load_k();
+                thread::cp_async_commit();
+                thread::cp_async_wait::<0>();
+            }
+        }
     });
 
     // Block: the next query tile into the other stage, computed while this one is.
@@ -544,7 +548,7 @@ unsafe fn dkdv_masked<
         }
         if split {
             prefetch(it);
-            step_split(it % 2, i0, masked, &mut acc[0]);
+            step_split(it % 2, h, i0, masked, k_bad, &mut acc[0]);
         } else {
             let (dv, dk) = acc.split_at_mut(1);
             step(it % 2, h, i0, masked, k_bad, &mut dk[0], &mut dv[0]);
@@ -606,6 +610,63 @@ pub const DQ_SAVED: u8 = 1;
 /// [`dq`] computes the statistics m_i, 1 / l_i, D_i for [`dkdv`] with DQ (the atomic
 /// backward's first kernel), no dQ.
 pub const DQ_STATS: u8 = 2;
+
+/// Thread (the DQ dK/dV kernels): its dS^T fragments (16-bit, as the dK product sees them)
+/// into `ds_s` as [key][query] (64 queries along each 128-byte row: dS, MN-major). Fragment
+/// register r of k-step kq holds key 16w + g + 8 (r % 2) at queries 16 kq + 8 (r / 2) + 2t,
+/// + 1, that is 16-byte chunk 2 kq + r / 2 of its row, swizzled by the row's g. The lane's
+/// part is rebuilt per tile (`opaque`), not hoisted as sixteen live addresses.
+#[inline(always)]
+fn store_ds_t<T: MmaElement, const KQ: usize>(ds_s: Shared<T>, w: usize, g: usize, t: usize, da: &[[u32; 4]; KQ]) {
+    const { assert!(KQ == 4) };
+    let lane = thread::opaque((((w * 16 + g) << 2) | t) as u64) as usize;
+    let (row, t2) = (lane >> 2, 2 * (lane & 3));
+    let ds32: Shared<u32> = ds_s.cast();
+    for (kq, f) in da.iter().enumerate() {
+        for (r, &x) in f.iter().enumerate() {
+            let at = (row + 8 * (r % 2)) * 64 + (((2 * kq + r / 2) ^ (row % 8)) * 8) + t2;
+            ds32.st(at / 2, x);
+        }
+    }
+}
+
+/// Warpgroup (the DQ dK/dV kernels): acc = dS_ij K_j for D's 64-column block `cb`, over the
+/// block's 64 keys (4 k-steps of m64n64k16, dS^T [64][64] and K_j [64][D] both read
+/// MN-major), as one group, issued and committed (the caller waits).
+#[inline(always)]
+fn issue_dq_block<T: MmaElement, const D: usize>(ds_s: Shared<T>, k_s: Shared<T>, cb: usize, acc: &mut [[f32; 4]; 8]) {
+    let a0 = warpgroup::desc_sw128(ds_s, 0, Sw::<KEYS, 64>::BLOCK_BYTES, 1024).opaque();
+    let b0 = warpgroup::desc_sw128(k_s, 0, Sw::<KEYS, D>::BLOCK_BYTES, 1024).opaque();
+    let b1 = b0.advance(cb * Sw::<KEYS, D>::BLOCK_BYTES as usize);
+    for ks in 0..KEYS / 16 {
+        warpgroup::mma_ss_mn::<8>(a0.advance(ks * 16 * 128), b1.advance(ks * 16 * 128), acc, ks > 0, T::BF16);
+    }
+    warpgroup::commit();
+}
+
+/// Thread (the DQ dK/dV kernels): its dQ_i elements of column block `cb` (rows `row`, + 8,
+/// columns 64 cb + 8n + 2t, + 1) added to the f32 accumulator of query head h, two per red;
+/// rows past seqlen_q and columns past head_dim `d` left out. The lane's address is rebuilt
+/// per block (`opaque`).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn red_dq_block<const D: usize>(p: &BwdParams, b: u32, h: u32, row: u32, t: usize, d: u32, cb: usize, acc: &[[f32; 4]; 8]) {
+    let sq = p.seqlen_q;
+    let at = ((b as u64 * p.heads_q as u64 + h as u64) * sq as u64 + row as u64) * d as u64 + 2 * t as u64;
+    let acc_g = thread::opaque(p.dq_accum + at * 4) as *mut f32;
+    let col0 = 2 * t as u32;
+    for (n, x) in acc.iter().enumerate() {
+        let col = (cb * 64 + n * 8) as u32;
+        for half in 0..2usize {
+            let r = row + 8 * half as u32;
+            if r < sq && col0 + col < d {
+                let off = (8 * half as u64 * d as u64 + col as u64) as usize;
+                // SAFETY: a row below seqlen_q and a column below head_dim of the accumulator.
+                unsafe { global::red_add_v2(acc_g.add(off), [x[2 * half], x[2 * half + 1]]) };
+            }
+        }
+    }
+}
 
 /// Warpgroup: acc = A B^T over D, A a [RA][D] and B a [RB][D] tile (both K-major, the
 /// descriptors at their first rows): D / 16 k-steps of m64n{8N}k16, issued (the caller commits
@@ -773,14 +834,16 @@ unsafe fn dq_masked<
     let n_unmasked = ((M::unmasked_cols(row0, sq, sk) / BC as u32) as usize).min(n_tiles);
 
     // Block: K_j and V_j (key tile j) into `stage`.
-    let load_kv = |j: usize, stage: usize| {
+    // (Inlined by force: at D = 192, 256 with one warpgroup, the statistics kernel, LLVM
+    // called it with its captures on the stack.)
+    let load_kv = inline_closure!(|j: usize, stage: usize| {
         let c1 = (j * BC) as u32;
         let off = (c1 as u64 * p.k_strides.row) as usize;
         unsafe {
             load_tile_in::<T, Sw<BC, D>, D, BC, THREADS, true>(k_s(stage), k_g.add(off), p.k_strides.row, sk - c1, d);
             load_tile_in::<T, Sw<BC, D>, D, BC, THREADS, true>(v_s(stage), v_g.add(off), p.k_strides.row, sk - c1, d);
         }
-    };
+    });
     // Block: Q_i, dO_i and the first K, V tile in flight.
     unsafe {
         load_tile_in::<T, Sw<ROWS, D>, D, ROWS, THREADS, true>(q_s, q_g.add(first), p.q_strides.row, sq - row0.min(sq), d);

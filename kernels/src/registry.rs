@@ -554,9 +554,10 @@ impl BwdTiles {
                     Pass::Dkdv => (WgmmaBwdTile::KEYS, t.dkdv_smem_bytes(), t.dkdv_max_regs),
                     Pass::Dkdvq => (WgmmaBwdTile::KEYS, t.dkdvq_smem_bytes(), 0),
                     Pass::DqSaved => (WgmmaBwdTile::ROWS, t.dq_smem_bytes(), t.dq_max_regs),
-                    _ => (WgmmaBwdTile::ROWS, t.dq_smem_bytes(), 0),
+                    _ => (WgmmaBwdTile::ROWS, t.stats_tile().dq_smem_bytes(), 0),
                 };
-                Some(Launch { rows, threads: t.threads(), smem_bytes: smem, max_regs: (regs > 0).then_some(regs) })
+                let threads = if pass == Pass::Stats { t.stats_tile().threads() } else { t.threads() };
+                Some(Launch { rows, threads, smem_bytes: smem, max_regs: (regs > 0).then_some(regs) })
             }
         }
     }
@@ -876,8 +877,11 @@ macro_rules! bwd_wgmma_kvq {
 /// The Hopper dQ kernel of a class, `wgmma_bwd_tile(class)`, with the passes of `$mode`
 /// (`bwd_wgmma::DQ_SAVED`, `DQ_STATS`).
 macro_rules! bwd_wgmma_q_with {
-    ($ty:ty, $d:literal, $mode:ident) => {{
-        config!(C: WgmmaBwdTile = tile_const!(WgmmaBwdTile, wgmma_bwd_tile($d)));
+    ($ty:ty, $d:literal, $mode:ident) => {
+        bwd_wgmma_q_with!($ty, tile_const!(WgmmaBwdTile, wgmma_bwd_tile($d)), $mode)
+    };
+    ($ty:ty, $tile:expr, $mode:ident) => {{
+        config!(C: WgmmaBwdTile = $tile);
         crate::bwd_wgmma::dq::<
             $ty,
             C,
@@ -903,7 +907,7 @@ macro_rules! bwd_wgmma_dq_saved {
 }
 macro_rules! bwd_wgmma_stats {
     ($ty:ty, $d:literal) => {
-        bwd_wgmma_q_with!($ty, $d, DQ_STATS)
+        bwd_wgmma_q_with!($ty, tile_const!(WgmmaBwdTile, wgmma_bwd_tile_atomic($d)).stats_tile(), DQ_STATS)
     };
 }
 
@@ -981,6 +985,22 @@ bwd_variants! {
         flash_bwd_wgmma_atomic_dkdvq_bf16_d64 => Dkdvq: bwd_wgmma_kvq(Bf16, 64),
         flash_bwd_wgmma_atomic_dkdvq_bf16_d128p => Dkdvq: bwd_wgmma_kvq(Bf16, 120),
         flash_bwd_wgmma_atomic_dkdvq_bf16_d128 => Dkdvq: bwd_wgmma_kvq(Bf16, 128),
+        flash_bwd_wgmma_atomic_stats_f16_d192p => Stats: bwd_wgmma_stats(F16, 184),
+        flash_bwd_wgmma_atomic_stats_f16_d192 => Stats: bwd_wgmma_stats(F16, 192),
+        flash_bwd_wgmma_atomic_stats_f16_d256p => Stats: bwd_wgmma_stats(F16, 248),
+        flash_bwd_wgmma_atomic_stats_f16_d256 => Stats: bwd_wgmma_stats(F16, 256),
+        flash_bwd_wgmma_atomic_stats_bf16_d192p => Stats: bwd_wgmma_stats(Bf16, 184),
+        flash_bwd_wgmma_atomic_stats_bf16_d192 => Stats: bwd_wgmma_stats(Bf16, 192),
+        flash_bwd_wgmma_atomic_stats_bf16_d256p => Stats: bwd_wgmma_stats(Bf16, 248),
+        flash_bwd_wgmma_atomic_stats_bf16_d256 => Stats: bwd_wgmma_stats(Bf16, 256),
+        flash_bwd_wgmma_atomic_dkdvq_f16_d192p => Dkdvq: bwd_wgmma_kvq(F16, 184),
+        flash_bwd_wgmma_atomic_dkdvq_f16_d192 => Dkdvq: bwd_wgmma_kvq(F16, 192),
+        flash_bwd_wgmma_atomic_dkdvq_f16_d256p => Dkdvq: bwd_wgmma_kvq(F16, 248),
+        flash_bwd_wgmma_atomic_dkdvq_f16_d256 => Dkdvq: bwd_wgmma_kvq(F16, 256),
+        flash_bwd_wgmma_atomic_dkdvq_bf16_d192p => Dkdvq: bwd_wgmma_kvq(Bf16, 184),
+        flash_bwd_wgmma_atomic_dkdvq_bf16_d192 => Dkdvq: bwd_wgmma_kvq(Bf16, 192),
+        flash_bwd_wgmma_atomic_dkdvq_bf16_d256p => Dkdvq: bwd_wgmma_kvq(Bf16, 248),
+        flash_bwd_wgmma_atomic_dkdvq_bf16_d256 => Dkdvq: bwd_wgmma_kvq(Bf16, 256),
         flash_bwd_wgmma_atomic_prep_f16 => PrepResidual: bwd_prep_residual(F16, 0),
         flash_bwd_wgmma_atomic_prep_bf16 => PrepResidual: bwd_prep_residual(Bf16, 0),
         flash_bwd_wgmma_atomic_convert_f16 => DqConvert: bwd_dq_convert(F16, 0),

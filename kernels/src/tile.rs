@@ -496,6 +496,11 @@ impl WgmmaBwdTile {
     pub const fn dkdvq_smem_bytes(&self) -> u32 {
         self.dkdv_smem_bytes() + Self::KEYS * self.br * 2
     }
+    /// The tile of the atomic family's statistics kernel (the dQ kernel without dQ): one
+    /// warpgroup.
+    pub const fn stats_tile(self) -> Self {
+        Self { split: 1, ..self }
+    }
     /// Query rows per block of the dQ kernel.
     pub const ROWS: u32 = 64;
     /// The dQ kernel's shared memory in bytes: Q, dO [64] rows and two stages of K, V [dq_bc]
@@ -552,10 +557,12 @@ pub const fn wgmma_bwd_tile(head_dim: u32) -> Option<WgmmaBwdTile> {
     }
 }
 
-/// The Hopper atomic backward's tile (`wgmma_atomic`): [`wgmma_bwd_tile`] up to head_dim 128
-/// (its dK/dV kernel also holds dS^T in shared memory and adds dQ with one warpgroup).
+/// The Hopper atomic backward's tile (`wgmma_atomic`): [`wgmma_bwd_tile`] (its dK/dV kernel
+/// also holds dS^T in shared memory and adds dQ; with two warpgroups the second stores dS^T
+/// and each adds alternate 64-column blocks of dQ). Its statistics kernel (no dQ) takes one
+/// warpgroup at every head_dim ([`WgmmaBwdTile::stats_tile`]).
 pub const fn wgmma_bwd_tile_atomic(head_dim: u32) -> Option<WgmmaBwdTile> {
-    if head_dim <= 128 { wgmma_bwd_tile(head_dim) } else { None }
+    wgmma_bwd_tile(head_dim)
 }
 
 /// f32 of the S / dP exchange of a block whose warp pairs split D (SPLIT = 2; none

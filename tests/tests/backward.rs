@@ -101,9 +101,8 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
             (true, None) => format!("props_few_keys{}", if saved { "_residual" } else { "" }),
             (true, Some(f)) => format!("props_few_keys_{f}"),
         };
-        // The atomic tensor-core kernels serve head_dim <= 128 (16 units of 8), `mma` and SIMT
-        // up to 256.
-        let d_units = if matches!(family, Some("simt" | "mma")) || family.is_none() { 32 } else { 16 };
+        // `mma_atomic` serves head_dim <= 128 (16 units of 8), the others up to 256.
+        let d_units = if family == Some("mma_atomic") { 16 } else { 32 };
         let (max_s, max_d, max_hkv, max_group, max_b, budget) = match (kind, few_keys) {
             (_, true) => (50, d_units, 2, 2, 1, 60_000),
             (BackendKind::Gpu, false) => (200, d_units, 4, 4, 2, 2_000_000),
@@ -141,8 +140,8 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
         (Some("mma"), false, &[Dt::F16, Dt::Bf16], 32),
         (Some("simt"), false, &[Dt::F32, Dt::F16, Dt::Bf16], 32),
         (Some("mma_atomic"), false, &[Dt::F16, Dt::Bf16], 16),
-        (Some("wgmma_atomic"), false, &[Dt::F16, Dt::Bf16], 16),
-        (Some("wgmma_atomic"), true, &[Dt::F16, Dt::Bf16], 16),
+        (Some("wgmma_atomic"), false, &[Dt::F16, Dt::Bf16], 32),
+        (Some("wgmma_atomic"), true, &[Dt::F16, Dt::Bf16], 32),
     ];
     let per = shards(total / families.len(), size);
     for (family, saved, dtypes, d_units) in families {
