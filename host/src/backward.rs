@@ -18,8 +18,9 @@
 //! - `wgmma_atomic` (Hopper, by name only): the same structure on warpgroup MMA (the dK/dV
 //!   kernel writes dS^T to shared memory and adds dQ_i = dS_ij K_j, a wgmma, to the f32
 //!   accumulator with `red.global.add.v2.f32`); with the forward's residual its statistics come
-//!   from `prep_residual`. Not deterministic; on the H200 slower than `wgmma` (0.75-1.01x,
-//!   4256d7d, `registry::BWD_FAMILIES`).
+//!   from `prep_residual`. Not deterministic; on the H200 slower than `wgmma` (0.75-1.01x at
+//!   d = 64 and 128, 4256d7d; 0.83-0.99x at 192 and 256 with the residual, 295e7aa;
+//!   `registry::BWD_FAMILIES`).
 //!
 //! Given the forward's O residual (a forward with `FwdOptions::save_residual`), `wgmma` takes
 //! D~_i = dO_i . (O_i + O_lo_i) in f32 (`prep_residual`): D~ is then f32-accurate in the rows

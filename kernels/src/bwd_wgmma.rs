@@ -53,8 +53,9 @@
 //! Every dK, dV element is summed by one thread in a fixed order: bitwise deterministic.
 //! With DQ (the `wgmma_atomic` family, FA2's single kernel) the dK/dV kernel also writes dS^T
 //! to shared memory and adds dQ_i = dS_ij K_j (a wgmma with both operands MN-major) to an f32
-//! accumulator with `red.global.add.v2.f32`: not deterministic, and slower on the H200 than
-//! the separate dQ kernel (`registry::BWD_FAMILIES`).
+//! accumulator with `red.global.add.v2.f32` (with two warpgroups the second writes dS^T and
+//! each adds alternate 64-column blocks of dQ): not deterministic, and slower on the H200
+//! than the separate dQ kernel at every head_dim (`registry::BWD_FAMILIES`).
 //! Shared tiles are 128-byte-swizzle canonical layouts ([`Sw`]); a kernel compiled for D
 //! serves every head_dim d <= D (PAD): columns d..D are zero-filled and never stored. Query rows past seqlen_q get Q = dO = 0 and (m, 1 / l, D) = (+inf, 0, 0),
 //! so their P and dS are 0.

@@ -542,6 +542,9 @@ impl WgmmaBwdTile {
 ///   (af0a3c3).
 /// - Splitting each query tile between them for S^T and dP^T (P^T and dS^T both exchanged,
 ///   three barriers an iteration): 1.01-1.05x the D split at d = 256 (14132e1).
+/// - Above 128, dQ added by the dK/dV kernel (`wgmma_atomic`, the forward's residual: 5
+///   products for 7, f32 reds per dQ element per 64 keys): 0.85-0.99x at 192, 0.83-0.92x at
+///   256 (295e7aa).
 /// - Statistics recomputed in the dQ kernel instead of read from the forward's LSE: 0.75x
 ///   (74fc232).
 pub const fn wgmma_bwd_tile(head_dim: u32) -> Option<WgmmaBwdTile> {
