@@ -150,6 +150,7 @@ unsafe fn dq_masked<
         thread::trap();
     }
     let (q_blk, h, b) = block::idx();
+    let q_blk = M::heaviest_first(q_blk, p.seqlen_q.div_ceil(br as u32));
     let (wb, lane) = (warp::id() as usize, warp::lane() as usize);
     // Warp: its 16 query rows (slice w) and its half hf of D's columns.
     let (w, hf) = slice_and_half::<SPLIT>(wb);

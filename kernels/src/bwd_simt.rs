@@ -276,6 +276,7 @@ unsafe fn dq_masked<T: Element, C: Config<Tile = SimtTile>, M: Mask, const ROWS:
         thread::trap();
     }
     let (q_blk, h, b) = block::idx();
+    let q_blk = M::heaviest_first(q_blk, p.seqlen_q.div_ceil(br));
     let (w, lane) = (warp::id(), warp::lane());
     let (sq, sk) = (p.seqlen_q, p.seqlen_k);
     let hk = h / (p.heads_q / p.heads_kv);

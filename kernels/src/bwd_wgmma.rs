@@ -804,6 +804,7 @@ unsafe fn dq_masked<
         thread::trap();
     }
     let (q_blk, h, b) = block::idx();
+    let q_blk = M::heaviest_first(q_blk, p.seqlen_q.div_ceil(ROWS as u32));
     // Warp w of warpgroup wg: rows 16w.. of the block; in the loop keys BC / split wg.. of
     // each tile, after it dQ columns DW wg..
     let split = THREADS / warpgroup::SIZE as usize;

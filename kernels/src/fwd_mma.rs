@@ -134,9 +134,7 @@ unsafe fn fwd<
         thread::trap();
     }
     let (q_blk, h, b) = block::idx();
-    // Causal: blocks of a head run last-row-tile first. Later row tiles see more keys, so
-    // the heaviest blocks start first and the grid's tail is made of light ones.
-    let q_blk = if M::CAUSAL { p.seqlen_q.div_ceil(br as u32) - 1 - q_blk } else { q_blk };
+    let q_blk = M::heaviest_first(q_blk, p.seqlen_q.div_ceil(br as u32));
     let (w, lane) = (warp::id() as usize, warp::lane() as usize);
     let (g, t) = (lane / 4, lane % 4);
     let (sq, sk) = (p.seqlen_q, p.seqlen_k);
@@ -300,7 +298,7 @@ unsafe fn fwd<
         warp::sync();
         let (q_blk, h, b) = block::idx();
         let (h, b) = (thread::opaque(h as u64) as u32, thread::opaque(b as u64) as u32);
-        let q_blk = if M::CAUSAL { sq.div_ceil(br as u32) - 1 - q_blk } else { q_blk };
+        let q_blk = M::heaviest_first(q_blk, sq.div_ceil(br as u32));
         let row0 = q_blk * br as u32;
         let n_tiles = M::visible_cols((row0 + br as u32).min(sq), sq, sk).div_ceil(BC as u32);
         let c0 = (M::unmasked_cols(row0, sq, sk) / BC as u32).min(n_tiles) * BC as u32;

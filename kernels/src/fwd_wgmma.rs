@@ -96,8 +96,7 @@ unsafe fn fwd<
         thread::trap();
     }
     let (q_blk, h, b) = block::idx();
-    // Causal: the heaviest row tiles first (see fwd_mma).
-    let q_blk = if M::CAUSAL { p.seqlen_q.div_ceil(br as u32) - 1 - q_blk } else { q_blk };
+    let q_blk = M::heaviest_first(q_blk, p.seqlen_q.div_ceil(br as u32));
     let (wg, w, lane) = (warpgroup::id() as usize, (warp::id() % 4) as usize, warp::lane() as usize);
     let (g, t) = (lane / 4, lane % 4);
     let (sq, sk) = (p.seqlen_q, p.seqlen_k);
