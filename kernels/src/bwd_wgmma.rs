@@ -614,9 +614,9 @@ pub const DQ_STATS: u8 = 2;
 
 /// Thread (the DQ dK/dV kernels): its dS^T fragments (16-bit, as the dK product sees them)
 /// into `ds_s` as [key][query] (64 queries along each 128-byte row: dS, MN-major). Fragment
-/// register r of k-step kq holds key 16w + g + 8 (r % 2) at queries 16 kq + 8 (r / 2) + 2t,
-/// + 1, that is 16-byte chunk 2 kq + r / 2 of its row, swizzled by the row's g. The lane's
-/// part is rebuilt per tile (`opaque`), not hoisted as sixteen live addresses.
+/// register r of k-step kq holds key 16w + g + 8 (r % 2) at queries 16 kq + 8 (r / 2) + 2t
+/// and the next, that is 16-byte chunk 2 kq + r / 2 of its row, swizzled by the row's g. The
+/// lane's part is rebuilt per tile (`opaque`), not hoisted as sixteen live addresses.
 #[inline(always)]
 fn store_ds_t<T: MmaElement, const KQ: usize>(ds_s: Shared<T>, w: usize, g: usize, t: usize, da: &[[u32; 4]; KQ]) {
     const { assert!(KQ == 4) };
