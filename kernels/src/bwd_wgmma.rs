@@ -384,7 +384,7 @@ unsafe fn dkdv_masked<
                 warpgroup::fence();
                 issue_dq_block::<T, D>(ds_s, k_s, cb, &mut acc_dq);
                 warpgroup::wait::<0, 8>(&mut acc_dq);
-                red_dq_block::<D>(p, b, h, i0 + (w * 16 + g) as u32, t, d, cb, &acc_dq);
+                red_dq_block(p, b, h, i0 + (w * 16 + g) as u32, t, d, cb, &acc_dq);
             }
             if masked && k_bad {
                 block::sync();
@@ -492,7 +492,7 @@ unsafe fn dkdv_masked<
                 warpgroup::fence();
                 issue_dq_block::<T, D>(ds_s, k_s, cb, &mut acc_dq);
                 warpgroup::wait::<0, 8>(&mut acc_dq);
-                red_dq_block::<D>(p, b, h, i0 + (w * 16 + g) as u32, t, d, cb, &acc_dq);
+                red_dq_block(p, b, h, i0 + (w * 16 + g) as u32, t, d, cb, &acc_dq);
                 cb += 2;
             }
             if masked && k_bad {
@@ -651,7 +651,7 @@ fn issue_dq_block<T: MmaElement, const D: usize>(ds_s: Shared<T>, k_s: Shared<T>
 /// per block (`opaque`).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn red_dq_block<const D: usize>(p: &BwdParams, b: u32, h: u32, row: u32, t: usize, d: u32, cb: usize, acc: &[[f32; 4]; 8]) {
+fn red_dq_block(p: &BwdParams, b: u32, h: u32, row: u32, t: usize, d: u32, cb: usize, acc: &[[f32; 4]; 8]) {
     let sq = p.seqlen_q;
     let at = ((b as u64 * p.heads_q as u64 + h as u64) * sq as u64 + row as u64) * d as u64 + 2 * t as u64;
     let acc_g = thread::opaque(p.dq_accum + at * 4) as *mut f32;

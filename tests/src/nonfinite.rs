@@ -209,7 +209,8 @@ fn backward_typed<T: Dtype>(
         // and the whole gradient's error bar below, as an absolute error), either side is
         // right: an infinity of the exact one's sign, or a finite value (then measured with
         // the others). The error below is measured against the unrounded one.
-        let budget = tolerance::<T>(rel_l2(nv, ex0)) * l2s(ex0) + l2s(fl);
+        let naive_tol = tolerance::<T>(rel_l2(nv, ex0));
+        let budget = naive_tol * l2s(ex0) + l2s(fl);
         let straddles = |x: f64| {
             let m = (32.0 * T::UNIT_ROUNDOFF * x.abs()).max(budget);
             x.is_finite() && T::from_f64(x.abs() + m).to_f64().is_infinite() && T::from_f64((x.abs() - m).max(0.0)).to_f64().is_finite()
@@ -247,7 +248,7 @@ fn backward_typed<T: Dtype>(
             f64::INFINITY
         };
         let floor_t = smallest_positive::<T>() * (ep.len() as f64).sqrt();
-        let tol = tolerance::<T>(rel_l2(nv, ex0)) + if denom > 0.0 { (l2s(&fp) + floor_t) / denom } else { 0.0 };
+        let tol = naive_tol + if denom > 0.0 { (l2s(&fp) + floor_t) / denom } else { 0.0 };
         if !within(err, tol) {
             return Err(format!("{what}: finite {name} elements rel err {err:.3e} (tol {tol:.3e})"));
         }
