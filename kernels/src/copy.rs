@@ -8,7 +8,7 @@
 
 use crate::dev::{Chunk16, Shared, block, global, thread};
 use crate::dtype::{Element, MmaElement};
-use crate::smem::TileLayout;
+use crate::smem::{Chunks, TileLayout};
 
 /// The head_dim a kernel body compiled for D works with: D itself for an exact tile (`pad`
 /// false, a constant of the tile); for a padded one the run-time `head_dim`, which in a body for whole 16-byte chunks (`EL` false: the kernel's
@@ -42,11 +42,11 @@ pub(crate) fn by_element(pad: bool, head_dim: u32) -> bool {
 /// Block of THREADS threads: copies ROWS rows of a [seqlen, d] slice (row stride `stride`)
 /// into a tile of layout L and width D; with BOUNDS, rows at or past `limit` and columns at
 /// or past `d` are zero-filled (without it every row and column must be valid, and d = D).
-/// Thread `x` copies the 16-byte chunks x + THREADS i: a fixed trip count, so the loop
-/// unrolls and, when a row's chunks divide the block, the thread's column and swizzle are
-/// the same for every i and each copy is a pointer increment (a loop with a thread-dependent
-/// trip count cost 27 instructions per 16 bytes, a third of the KV loop's instructions at
-/// d=128: SASS of 27ff2b2). Asynchronous (cp.async: complete after the caller's commit and
+/// Thread `x` copies the 16-byte chunks [`Chunks`] gives it: a fixed trip count, so the loop
+/// unrolls and, where the mapping keeps the thread's column and swizzle the same for every
+/// chunk, each copy is a constant offset (a loop with a thread-dependent trip count cost 27
+/// instructions per 16 bytes, a third of the KV loop's instructions at d=128: SASS of
+/// 27ff2b2). Asynchronous (cp.async: complete after the caller's commit and
 /// wait) when d is a multiple of 8; else synchronous, element by element, the same chunks
 /// per thread (the non-finite scans and the sign flips of Q rely on that).
 #[inline(always)]
@@ -64,14 +64,14 @@ pub(crate) unsafe fn load_tile_in<
     limit: u32,
     d: u32,
 ) {
-    let cpr = D / 8; // chunks per row
     if BOUNDS && !d.is_multiple_of(8) {
+        let cpr = D / 8; // chunks per row
         // Element by element, one at a time: a loop at run time over this thread's chunks'
         // elements, not unrolled (unrolled, its loads are hoisted together and the kernels
         // around it spill), each a 2-byte load and a 2-byte shared store.
         // Everything the loop needs read here (`opaque`): no register of it lives across the
         // caller's loop.
-        let n = thread::opaque(((ROWS * cpr).div_ceil(THREADS) * 8) as u64) as usize;
+        let n = thread::opaque((Chunks::<D, ROWS, THREADS>::PER_THREAD * 8) as u64) as usize;
         let (x, stride, limit, d) = (
             thread::opaque(thread::idx() as u64) as usize,
             thread::opaque(stride),
@@ -82,8 +82,13 @@ pub(crate) unsafe fn load_tile_in<
         let half: Shared<u16> = dst.cast();
         for j in 0..n {
             let (e, k) = (x + THREADS * (j / 8), j % 8);
-            if e < ROWS * cpr {
-                let (r, c) = (e / cpr, (e % cpr) * 8 + k);
+            let at = if Chunks::<D, ROWS, THREADS>::BY_BLOCK {
+                Chunks::<D, ROWS, THREADS>::at(x, j / 8)
+            } else {
+                (e < ROWS * cpr).then(|| (e / cpr, (e % cpr) * 8)) // `Chunks::at`, flat
+            };
+            if let Some((r, c0)) = at {
+                let c = c0 + k;
                 let v = if (r as u32) < limit && (c as u32) < d {
                     unsafe { global::load(src.add(at_of(r, c, stride)) as *const u16) }
                 } else {
@@ -115,16 +120,21 @@ pub(crate) unsafe fn load_tile_chunks<
     limit: u32,
     d: u32,
 ) {
-    let cpr = D / 8; // chunks per row
     let stride = thread::opaque(stride);
     let x = thread::opaque(thread::idx() as u64) as usize;
-    for i in 0..(ROWS * cpr).div_ceil(THREADS) {
-        let e = x + THREADS * i;
-        // Whole-block chunks: row x / cpr + i * THREADS / cpr, column fixed per thread.
-        let (r, c) = if THREADS.is_multiple_of(cpr) { (x / cpr + i * (THREADS / cpr), (x % cpr) * 8) } else { (e / cpr, (e % cpr) * 8) };
-        if !(ROWS * cpr).is_multiple_of(THREADS) && e >= ROWS * cpr {
-            continue;
-        }
+    let cpr = D / 8; // chunks per row
+    for i in 0..Chunks::<D, ROWS, THREADS>::PER_THREAD {
+        let (r, c) = if Chunks::<D, ROWS, THREADS>::BY_BLOCK {
+            let Some(at) = Chunks::<D, ROWS, THREADS>::at(x, i) else { continue };
+            at
+        } else {
+            // `Chunks::at`, written out as the register budgets of the kernels were measured.
+            let e = x + THREADS * i;
+            if !(ROWS * cpr).is_multiple_of(THREADS) && e >= ROWS * cpr {
+                continue;
+            }
+            if THREADS.is_multiple_of(cpr) { (x / cpr + i * (THREADS / cpr), (x % cpr) * 8) } else { (e / cpr, (e % cpr) * 8) }
+        };
         let valid = !BOUNDS || ((r as u32) < limit && (c as u32) < d);
         let at = if valid { r as u64 * stride + c as u64 } else { 0 };
         unsafe { thread::cp_async_16(dst, L::at(r, c), src.add(at as usize), valid) };
@@ -158,19 +168,30 @@ pub(crate) unsafe fn store_chunk<T: Copy>(row: *mut T, col: u32, d: u32, v: Chun
 }
 
 /// Thread (one of a block of THREADS): flips the sign of every element of the 16-byte chunks
-/// this thread copied into the first `rows` rows of a Q tile of layout L (the chunks
-/// [`load_tile_in`] gives it), after its copies completed: a negative softmax scale becomes a
-/// positive one on -Q. A block barrier must order these writes before any warp reads Q.
+/// this thread copied into a [ROWS][D] Q tile of layout L (the chunks [`load_tile_in`] gives
+/// it), after its copies completed: a negative softmax scale becomes a positive one on -Q. A
+/// block barrier must order these writes before any warp reads Q.
 #[inline(always)]
-pub(crate) fn negate_own_chunks<L: TileLayout, const D: usize, const THREADS: usize>(words: Shared<u32>, rows: usize) {
-    let (cpr, x) = (D / 8, thread::idx() as usize);
-    let mut e = x;
-    while e < rows * cpr {
-        let at = L::at(e / cpr, (e % cpr) * 8) / 2;
+pub(crate) fn negate_own_chunks<L: TileLayout, const D: usize, const ROWS: usize, const THREADS: usize>(words: Shared<u32>) {
+    let flip = |r: usize, c: usize| {
+        let at = L::at(r, c) / 2;
         for k in 0..4 {
             words.st(at + k, words.ld(at + k) ^ 0x8000_8000); // both 16-bit sign bits
         }
-        e += THREADS;
+    };
+    let x = thread::idx() as usize;
+    if Chunks::<D, ROWS, THREADS>::BY_BLOCK {
+        for i in 0..Chunks::<D, ROWS, THREADS>::PER_THREAD {
+            if let Some((r, c)) = Chunks::<D, ROWS, THREADS>::at(x, i) {
+                flip(r, c);
+            }
+        }
+    } else {
+        let (cpr, mut e) = (D / 8, x); // `Chunks::at`, flat
+        while e < ROWS * cpr {
+            flip(e / cpr, (e % cpr) * 8);
+            e += THREADS;
+        }
     }
 }
 

@@ -187,7 +187,11 @@ unsafe fn fwd<
     let c = if FUSED { T::Dm::factor(p.scale.abs()) } else { T::Dm::factor(p.scale) };
     if FUSED && p.scale < 0.0 {
         thread::cp_async_wait::<0>();
-        negate_own_chunks::<Layout<D>, D, { (MMA_WARPS * 32) as usize }>(q_s.cast(), br);
+        match MT {
+            1 => negate_own_chunks::<Layout<D>, D, 64, { (MMA_WARPS * 32) as usize }>(q_s.cast()),
+            2 => negate_own_chunks::<Layout<D>, D, 128, { (MMA_WARPS * 32) as usize }>(q_s.cast()),
+            _ => thread::trap(),
+        }
     }
     for j in 0..n_tiles {
         // Prefetch K_{j+1}, V_{j+1} into the other stage while tile j is computed.

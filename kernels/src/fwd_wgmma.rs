@@ -171,9 +171,9 @@ unsafe fn fwd<
     if p.scale < 0.0 {
         thread::cp_async_wait::<0>();
         match WG {
-            1 => negate_own_chunks::<Sw<64, D>, D, 128>(q_s.cast(), 64),
-            2 => negate_own_chunks::<Sw<128, D>, D, 256>(q_s.cast(), 128),
-            3 => negate_own_chunks::<Sw<192, D>, D, 384>(q_s.cast(), 192),
+            1 => negate_own_chunks::<Sw<64, D>, D, 64, 128>(q_s.cast()),
+            2 => negate_own_chunks::<Sw<128, D>, D, 128, 256>(q_s.cast()),
+            3 => negate_own_chunks::<Sw<192, D>, D, 192, 384>(q_s.cast()),
             _ => thread::trap(),
         }
     }

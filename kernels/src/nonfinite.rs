@@ -23,7 +23,7 @@
 use crate::dev::{Shared, global, thread, warp};
 use crate::dtype::{Element, MmaElement};
 use crate::mask::Mask;
-use crate::smem::TileLayout;
+use crate::smem::{Chunks, TileLayout};
 
 /// The exponent bits of T's 16-bit format: all set in a NaN or an infinity.
 #[inline(always)]
@@ -122,17 +122,27 @@ pub(crate) fn zero_own_nonfinite<T: MmaElement, L: TileLayout, const D: usize, c
     });
 }
 
-/// Thread `x` of THREADS: the (row, column) of each 16-byte chunk of a [ROWS][D] tile that
-/// `copy::load_tile_in` gives it (chunks x + THREADS i).
+/// Thread: the (row, column) of each 16-byte chunk of a [ROWS][D] tile that
+/// `copy::load_tile_in` gives it ([`Chunks`]).
 #[inline(always)]
 fn each_own_chunk<const D: usize, const ROWS: usize, const THREADS: usize>(mut f: impl FnMut(usize, usize)) {
-    let cpr = D / 8;
     // Recomputed where used (`opaque`), not hoisted out of the KV loop as live addresses.
     let x = thread::opaque(thread::idx() as u64) as usize;
-    let mut e = x;
-    while e < ROWS * cpr {
-        f(e / cpr, (e % cpr) * 8);
-        e += THREADS;
+    if Chunks::<D, ROWS, THREADS>::BY_BLOCK {
+        for i in 0..Chunks::<D, ROWS, THREADS>::PER_THREAD {
+            if let Some((r, c)) = Chunks::<D, ROWS, THREADS>::at(x, i) {
+                f(r, c);
+            }
+        }
+    } else {
+        // The flat walk (the same chunks as `Chunks::at`): a loop at run time, as the callers'
+        // register budgets were measured with.
+        let cpr = D / 8;
+        let mut e = x;
+        while e < ROWS * cpr {
+            f(e / cpr, (e % cpr) * 8);
+            e += THREADS;
+        }
     }
 }
 

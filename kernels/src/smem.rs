@@ -91,3 +91,43 @@ impl<const ROWS: usize, const D: usize> TileLayout for Sw<ROWS, D> {
         Sw::<ROWS, D>::at(r, c)
     }
 }
+
+/// Which 16-byte chunks of a [ROWS][D] 16-bit tile thread `x` of a block of THREADS copies
+/// (`copy::load_tile_in`) and then scans, cleans or negates (`nonfinite`, `copy`): one
+/// mapping for every routine that touches a tile chunk by chunk, so that a thread only ever
+/// reads back chunks its own copies wrote (no barrier between them).
+/// - A row's chunks divide the block (D / 8 divides THREADS): row-major, thread x at column
+///   8 (x % cpr) of rows x / cpr + i THREADS / cpr.
+/// - Else, D a multiple of 64 and 8 ROWS a multiple of THREADS (a multiple of 64): by 64-column
+///   block, thread x at chunk x % 8 of each block's rows x / 8 + k THREADS / 8. Its chunk
+///   within a block and its row mod 8 (the swizzle's) are the same for every i, so every
+///   address is a constant offset from two per-thread bases.
+/// - Else row-major over the flat chunk index x + THREADS i.
+pub(crate) struct Chunks<const D: usize, const ROWS: usize, const THREADS: usize>;
+
+impl<const D: usize, const ROWS: usize, const THREADS: usize> Chunks<D, ROWS, THREADS> {
+    /// Chunks per row.
+    const CPR: usize = D / 8;
+    /// Chunks per thread, the last ones past the tile for some threads (`at` is `None`).
+    pub(crate) const PER_THREAD: usize = (ROWS * Self::CPR).div_ceil(THREADS);
+    /// Whether a row's chunks divide the block.
+    pub(crate) const ROW_MAJOR: bool = THREADS.is_multiple_of(Self::CPR);
+    /// Whether the tile is taken by 64-column block.
+    pub(crate) const BY_BLOCK: bool =
+        !Self::ROW_MAJOR && D.is_multiple_of(64) && THREADS.is_multiple_of(64) && (8 * ROWS).is_multiple_of(THREADS);
+
+    /// (row, column) of thread `x`'s chunk `i` (i < PER_THREAD), `None` past the tile.
+    #[inline(always)]
+    pub(crate) fn at(x: usize, i: usize) -> Option<(usize, usize)> {
+        if Self::ROW_MAJOR {
+            let r = x / Self::CPR + i * (THREADS / Self::CPR);
+            ((ROWS * Self::CPR).is_multiple_of(THREADS) || r < ROWS).then_some((r, (x % Self::CPR) * 8))
+        } else if Self::BY_BLOCK {
+            let passes = 8 * ROWS / THREADS; // row passes per 64-column block
+            Some((x / 8 + (i % passes) * (THREADS / 8), (i / passes) * 64 + (x % 8) * 8))
+        } else {
+            let e = x + THREADS * i;
+            (e < ROWS * Self::CPR).then_some((e / Self::CPR, (e % Self::CPR) * 8))
+        }
+    }
+}
