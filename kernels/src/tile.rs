@@ -331,7 +331,7 @@ impl MmaBwdTile {
 /// - D = 192 and 256: `split` = 2, 8 warps; each warp of a pair holds half of D's
 ///   accumulators and contracts S and dP over its half, the pair adding the halves through
 ///   shared memory: per warp the kernels of D = 96 / 128 plus the exchange. dq Bc = 32, dkdv
-///   Br = 32, fragments re-read: dq 249 / 246 and 245 / 245, dkdv 255 / 255 (the warp's half
+///   Br = 32, fragments re-read: dq 248 / 245 and 245 / 245, dkdv 255 / 254 and 255 / 255 (the warp's half
 ///   of D read again where used, `bwd_mma::half_now`). Shared memory up to 160.75 KB (32 KB
 ///   of it the exchange): one block per SM at D = 256.
 /// - The atomic family ([`mma_bwd_tile_atomic`]) also holds the dQ product's fragments:
@@ -419,7 +419,7 @@ impl WgmmaTile {
 /// specialisation).
 /// - d <= 64: Bc = 128: 168 registers, 72 KB, three blocks per SM.
 /// - d 72..=128: Bc = 64: 168 registers, 80 KB, two blocks per SM (shared memory bound).
-/// - d 129..=256: Bc = 32, so that two blocks share an SM: D = 192 210 / 234, 72 KB; D = 256
+/// - d 129..=256: Bc = 32, so that two blocks share an SM: D = 192 210-224 / 238, 72 KB; D = 256
 ///   242 / 255, 96 KB (2 x 128 x 256 registers is the whole register file). O's accumulator
 ///   is D / 2 registers per thread; P V is one wgmma of N = 128 per two 64-column blocks of V
 ///   and one of N = 64 for the rest (`fwd_wgmma::pv_k_step`), S = Q K^T m64n32k16.
@@ -521,7 +521,7 @@ impl WgmmaBwdTile {
 ///   128, dQ 167 / 217.
 /// - Above 128, two warpgroups (one block per SM): in the dK/dV kernel the first computes
 ///   S^T and dV, the second dP^T and dK (P^T passed through shared memory; 4 products per
-///   tile pair, none twice; 252-254 registers at 256, 192-208 at 192); the dQ kernel's split
+///   tile pair, none twice; 252-254 registers at 256, 168 / 224 at 192); the dQ kernel's split
 ///   each key tile (S, dP, dQ~ over D of 32 keys each, the halves added after the loop: 254),
 ///   with 96 columns each at 192 after it.
 ///
