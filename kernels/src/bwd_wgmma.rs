@@ -224,8 +224,7 @@ unsafe fn dkdv_masked<
             load_tile_in::<T, Sw<BR, D>, D, BR, THREADS, true>(do_s(stage), (p.d_o as *const T).add(q_at), p.q_strides.row, sq - i0, d);
         }
         // The statistics' loaders: threads 0..BR, with two warpgroups the second's (the first
-        // starts S^T, P^T right after this; the second waits for P^T anyway, so the loads'
-        // latency is off the iteration's critical path).
+        // starts S^T, P^T right after this).
         let tid = if split { (thread::idx() as usize).wrapping_sub(warpgroup::SIZE as usize) } else { thread::idx() as usize };
         if tid < BR {
             let r = i0 + tid as u32;
@@ -237,10 +236,25 @@ unsafe fn dkdv_masked<
             let row = bh * p.seqlen_q as u64 + r as u64;
             let n = p.stat_at(1, 0, 0, 0);
             let st = (p.stats as *const f32).wrapping_add(row as usize);
-            let ld = |k: usize, dflt: f32| if valid { unsafe { global::load(st.add(k * n)) } } else { dflt };
-            m_s(stage).st(tid, ld(0, f32::INFINITY));
-            il_s(stage).st(tid, ld(1, 0.0));
-            dd_s(stage).st(tid, ld(2, 0.0));
+            if !split {
+                let ld = |k: usize, dflt: f32| if valid { unsafe { global::load(st.add(k * n)) } } else { dflt };
+                m_s(stage).st(tid, ld(0, f32::INFINITY));
+                il_s(stage).st(tid, ld(1, 0.0));
+                dd_s(stage).st(tid, ld(2, 0.0));
+            } else if valid {
+                // With two warpgroups (one block per SM, nothing else to hide it) the loads go
+                // asynchronously with the tile's group: a plain load held the second
+                // warpgroup's dP^T back by an L2 latency every iteration.
+                unsafe {
+                    thread::cp_async_4(m_s(stage), tid, st);
+                    thread::cp_async_4(il_s(stage), tid, st.add(n));
+                    thread::cp_async_4(dd_s(stage), tid, st.add(2 * n));
+                }
+            } else {
+                m_s(stage).st(tid, f32::INFINITY);
+                il_s(stage).st(tid, 0.0);
+                dd_s(stage).st(tid, 0.0);
+            }
         }
     };
     if n_iter > 0 {

@@ -43,6 +43,18 @@ pub mod thread {
     pub unsafe fn cp_async_16<T: Copy>(dst: super::Shared<T>, i: usize, src: *const T, valid: bool) {
         unsafe { imp::cp_async_16(dst.ptr_at(i), src, valid) }
     }
+    /// Starts an asynchronous 4-byte copy (`cp.async.ca`) from global `src` to element `i` of
+    /// `dst` (both 4-byte aligned), as [`cp_async_16`]: for single f32 values, whose latency
+    /// a plain load would put on the issuing warp's path.
+    ///
+    /// # Safety
+    /// `src` must point to 4 readable bytes of global memory.
+    #[inline(always)]
+    #[cfg_attr(not(target_arch = "nvptx64"), track_caller)]
+    pub unsafe fn cp_async_4<T: Copy>(dst: super::Shared<T>, i: usize, src: *const T) {
+        const { assert!(core::mem::size_of::<T>() == 4) };
+        unsafe { imp::cp_async_4(dst.ptr_at(i), src) }
+    }
     /// Closes the group of this thread's copies issued since the last commit.
     #[inline(always)]
     pub fn cp_async_commit() {

@@ -190,6 +190,12 @@ pub unsafe fn cp_async_16<T>(dst: *mut T, src: *const T, valid: bool) {
     }
 }
 #[inline(always)]
+pub unsafe fn cp_async_4<T>(dst: *mut T, src: *const T) {
+    unsafe {
+        asm!("cp.async.ca.shared.global [{d}], [{s}], 4;", d = in(reg32) smem_addr(dst), s = in(reg64) src, options(nostack));
+    }
+}
+#[inline(always)]
 pub fn cp_async_commit() {
     unsafe { asm!("cp.async.commit_group;", options(nostack)) }
 }

@@ -155,6 +155,19 @@ pub unsafe fn cp_async_16<T>(dst: *mut T, src: *const T, valid: bool) {
     t.shared_async_write(dst as usize, 16, at);
     unsafe { core::ptr::copy_nonoverlapping(bytes.as_ptr(), dst as *mut u8, 16) };
 }
+#[track_caller]
+pub unsafe fn cp_async_4<T>(dst: *mut T, src: *const T) {
+    let t = current();
+    let at = Location::caller();
+    if !(dst as usize).is_multiple_of(4) || !(src as usize).is_multiple_of(4) {
+        fault(format!("thread {} cp.async of 4 bytes with a misaligned address at {at}", t.tid));
+    }
+    let mut bytes = [0u8; 4];
+    check_global(src as usize, 4, false);
+    unsafe { core::ptr::copy_nonoverlapping(src as *const u8, bytes.as_mut_ptr(), 4) };
+    t.shared_async_write(dst as usize, 4, at);
+    unsafe { core::ptr::copy_nonoverlapping(bytes.as_ptr(), dst as *mut u8, 4) };
+}
 pub fn cp_async_commit() {
     current().async_commit()
 }
