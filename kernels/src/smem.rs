@@ -131,3 +131,48 @@ impl<const D: usize, const ROWS: usize, const THREADS: usize> Chunks<D, ROWS, TH
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Chunks;
+    use std::{vec, vec::Vec};
+
+    /// Every chunk of the tile is some thread's, exactly once, for each shape the kernels copy
+    /// (and more); the by-block mapping keeps a thread's column within a block and its row
+    /// mod 8 (the swizzle) fixed.
+    fn covers_once<const D: usize, const ROWS: usize, const THREADS: usize>() {
+        let mut seen = vec![0u32; ROWS * D / 8];
+        for x in 0..THREADS {
+            let mut mine = Vec::new();
+            for i in 0..Chunks::<D, ROWS, THREADS>::PER_THREAD {
+                if let Some((r, c)) = Chunks::<D, ROWS, THREADS>::at(x, i) {
+                    assert!(r < ROWS && c < D && c % 8 == 0, "D {D} ROWS {ROWS} THREADS {THREADS}: ({r}, {c})");
+                    seen[r * D / 8 + c / 8] += 1;
+                    mine.push((r, c));
+                }
+            }
+            if Chunks::<D, ROWS, THREADS>::BY_BLOCK {
+                assert!(mine.iter().all(|&(r, c)| r % 8 == mine[0].0 % 8 && c % 64 == mine[0].1 % 64), "D {D} thread {x}: {mine:?}");
+            }
+        }
+        assert!(seen.iter().all(|&n| n == 1), "D {D} ROWS {ROWS} THREADS {THREADS}: chunk counts {seen:?}");
+    }
+
+    #[test]
+    fn every_chunk_has_one_owner() {
+        macro_rules! all {
+            ($($d:literal),*) => {$(
+                covers_once::<$d, 16, 128>();
+                covers_once::<$d, 32, 128>();
+                covers_once::<$d, 64, 128>();
+                covers_once::<$d, 128, 128>();
+                covers_once::<$d, 32, 256>();
+                covers_once::<$d, 64, 256>();
+                covers_once::<$d, 128, 256>();
+                covers_once::<$d, 192, 384>();
+            )*};
+        }
+        all!(32, 64, 96, 128, 192, 256);
+        const { assert!(Chunks::<192, 64, 256>::BY_BLOCK && Chunks::<192, 32, 128>::BY_BLOCK && !Chunks::<256, 64, 256>::BY_BLOCK) };
+    }
+}
