@@ -517,11 +517,11 @@ impl WgmmaBwdTile {
 /// Chosen (ptxas 13.0 sm_90a, no spills; speeds in benches/RESULTS.md):
 /// - One warpgroup per block up to d = 128, as in [`wgmma_tile`] (several blocks per SM hide
 ///   each other's exponentials); br = dq_bc = 64 keeps S and dP at 32 registers each beside
-///   the accumulators (dK, dV: D / 2 each; dQ: D / 2). dK/dV 178 / 242 registers at d = 64 /
+///   the accumulators (dK, dV: D / 2 each; dQ: D / 2). dK/dV 180 / 243 registers at d = 64 /
 ///   128, dQ 167 / 217.
 /// - Above 128, two warpgroups (one block per SM): in the dK/dV kernel the first computes
 ///   S^T and dV, the second dP^T and dK (P^T passed through shared memory; 4 products per
-///   tile pair, none twice; 252-254 registers at 256, 168 / 224 at 192); the dQ kernel's split
+///   tile pair, none twice; 252-255 registers at 256, 168 / 228 at 192); the dQ kernel's split
 ///   each key tile (S, dP, dQ~ over D of 32 keys each, the halves added after the loop: 254),
 ///   with 96 columns each at 192 after it.
 ///
