@@ -111,7 +111,7 @@ impl<const D: usize, const ROWS: usize, const THREADS: usize> Chunks<D, ROWS, TH
     /// Chunks per thread, the last ones past the tile for some threads (`at` is `None`).
     pub(crate) const PER_THREAD: usize = (ROWS * Self::CPR).div_ceil(THREADS);
     /// Whether a row's chunks divide the block.
-    pub(crate) const ROW_MAJOR: bool = THREADS.is_multiple_of(Self::CPR);
+    const ROW_MAJOR: bool = THREADS.is_multiple_of(Self::CPR);
     /// Whether the tile is taken by 64-column block.
     pub(crate) const BY_BLOCK: bool =
         !Self::ROW_MAJOR && D.is_multiple_of(64) && THREADS.is_multiple_of(64) && (8 * ROWS).is_multiple_of(THREADS);
