@@ -37,6 +37,7 @@
 //! exp2(S - m_i) / l_i = 0 with no special case. Query rows past seqlen_q (zero-filled Q, dO)
 //! get the same, so their P and dS are 0. The forward's O and LSE are not read.
 
+use crate::block_info::BlockInfo;
 use crate::copy::load_tile_chunks;
 use crate::dev::{self, Shared, block, global, math, thread, warp};
 use crate::dtype::MmaElement;
@@ -149,8 +150,7 @@ unsafe fn dq_masked<
     if d > D as u32 || !d.is_multiple_of(8) || block::dim() != MMA_WARPS * 32 * SPLIT as u32 {
         thread::trap();
     }
-    let (q_blk, h, b) = block::idx();
-    let q_blk = M::heaviest_first(q_blk, p.seqlen_q.div_ceil(br as u32));
+    let BlockInfo { blk: q_blk, h, b } = BlockInfo::rows_per_head::<M>(p.seqlen_q.div_ceil(br as u32));
     let (wb, lane) = (warp::id() as usize, warp::lane() as usize);
     // Warp: its 16 query rows (slice w) and its half hf of D's columns.
     let (w, hf) = slice_and_half::<SPLIT>(wb);
@@ -456,7 +456,7 @@ unsafe fn dkdv_masked<
     if d > D as u32 || !d.is_multiple_of(8) || block::dim() != MMA_WARPS * 32 * SPLIT as u32 {
         thread::trap();
     }
-    let (kv_blk, hk, b) = block::idx();
+    let BlockInfo { blk: kv_blk, h: hk, b } = BlockInfo::keys_per_head();
     let (wb, lane) = (warp::id() as usize, warp::lane() as usize);
     // Warp: its 16 keys (slice w) and its half hf of D's columns.
     let (w, hf) = slice_and_half::<SPLIT>(wb);

@@ -15,6 +15,7 @@
 //! Each output element is summed by one thread in a fixed order, so the results are bitwise
 //! deterministic (at the price of computing S and dP three times).
 
+use crate::block_info::BlockInfo;
 use crate::copy::{load_tile_f32, store_tile_f32};
 use crate::dev::{self, Shared, block, global, math, thread, warp};
 use crate::dtype::Element;
@@ -117,7 +118,7 @@ unsafe fn dkdv_masked<T: Element, C: Config<Tile = SimtKvTile>, M: Mask, const R
     if d > 32 * DCH as u32 || block::dim() != tile.threads() {
         thread::trap();
     }
-    let (kv_blk, hk, b) = block::idx();
+    let BlockInfo { blk: kv_blk, h: hk, b } = BlockInfo::keys_per_head();
     let (w, lane) = (warp::id(), warp::lane());
     let (sq, sk) = (p.seqlen_q, p.seqlen_k);
     let j0 = kv_blk * bn;
@@ -275,8 +276,7 @@ unsafe fn dq_masked<T: Element, C: Config<Tile = SimtTile>, M: Mask, const ROWS:
     if d > tile.max_head_dim() || block::dim() != tile.threads() {
         thread::trap();
     }
-    let (q_blk, h, b) = block::idx();
-    let q_blk = M::heaviest_first(q_blk, p.seqlen_q.div_ceil(br));
+    let BlockInfo { blk: q_blk, h, b } = BlockInfo::rows_per_head::<M>(p.seqlen_q.div_ceil(br));
     let (w, lane) = (warp::id(), warp::lane());
     let (sq, sk) = (p.seqlen_q, p.seqlen_k);
     let hk = h / (p.heads_q / p.heads_kv);

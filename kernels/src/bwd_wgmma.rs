@@ -64,6 +64,7 @@ use crate::dev::{self, Shared, block, global, math, thread, warp, warpgroup};
 use crate::dtype::MmaElement;
 use crate::frag::{store_rows, to_a};
 
+use crate::block_info::BlockInfo;
 use crate::copy::{body_head_dim, by_element, load_tile_in};
 use crate::mask::Mask;
 use crate::nonfinite::{clean_own_pair, dkdv_tile_masked, own_chunks_nonfinite, warp_fix_stored_dv, zero_own_nonfinite};
@@ -153,7 +154,7 @@ unsafe fn dkdv_masked<
     if p.head_dim > D as u32 || (!PAD && p.head_dim != D as u32) || d == 0 || block::dim() != THREADS as u32 {
         thread::trap();
     }
-    let (kv_blk, hk, b) = block::idx();
+    let BlockInfo { blk: kv_blk, h: hk, b } = BlockInfo::keys_per_head();
     // Warp w of warpgroup wg: keys 16w.. of the block; with two warpgroups, S^T and dV
     // (wg 0) or dP^T and dK (wg 1).
     let (wg, w, lane) = wg_warp_lane::<THREADS>();
@@ -817,8 +818,7 @@ unsafe fn dq_masked<
     if p.head_dim > D as u32 || (!PAD && p.head_dim != D as u32) || d == 0 || block::dim() != THREADS as u32 {
         thread::trap();
     }
-    let (q_blk, h, b) = block::idx();
-    let q_blk = M::heaviest_first(q_blk, p.seqlen_q.div_ceil(ROWS as u32));
+    let BlockInfo { blk: q_blk, h, b } = BlockInfo::rows_per_head::<M>(p.seqlen_q.div_ceil(ROWS as u32));
     // Warp w of warpgroup wg: rows 16w.. of the block; in the loop keys BC / split wg.. of
     // each tile, after it dQ columns DW wg..
     let split = THREADS / warpgroup::SIZE as usize;

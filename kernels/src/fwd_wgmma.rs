@@ -11,6 +11,7 @@
 //! A kernel compiled for D serves every head_dim d <= D (PAD): columns d..D are zero-filled
 //! in shared memory and never stored.
 
+use crate::block_info::{BlockInfo, stream_bytes};
 use crate::copy::{body_head_dim, by_element, load_tile_in, negate_own_chunks, store_chunk};
 use crate::dev::{self, Shared, block, global, thread, warp, warpgroup};
 use crate::dtype::MmaElement;
@@ -95,8 +96,8 @@ unsafe fn fwd<
     if p.head_dim > D as u32 || (!PAD && p.head_dim != D as u32) || d == 0 || block::dim() != tile.threads() {
         thread::trap();
     }
-    let (q_blk, h, b) = block::idx();
-    let q_blk = M::heaviest_first(q_blk, p.seqlen_q.div_ceil(br as u32));
+    let kv_bytes = stream_bytes::<T>(p.seqlen_k, D);
+    let BlockInfo { blk: q_blk, h, b } = BlockInfo::rows::<M>(p.seqlen_q.div_ceil(br as u32), p.heads_q, p.heads_kv, p.batch, kv_bytes);
     let (wg, w, lane) = (warpgroup::id() as usize, (warp::id() % 4) as usize, warp::lane() as usize);
     let (g, t) = (lane / 4, lane % 4);
     let (sq, sk) = (p.seqlen_q, p.seqlen_k);

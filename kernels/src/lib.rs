@@ -67,6 +67,7 @@ macro_rules! with_mask {
 #[cfg(not(target_arch = "nvptx64"))]
 extern crate std;
 
+pub mod block_info;
 pub mod bwd_convert;
 pub mod bwd_mma;
 pub mod bwd_prep;

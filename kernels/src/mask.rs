@@ -15,13 +15,6 @@ pub trait Mask {
     /// The first query row that sees key column `col` (`seqlen_q` if none): rows from it on
     /// see the column (the dK/dV loop's start).
     fn first_visible_row(col: u32, seqlen_q: u32, seqlen_k: u32) -> u32;
-    /// The query-row block that grid block `blk` of `n` computes: with a causal mask the
-    /// last (heaviest: later rows see more keys) first, so that the grid's tail is made of
-    /// light blocks. (Key blocks need no reordering: the first sees the most rows.)
-    #[inline(always)]
-    fn heaviest_first(blk: u32, n: u32) -> u32 {
-        if Self::CAUSAL { n - 1 - blk } else { blk }
-    }
 }
 
 /// No mask: every row sees every key.
