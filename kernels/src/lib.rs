@@ -12,9 +12,10 @@
 //! kernel: [`params`] (the launch parameters shared with the host, and their index helpers),
 //! [`tile`] (every tile decision, in one place), `smem` (shared-memory layouts), `copy`
 //! (global <-> shared copies), `frag` (register fragments), [`dtype`], [`mask`], [`softmax`]
-//! (online softmax and the backward's row statistics), [`nonfinite`] (the NaN/Inf rule);
-//! one file per kernel (`fwd_*.rs`, `bwd_*.rs`; no kernel file imports another); and
-//! [`registry`] (one line per variant).
+//! (online softmax and the backward's row statistics), [`nonfinite`] (the NaN/Inf rule),
+//! [`block_info`] (a block's tile, head and batch entry, and the grid's order); one file per
+//! kernel (`fwd_*.rs`, `bwd_*.rs`; no kernel file imports another); and [`registry`] (one
+//! line per variant).
 #![no_std]
 // Nightly features for the nvptx build alone (host/build.rs builds it with the pinned nightly):
 // the host build, the emulator, compiles on stable Rust.
