@@ -20,6 +20,7 @@ use crate::params::FwdParams;
 use crate::smem::{LaneAddr, Layout};
 use crate::softmax::{Domain, RowState, normalize};
 use crate::tile::{Config, MMA_WARPS, MmaTile};
+use core::marker::PhantomData;
 
 /// Entry body for one tile `C` (`tile::mma_tile`). Its const parameters are the tile's fields
 /// and the counts derived from them, checked against it at compile time (see `tile::Config`):
@@ -109,6 +110,36 @@ unsafe fn load_kv<T: MmaElement, const D: usize, const BC: usize, const PAD: boo
     }
 }
 
+/// Block, negative scale: the Q tile's sign bits flipped once its copies completed.
+#[inline(always)]
+fn negate_q<const D: usize, const MT: usize>(q: Shared<u32>) {
+    thread::cp_async_wait::<0>();
+    match MT {
+        1 => negate_own_chunks::<Layout<D>, D, 64, { (MMA_WARPS * 32) as usize }>(q),
+        2 => negate_own_chunks::<Layout<D>, D, 128, { (MMA_WARPS * 32) as usize }>(q),
+        _ => thread::trap(),
+    }
+}
+
+/// Warp w: the A fragments of its MT m16 tiles of Q, kept in registers for the KV loop (QREG).
+#[inline(always)]
+fn load_q_frag<T: MmaElement, const D: usize, const DK: usize, const MT: usize>(
+    q_s: Shared<T>,
+    q_addr: LaneAddr,
+    w: usize,
+    q_frag: &mut [[[u32; 4]; DK]; MT],
+) {
+    for (mt, qf) in q_frag.iter_mut().enumerate() {
+        for (kk, f) in qf.iter_mut().enumerate() {
+            *f = warp::ldmatrix_x4(q_s, q_addr.at::<D>(w * MT + mt, kk));
+        }
+    }
+}
+
+/// Block (4 warps): the forward pass of one (Br query rows, head, batch): Q and the first
+/// K, V tile in flight, then the KV loop (tile j + 1 prefetched while every warp runs
+/// [`Step::step`] on tile j: S = Q K^T, mask, online softmax, rescale, P V), then the
+/// epilogue ([`Out::store_o`]) and, if a masked V held NaN or Inf, the fix of the stored O.
 #[inline(always)]
 unsafe fn fwd<
     T: MmaElement,
@@ -187,12 +218,7 @@ unsafe fn fwd<
     // Without FUSED, c is the signed factor and the scores are scaled before the softmax.
     let c = if FUSED { T::Dm::factor(p.scale.abs()) } else { T::Dm::factor(p.scale) };
     if FUSED && p.scale < 0.0 {
-        thread::cp_async_wait::<0>();
-        match MT {
-            1 => negate_own_chunks::<Layout<D>, D, 64, { (MMA_WARPS * 32) as usize }>(q_s.cast()),
-            2 => negate_own_chunks::<Layout<D>, D, 128, { (MMA_WARPS * 32) as usize }>(q_s.cast()),
-            _ => thread::trap(),
-        }
+        negate_q::<D, MT>(q_s.cast());
     }
     for j in 0..n_tiles {
         // Prefetch K_{j+1}, V_{j+1} into the other stage while tile j is computed.
@@ -221,11 +247,7 @@ unsafe fn fwd<
             false
         };
         if QREG && j == 0 {
-            for (mt, qf) in q_frag.iter_mut().enumerate() {
-                for (kk, f) in qf.iter_mut().enumerate() {
-                    *f = warp::ldmatrix_x4(q_s, q_addr.at::<D>(w * MT + mt, kk));
-                }
-            }
+            load_q_frag::<T, D, DK, MT>(q_s, q_addr, w, &mut q_frag);
         }
         let ctx = Step::<T, D, DK, MT, QREG, FUSED> {
             p,
@@ -261,40 +283,8 @@ unsafe fn fwd<
         block::sync();
     }
 
-    // O = acc_o / l_i, LSE = m_i + log l_i, rows g and g + 8 of each m16 tile. The warp
-    // stages its rows of O in the Q tile's shared memory (its own rows only, free since the
-    // loop's last barrier), then writes whole 16-byte chunks: a lane's 4-byte fragments would
-    // fill half of each 32-byte sector (ncu, 27ff2b2).
-    let o_g = unsafe { (p.o as *mut T).add(p.o_strides.offset(b, 0, h) as usize) };
-    let lse_g = unsafe { (p.lse as *mut f32).add(p.lse_row(b, h) as usize) };
-    let o_words: Shared<u32> = q_s.cast();
-    for mt in 0..MT {
-        for half in 0..2 {
-            let (inv_l, lse) = if FUSED { rows[mt][half].finish_raw::<4>(c, p.scale.abs()) } else { rows[mt][half].finish::<T::Dm, 4>() };
-            let r_tile = (w * MT + mt) * 16 + g + 8 * half;
-            for (n, acc) in acc_o[mt].iter().enumerate() {
-                let packed = T::pack2(normalize(acc[2 * half], inv_l), normalize(acc[2 * half + 1], inv_l));
-                o_words.st(Layout::<D>::at(r_tile, n * 8 + 2 * t) / 2, packed);
-            }
-            let r = row0 + r_tile as u32;
-            if r < sq && t == 0 {
-                unsafe { global::store(lse_g.add(r as usize), lse) };
-            }
-        }
-    }
-    warp::sync();
-    // Warp: its MT * 16 rows, D / 8 chunks each, lane l taking chunks l + 32 i; columns d..D
-    // are zero padding, not stored.
-    let cpr = D / 8;
-    for i in 0..MT * 16 * cpr / 32 {
-        let e = lane + 32 * i;
-        let (r_tile, col) = (w * MT * 16 + e / cpr, (e % cpr) * 8);
-        let r = row0 + r_tile as u32;
-        if r < sq && (col as u32) < d {
-            let v = q_s.ld_16(Layout::<D>::at(r_tile, col));
-            unsafe { store_chunk(o_g.add((r as u64 * p.o_strides.row) as usize), col as u32, d, v) };
-        }
-    }
+    let out = Out::<T, D, MT> { p, q_len: br * rs, b, h, d, sq, row0, _elem: PhantomData };
+    out.store_o::<FUSED, DN>(&acc_o, &rows, c);
     // (Written before the loop's last barrier, or with no loop, unwritten and 0.)
     if bad_flag.ld(0) != 0 {
         // The zeroed values of the masked tiles' V, into the stored O of the rows that see
@@ -426,6 +416,69 @@ impl<T: MmaElement, const D: usize, const DK: usize, const MT: usize, const QREG
                     acc_o[mt][2 * dp] = T::mma(pa[mt], [b[0], b[1]], acc_o[mt][2 * dp]);
                     acc_o[mt][2 * dp + 1] = T::mma(pa[mt], [b[2], b[3]], acc_o[mt][2 * dp + 1]);
                 }
+            }
+        }
+    }
+}
+
+/// What the epilogue reads: the launch, the Q tile (O's staging area), the block's rows.
+struct Out<'a, T: Copy, const D: usize, const MT: usize> {
+    p: &'a FwdParams,
+    /// Elements of the Q tile (O's staging area, at the start of the dynamic shared memory).
+    q_len: usize,
+    /// Batch and query head.
+    b: u32,
+    h: u32,
+    /// head_dim (columns stored), seqlen_q, first query row of the block.
+    d: u32,
+    sq: u32,
+    row0: u32,
+    _elem: PhantomData<T>,
+}
+
+impl<T: MmaElement, const D: usize, const MT: usize> Out<'_, T, D, MT> {
+    /// Warp: O = acc_o / l_i, LSE = m_i + log l_i, rows g and g + 8 of each m16 tile. The warp
+    /// stages its rows of O in the Q tile's shared memory (its own rows only, free since the
+    /// loop's last barrier), then writes whole 16-byte chunks: a lane's 4-byte fragments would
+    /// fill half of each 32-byte sector (ncu, 27ff2b2).
+    #[inline(always)]
+    fn store_o<const FUSED: bool, const DN: usize>(&self, acc_o: &[[[f32; 4]; DN]; MT], rows: &[[RowState; 2]; MT], c: f32) {
+        let (p, b, h, d, sq, row0) = (self.p, self.b, self.h, self.d, self.sq, self.row0);
+        // The Q tile, the warp and the lane taken again here, not from fields: LLVM optimizes
+        // this method before inlining it, and so knows the tile's base and their ranges (from
+        // fields, the staging addresses came out other: PTX changed).
+        let q_s: Shared<T> = unsafe { dev::dynamic_shared(self.q_len) };
+        let (w, lane) = (warp::id() as usize, warp::lane() as usize);
+        let (g, t) = (lane / 4, lane % 4);
+        let o_g = unsafe { (p.o as *mut T).add(p.o_strides.offset(b, 0, h) as usize) };
+        let lse_g = unsafe { (p.lse as *mut f32).add(p.lse_row(b, h) as usize) };
+        let o_words: Shared<u32> = q_s.cast();
+        for mt in 0..MT {
+            for half in 0..2 {
+                let (inv_l, lse) =
+                    if FUSED { rows[mt][half].finish_raw::<4>(c, p.scale.abs()) } else { rows[mt][half].finish::<T::Dm, 4>() };
+                let r_tile = (w * MT + mt) * 16 + g + 8 * half;
+                for (n, acc) in acc_o[mt].iter().enumerate() {
+                    let packed = T::pack2(normalize(acc[2 * half], inv_l), normalize(acc[2 * half + 1], inv_l));
+                    o_words.st(Layout::<D>::at(r_tile, n * 8 + 2 * t) / 2, packed);
+                }
+                let r = row0 + r_tile as u32;
+                if r < sq && t == 0 {
+                    unsafe { global::store(lse_g.add(r as usize), lse) };
+                }
+            }
+        }
+        warp::sync();
+        // Warp: its MT * 16 rows, D / 8 chunks each, lane l taking chunks l + 32 i; columns d..D
+        // are zero padding, not stored.
+        let cpr = D / 8;
+        for i in 0..MT * 16 * cpr / 32 {
+            let e = lane + 32 * i;
+            let (r_tile, col) = (w * MT * 16 + e / cpr, (e % cpr) * 8);
+            let r = row0 + r_tile as u32;
+            if r < sq && (col as u32) < d {
+                let v = q_s.ld_16(Layout::<D>::at(r_tile, col));
+                unsafe { store_chunk(o_g.add((r as u64 * p.o_strides.row) as usize), col as u32, d, v) };
             }
         }
     }

@@ -21,6 +21,7 @@ use crate::params::FwdParams;
 use crate::smem::Sw;
 use crate::softmax::{Domain, RowState, normalize};
 use crate::tile::{Config, WgmmaTile};
+use core::marker::PhantomData;
 
 /// Entry body for one tile `C` (`tile::wgmma_tile`). Its const parameters are the tile's
 /// fields and the counts derived from them, checked against it at compile time (see
@@ -73,6 +74,10 @@ fn pv_k_step<const DN: usize>(a: [u32; 4], b: warpgroup::Desc, acc: &mut [[f32; 
     }
 }
 
+/// Block (its WG warpgroups): the forward pass of one (Br query rows, head, batch): the first
+/// copy groups, tile 0's S and softmax, then the KV loop, whose iteration j issues S_j and
+/// P_(j-1) V_(j-1) and folds tile j into the online softmax ([`Fwd::step`]), the last P V and
+/// the epilogue.
 #[inline(always)]
 unsafe fn fwd<
     T: MmaElement,
@@ -106,9 +111,6 @@ unsafe fn fwd<
 
     // Shared memory: Q [br][D], K stages 0 and 1, V stages 0 and 1 ([BC][D] each).
     let smem: Shared<T> = unsafe { dev::dynamic_shared((br + 4 * BC) * D) };
-    let q_s = smem.slice(0, br * D);
-    let k_s = |stage: usize| smem.slice((br + stage * BC) * D, BC * D);
-    let v_s = |stage: usize| smem.slice((br + (2 + stage) * BC) * D, BC * D);
 
     let q_g = unsafe { (p.q as *const T).add(p.q_strides.offset(b, row0.min(sq), h) as usize) };
     let k_g = unsafe { (p.k as *const T).add(p.k_strides.offset(b, 0, h_kv) as usize) };
@@ -117,240 +119,79 @@ unsafe fn fwd<
     let row_end = (row0 + br as u32).min(sq);
     let n_tiles = M::visible_cols(row_end, sq, sk).div_ceil(BC as u32) as usize;
     let n_unmasked = ((M::unmasked_cols(row0, sq, sk) / BC as u32) as usize).min(n_tiles);
-
-    // Br is 64 WG rows; ROWS must be a constant, so one arm per warpgroup count.
-    let load_q = inline_closure!(|| unsafe {
-        match WG {
-            1 => load_tile_in::<T, Sw<64, D>, D, 64, 128, true>(q_s, q_g, p.q_strides.row, sq - row0.min(sq), d),
-            2 => load_tile_in::<T, Sw<128, D>, D, 128, 256, true>(q_s, q_g, p.q_strides.row, sq - row0.min(sq), d),
-            3 => load_tile_in::<T, Sw<192, D>, D, 192, 384, true>(q_s, q_g, p.q_strides.row, sq - row0.min(sq), d),
-            _ => thread::trap(),
-        }
-    });
-    // Block: one K (or V) tile of BC keys from key c1 into `stage`; bounds checks only where
-    // the tile reaches past seqlen_k or head_dim is padded.
-    let load_one = inline_closure!(|dst: Shared<T>, src: *const T, stride: u64, c1: u32| unsafe {
-        let src = src.add((c1 as u64 * stride) as usize);
-        let limit = sk - c1;
-        macro_rules! one {
-            ($threads:literal) => {
-                if PAD || limit < BC as u32 {
-                    load_tile_in::<T, Sw<BC, D>, D, BC, $threads, true>(dst, src, stride, limit, d)
-                } else {
-                    load_tile_in::<T, Sw<BC, D>, D, BC, $threads, false>(dst, src, stride, limit, d)
-                }
-            };
-        }
-        match WG {
-            1 => one!(128),
-            2 => one!(256),
-            3 => one!(384),
-            _ => thread::trap(),
-        }
-    });
-    let load_k = inline_closure!(|stage: usize, c1: u32| load_one(k_s(stage), k_g, p.k_strides.row, c1));
-    let load_v = inline_closure!(|stage: usize, c1: u32| load_one(v_s(stage), v_g, p.v_strides.row, c1));
+    let tiles = Tiles::<T, D, WG, BC, PAD> { p, smem, q_s: smem.slice(0, br * D), br, q_g, k_g, v_g, d, sq, sk, row0 };
 
     // Copy groups: G_0 = {Q, K_0}, then G_j = {K_j, V_(j-1)} for j >= 1 (K_n does not
     // exist): iteration j needs G_j and issues G_(j+1) into the stages iteration j - 1 freed.
-    load_q();
+    tiles.load_q();
     if n_tiles > 0 {
-        load_k(0, 0);
+        tiles.load_k(0, 0);
     }
     thread::cp_async_commit();
     if n_tiles > 0 {
         if n_tiles > 1 {
-            load_k(1, BC as u32);
+            tiles.load_k(1, BC as u32);
         }
-        load_v(0, 0);
+        tiles.load_v(0, 0);
     }
     thread::cp_async_commit();
-
     // Raw scores; c = |scale| log2 e turns them into the exponent with one FFMA; a negative
     // scale is a positive one on -Q (sign bits flipped once in shared memory).
     let c = T::Dm::factor(p.scale.abs());
     if p.scale < 0.0 {
-        thread::cp_async_wait::<0>();
-        match WG {
-            1 => negate_own_chunks::<Sw<64, D>, D, 64, 128>(q_s.cast()),
-            2 => negate_own_chunks::<Sw<128, D>, D, 128, 256>(q_s.cast()),
-            3 => negate_own_chunks::<Sw<192, D>, D, 192, 384>(q_s.cast()),
-            _ => thread::trap(),
-        }
+        tiles.negate_q();
     }
 
     let mut acc_o = [[0f32; 4]; DN];
     let mut acc_s = [[0f32; 4]; NS];
     let mut pa = [[0u32; 4]; KS];
     let mut rows = [RowState::INIT; 2]; // rows g and g + 8 of this warp's 16
-    let row_w = row0 + (wg * 64 + w * 16) as u32; // first query row of this warp
-    let q_off = wg * 64 * 64; // this warpgroup's 64 rows of Q
-    // Warpgroup: issue S_j = Q K_j (D / 16 k-steps of m64n{BC}k16, both operands in shared
-    // memory) as one wgmma group.
-    let issue_s = inline_closure!(|stage: usize, acc_s: &mut [[f32; 4]; NS]| {
-        for kk in 0..D / 16 {
-            let a = warpgroup::desc_sw128(q_s, (kk / 4) * br * 64 + q_off + (kk % 4) * 16, 16, 1024);
-            let bk = warpgroup::desc_sw128(k_s(stage), (kk / 4) * BC * 64 + (kk % 4) * 16, 16, 1024);
-            warpgroup::mma_ss::<NS>(a, bk, acc_s, kk > 0, T::BF16);
-        }
-        warpgroup::commit();
-    });
-    // Warpgroup: issue O += P V_j (BC / 16 k-steps of m64n{D}k16, P from registers, V
-    // [keys][D] read MN-major; a k-step is two wgmma at D = 192 and 256: `pv_k_step`)
-    // as one wgmma group.
-    let issue_pv = inline_closure!(|stage: usize, pa: &[[u32; 4]; KS], acc_o: &mut [[f32; 4]; DN]| {
-        for (kv, f) in pa.iter().enumerate() {
-            let bv = warpgroup::desc_sw128(v_s(stage), kv * 16 * 64, Sw::<BC, D>::BLOCK_BYTES, 1024);
-            pv_k_step::<DN>(*f, bv, acc_o, Sw::<BC, D>::BLOCK_BYTES, T::BF16);
-        }
-        warpgroup::commit();
-    });
-    // Thread: mask tile j's scores (when `masked`) and fold them into the rows' online
-    // softmax; the scores become P in place; returns alpha per row.
-    let softmax = inline_closure!(|j: usize, masked: bool, acc_s: &mut [[f32; 4]; NS], rows: &mut [RowState; 2]| -> [f32; 2] {
-        let c0 = (j * BC) as u32;
-        let mut s = [[[0f32; 2]; NS]; 2];
-        for (n, a) in acc_s.iter().enumerate() {
-            for e in 0..4 {
-                let half = e / 2;
-                let mut x = a[e];
-                if masked {
-                    let row = row_w + (g + 8 * half) as u32;
-                    let col = c0 + (n * 8 + 2 * t + e % 2) as u32;
-                    if col >= sk || M::hides(row, col, sq, sk) {
-                        x = f32::NEG_INFINITY;
-                    }
-                }
-                s[half][n][e % 2] = x;
-            }
-        }
-        let mut alpha = [1f32; 2];
-        for half in 0..2 {
-            alpha[half] = rows[half].update_raw::<4>(s[half].as_flattened_mut(), c);
-        }
-        for (n, a) in acc_s.iter_mut().enumerate() {
-            *a = [s[0][n][0], s[0][n][1], s[1][n][0], s[1][n][1]];
-        }
-        alpha
-    });
-    // Thread: acc_o *= alpha (skipped when no row of the warp got a new max: alpha = 1
-    // exactly), and P to 16 bits in wgmma's A layout (k-step kv: S n-tiles 2kv, 2kv + 1).
-    let rescale_and_pack =
-        inline_closure!(|alpha: [f32; 2], acc_s: &[[f32; 4]; NS], acc_o: &mut [[f32; 4]; DN], pa: &mut [[u32; 4]; KS]| {
-            if warp::any(alpha[0] != 1.0 || alpha[1] != 1.0) {
-                for a in acc_o.iter_mut() {
-                    a[0] *= alpha[0];
-                    a[1] *= alpha[0];
-                    a[2] *= alpha[1];
-                    a[3] *= alpha[1];
-                }
-            }
-            for (kv, f) in pa.iter_mut().enumerate() {
-                let (lo, hi) = (acc_s[2 * kv], acc_s[2 * kv + 1]);
-                *f = [T::pack2(lo[0], lo[1]), T::pack2(lo[2], lo[3]), T::pack2(hi[0], hi[1]), T::pack2(hi[2], hi[3])];
-            }
-        });
-
+    let f = Fwd::<T, M, D, WG, BC, NS, DN, KS, PAD> {
+        tiles,
+        n_tiles: &n_tiles,
+        n_unmasked: &n_unmasked,
+        row_w: row0 + (wg * 64 + w * 16) as u32,
+        q_off: wg * 64 * 64,
+        r_warp: wg * 64 + w * 16,
+        b,
+        h,
+        lane,
+        g,
+        t,
+        c,
+        _mask: PhantomData,
+    };
     if n_tiles > 0 {
         // Tile 0: S_0, its softmax, P_0 (acc_o is still 0: nothing to rescale).
         thread::cp_async_wait::<1>();
         thread::fence_proxy_async();
         block::sync();
         warpgroup::fence();
-        issue_s(0, &mut acc_s);
+        f.issue_s(0, &mut acc_s);
         warpgroup::wait::<0, NS>(&mut acc_s);
-        let alpha = softmax(0, n_unmasked == 0, &mut acc_s, &mut rows);
-        rescale_and_pack(alpha, &acc_s, &mut acc_o, &mut pa);
+        let alpha = f.softmax(0, n_unmasked == 0, &mut acc_s, &mut rows);
+        f.rescale_and_pack(alpha, &acc_s, &mut acc_o, &mut pa);
     }
-    // Iteration j >= 1 of the KV loop; `masked` is a literal at each call, so the unmasked
-    // iterations carry no mask code.
-    // Masked tiles (see `nonfinite`), block: this thread's chunks of V tile `stage` with their
-    // NaNs and infinities set to 0 (its copies complete), and whether the block found any, at
-    // the barrier that publishes the tile; without `masked`, the barrier alone.
-    let sync_v = inline_closure!(|stage: usize, masked: bool| -> bool {
-        if !masked {
-            thread::fence_proxy_async();
-            block::sync();
-            return false;
-        }
-        macro_rules! scan {
-            ($threads:literal) => {{
-                let found = own_chunks_nonfinite::<T, Sw<BC, D>, D, BC, $threads>(v_s(stage));
-                if found {
-                    zero_own_nonfinite::<T, Sw<BC, D>, D, BC, $threads>(v_s(stage));
-                }
-                found
-            }};
-        }
-        let found = match WG {
-            1 => scan!(128),
-            2 => scan!(256),
-            _ => scan!(384),
-        };
-        thread::fence_proxy_async();
-        block::sync_any(found)
-    });
-    let step = inline_closure!(|j: usize,
-                                masked: bool,
-                                acc_s: &mut [[f32; 4]; NS],
-                                acc_o: &mut [[f32; 4]; DN],
-                                pa: &mut [[u32; 4]; KS],
-                                rows: &mut [RowState; 2]| {
-        // Every warpgroup is done with iteration j - 1 (S_(j-1) read K stage (j - 1) % 2,
-        // PV_(j-2) read V stage j % 2): G_(j+1) may refill them.
-        block::sync();
-        if j + 1 < n_tiles {
-            load_k((j + 1) % 2, ((j + 1) * BC) as u32);
-        }
-        load_v(j % 2, (j * BC) as u32);
-        thread::cp_async_commit();
-        // G_j (K_j, V_(j-1)) landed, for every thread and for the async proxy (V_(j-1) checked
-        // for NaNs and infinities if it is a masked tile).
-        thread::cp_async_wait::<1>();
-        let bad_v = sync_v((j - 1) % 2, masked && j > n_unmasked);
-        // S_j = Q K_j, then O += P_(j-1) V_(j-1), then the softmax of tile j (FA3's
-        // intra-warpgroup order; ptxas still waits for P V before the softmax, so the overlap
-        // comes from the other blocks on the SM: see `tile::wgmma_tile`).
-        warpgroup::fence_operands(acc_o);
-        warpgroup::fence_fragments(pa);
-        warpgroup::fence();
-        issue_s(j % 2, acc_s);
-        issue_pv((j - 1) % 2, pa, acc_o);
-        warpgroup::wait::<1, NS>(acc_s);
-        let alpha = softmax(j, masked, acc_s, rows);
-        // Pinned before the wait: LLVM otherwise sinks the softmax below it, next to its
-        // uses, and the overlap is lost (SASS of f09a897: one exp between the two waits).
-        let mut al = [[alpha[0], alpha[1], rows[0].l, rows[1].l]];
-        warpgroup::fence_operands(&mut al);
-        warpgroup::fence_operands(acc_s);
-        let alpha = [al[0][0], al[0][1]];
-        (rows[0].l, rows[1].l) = (al[0][2], al[0][3]);
-        warpgroup::wait::<0, DN>(acc_o);
-        // P_(j-1) stays live until P V has read it: else ptxas reuses its registers for the
-        // softmax above and must wait for P V first, which serialises the two (SASS).
-        warpgroup::fence_fragments(pa);
-        rescale_and_pack(alpha, acc_s, acc_o, pa);
-        bad_v
-    });
     // The unmasked iterations, then the masked ones (the causal diagonal, the seqlen_k edge).
+    // `masked` is a literal at each call, so the unmasked iterations carry no mask code.
     let split = n_unmasked.clamp(1, n_tiles.max(1));
     for j in 1..split {
-        step(j, false, &mut acc_s, &mut acc_o, &mut pa, &mut rows);
+        f.step(j, false, &mut acc_s, &mut acc_o, &mut pa, &mut rows);
     }
     // Whether a masked tile's V held a NaN or an infinity (zeroed for the product, added back
     // after the loop).
     let mut bad_v = false;
     for j in split..n_tiles {
-        bad_v |= step(j, true, &mut acc_s, &mut acc_o, &mut pa, &mut rows);
+        bad_v |= f.step(j, true, &mut acc_s, &mut acc_o, &mut pa, &mut rows);
     }
     if n_tiles > 0 {
         // O += P_(n-1) V_(n-1).
         thread::cp_async_wait::<0>();
-        bad_v |= sync_v((n_tiles - 1) % 2, n_tiles > n_unmasked);
+        bad_v |= tiles.sync_v((n_tiles - 1) % 2, n_tiles > n_unmasked);
         warpgroup::fence_operands(&mut acc_o);
         warpgroup::fence_fragments(&mut pa);
         warpgroup::fence();
-        issue_pv((n_tiles - 1) % 2, &pa, &mut acc_o);
+        f.issue_pv((n_tiles - 1) % 2, &pa, &mut acc_o);
         warpgroup::wait::<0, DN>(&mut acc_o);
     } else {
         // No key visible: no barrier has ordered the block's Q copies (and sign flips)
@@ -362,79 +203,406 @@ unsafe fn fwd<
     // wgmma read (all complete).
 
     if bad_v {
-        // The zeroed values of the masked tiles' V, back into the outputs of the rows that
-        // see their keys (`nonfinite`).
-        let c0 = (n_unmasked * BC) as u32;
-        let v0 = unsafe { v_g.add((c0 as u64 * p.v_strides.row) as usize) };
-        let r = row_w + g as u32;
+        f.add_masked_nonfinite(&mut acc_o);
+    }
+    f.epilogue(&acc_o, &rows);
+}
+
+/// The block's shared tiles and global slices, and the copies between them ([`fwd`] builds
+/// it before the first copy).
+#[derive(Clone, Copy)]
+struct Tiles<'a, T: Copy, const D: usize, const WG: usize, const BC: usize, const PAD: bool> {
+    p: &'a FwdParams,
+    /// Dynamic shared memory: Q [br][D], K stages 0 and 1, V stages 0 and 1 ([BC][D] each);
+    /// `q_s` is its Q tile.
+    smem: Shared<T>,
+    q_s: Shared<T>,
+    /// Query rows per block (64 WG).
+    br: usize,
+    /// Q from the block's first row; K and V of the (batch, KV head) from key 0.
+    q_g: *const T,
+    k_g: *const T,
+    v_g: *const T,
+    /// head_dim (the copies' column bound), seqlen_q, seqlen_k.
+    d: u32,
+    sq: u32,
+    sk: u32,
+    /// First query row of the block.
+    row0: u32,
+}
+
+impl<T: MmaElement, const D: usize, const WG: usize, const BC: usize, const PAD: bool> Tiles<'_, T, D, WG, BC, PAD> {
+    /// K stage `stage` ([BC][D]).
+    #[inline(always)]
+    fn k_s(&self, stage: usize) -> Shared<T> {
+        self.smem.slice((self.br + stage * BC) * D, BC * D)
+    }
+
+    /// V stage `stage` ([BC][D]).
+    #[inline(always)]
+    fn v_s(&self, stage: usize) -> Shared<T> {
+        self.smem.slice((self.br + (2 + stage) * BC) * D, BC * D)
+    }
+
+    /// Block: the Q tile, rows past seqlen_q zero-filled.
+    #[inline(always)]
+    fn load_q(&self) {
+        let (p, q_s, q_g, sq, row0, d) = (self.p, self.q_s, self.q_g, self.sq, self.row0, self.d);
+        // Br is 64 WG rows; ROWS must be a constant, so one arm per warpgroup count.
+        unsafe {
+            match WG {
+                1 => load_tile_in::<T, Sw<64, D>, D, 64, 128, true>(q_s, q_g, p.q_strides.row, sq - row0.min(sq), d),
+                2 => load_tile_in::<T, Sw<128, D>, D, 128, 256, true>(q_s, q_g, p.q_strides.row, sq - row0.min(sq), d),
+                3 => load_tile_in::<T, Sw<192, D>, D, 192, 384, true>(q_s, q_g, p.q_strides.row, sq - row0.min(sq), d),
+                _ => thread::trap(),
+            }
+        }
+    }
+
+    /// Block: one K (or V) tile of BC keys from key c1 into `dst`; bounds checks only where
+    /// the tile reaches past seqlen_k or head_dim is padded.
+    #[inline(always)]
+    fn load_one(&self, dst: Shared<T>, src: *const T, stride: u64, c1: u32) {
+        let d = self.d;
+        unsafe {
+            let src = src.add((c1 as u64 * stride) as usize);
+            let limit = self.sk - c1;
+            macro_rules! one {
+                ($threads:literal) => {
+                    if PAD || limit < BC as u32 {
+                        load_tile_in::<T, Sw<BC, D>, D, BC, $threads, true>(dst, src, stride, limit, d)
+                    } else {
+                        load_tile_in::<T, Sw<BC, D>, D, BC, $threads, false>(dst, src, stride, limit, d)
+                    }
+                };
+            }
+            match WG {
+                1 => one!(128),
+                2 => one!(256),
+                3 => one!(384),
+                _ => thread::trap(),
+            }
+        }
+    }
+
+    /// Block: K tile from key c1 into stage `stage`.
+    #[inline(always)]
+    fn load_k(&self, stage: usize, c1: u32) {
+        self.load_one(self.k_s(stage), self.k_g, self.p.k_strides.row, c1)
+    }
+
+    /// Block: V tile from key c1 into stage `stage`.
+    #[inline(always)]
+    fn load_v(&self, stage: usize, c1: u32) {
+        self.load_one(self.v_s(stage), self.v_g, self.p.v_strides.row, c1)
+    }
+
+    /// Block, negative scale: the Q tile's sign bits flipped once its copies completed.
+    #[inline(always)]
+    fn negate_q(&self) {
+        let q_s = self.q_s;
+        thread::cp_async_wait::<0>();
+        match WG {
+            1 => negate_own_chunks::<Sw<64, D>, D, 64, 128>(q_s.cast()),
+            2 => negate_own_chunks::<Sw<128, D>, D, 128, 256>(q_s.cast()),
+            3 => negate_own_chunks::<Sw<192, D>, D, 192, 384>(q_s.cast()),
+            _ => thread::trap(),
+        }
+    }
+
+    /// Block: the barrier that publishes V tile `stage` (its copies complete). Masked tiles
+    /// (see `nonfinite`): first this thread's chunks of it with their NaNs and infinities set
+    /// to 0, and whether the block found any is returned; without `masked`, the barrier alone.
+    #[inline(always)]
+    fn sync_v(&self, stage: usize, masked: bool) -> bool {
+        if !masked {
+            thread::fence_proxy_async();
+            block::sync();
+            return false;
+        }
+        macro_rules! scan {
+            ($threads:literal) => {{
+                let found = own_chunks_nonfinite::<T, Sw<BC, D>, D, BC, $threads>(self.v_s(stage));
+                if found {
+                    zero_own_nonfinite::<T, Sw<BC, D>, D, BC, $threads>(self.v_s(stage));
+                }
+                found
+            }};
+        }
+        let found = match WG {
+            1 => scan!(128),
+            2 => scan!(256),
+            _ => scan!(384),
+        };
+        thread::fence_proxy_async();
+        block::sync_any(found)
+    }
+}
+
+/// What the KV loop's steps and the epilogue read, per warp: the block's [`Tiles`], the key
+/// tile counts, the warp's rows ([`fwd`] builds it once Q and the first K, V are in flight).
+struct Fwd<
+    'a,
+    T: Copy,
+    M,
+    const D: usize,
+    const WG: usize,
+    const BC: usize,
+    const NS: usize,
+    const DN: usize,
+    const KS: usize,
+    const PAD: bool,
+> {
+    tiles: Tiles<'a, T, D, WG, BC, PAD>,
+    /// Key tiles any row of the block sees, and how many of them (the first) are unmasked.
+    /// By reference, as the closures that this struct replaced captured them: read from
+    /// values, LLVM narrows them differently (other PTX).
+    n_tiles: &'a usize,
+    n_unmasked: &'a usize,
+    /// First query row of this warp; its warpgroup's 64 rows of Q (element offset); the
+    /// warp's first row in the tile.
+    row_w: u32,
+    q_off: usize,
+    r_warp: usize,
+    /// Batch and query head.
+    b: u32,
+    h: u32,
+    lane: usize,
+    g: usize,
+    t: usize,
+    /// Factor from raw scores to the log2 domain (|scale| log2 e).
+    c: f32,
+    _mask: PhantomData<M>,
+}
+
+impl<
+    T: MmaElement,
+    M: Mask,
+    const D: usize,
+    const WG: usize,
+    const BC: usize,
+    const NS: usize,
+    const DN: usize,
+    const KS: usize,
+    const PAD: bool,
+> Fwd<'_, T, M, D, WG, BC, NS, DN, KS, PAD>
+{
+    /// Warpgroup: issue S_j = Q K_j (D / 16 k-steps of m64n{BC}k16, both operands in shared
+    /// memory) as one wgmma group.
+    #[inline(always)]
+    fn issue_s(&self, stage: usize, acc_s: &mut [[f32; 4]; NS]) {
+        for kk in 0..D / 16 {
+            let a = warpgroup::desc_sw128(self.tiles.q_s, (kk / 4) * self.tiles.br * 64 + self.q_off + (kk % 4) * 16, 16, 1024);
+            let bk = warpgroup::desc_sw128(self.tiles.k_s(stage), (kk / 4) * BC * 64 + (kk % 4) * 16, 16, 1024);
+            warpgroup::mma_ss::<NS>(a, bk, acc_s, kk > 0, T::BF16);
+        }
+        warpgroup::commit();
+    }
+
+    /// Warpgroup: issue O += P V_j (BC / 16 k-steps of m64n{D}k16, P from registers, V
+    /// [keys][D] read MN-major; a k-step is two wgmma at D = 192 and 256: `pv_k_step`)
+    /// as one wgmma group.
+    #[inline(always)]
+    fn issue_pv(&self, stage: usize, pa: &[[u32; 4]; KS], acc_o: &mut [[f32; 4]; DN]) {
+        for (kv, f) in pa.iter().enumerate() {
+            let bv = warpgroup::desc_sw128(self.tiles.v_s(stage), kv * 16 * 64, Sw::<BC, D>::BLOCK_BYTES, 1024);
+            pv_k_step::<DN>(*f, bv, acc_o, Sw::<BC, D>::BLOCK_BYTES, T::BF16);
+        }
+        warpgroup::commit();
+    }
+
+    /// Thread: mask tile j's scores (when `masked`) and fold them into the rows' online
+    /// softmax (m_i, l_i); the scores become P in place; returns alpha per row.
+    #[inline(always)]
+    fn softmax(&self, j: usize, masked: bool, acc_s: &mut [[f32; 4]; NS], rows: &mut [RowState; 2]) -> [f32; 2] {
+        let (g, t, sq, sk) = (self.g, self.t, self.tiles.sq, self.tiles.sk);
+        let c0 = (j * BC) as u32;
+        let mut s = [[[0f32; 2]; NS]; 2];
+        for (n, a) in acc_s.iter().enumerate() {
+            for e in 0..4 {
+                let half = e / 2;
+                let mut x = a[e];
+                if masked {
+                    let row = self.row_w + (g + 8 * half) as u32;
+                    let col = c0 + (n * 8 + 2 * t + e % 2) as u32;
+                    if col >= sk || M::hides(row, col, sq, sk) {
+                        x = f32::NEG_INFINITY;
+                    }
+                }
+                s[half][n][e % 2] = x;
+            }
+        }
+        let mut alpha = [1f32; 2];
+        for half in 0..2 {
+            alpha[half] = rows[half].update_raw::<4>(s[half].as_flattened_mut(), self.c);
+        }
+        for (n, a) in acc_s.iter_mut().enumerate() {
+            *a = [s[0][n][0], s[0][n][1], s[1][n][0], s[1][n][1]];
+        }
+        alpha
+    }
+
+    /// Thread: acc_o *= alpha (skipped when no row of the warp got a new max: alpha = 1
+    /// exactly), and P to 16 bits in wgmma's A layout (k-step kv: S n-tiles 2kv, 2kv + 1).
+    #[inline(always)]
+    fn rescale_and_pack(&self, alpha: [f32; 2], acc_s: &[[f32; 4]; NS], acc_o: &mut [[f32; 4]; DN], pa: &mut [[u32; 4]; KS]) {
+        if warp::any(alpha[0] != 1.0 || alpha[1] != 1.0) {
+            for a in acc_o.iter_mut() {
+                a[0] *= alpha[0];
+                a[1] *= alpha[0];
+                a[2] *= alpha[1];
+                a[3] *= alpha[1];
+            }
+        }
+        for (kv, f) in pa.iter_mut().enumerate() {
+            let (lo, hi) = (acc_s[2 * kv], acc_s[2 * kv + 1]);
+            *f = [T::pack2(lo[0], lo[1]), T::pack2(lo[2], lo[3]), T::pack2(hi[0], hi[1]), T::pack2(hi[2], hi[3])];
+        }
+    }
+
+    /// Block (wgmma by warpgroup): iteration j >= 1 of the KV loop: S_j = Q K_j, O +=
+    /// P_(j-1) V_(j-1) with O first rescaled by tile j - 1's alpha, then tile j's softmax and
+    /// P_j; `masked` is a literal at each call, so the unmasked iterations carry no mask code.
+    /// Returns whether V_(j-1) held a NaN or an infinity (masked tiles only).
+    #[inline(always)]
+    fn step(
+        &self,
+        j: usize,
+        masked: bool,
+        acc_s: &mut [[f32; 4]; NS],
+        acc_o: &mut [[f32; 4]; DN],
+        pa: &mut [[u32; 4]; KS],
+        rows: &mut [RowState; 2],
+    ) -> bool {
+        // Every warpgroup is done with iteration j - 1 (S_(j-1) read K stage (j - 1) % 2,
+        // PV_(j-2) read V stage j % 2): G_(j+1) may refill them.
+        block::sync();
+        if j + 1 < *self.n_tiles {
+            self.tiles.load_k((j + 1) % 2, ((j + 1) * BC) as u32);
+        }
+        self.tiles.load_v(j % 2, (j * BC) as u32);
+        thread::cp_async_commit();
+        // G_j (K_j, V_(j-1)) landed, for every thread and for the async proxy (V_(j-1) checked
+        // for NaNs and infinities if it is a masked tile).
+        thread::cp_async_wait::<1>();
+        let bad_v = self.tiles.sync_v((j - 1) % 2, masked && j > *self.n_unmasked);
+        // S_j = Q K_j, then O += P_(j-1) V_(j-1), then the softmax of tile j (FA3's
+        // intra-warpgroup order; ptxas still waits for P V before the softmax, so the overlap
+        // comes from the other blocks on the SM: see `tile::wgmma_tile`).
+        warpgroup::fence_operands(acc_o);
+        warpgroup::fence_fragments(pa);
+        warpgroup::fence();
+        self.issue_s(j % 2, acc_s);
+        self.issue_pv((j - 1) % 2, pa, acc_o);
+        warpgroup::wait::<1, NS>(acc_s);
+        let alpha = self.softmax(j, masked, acc_s, rows);
+        // Pinned before the wait: LLVM otherwise sinks the softmax below it, next to its
+        // uses, and the overlap is lost (SASS of f09a897: one exp between the two waits).
+        let mut al = [[alpha[0], alpha[1], rows[0].l, rows[1].l]];
+        warpgroup::fence_operands(&mut al);
+        warpgroup::fence_operands(acc_s);
+        let alpha = [al[0][0], al[0][1]];
+        (rows[0].l, rows[1].l) = (al[0][2], al[0][3]);
+        warpgroup::wait::<0, DN>(acc_o);
+        // P_(j-1) stays live until P V has read it: else ptxas reuses its registers for the
+        // softmax above and must wait for P V first, which serialises the two (SASS).
+        warpgroup::fence_fragments(pa);
+        self.rescale_and_pack(alpha, acc_s, acc_o, pa);
+        bad_v
+    }
+
+    /// Thread: the zeroed values of the masked tiles' V, back into the outputs of the rows
+    /// that see their keys (`nonfinite`).
+    #[inline(always)]
+    fn add_masked_nonfinite(&self, acc_o: &mut [[f32; 4]; DN]) {
+        let (p, sq, sk, g) = (self.tiles.p, self.tiles.sq, self.tiles.sk, self.g);
+        let c0 = (*self.n_unmasked * BC) as u32;
+        let v0 = unsafe { self.tiles.v_g.add((c0 as u64 * p.v_strides.row) as usize) };
+        let r = self.row_w + g as u32;
         // SAFETY: rows below sk - c0 of V's slice.
         unsafe {
             add_nonfinite::<T, DN>(
-                &mut acc_o,
-                (n_tiles - n_unmasked) * BC,
-                d,
+                acc_o,
+                (*self.n_tiles - *self.n_unmasked) * BC,
+                self.tiles.d,
                 |k| row_at(v0, p.v_strides.row, sk - c0, k),
                 |h, k| !M::hides(r + 8 * h as u32, c0 + k as u32, sq, sk),
             )
         };
     }
-    // O = acc_o / l_i, LSE = m_i + log l_i. The warp stages its 16 rows of O in its own rows
-    // of the Q tile, then writes whole 16-byte chunks.
-    let o_g = unsafe { (p.o as *mut T).add(p.o_strides.offset(b, 0, h) as usize) };
-    let lse_g = unsafe { (p.lse as *mut f32).add(p.lse_row(b, h) as usize) };
-    let o_words: Shared<u32> = q_s.cast();
-    let r_warp = wg * 64 + w * 16; // first row of this warp in the tile
-    let at = |r: usize, c: usize| match WG {
-        1 => Sw::<64, D>::at(r, c),
-        2 => Sw::<128, D>::at(r, c),
-        _ => Sw::<192, D>::at(r, c),
-    };
-    let mut inv = [0f32; 2];
-    for half in 0..2 {
-        let (inv_l, lse) = rows[half].finish_raw::<4>(c, p.scale.abs());
-        inv[half] = inv_l;
-        let r_tile = r_warp + g + 8 * half;
-        for (n, acc) in acc_o.iter().enumerate() {
-            let packed = T::pack2(normalize(acc[2 * half], inv_l), normalize(acc[2 * half + 1], inv_l));
-            o_words.st(at(r_tile, n * 8 + 2 * t) / 2, packed);
-        }
-        let r = row0 + r_tile as u32;
-        if r < sq && t == 0 {
-            unsafe { global::store(lse_g.add(r as usize), lse) };
-        }
-    }
-    warp::sync();
-    // Warp: its 16 rows, D / 8 chunks each, lane l taking chunks l + 32 i; columns d..D are
-    // zero padding, not stored.
-    let cpr = D / 8;
-    let store_staged = |dst: *mut T| {
-        for i in 0..16 * cpr / 32 {
-            let e = lane + 32 * i;
-            let (r_tile, col) = (r_warp + e / cpr, (e % cpr) * 8);
-            let r = row0 + r_tile as u32;
-            if r < sq && (col as u32) < d {
-                let v = q_s.ld_16(at(r_tile, col));
-                unsafe { store_chunk(dst.add((r as u64 * p.o_strides.row) as usize), col as u32, d, v) };
-            }
-        }
-    };
-    store_staged(o_g);
-    // On request, the same for O_lo = T(O_f32 - O) (one uniform branch).
-    if p.o_lo != 0 {
-        warp::sync();
-        // The staging addresses recomputed from an opaque lane (else LLVM keeps the first
-        // pass's, 2 DN of them, live next to the 4 DN values: at D = 256 ptxas spilled
-        // 296-304 bytes, at D = 192 padded 56; `tile::wgmma_tile`).
-        let (g, t) = if D > 128 { (thread::opaque(g as u64) as usize, thread::opaque(t as u64) as usize) } else { (g, t) };
+
+    /// Warp: O = acc_o / l_i, LSE = m_i + log l_i. The warp stages its 16 rows of O in its own
+    /// rows of the Q tile, then writes whole 16-byte chunks; on request O_lo too.
+    #[inline(always)]
+    fn epilogue(&self, acc_o: &[[f32; 4]; DN], rows: &[RowState; 2]) {
+        let (p, b, h, g, t, lane, d, sq, row0, q_s, r_warp) = (
+            self.tiles.p,
+            self.b,
+            self.h,
+            self.g,
+            self.t,
+            self.lane,
+            self.tiles.d,
+            self.tiles.sq,
+            self.tiles.row0,
+            self.tiles.q_s,
+            self.r_warp,
+        );
+        let o_g = unsafe { (p.o as *mut T).add(p.o_strides.offset(b, 0, h) as usize) };
+        let lse_g = unsafe { (p.lse as *mut f32).add(p.lse_row(b, h) as usize) };
+        let o_words: Shared<u32> = q_s.cast();
+        let at = |r: usize, c: usize| match WG {
+            1 => Sw::<64, D>::at(r, c),
+            2 => Sw::<128, D>::at(r, c),
+            _ => Sw::<192, D>::at(r, c),
+        };
+        let mut inv = [0f32; 2];
         for half in 0..2 {
+            let (inv_l, lse) = rows[half].finish_raw::<4>(self.c, p.scale.abs());
+            inv[half] = inv_l;
             let r_tile = r_warp + g + 8 * half;
             for (n, acc) in acc_o.iter().enumerate() {
-                let (x0, x1) = (normalize(acc[2 * half], inv[half]), normalize(acc[2 * half + 1], inv[half]));
-                let (h0, h1) = T::unpack2(T::pack2(x0, x1));
-                o_words.st(at(r_tile, n * 8 + 2 * t) / 2, T::pack2(x0 - h0, x1 - h1));
+                let packed = T::pack2(normalize(acc[2 * half], inv_l), normalize(acc[2 * half + 1], inv_l));
+                o_words.st(at(r_tile, n * 8 + 2 * t) / 2, packed);
+            }
+            let r = row0 + r_tile as u32;
+            if r < sq && t == 0 {
+                unsafe { global::store(lse_g.add(r as usize), lse) };
             }
         }
         warp::sync();
-        store_staged(unsafe { (p.o_lo as *mut T).add(p.o_strides.offset(b, 0, h) as usize) });
+        // Warp: its 16 rows, D / 8 chunks each, lane l taking chunks l + 32 i; columns d..D are
+        // zero padding, not stored.
+        let cpr = D / 8;
+        let store_staged = |dst: *mut T| {
+            for i in 0..16 * cpr / 32 {
+                let e = lane + 32 * i;
+                let (r_tile, col) = (r_warp + e / cpr, (e % cpr) * 8);
+                let r = row0 + r_tile as u32;
+                if r < sq && (col as u32) < d {
+                    let v = q_s.ld_16(at(r_tile, col));
+                    unsafe { store_chunk(dst.add((r as u64 * p.o_strides.row) as usize), col as u32, d, v) };
+                }
+            }
+        };
+        store_staged(o_g);
+        // On request, the same for O_lo = T(O_f32 - O) (one uniform branch).
+        if p.o_lo != 0 {
+            warp::sync();
+            // The staging addresses recomputed from an opaque lane (else LLVM keeps the first
+            // pass's, 2 DN of them, live next to the 4 DN values: at D = 256 ptxas spilled
+            // 296-304 bytes, at D = 192 padded 56; `tile::wgmma_tile`).
+            let (g, t) = if D > 128 { (thread::opaque(g as u64) as usize, thread::opaque(t as u64) as usize) } else { (g, t) };
+            for half in 0..2 {
+                let r_tile = r_warp + g + 8 * half;
+                for (n, acc) in acc_o.iter().enumerate() {
+                    let (x0, x1) = (normalize(acc[2 * half], inv[half]), normalize(acc[2 * half + 1], inv[half]));
+                    let (h0, h1) = T::unpack2(T::pack2(x0, x1));
+                    o_words.st(at(r_tile, n * 8 + 2 * t) / 2, T::pack2(x0 - h0, x1 - h1));
+                }
+            }
+            warp::sync();
+            store_staged(unsafe { (p.o_lo as *mut T).add(p.o_strides.offset(b, 0, h) as usize) });
+        }
     }
 }
