@@ -9,8 +9,9 @@
 //! whole grid (LPT order), so that the grid ends on the lightest tiles, not on the heaviest
 //! tile of the last heads. To keep the K and V (or Q and dO) that concurrent blocks stream in
 //! L2, the (head, batch) pairs are taken in sections: all tiles of one section, heaviest first,
-//! before the next section (FA3's `SingleTileLPTScheduler` does the same). The forward
-//! kernels take this order; the backward kernels keep the per-head one
+//! before the next section (FA3's `SingleTileLPTScheduler` does the same). The Hopper
+//! forward (`fwd_wgmma`) takes this order; the `mma` forward (its d = 128 kernel spilled 4
+//! bytes on sm_90) and the backward kernels keep the per-head one
 //! ([`BlockInfo::rows_per_head`]).
 
 use crate::dev::block;

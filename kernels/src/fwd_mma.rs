@@ -10,7 +10,7 @@
 //! every head_dim d <= D: columns d..D are zero-filled in shared memory (they add nothing to
 //! Q K^T) and never stored.
 
-use crate::block_info::{BlockInfo, stream_bytes};
+use crate::block_info::BlockInfo;
 use crate::copy::{body_head_dim, by_element, load_tile_in, negate_own_chunks, store_chunk};
 use crate::dev::{self, Shared, block, global, thread, warp};
 use crate::dtype::MmaElement;
@@ -165,8 +165,7 @@ unsafe fn fwd<
     if p.head_dim > D as u32 || (!PAD && p.head_dim != D as u32) || d == 0 || block::dim() != tile.threads() {
         thread::trap();
     }
-    let kv_bytes = stream_bytes::<T>(p.seqlen_k, D);
-    let BlockInfo { blk: q_blk, h, b } = BlockInfo::rows::<M>(p.seqlen_q.div_ceil(br as u32), p.heads_q, p.heads_kv, p.batch, kv_bytes);
+    let BlockInfo { blk: q_blk, h, b } = BlockInfo::rows_per_head::<M>(p.seqlen_q.div_ceil(br as u32));
     let (w, lane) = (warp::id() as usize, warp::lane() as usize);
     let (g, t) = (lane / 4, lane % 4);
     let (sq, sk) = (p.seqlen_q, p.seqlen_k);
@@ -291,8 +290,7 @@ unsafe fn fwd<
         // their keys (`nonfinite`). What it needs is rebuilt here from the block index
         // (`opaque`): kept live across the KV loop, it made d = 128 spill.
         warp::sync();
-        let kv_bytes = stream_bytes::<T>(sk, D);
-        let BlockInfo { blk: q_blk, h, b } = BlockInfo::rows::<M>(sq.div_ceil(br as u32), p.heads_q, p.heads_kv, p.batch, kv_bytes);
+        let BlockInfo { blk: q_blk, h, b } = BlockInfo::rows_per_head::<M>(sq.div_ceil(br as u32));
         let (h, b) = (thread::opaque(h as u64) as u32, thread::opaque(b as u64) as u32);
         let row0 = q_blk * br as u32;
         let n_tiles = M::visible_cols((row0 + br as u32).min(sq), sq, sk).div_ceil(BC as u32);
