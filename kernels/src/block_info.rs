@@ -37,15 +37,7 @@ impl BlockInfo {
     /// by heads_q / heads_kv consecutive query heads.
     #[inline(always)]
     pub fn rows<M: Mask>(n_blk: u32, heads_q: u32, heads_kv: u32, batch: u32, stream_bytes: u64) -> BlockInfo {
-        Self::of::<M>(block::idx(), true, n_blk, heads_q, batch, section_heads(stream_bytes, heads_q / heads_kv))
-    }
-
-    /// Block: its tile of a (n_blk, heads_kv, batch) grid of key tiles (the first tile of a
-    /// causal mask is the heaviest). `stream_bytes`: bytes of Q and dO of one KV head's query
-    /// heads.
-    #[inline(always)]
-    pub fn keys<M: Mask>(n_blk: u32, heads_kv: u32, batch: u32, stream_bytes: u64) -> BlockInfo {
-        Self::of::<M>(block::idx(), false, n_blk, heads_kv, batch, section_heads(stream_bytes, 1))
+        Self::of::<M>(block::idx(), n_blk, heads_q, batch, section_heads(stream_bytes, heads_q / heads_kv))
     }
 
     /// Block: its tile of a (n_blk, heads, batch) grid of query-row tiles, heaviest first
@@ -68,9 +60,10 @@ impl BlockInfo {
     }
 
     /// The tile of grid block `(x, y, z)`; with a causal mask, the k-th heaviest tile of a
-    /// section goes to the k-th run of `section` blocks of that section (pure: tested below).
+    /// section (the last tile first) goes to the k-th run of `section` blocks of that section
+    /// (pure: tested below).
     #[inline(always)]
-    fn of<M: Mask>((x, y, z): (u32, u32, u32), last_heaviest: bool, n_blk: u32, heads: u32, batch: u32, section: u32) -> BlockInfo {
+    fn of<M: Mask>((x, y, z): (u32, u32, u32), n_blk: u32, heads: u32, batch: u32, section: u32) -> BlockInfo {
         if !M::CAUSAL {
             return BlockInfo { blk: x, h: y, b: z };
         }
@@ -84,12 +77,11 @@ impl BlockInfo {
         let width = section.min(heads * batch - sec * section);
         let k = in_sec / width;
         let hb = sec * section + (in_sec - k * width);
-        let blk = if last_heaviest { n_blk - 1 - k } else { k };
-        BlockInfo { blk, h: hb % heads, b: hb / heads }
+        BlockInfo { blk: n_blk - 1 - k, h: hb % heads, b: hb / heads }
     }
 }
 
-/// Bytes of two [rows][d] tensors of `T` (K and V of a KV head, or Q and dO of a query head).
+/// Bytes of two [rows][d] tensors of `T` (K and V of a KV head).
 #[inline(always)]
 pub fn stream_bytes<T>(rows: u32, d: usize) -> u64 {
     2 * rows as u64 * (d * core::mem::size_of::<T>()) as u64
@@ -117,21 +109,19 @@ mod tests {
             for heads in [1, 2, 5, 8] {
                 for batch in [1, 3, 4] {
                     for section in [1, 2, 3, 7, 64, 1 << 16] {
-                        for last_heaviest in [true, false] {
-                            let mut seen = Vec::new();
-                            for z in 0..batch {
-                                for y in 0..heads {
-                                    for x in 0..n_blk {
-                                        let bi = BlockInfo::of::<Causal>((x, y, z), last_heaviest, n_blk, heads, batch, section);
-                                        assert!(bi.blk < n_blk && bi.h < heads && bi.b < batch);
-                                        seen.push((bi.blk, bi.h, bi.b));
-                                    }
+                        let mut seen = Vec::new();
+                        for z in 0..batch {
+                            for y in 0..heads {
+                                for x in 0..n_blk {
+                                    let bi = BlockInfo::of::<Causal>((x, y, z), n_blk, heads, batch, section);
+                                    assert!(bi.blk < n_blk && bi.h < heads && bi.b < batch);
+                                    seen.push((bi.blk, bi.h, bi.b));
                                 }
                             }
-                            seen.sort();
-                            seen.dedup();
-                            assert_eq!(seen.len(), (n_blk * heads * batch) as usize, "{n_blk} {heads} {batch} {section}");
                         }
+                        seen.sort();
+                        seen.dedup();
+                        assert_eq!(seen.len(), (n_blk * heads * batch) as usize, "{n_blk} {heads} {batch} {section}");
                     }
                 }
             }
@@ -147,7 +137,7 @@ mod tests {
         for z in 0..batch {
             for y in 0..heads {
                 for x in 0..n_blk {
-                    order.push(BlockInfo::of::<Causal>((x, y, z), true, n_blk, heads, batch, section));
+                    order.push(BlockInfo::of::<Causal>((x, y, z), n_blk, heads, batch, section));
                 }
             }
         }
@@ -156,7 +146,7 @@ mod tests {
         assert_eq!(sec0, [3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0]);
         let sec1: Vec<(u32, u32, u32)> = order[16..].iter().map(|b| (b.blk, b.h, b.b)).collect();
         assert_eq!(sec1, [(3, 1, 1), (3, 2, 1), (2, 1, 1), (2, 2, 1), (1, 1, 1), (1, 2, 1), (0, 1, 1), (0, 2, 1)]);
-        assert_eq!(BlockInfo::of::<NoMask>((2, 1, 0), true, n_blk, heads, batch, section), BlockInfo { blk: 2, h: 1, b: 0 });
+        assert_eq!(BlockInfo::of::<NoMask>((2, 1, 0), n_blk, heads, batch, section), BlockInfo { blk: 2, h: 1, b: 0 });
     }
 
     #[test]
