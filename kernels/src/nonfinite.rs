@@ -34,8 +34,17 @@ fn exponent_bits<T: MmaElement>() -> u32 {
 /// Whether either 16-bit half of `w` is a NaN or an infinity.
 #[inline(always)]
 fn pair_nonfinite<T: MmaElement>(w: u32) -> bool {
+    nonfinite_flags::<T>(w) & 0x8000_8000 != 0
+}
+
+/// Bit 15 of each 16-bit half of the result is set iff that half of `w` is a NaN or an
+/// infinity, whose exponent field plus 0x8000 - field is 0x8000 and no other's reaches it (no
+/// carry between the halves); the other bits are noise below it. ORs of these keep the flags
+/// apart: a chunk's check is three integer operations a word.
+#[inline(always)]
+fn nonfinite_flags<T: MmaElement>(w: u32) -> u32 {
     let e = exponent_bits::<T>();
-    (w & e) == e || ((w >> 16) & e) == e
+    (w & (e * 0x1_0001)) + (0x8000 - e) * 0x1_0001
 }
 
 /// `w` with each 16-bit half that is a NaN or an infinity replaced by 0.
@@ -55,16 +64,14 @@ pub(crate) fn own_chunks_nonfinite<T: MmaElement, L: TileLayout, const D: usize,
     tile: Shared<T>,
 ) -> bool {
     let words: Shared<u32> = tile.cast();
-    let mut found = false;
+    // Every chunk's load independent of the others' checks (no early exit): the loads
+    // overlap and each word costs three integer operations.
+    let mut flags = 0u32;
     each_own_chunk::<D, ROWS, THREADS>(|r, c| {
-        // One chunk at a time (a load behind the branch on the last): four chunks in flight
-        // took 16 registers, which the 255-register kernels do not have.
-        if !found {
-            let w = words.ld_16(L::at(r, c) / 2).0;
-            found = pair_nonfinite::<T>(w[0]) | pair_nonfinite::<T>(w[1]) | pair_nonfinite::<T>(w[2]) | pair_nonfinite::<T>(w[3]);
-        }
+        let w = words.ld_16(L::at(r, c) / 2).0;
+        flags |= nonfinite_flags::<T>(w[0]) | nonfinite_flags::<T>(w[1]) | nonfinite_flags::<T>(w[2]) | nonfinite_flags::<T>(w[3]);
     });
-    found
+    flags & 0x8000_8000 != 0
 }
 
 /// Thread: a 16-bit fragment (4 registers of 2 values) with its NaNs and infinities replaced
@@ -318,5 +325,39 @@ pub(crate) unsafe fn warp_fix_stored_dv<T: Element, M: Mask>(
             }
         }
         e += warp::SIZE;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dtype::{Bf16, F16};
+
+    /// The flag trick against the value itself, for every 16-bit pattern in either half
+    /// (the other half finite, NaN or infinite).
+    fn check<T: MmaElement>() {
+        let e = exponent_bits::<T>();
+        let others = [0u32, 0x3c00, e, e | 1, 0x8000 | e, 0xffff];
+        for x in 0..=0xffffu32 {
+            let (v, _) = T::unpack2(x);
+            for &o in &others {
+                let (ov, _) = T::unpack2(o);
+                let want = !v.is_finite() || !ov.is_finite();
+                assert_eq!(pair_nonfinite::<T>(x | (o << 16)), want, "{x:#06x} / {o:#06x}");
+                assert_eq!(pair_nonfinite::<T>(o | (x << 16)), want, "{o:#06x} / {x:#06x}");
+                let folded = nonfinite_flags::<T>(x | (o << 16)) | nonfinite_flags::<T>(0x3c00_3c00);
+                assert_eq!(folded & 0x8000_8000 != 0, want);
+            }
+        }
+    }
+
+    #[test]
+    fn nonfinite_flags_bf16() {
+        check::<Bf16>();
+    }
+
+    #[test]
+    fn nonfinite_flags_f16() {
+        check::<F16>();
     }
 }
