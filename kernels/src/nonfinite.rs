@@ -38,9 +38,9 @@ fn pair_nonfinite<T: MmaElement>(w: u32) -> bool {
 }
 
 /// Bit 15 of each 16-bit half of the result is set iff that half of `w` is a NaN or an
-/// infinity, whose exponent field plus 0x8000 - field is 0x8000 and no other's reaches it (no
-/// carry between the halves); the other bits are noise below it. ORs of these keep the flags
-/// apart: a chunk's check is three integer operations a word.
+/// infinity: the half's exponent field plus 0x8000 - e reaches 0x8000 exactly when the field
+/// is all ones (e), and never carries into the next half; the bits below are noise. An OR of
+/// these keeps the flags: a chunk's check is three integer operations a word.
 #[inline(always)]
 fn nonfinite_flags<T: MmaElement>(w: u32) -> u32 {
     let e = exponent_bits::<T>();
