@@ -73,6 +73,7 @@ use crate::smem::Sw;
 use crate::softmax::QuadRow;
 use crate::tile::{Config, HOT_TILES, WgmmaBwdTile};
 use core::f32::consts::LOG2_E;
+use core::marker::PhantomData;
 
 /// Keys per block: one warpgroup's M.
 const KEYS: usize = 64;
@@ -132,6 +133,10 @@ pub unsafe fn dkdv<
     }
 }
 
+/// Block (one warpgroup, or two: see [`dkdv`]): the dK/dV kernel for one key block. K_j, V_j
+/// loaded once; then, per query tile that sees them (double-buffered), the block's
+/// non-finite votes and one step ([`DkdvBlock::step`], or [`DkdvBlock::step_split`] with two
+/// warpgroups); then dK_j, dV_j stored.
 #[inline(always)]
 unsafe fn dkdv_masked<
     T: MmaElement,
@@ -154,75 +159,331 @@ unsafe fn dkdv_masked<
     if p.head_dim > D as u32 || (!PAD && p.head_dim != D as u32) || d == 0 || block::dim() != THREADS as u32 {
         thread::trap();
     }
-    let BlockInfo { blk: kv_blk, h: hk, b } = BlockInfo::keys_per_head();
-    // Warp w of warpgroup wg: keys 16w.. of the block; with two warpgroups, S^T and dV
-    // (wg 0) or dP^T and dK (wg 1).
-    let (wg, w, lane) = wg_warp_lane::<THREADS>();
-    let (g, t) = (lane / 4, lane % 4);
-    let (sq, sk) = (p.seqlen_q, p.seqlen_k);
-    let j0 = kv_blk * KEYS as u32;
-    let split = THREADS > 128;
-
-    // Shared memory: K, V [64][D]; Q stages 0, 1 and dO stages 0, 1 ([BR][D] each); with DQ
-    // dS^T [64][BR], with two warpgroups the P^T exchange ([64][BR] f32); then f32 m_i,
-    // 1 / l_i and D_i, stages 0, 1 each ([BR]).
-    // (The dS^T stores below address one 128-byte row of queries per key.)
-    const { assert!(!(DQ || THREADS > 128) || BR == 64) };
-    let ds_len = if DQ { KEYS * BR } else { 0 };
-    let pt_len = if split { 2 * KEYS * BR } else { 0 };
-    let smem: Shared<T> = unsafe { dev::dynamic_shared((2 * KEYS + 4 * BR) * D + ds_len + pt_len) };
-    let ds_s = smem.slice((2 * KEYS + 4 * BR) * D, ds_len);
-    let pt_s = smem.slice((2 * KEYS + 4 * BR) * D + ds_len, pt_len);
-    let k_s = smem.slice(0, KEYS * D);
-    let v_s = smem.slice(KEYS * D, KEYS * D);
-    let q_s = |stage: usize| smem.slice((2 * KEYS + stage * BR) * D, BR * D);
-    let do_s = |stage: usize| smem.slice((2 * KEYS + (2 + stage) * BR) * D, BR * D);
-    let f_s: Shared<f32> = smem.after(6 * BR);
-    let m_s = |stage: usize| f_s.slice(stage * BR, BR);
-    let il_s = |stage: usize| f_s.slice((2 + stage) * BR, BR);
-    let dd_s = |stage: usize| f_s.slice((4 + stage) * BR, BR);
+    let mut kb = DkdvBlock::<T, M, D, DN, BR, NQ, KQ, THREADS, NACC, PAD, DQ, EL>::new(p, d);
 
     // Block: K_j, V_j (zero rows past seqlen_k: their dK, dV are computed and not stored).
-    let kv_at = p.k_strides.offset(b, 0, hk) as usize;
-    let first = (j0.min(sk) as u64 * p.k_strides.row) as usize;
-    let load_k = || unsafe {
-        load_tile_in::<T, Sw<KEYS, D>, D, KEYS, THREADS, true>(
-            k_s,
-            (p.k as *const T).add(kv_at + first),
-            p.k_strides.row,
-            sk - j0.min(sk),
-            d,
-        )
-    };
+    kb.load_k();
     unsafe {
-        load_k();
         load_tile_in::<T, Sw<KEYS, D>, D, KEYS, THREADS, true>(
-            v_s,
-            (p.v as *const T).add(kv_at + first),
-            p.k_strides.row,
-            sk - j0.min(sk),
-            d,
+            kb.v_s,
+            (kb.p.v as *const T).add(kb.kv_at + kb.first),
+            kb.p.k_strides.row,
+            kb.sk - kb.j0.min(kb.sk),
+            kb.d,
         );
     }
 
     // The query tiles that see any key of this block, for every query head of the group
-    // (as bwd_mma::dkdv).
-    let i_first = M::first_visible_row(j0, sq, sk);
-    let qt_first = (i_first / BR as u32) as usize;
-    let n_qt = (sq.div_ceil(BR as u32) as usize).saturating_sub(qt_first);
-    let group = (p.heads_q / p.heads_kv) as usize;
-    let n_iter = group * n_qt;
-    // Iteration it: query head and first row of its tile.
-    let tile_of = |it: usize| ((hk as usize * group + it / n_qt) as u32, ((qt_first + it % n_qt) * BR) as u32);
+    // (as bwd_mma::dkdv); set here, after K's copy was issued, where the kernel always
+    // computed them.
+    let i_first = M::first_visible_row(kb.j0, kb.sq, kb.sk);
+    kb.qt_first = (i_first / BR as u32) as usize;
+    kb.n_qt = (kb.sq.div_ceil(BR as u32) as usize).saturating_sub(kb.qt_first);
+    kb.group = (kb.p.heads_q / kb.p.heads_kv) as usize;
+    let n_iter = kb.group * kb.n_qt;
 
-    // Block: Q_i, dO_i (cp.async) and m_i, 1 / l_i, D_i (plain loads) of iteration `it` into
-    // stage `stage`; rows past seqlen_q get Q = dO = 0 and (+inf, 0, 0), so P = 0.
-    let fetch = |it: usize, stage: usize| {
-        let (h, i0) = tile_of(it);
+    if n_iter > 0 {
+        kb.fetch(0, 0);
+    }
+    thread::cp_async_commit();
+
+    // The warpgroup's accumulators: product wg NACC + k of (dV, dK) in acc[k].
+    let mut acc = [[[0f32; 4]; DN]; NACC];
+    let (mut k_bad, mut any_bad) = (false, false);
+    kb.factor = crate::softmax::score_scale(kb.p.scale) * LOG2_E;
+    kb.key0 = kb.j0 + (kb.w * 16) as u32; // first key of this warp
+
+    for it in 0..n_iter {
+        // One warpgroup: the prefetch first (the loop's last barrier freed its stage); two:
+        // after the barrier below (every thread is done with iteration it - 1 there).
+        if !kb.split {
+            kb.prefetch(it, n_iter);
+        }
+        if !kb.split && it + 1 < n_iter {
+            thread::cp_async_wait::<1>();
+        } else {
+            thread::cp_async_wait::<0>();
+        }
+        let (h, i0) = kb.tile_of(it);
+        // Masked tiles: the diagonal, the tile past seqlen_q, with DQ the block past seqlen_k
+        // (`nonfinite::dkdv_tile_masked`).
+        const { assert!(KEYS == 64) };
+        let masked = dkdv_tile_masked::<M>(i0, BR as u32, kb.j0, kb.sq, kb.sk, DQ);
+        // This tile's copies (and K, V) landed, for every thread and for the async proxy; on
+        // masked tiles Q's and dO's NaNs and infinities replaced by 0 first, and with DQ at
+        // the first tile the block votes on K's (`nonfinite`).
+        let (mut bad, mut kv) = (false, false);
+        if masked {
+            bad = clean_own_pair::<T, Sw<BR, D>, D, BR, THREADS>(kb.q_s(it % 2), kb.do_s(it % 2));
+        }
+        if DQ && it == 0 {
+            kv = own_chunks_nonfinite::<T, Sw<KEYS, D>, D, KEYS, THREADS>(kb.k_s);
+        }
+        thread::fence_proxy_async();
+        if DQ && it == 0 {
+            // K's vote, once (K stays for the whole loop), then the tile's.
+            k_bad = block::sync_any(kv);
+            bad = block::sync_any(bad);
+        } else if masked {
+            bad = block::sync_any(bad);
+        } else {
+            block::sync();
+        }
+        if kb.split {
+            kb.prefetch(it, n_iter);
+            kb.step_split(it % 2, h, i0, masked, k_bad, &mut acc[0]);
+        } else {
+            let (dv, dk) = acc.split_at_mut(1);
+            kb.step(it % 2, h, i0, masked, k_bad, &mut dk[0], &mut dv[0]);
+        }
+        // dO's NaNs and infinities are added back into dV after the store.
+        any_bad |= bad;
+        if !kb.split {
+            // Everyone is done with stage it % 2 (its wgmma complete) before iteration it + 1
+            // refills it.
+            block::sync();
+        }
+    }
+    if n_iter == 0 {
+        thread::cp_async_wait::<0>();
+    }
+
+    // Warp: dV_j = acc_dv, dK_j = scale * acc_dk, rows of its 16 keys, in T.
+    let p = kb.p;
+    for (k, a) in acc.iter().enumerate() {
+        let (dst, factor) = if kb.wg * NACC + k == 0 { (p.dv, 1.0) } else { (p.dk, p.scale) };
+        unsafe { store_rows::<T, DN, true>(a, factor, (dst as *mut T).add(kb.kv_at), p.k_strides.row, kb.key0, kb.sk, kb.d) };
+    }
+    if any_bad {
+        // dO's NaNs and infinities, zeroed on the masked tiles, into the stored dV of the rows
+        // that see them (`nonfinite`), by the first warpgroup's warps once every column is
+        // stored.
+        if THREADS > 128 {
+            block::sync();
+        } else {
+            warp::sync();
+        }
+    }
+    if any_bad && kb.wg == 0 {
+        let group = p.heads_q / p.heads_kv;
+        let d_o = p.d_o + 2 * p.q_strides.offset(kb.b, 0, kb.hk * group);
+        let do_strides = (p.q_strides.row << 32) | p.q_strides.offset(0, 0, 1);
+        let shape = ((group as u64) << 48) | ((kb.d as u64) << 32) | ((BR as u64) << 16) | DQ as u64;
+        // SAFETY: dV rows below seqlen_k, dO rows below seqlen_q of the group's heads.
+        unsafe {
+            warp_fix_stored_dv::<T, M>(
+                p.dv + 2 * kb.kv_at as u64,
+                p.k_strides.row,
+                d_o,
+                do_strides,
+                ((kb.key0 as u64) << 32) | kb.j0 as u64,
+                ((kb.sq as u64) << 32) | kb.sk as u64,
+                shape,
+            )
+        };
+    }
+}
+
+/// What the dK/dV kernel's steps read ([`dkdv_masked`]): the block (64 keys, KV head,
+/// batch), the thread's place in it, the shared tiles and the query tiles.
+///
+/// It replaces the helper closures the kernel was written with, and keeps their code: one
+/// instance per kernel variant (every const parameter of [`dkdv_masked`]), methods inlined as
+/// the closures were (`#[inline(always)]` for the steps, `#[inline]`, LLVM's choice, for the
+/// loads), and the kernel reads these values through it once K is in flight. Built otherwise
+/// (a plain constructor, everything `#[inline(always)]`), the same source moved ptxas's
+/// register counts by up to 23 either way.
+struct DkdvBlock<
+    'a,
+    T: Copy,
+    M,
+    const D: usize,
+    const DN: usize,
+    const BR: usize,
+    const NQ: usize,
+    const KQ: usize,
+    const THREADS: usize,
+    const NACC: usize,
+    const PAD: bool,
+    const DQ: bool,
+    const EL: bool,
+> {
+    p: &'a BwdParams,
+    /// head_dim as the body sees it (`body_head_dim`).
+    d: u32,
+    /// KV head and batch of the block.
+    hk: u32,
+    b: u32,
+    /// Warp w of warpgroup wg: keys 16w.. of the block; with two warpgroups, S^T and dV
+    /// (wg 0) or dP^T and dK (wg 1). Its lane, and (g, t) in the accumulator layout.
+    wg: usize,
+    w: usize,
+    lane: usize,
+    g: usize,
+    t: usize,
+    sq: u32,
+    sk: u32,
+    /// First key of the block.
+    j0: u32,
+    /// Two warpgroups.
+    split: bool,
+    /// Shared memory: K, V [64][D]; Q stages 0, 1 and dO stages 0, 1 ([BR][D] each); with DQ
+    /// dS^T [64][BR], with two warpgroups the P^T exchange ([64][BR] f32); then f32 m_i,
+    /// 1 / l_i and D_i, stages 0, 1 each ([BR], from `f_s` on).
+    smem: Shared<T>,
+    ds_s: Shared<T>,
+    pt_s: Shared<T>,
+    k_s: Shared<T>,
+    v_s: Shared<T>,
+    f_s: Shared<f32>,
+    /// The KV head's offset in K, V, dK, dV, and the block's first row there.
+    kv_at: usize,
+    first: usize,
+    /// The query tiles that see any key of the block: from tile `qt_first`, `n_qt` per query
+    /// head, for the `group` query heads of the KV head.
+    qt_first: usize,
+    n_qt: usize,
+    group: usize,
+    /// scale log2(e), and the first key of this warp.
+    factor: f32,
+    key0: u32,
+    mask: PhantomData<M>,
+}
+
+impl<
+    'a,
+    T: MmaElement,
+    M: Mask,
+    const D: usize,
+    const DN: usize,
+    const BR: usize,
+    const NQ: usize,
+    const KQ: usize,
+    const THREADS: usize,
+    const NACC: usize,
+    const PAD: bool,
+    const DQ: bool,
+    const EL: bool,
+> DkdvBlock<'a, T, M, D, DN, BR, NQ, KQ, THREADS, NACC, PAD, DQ, EL>
+{
+    /// Thread: the block's indices and shared tiles (the query tiles, `factor` and `key0`
+    /// are set by [`dkdv_masked`] once K and V are in flight).
+    #[inline(always)]
+    fn new(p: &'a BwdParams, d: u32) -> Self {
+        let BlockInfo { blk: kv_blk, h: hk, b } = BlockInfo::keys_per_head();
+        let (wg, w, lane) = wg_warp_lane::<THREADS>();
+        let (g, t) = (lane / 4, lane % 4);
+        let (sq, sk) = (p.seqlen_q, p.seqlen_k);
+        let j0 = kv_blk * KEYS as u32;
+        let split = THREADS > 128;
+
+        // (The dS^T stores below address one 128-byte row of queries per key.)
+        const { assert!(!(DQ || THREADS > 128) || BR == 64) };
+        let ds_len = if DQ { KEYS * BR } else { 0 };
+        let pt_len = if split { 2 * KEYS * BR } else { 0 };
+        let smem: Shared<T> = unsafe { dev::dynamic_shared((2 * KEYS + 4 * BR) * D + ds_len + pt_len) };
+        let ds_s = smem.slice((2 * KEYS + 4 * BR) * D, ds_len);
+        let pt_s = smem.slice((2 * KEYS + 4 * BR) * D + ds_len, pt_len);
+        let k_s = smem.slice(0, KEYS * D);
+        let v_s = smem.slice(KEYS * D, KEYS * D);
+        let f_s: Shared<f32> = smem.after(6 * BR);
+
+        let kv_at = p.k_strides.offset(b, 0, hk) as usize;
+        let first = (j0.min(sk) as u64 * p.k_strides.row) as usize;
+        DkdvBlock {
+            p,
+            d,
+            hk,
+            b,
+            wg,
+            w,
+            lane,
+            g,
+            t,
+            sq,
+            sk,
+            j0,
+            split,
+            smem,
+            ds_s,
+            pt_s,
+            k_s,
+            v_s,
+            f_s,
+            kv_at,
+            first,
+            qt_first: 0,
+            n_qt: 0,
+            group: 0,
+            factor: 0.0,
+            key0: 0,
+            mask: PhantomData,
+        }
+    }
+
+    /// Q_i of stage `stage`.
+    #[inline]
+    fn q_s(&self, stage: usize) -> Shared<T> {
+        self.smem.slice((2 * KEYS + stage * BR) * D, BR * D)
+    }
+    /// dO_i of stage `stage`.
+    #[inline]
+    fn do_s(&self, stage: usize) -> Shared<T> {
+        self.smem.slice((2 * KEYS + (2 + stage) * BR) * D, BR * D)
+    }
+    /// m_i of stage `stage`'s query rows.
+    #[inline]
+    fn m_s(&self, stage: usize) -> Shared<f32> {
+        self.f_s.slice(stage * BR, BR)
+    }
+    /// 1 / l_i of stage `stage`'s query rows.
+    #[inline]
+    fn il_s(&self, stage: usize) -> Shared<f32> {
+        self.f_s.slice((2 + stage) * BR, BR)
+    }
+    /// D_i of stage `stage`'s query rows.
+    #[inline]
+    fn dd_s(&self, stage: usize) -> Shared<f32> {
+        self.f_s.slice((4 + stage) * BR, BR)
+    }
+
+    /// Block: K_j into shared memory (cp.async, not committed).
+    #[inline]
+    fn load_k(&self) {
+        let p = self.p;
+        unsafe {
+            load_tile_in::<T, Sw<KEYS, D>, D, KEYS, THREADS, true>(
+                self.k_s,
+                (p.k as *const T).add(self.kv_at + self.first),
+                p.k_strides.row,
+                self.sk - self.j0.min(self.sk),
+                self.d,
+            )
+        }
+    }
+
+    /// Iteration `it`: query head and first row of its tile.
+    #[inline]
+    fn tile_of(&self, it: usize) -> (u32, u32) {
+        ((self.hk as usize * self.group + it / self.n_qt) as u32, ((self.qt_first + it % self.n_qt) * BR) as u32)
+    }
+
+    /// Block: Q_i, dO_i (cp.async) and m_i, 1 / l_i, D_i (plain loads) of iteration `it` into
+    /// stage `stage`; rows past seqlen_q get Q = dO = 0 and (+inf, 0, 0), so P = 0.
+    #[inline]
+    fn fetch(&self, it: usize, stage: usize) {
+        let (p, b, d, sq, split) = (self.p, self.b, self.d, self.sq, self.split);
+        let (h, i0) = self.tile_of(it);
         let q_at = (p.q_strides.offset(b, 0, h) + i0 as u64 * p.q_strides.row) as usize;
         unsafe {
-            load_tile_in::<T, Sw<BR, D>, D, BR, THREADS, true>(q_s(stage), (p.q as *const T).add(q_at), p.q_strides.row, sq - i0, d);
-            load_tile_in::<T, Sw<BR, D>, D, BR, THREADS, true>(do_s(stage), (p.d_o as *const T).add(q_at), p.q_strides.row, sq - i0, d);
+            load_tile_in::<T, Sw<BR, D>, D, BR, THREADS, true>(self.q_s(stage), (p.q as *const T).add(q_at), p.q_strides.row, sq - i0, d);
+            load_tile_in::<T, Sw<BR, D>, D, BR, THREADS, true>(
+                self.do_s(stage),
+                (p.d_o as *const T).add(q_at),
+                p.q_strides.row,
+                sq - i0,
+                d,
+            );
         }
         // The statistics' loaders: threads 0..BR, with two warpgroups the second's (the first
         // starts S^T, P^T right after this).
@@ -239,92 +500,96 @@ unsafe fn dkdv_masked<
             let st = (p.stats as *const f32).wrapping_add(row as usize);
             if !split {
                 let ld = |k: usize, dflt: f32| if valid { unsafe { global::load(st.add(k * n)) } } else { dflt };
-                m_s(stage).st(tid, ld(0, f32::INFINITY));
-                il_s(stage).st(tid, ld(1, 0.0));
-                dd_s(stage).st(tid, ld(2, 0.0));
+                self.m_s(stage).st(tid, ld(0, f32::INFINITY));
+                self.il_s(stage).st(tid, ld(1, 0.0));
+                self.dd_s(stage).st(tid, ld(2, 0.0));
             } else if valid {
                 // With two warpgroups (one block per SM, nothing else to hide it) the loads go
                 // asynchronously with the tile's group: a plain load held the second
                 // warpgroup's dP^T back by an L2 latency every iteration.
                 unsafe {
-                    thread::cp_async_4(m_s(stage), tid, st);
-                    thread::cp_async_4(il_s(stage), tid, st.add(n));
-                    thread::cp_async_4(dd_s(stage), tid, st.add(2 * n));
+                    thread::cp_async_4(self.m_s(stage), tid, st);
+                    thread::cp_async_4(self.il_s(stage), tid, st.add(n));
+                    thread::cp_async_4(self.dd_s(stage), tid, st.add(2 * n));
                 }
             } else {
-                m_s(stage).st(tid, f32::INFINITY);
-                il_s(stage).st(tid, 0.0);
-                dd_s(stage).st(tid, 0.0);
+                self.m_s(stage).st(tid, f32::INFINITY);
+                self.il_s(stage).st(tid, 0.0);
+                self.dd_s(stage).st(tid, 0.0);
             }
         }
-    };
-    if n_iter > 0 {
-        fetch(0, 0);
     }
-    thread::cp_async_commit();
 
-    // The warpgroup's accumulators: product wg NACC + k of (dV, dK) in acc[k].
-    let mut acc = [[[0f32; 4]; DN]; NACC];
-    let (mut k_bad, mut any_bad) = (false, false);
-    let factor = crate::softmax::score_scale(p.scale) * LOG2_E;
-    let key0 = j0 + (w * 16) as u32; // first key of this warp
+    /// Block: the next query tile (of `n_iter`) into the other stage, computed while this one
+    /// is.
+    #[inline]
+    fn prefetch(&self, it: usize, n_iter: usize) {
+        if it + 1 < n_iter {
+            self.fetch(it + 1, (it + 1) % 2);
+            thread::cp_async_commit();
+        }
+    }
 
-    // Warpgroup: one query tile (stage `st`, query head h, first row i0); `masked` applies the
-    // causal mask (and with DQ hides the keys past seqlen_k).
-    // `k_bad`: K holds a NaN or an infinity (with DQ; `nonfinite`).
-    let step = inline_closure!(|st: usize,
-                                h: u32,
-                                i0: u32,
-                                masked: bool,
-                                k_bad: bool,
-                                acc_dk: &mut [[f32; 4]; DN],
-                                acc_dv: &mut [[f32; 4]; DN]| {
-        let (m_row, il_row, d_row) = (m_s(st), il_s(st), dd_s(st));
+    /// Warpgroup: acc = A_j B_i^T over D (D / 16 k-steps of m64n{BR}k16, A [64][D] and
+    /// B [BR][D] K-major in shared memory), as one group.
+    #[inline(always)]
+    fn issue_t(a_s: Shared<T>, b_s: Shared<T>, acc: &mut [[f32; 4]; NQ]) {
+        let (a0, b0) = (warpgroup::desc_sw128(a_s, 0, 16, 1024).opaque(), warpgroup::desc_sw128(b_s, 0, 16, 1024).opaque());
+        issue_abt::<T, NQ, D, KEYS, BR>(a0, b0, acc);
+        warpgroup::commit();
+    }
+
+    /// Warpgroup: acc += X^T B_i over the tile's queries (BR / 16 k-steps of m64n{D}k16,
+    /// X^T from registers, B [BR][D] read MN-major), as one group.
+    #[inline(always)]
+    fn issue_acc(x: &[[u32; 4]; KQ], b_s: Shared<T>, acc: &mut [[f32; 4]; DN]) {
+        let b0 = warpgroup::desc_sw128(b_s, 0, Sw::<BR, D>::BLOCK_BYTES, 1024).opaque();
+        for (kq, f) in x.iter().enumerate() {
+            let b = b0.advance(kq * 16 * 64 * 2);
+            warpgroup::mma_rs::<DN, true>(*f, b, acc, true, T::BF16);
+        }
+        warpgroup::commit();
+    }
+
+    /// Thread: 16-bit A fragments of X^T from its accumulators (k-step kq: n-tiles 2kq, 2kq + 1).
+    #[inline(always)]
+    fn pack(x: &[[f32; 4]; NQ]) -> [[u32; 4]; KQ] {
+        core::array::from_fn(|kq| to_a::<T>(x[2 * kq], x[2 * kq + 1]))
+    }
+
+    /// Warpgroup (one a block): one query tile (stage `st`, query head h, first row i0):
+    /// dV_j += P^T dO_i into `acc_dv`, dK_j += dS^T Q_i into `acc_dk`, with DQ dQ_i +=
+    /// dS_ij K_j into the f32 accumulator; `masked` applies the causal mask (and with DQ hides
+    /// the keys past seqlen_k). `k_bad`: K holds a NaN or an infinity (with DQ; `nonfinite`).
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    fn step(&self, st: usize, h: u32, i0: u32, masked: bool, k_bad: bool, acc_dk: &mut [[f32; 4]; DN], acc_dv: &mut [[f32; 4]; DN]) {
+        let (m_row, il_row, d_row) = (self.m_s(st), self.il_s(st), self.dd_s(st));
         // Thread: the statistics of its query columns n * 8 + 2t, + 1 of n-tile n.
         let stat = |i: usize| (m_row.ld(i), il_row.ld(i), d_row.ld(i));
-        // Warpgroup: acc = A_j B_i^T over D (D / 16 k-steps of m64n{BR}k16, A [64][D] and
-        // B [BR][D] K-major in shared memory), as one group.
-        let issue_t = inline_closure!(|a_s: Shared<T>, b_s: Shared<T>, acc: &mut [[f32; 4]; NQ]| {
-            let (a0, b0) = (warpgroup::desc_sw128(a_s, 0, 16, 1024).opaque(), warpgroup::desc_sw128(b_s, 0, 16, 1024).opaque());
-            issue_abt::<T, NQ, D, KEYS, BR>(a0, b0, acc);
-            warpgroup::commit();
-        });
-        // Warpgroup: acc += X^T B_i over the tile's queries (BR / 16 k-steps of m64n{D}k16,
-        // X^T from registers, B [BR][D] read MN-major), as one group.
-        let issue_acc = inline_closure!(|x: &[[u32; 4]; KQ], b_s: Shared<T>, acc: &mut [[f32; 4]; DN]| {
-            let b0 = warpgroup::desc_sw128(b_s, 0, Sw::<BR, D>::BLOCK_BYTES, 1024).opaque();
-            for (kq, f) in x.iter().enumerate() {
-                let b = b0.advance(kq * 16 * 64 * 2);
-                warpgroup::mma_rs::<DN, true>(*f, b, acc, true, T::BF16);
-            }
-            warpgroup::commit();
-        });
-        // Thread: 16-bit A fragments of X^T from its accumulators (k-step kq: n-tiles 2kq, 2kq + 1).
-        let pack =
-            inline_closure!(|x: &[[f32; 4]; NQ]| -> [[u32; 4]; KQ] { core::array::from_fn(|kq| to_a::<T>(x[2 * kq], x[2 * kq + 1])) });
 
         // S^T = K_j Q_i^T.
         let mut s = [[0f32; 4]; NQ];
         warpgroup::fence_operands(&mut s);
         warpgroup::fence();
-        issue_t(k_s, q_s(st), &mut s);
+        Self::issue_t(self.k_s, self.q_s(st), &mut s);
         warpgroup::wait::<0, NQ>(&mut s);
         // Thread: P^T = exp2(S^T scale log2(e) - m) / l per query column (0 where the row sees
         // no key: m = +inf), then 0 where masked: after the exponential, since with a negative
         // scale a masked -inf score would become +inf.
         for (n, x) in s.iter_mut().enumerate() {
-            let c = n * 8 + 2 * t;
+            let c = n * 8 + 2 * self.t;
             let ms = [m_row.ld(c), m_row.ld(c + 1)];
             let ils = [il_row.ld(c), il_row.ld(c + 1)];
             for (e, x) in x.iter_mut().enumerate() {
-                *x = math::ex2(*x * factor - ms[e % 2]) * ils[e % 2];
+                *x = math::ex2(*x * self.factor - ms[e % 2]) * ils[e % 2];
             }
         }
         // `masked` is uniform and true on diagonal tiles only: one branch around the whole
         // mask (a branch per element became selects in every tile in the forward kernel).
         let hidden = |n: usize, e: usize| {
-            let (key, query) = (key0 + (g + 8 * (e / 2)) as u32, i0 + (n * 8 + 2 * t + e % 2) as u32);
-            (DQ && key >= sk) || query >= sq || M::hides(query, key, sq, sk)
+            let (key, query) = (self.key0 + (self.g + 8 * (e / 2)) as u32, i0 + (n * 8 + 2 * self.t + e % 2) as u32);
+            (DQ && key >= self.sk) || query >= self.sq || M::hides(query, key, self.sq, self.sk)
         };
         if masked {
             // -0.0 marks a masked pair for dS below (a visible P is +0.0 or more).
@@ -336,21 +601,21 @@ unsafe fn dkdv_masked<
                 }
             }
         }
-        let mut pa = pack(&s);
+        let mut pa = Self::pack(&s);
         // dV_j += P^T dO_i, then dP^T = V_j dO_i^T, two groups.
         let mut dp = [[0f32; 4]; NQ];
         warpgroup::fence_operands(acc_dv);
         warpgroup::fence_operands(&mut dp);
         warpgroup::fence_fragments(&mut pa);
         warpgroup::fence();
-        issue_acc(&pa, do_s(st), acc_dv);
-        issue_t(v_s, do_s(st), &mut dp);
+        Self::issue_acc(&pa, self.do_s(st), acc_dv);
+        Self::issue_t(self.v_s, self.do_s(st), &mut dp);
         warpgroup::wait::<0, NQ>(&mut dp);
         warpgroup::fence_operands(acc_dv);
         warpgroup::fence_fragments(&mut pa);
         // Thread: dS^T = P^T (dP^T - D) per query column.
         for (n, x) in dp.iter_mut().enumerate() {
-            let c = n * 8 + 2 * t;
+            let c = n * 8 + 2 * self.t;
             let dd = [stat(c).2, stat(c + 1).2];
             for (e, x) in x.iter_mut().enumerate() {
                 *x = s[n][e] * (*x - dd[e % 2]);
@@ -366,16 +631,16 @@ unsafe fn dkdv_masked<
                 }
             }
         }
-        let mut da = pack(&dp);
+        let mut da = Self::pack(&dp);
         if DQ {
             // Thread: dS^T into shared memory (`store_ds_t`).
-            store_ds_t::<T, KQ>(ds_s, w, g, t, &da);
+            store_ds_t::<T, KQ>(self.ds_s, self.w, self.g, self.t, &da);
         }
         // dK_j += dS^T Q_i.
         warpgroup::fence_operands(acc_dk);
         warpgroup::fence_fragments(&mut da);
         warpgroup::fence();
-        issue_acc(&da, q_s(st), acc_dk);
+        Self::issue_acc(&da, self.q_s(st), acc_dk);
         warpgroup::wait::<0, DN>(acc_dk);
         warpgroup::fence_fragments(&mut da);
         if DQ {
@@ -387,7 +652,7 @@ unsafe fn dkdv_masked<
                 // as 0 for this product (a masked pair's dS is 0, a
                 // visible one's NaN already), restored from global memory after it.
                 block::sync();
-                zero_own_nonfinite::<T, Sw<KEYS, D>, D, KEYS, THREADS>(k_s);
+                zero_own_nonfinite::<T, Sw<KEYS, D>, D, KEYS, THREADS>(self.k_s);
             }
             thread::fence_proxy_async();
             block::sync();
@@ -397,30 +662,31 @@ unsafe fn dkdv_masked<
                 let mut acc_dq = [[0f32; 4]; 8];
                 warpgroup::fence_operands(&mut acc_dq);
                 warpgroup::fence();
-                issue_dq_block::<T, D>(ds_s, k_s, cb, &mut acc_dq);
+                issue_dq_block::<T, D>(self.ds_s, self.k_s, cb, &mut acc_dq);
                 warpgroup::wait::<0, 8>(&mut acc_dq);
-                red_dq_block(p, b, h, i0 + (w * 16 + g) as u32, t, d, cb, &acc_dq);
+                red_dq_block(self.p, self.b, h, i0 + (self.w * 16 + self.g) as u32, self.t, self.d, cb, &acc_dq);
             }
             if masked && k_bad {
                 block::sync();
-                load_k();
+                self.load_k();
                 thread::cp_async_commit();
                 thread::cp_async_wait::<0>();
             }
         }
-    });
+    }
 
-    // Block of two warpgroups: one query tile. The first computes S^T and P^T and adds
-    // P^T dO_i to dV, the second dP^T and dS^T (P^T from the first, through shared memory as
-    // f32, element-major) and adds dS^T Q_i to dK: 4 products, none twice, and while one
-    // warpgroup waits for the exchange or computes its elementwise step the other's product
-    // runs. The same arithmetic as `step`.
-    let step_split = inline_closure!(|st: usize, h: u32, i0: u32, masked: bool, k_bad: bool, acc: &mut [[f32; 4]; DN]| {
-        let (m_row, il_row, d_row) = (m_s(st), il_s(st), dd_s(st));
-        let pf: Shared<f32> = pt_s.cast();
-        let at = |n: usize, e: usize| (n * 4 + e) * warpgroup::SIZE as usize + w * 32 + lane;
+    /// Block of two warpgroups: one query tile (as `step`). The first computes S^T and P^T
+    /// and adds P^T dO_i to dV, the second dP^T and dS^T (P^T from the first, through shared
+    /// memory as f32, element-major) and adds dS^T Q_i to dK: 4 products, none twice, and
+    /// while one warpgroup waits for the exchange or computes its elementwise step the other's
+    /// product runs. The same arithmetic as `step`.
+    #[inline(always)]
+    fn step_split(&self, st: usize, h: u32, i0: u32, masked: bool, k_bad: bool, acc: &mut [[f32; 4]; DN]) {
+        let (m_row, il_row, d_row) = (self.m_s(st), self.il_s(st), self.dd_s(st));
+        let pf: Shared<f32> = self.pt_s.cast();
+        let at = |n: usize, e: usize| (n * 4 + e) * warpgroup::SIZE as usize + self.w * 32 + self.lane;
         // Warpgroup: S^T = K_j Q_i^T (first) or dP^T = V_j dO_i^T (second), over D.
-        let (a_s, b_s) = if wg == 0 { (k_s, q_s(st)) } else { (v_s, do_s(st)) };
+        let (a_s, b_s) = if self.wg == 0 { (self.k_s, self.q_s(st)) } else { (self.v_s, self.do_s(st)) };
         let mut x = [[0f32; 4]; NQ];
         warpgroup::fence_operands(&mut x);
         warpgroup::fence();
@@ -428,21 +694,21 @@ unsafe fn dkdv_masked<
         issue_abt::<T, NQ, D, KEYS, BR>(a0, b0, &mut x);
         warpgroup::commit();
         warpgroup::wait::<0, NQ>(&mut x);
-        if wg == 0 {
+        if self.wg == 0 {
             // Thread: P^T = exp2(S^T scale log2(e) - m) / l per query column, then -0.0 where
             // masked (as in `step`), to the exchange.
             for (n, x) in x.iter_mut().enumerate() {
-                let c = n * 8 + 2 * t;
+                let c = n * 8 + 2 * self.t;
                 let (ms, ils) = ([m_row.ld(c), m_row.ld(c + 1)], [il_row.ld(c), il_row.ld(c + 1)]);
                 for (e, x) in x.iter_mut().enumerate() {
-                    *x = math::ex2(*x * factor - ms[e % 2]) * ils[e % 2];
+                    *x = math::ex2(*x * self.factor - ms[e % 2]) * ils[e % 2];
                 }
             }
             if masked {
                 for (n, x) in x.iter_mut().enumerate() {
                     for (e, x) in x.iter_mut().enumerate() {
-                        let (key, query) = (key0 + (g + 8 * (e / 2)) as u32, i0 + (n * 8 + 2 * t + e % 2) as u32);
-                        if (DQ && key >= sk) || query >= sq || M::hides(query, key, sq, sk) {
+                        let (key, query) = (self.key0 + (self.g + 8 * (e / 2)) as u32, i0 + (n * 8 + 2 * self.t + e % 2) as u32);
+                        if (DQ && key >= self.sk) || query >= self.sq || M::hides(query, key, self.sq, self.sk) {
                             *x = -0.0;
                         }
                     }
@@ -456,10 +722,10 @@ unsafe fn dkdv_masked<
         }
         // P^T landed.
         block::sync();
-        if wg == 1 {
+        if self.wg == 1 {
             // Thread: dS^T = P^T (dP^T - D) per query column, 0 where masked (P = -0.0).
             for (n, x) in x.iter_mut().enumerate() {
-                let c = n * 8 + 2 * t;
+                let c = n * 8 + 2 * self.t;
                 let dd = [d_row.ld(c), d_row.ld(c + 1)];
                 for (e, x) in x.iter_mut().enumerate() {
                     let pv = pf.ld(at(n, e));
@@ -471,17 +737,17 @@ unsafe fn dkdv_masked<
         // m64n{D}k16, the 16-bit A from registers, B [BR][D] read MN-major.
         let mut xa: [[u32; 4]; KQ] = core::array::from_fn(|kq| to_a::<T>(x[2 * kq], x[2 * kq + 1]));
         if DQ {
-            if wg == 1 {
+            if self.wg == 1 {
                 // Thread: dS^T to shared memory, as `step` stores it.
-                store_ds_t::<T, KQ>(ds_s, w, g, t, &xa);
+                store_ds_t::<T, KQ>(self.ds_s, self.w, self.g, self.t, &xa);
             }
             if masked && k_bad {
                 // The first warpgroup's S^T read K (waited before the exchange's barrier):
                 // K's NaNs and infinities as 0 for dQ's product, restored after it (`step`).
-                zero_own_nonfinite::<T, Sw<KEYS, D>, D, KEYS, THREADS>(k_s);
+                zero_own_nonfinite::<T, Sw<KEYS, D>, D, KEYS, THREADS>(self.k_s);
             }
         }
-        let bm = warpgroup::desc_sw128(if wg == 0 { do_s(st) } else { q_s(st) }, 0, Sw::<BR, D>::BLOCK_BYTES, 1024).opaque();
+        let bm = warpgroup::desc_sw128(if self.wg == 0 { self.do_s(st) } else { self.q_s(st) }, 0, Sw::<BR, D>::BLOCK_BYTES, 1024).opaque();
         warpgroup::fence_operands(acc);
         warpgroup::fence_fragments(&mut xa);
         warpgroup::fence();
@@ -500,119 +766,23 @@ unsafe fn dkdv_masked<
             // Warpgroup: dQ_i = dS_ij K_j for its 64-column blocks of D (the first the even
             // ones: the second also computed dS^T), each added to the accumulator after its
             // wait.
-            let mut cb = wg;
+            let mut cb = self.wg;
             while cb < D / 64 {
                 let mut acc_dq = [[0f32; 4]; 8];
                 warpgroup::fence_operands(&mut acc_dq);
                 warpgroup::fence();
-                issue_dq_block::<T, D>(ds_s, k_s, cb, &mut acc_dq);
+                issue_dq_block::<T, D>(self.ds_s, self.k_s, cb, &mut acc_dq);
                 warpgroup::wait::<0, 8>(&mut acc_dq);
-                red_dq_block(p, b, h, i0 + (w * 16 + g) as u32, t, d, cb, &acc_dq);
+                red_dq_block(self.p, self.b, h, i0 + (self.w * 16 + self.g) as u32, self.t, self.d, cb, &acc_dq);
                 cb += 2;
             }
             if masked && k_bad {
                 block::sync();
-                load_k();
+                self.load_k();
                 thread::cp_async_commit();
                 thread::cp_async_wait::<0>();
             }
         }
-    });
-
-    // Block: the next query tile into the other stage, computed while this one is.
-    let prefetch = |it: usize| {
-        if it + 1 < n_iter {
-            fetch(it + 1, (it + 1) % 2);
-            thread::cp_async_commit();
-        }
-    };
-    for it in 0..n_iter {
-        // One warpgroup: the prefetch first (the loop's last barrier freed its stage); two:
-        // after the barrier below (every thread is done with iteration it - 1 there).
-        if !split {
-            prefetch(it);
-        }
-        if !split && it + 1 < n_iter {
-            thread::cp_async_wait::<1>();
-        } else {
-            thread::cp_async_wait::<0>();
-        }
-        let (h, i0) = tile_of(it);
-        // Masked tiles: the diagonal, the tile past seqlen_q, with DQ the block past seqlen_k
-        // (`nonfinite::dkdv_tile_masked`).
-        const { assert!(KEYS == 64) };
-        let masked = dkdv_tile_masked::<M>(i0, BR as u32, j0, sq, sk, DQ);
-        // This tile's copies (and K, V) landed, for every thread and for the async proxy; on
-        // masked tiles Q's and dO's NaNs and infinities replaced by 0 first, and with DQ at
-        // the first tile the block votes on K's (`nonfinite`).
-        let (mut bad, mut kb) = (false, false);
-        if masked {
-            bad = clean_own_pair::<T, Sw<BR, D>, D, BR, THREADS>(q_s(it % 2), do_s(it % 2));
-        }
-        if DQ && it == 0 {
-            kb = own_chunks_nonfinite::<T, Sw<KEYS, D>, D, KEYS, THREADS>(k_s);
-        }
-        thread::fence_proxy_async();
-        if DQ && it == 0 {
-            // K's vote, once (K stays for the whole loop), then the tile's.
-            k_bad = block::sync_any(kb);
-            bad = block::sync_any(bad);
-        } else if masked {
-            bad = block::sync_any(bad);
-        } else {
-            block::sync();
-        }
-        if split {
-            prefetch(it);
-            step_split(it % 2, h, i0, masked, k_bad, &mut acc[0]);
-        } else {
-            let (dv, dk) = acc.split_at_mut(1);
-            step(it % 2, h, i0, masked, k_bad, &mut dk[0], &mut dv[0]);
-        }
-        // dO's NaNs and infinities are added back into dV after the store.
-        any_bad |= bad;
-        if !split {
-            // Everyone is done with stage it % 2 (its wgmma complete) before iteration it + 1
-            // refills it.
-            block::sync();
-        }
-    }
-    if n_iter == 0 {
-        thread::cp_async_wait::<0>();
-    }
-
-    // Warp: dV_j = acc_dv, dK_j = scale * acc_dk, rows of its 16 keys, in T.
-    for (k, a) in acc.iter().enumerate() {
-        let (dst, factor) = if wg * NACC + k == 0 { (p.dv, 1.0) } else { (p.dk, p.scale) };
-        unsafe { store_rows::<T, DN, true>(a, factor, (dst as *mut T).add(kv_at), p.k_strides.row, key0, sk, d) };
-    }
-    if any_bad {
-        // dO's NaNs and infinities, zeroed on the masked tiles, into the stored dV of the rows
-        // that see them (`nonfinite`), by the first warpgroup's warps once every column is
-        // stored.
-        if THREADS > 128 {
-            block::sync();
-        } else {
-            warp::sync();
-        }
-    }
-    if any_bad && wg == 0 {
-        let group = p.heads_q / p.heads_kv;
-        let d_o = p.d_o + 2 * p.q_strides.offset(b, 0, hk * group);
-        let do_strides = (p.q_strides.row << 32) | p.q_strides.offset(0, 0, 1);
-        let shape = ((group as u64) << 48) | ((d as u64) << 32) | ((BR as u64) << 16) | DQ as u64;
-        // SAFETY: dV rows below seqlen_k, dO rows below seqlen_q of the group's heads.
-        unsafe {
-            warp_fix_stored_dv::<T, M>(
-                p.dv + 2 * kv_at as u64,
-                p.k_strides.row,
-                d_o,
-                do_strides,
-                ((key0 as u64) << 32) | j0 as u64,
-                ((sq as u64) << 32) | sk as u64,
-                shape,
-            )
-        };
     }
 }
 
