@@ -31,10 +31,13 @@ fn exponent_bits<T: MmaElement>() -> u32 {
     if T::BF16 { 0x7f80 } else { 0x7c00 }
 }
 
+/// Bit 15 of each 16-bit half: where [`nonfinite_flags`] marks a NaN or an infinity.
+const FLAG_BITS: u32 = 0x8000_8000;
+
 /// Whether either 16-bit half of `w` is a NaN or an infinity.
 #[inline(always)]
 fn pair_nonfinite<T: MmaElement>(w: u32) -> bool {
-    nonfinite_flags::<T>(w) & 0x8000_8000 != 0
+    nonfinite_flags::<T>(w) & FLAG_BITS != 0
 }
 
 /// Bit 15 of each 16-bit half of the result is set iff that half of `w` is a NaN or an
@@ -71,7 +74,7 @@ pub(crate) fn own_chunks_nonfinite<T: MmaElement, L: TileLayout, const D: usize,
         let w = words.ld_16(L::at(r, c) / 2).0;
         flags |= nonfinite_flags::<T>(w[0]) | nonfinite_flags::<T>(w[1]) | nonfinite_flags::<T>(w[2]) | nonfinite_flags::<T>(w[3]);
     });
-    flags & 0x8000_8000 != 0
+    flags & FLAG_BITS != 0
 }
 
 /// Thread: a 16-bit fragment (4 registers of 2 values) with its NaNs and infinities replaced
@@ -346,7 +349,7 @@ mod tests {
                 assert_eq!(pair_nonfinite::<T>(x | (o << 16)), want, "{x:#06x} / {o:#06x}");
                 assert_eq!(pair_nonfinite::<T>(o | (x << 16)), want, "{o:#06x} / {x:#06x}");
                 let folded = nonfinite_flags::<T>(x | (o << 16)) | nonfinite_flags::<T>(0x3c00_3c00);
-                assert_eq!(folded & 0x8000_8000 != 0, want);
+                assert_eq!(folded & FLAG_BITS != 0, want);
             }
         }
     }
