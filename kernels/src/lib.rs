@@ -28,28 +28,12 @@
         link_llvm_intrinsics,
         core_intrinsics,
         gpu_intrinsics,
-        gpu_launch_sized_workgroup_mem,
-        // `#[inline(always)]` on the kernels' helper closures ([`inline_closure!`]): an
-        // outlined helper taking a register array by reference puts the array in local memory.
-        stmt_expr_attributes
+        gpu_launch_sized_workgroup_mem
     )
 )]
 #![cfg_attr(target_arch = "nvptx64", allow(internal_features))]
 // Kernel loops index several register arrays with one unrolled counter.
 #![allow(clippy::needless_range_loop)]
-
-/// `#[inline(always)]` on a closure in the nvptx build (attributes on expressions are
-/// nightly-only); the closure as it is in the host build.
-macro_rules! inline_closure {
-    ($c:expr) => {{
-        #[cfg(target_arch = "nvptx64")]
-        let c = #[inline(always)]
-        $c;
-        #[cfg(not(target_arch = "nvptx64"))]
-        let c = $c;
-        c
-    }};
-}
 
 /// The one mask switch of every kernel entry: `$body` with `$m` the mask type the launch
 /// asks for (`mask::Causal` when `p.causal != 0`, else `mask::NoMask`), chosen at run time.
