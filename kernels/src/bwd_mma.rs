@@ -201,23 +201,8 @@ unsafe fn dq_masked<
     // these addresses; non-transposed B fragments (rows as n) use `b_addr`.
     let a_addr = half_addr(LaneAddr::new::<D>(lane % 8 + 8 * ((lane / 8) % 2), lane / 16), hf, DK);
     let b_addr = half_addr(LaneAddr::new::<D>(lane % 8 + 8 * (lane / 16), (lane / 8) % 2), hf, DK);
-    // Lane quad: the rows' final statistics, also to the workspace for the dK/dV kernel
-    // (every row below seqlen_q, fully masked ones too).
-    let publish = |rows: &[QuadRow; 2]| -> [(f32, f32, f32); 2] {
-        let fin = [rows[0].finish(), rows[1].finish()];
-        for (half, f) in fin.iter().enumerate() {
-            let r = row0 + (w * 16 + g + 8 * half) as u32;
-            if t == 0 && half_now::<SPLIT>() == 0 && r < sq {
-                let st = p.stats as *mut f32;
-                unsafe {
-                    global::store(st.add(p.stat_at(0, b, h, r)), f.0);
-                    global::store(st.add(p.stat_at(1, b, h, r)), f.1);
-                    global::store(st.add(p.stat_at(2, b, h, r)), f.2);
-                }
-            }
-        }
-        fin
-    };
+    // Lane quad: the rows' final statistics, also to the workspace.
+    let publish = |rows: &[QuadRow; 2]| publish_stats(p, (b, h), row0 + (w * 16 + g) as u32, t == 0 && half_now::<SPLIT>() == 0, rows);
     // Two passes over the key tiles, one pipeline: iteration `it` reads tile it % n_tiles.
     // STATS_ONLY (the atomic backward's first kernel): pass 0 alone.
     let n_iter = if STATS_ONLY { n_tiles } else { 2 * n_tiles };
@@ -593,14 +578,44 @@ unsafe fn dkdv_masked<
         thread::cp_async_wait::<0>();
     }
 
-    // Warp: dK_j = scale * acc_dk, dV_j = acc_dv, rows of its 16 keys and columns of its
-    // half, in T.
-    let key0 = j0 + (w * 16) as u32;
+    store_dk_dv::<T, DN, SPLIT>(p, (kv_at, sk, d), j0 + (w * 16) as u32, &acc_dk, &acc_dv);
+}
+
+/// Warp: dK_j = scale * acc_dk, dV_j = acc_dv, rows key0.. (its 16 keys) and columns of its
+/// half, in T, at `kv_at` (the KV head's offset); keys below `sk`, columns below `d`.
+#[inline(always)]
+fn store_dk_dv<T: MmaElement, const DN: usize, const SPLIT: usize>(
+    p: &BwdParams,
+    (kv_at, sk, d): (usize, u32, u32),
+    key0: u32,
+    acc_dk: &[[f32; 4]; DN],
+    acc_dv: &[[f32; 4]; DN],
+) {
     let c0 = half_now::<SPLIT>() * DN * 8;
     unsafe {
-        store_rows::<T, DN, false>(&acc_dk, p.scale, (p.dk as *mut T).add(kv_at + c0), p.k_strides.row, key0, sk, d - c0 as u32);
-        store_rows::<T, DN, false>(&acc_dv, 1.0, (p.dv as *mut T).add(kv_at + c0), p.k_strides.row, key0, sk, d - c0 as u32);
+        store_rows::<T, DN, false>(acc_dk, p.scale, (p.dk as *mut T).add(kv_at + c0), p.k_strides.row, key0, sk, d - c0 as u32);
+        store_rows::<T, DN, false>(acc_dv, 1.0, (p.dv as *mut T).add(kv_at + c0), p.k_strides.row, key0, sk, d - c0 as u32);
     }
+}
+
+/// Lane quad (the writers: `write`), rows r0 and r0 + 8 of head `h`, batch `b`: their final
+/// statistics (m_i, 1 / l_i, D_i) from the running ones, also to the workspace for the dK/dV
+/// kernel (every row below seqlen_q, fully masked ones too).
+#[inline(always)]
+fn publish_stats(p: &BwdParams, (b, h): (u32, u32), r0: u32, write: bool, rows: &[QuadRow; 2]) -> [(f32, f32, f32); 2] {
+    let fin = [rows[0].finish(), rows[1].finish()];
+    for (half, f) in fin.iter().enumerate() {
+        let r = r0 + (8 * half) as u32;
+        if write && r < p.seqlen_q {
+            let st = p.stats as *mut f32;
+            unsafe {
+                global::store(st.add(p.stat_at(0, b, h, r)), f.0);
+                global::store(st.add(p.stat_at(1, b, h, r)), f.1);
+                global::store(st.add(p.stat_at(2, b, h, r)), f.2);
+            }
+        }
+    }
+    fin
 }
 
 /// What one query tile of the dK/dV kernel reads, per warp.

@@ -1243,8 +1243,20 @@ impl<
     fn load_q(&self) {
         let (p, row0, sq, d) = (self.p, self.row0, self.sq, self.d);
         unsafe {
-            load_tile_in::<T, Sw<ROWS, D>, D, ROWS, THREADS, true>(self.q_s, self.q_g.add(self.first), p.q_strides.row, sq - row0.min(sq), d);
-            load_tile_in::<T, Sw<ROWS, D>, D, ROWS, THREADS, true>(self.do_s, self.do_g.add(self.first), p.q_strides.row, sq - row0.min(sq), d);
+            load_tile_in::<T, Sw<ROWS, D>, D, ROWS, THREADS, true>(
+                self.q_s,
+                self.q_g.add(self.first),
+                p.q_strides.row,
+                sq - row0.min(sq),
+                d,
+            );
+            load_tile_in::<T, Sw<ROWS, D>, D, ROWS, THREADS, true>(
+                self.do_s,
+                self.do_g.add(self.first),
+                p.q_strides.row,
+                sq - row0.min(sq),
+                d,
+            );
         }
     }
 

@@ -235,16 +235,7 @@ unsafe fn fwd<
         // Masked tiles: this thread's chunks of V_j with their NaNs and infinities set to 0,
         // and the block told whether there were any (`nonfinite`).
         let masked = j >= n_unmasked;
-        let bad_v = if masked {
-            let found = own_chunks_nonfinite::<T, Layout<D>, D, BC, { (MMA_WARPS * 32) as usize }>(v_s(j % 2));
-            if found {
-                zero_own_nonfinite::<T, Layout<D>, D, BC, { (MMA_WARPS * 32) as usize }>(v_s(j % 2));
-            }
-            block::sync_any(found)
-        } else {
-            block::sync();
-            false
-        };
+        let bad_v = clean_v_vote::<T, D, BC>(v_s(j % 2), masked);
         if QREG && j == 0 {
             load_q_frag::<T, D, DK, MT>(q_s, q_addr, w, &mut q_frag);
         }
@@ -286,23 +277,50 @@ unsafe fn fwd<
     out.store_o::<FUSED, DN>(&acc_o, &rows, c);
     // (Written before the loop's last barrier, or with no loop, unwritten and 0.)
     if bad_flag.ld(0) != 0 {
-        // The zeroed values of the masked tiles' V, into the stored O of the rows that see
-        // their keys (`nonfinite`). What it needs is rebuilt here from the block index
-        // (`opaque`): kept live across the KV loop, it made d = 128 spill.
-        warp::sync();
-        let BlockInfo { blk: q_blk, h, b } = BlockInfo::rows_per_head::<M>(sq.div_ceil(br as u32));
-        let (h, b) = (thread::opaque(h as u64) as u32, thread::opaque(b as u64) as u32);
-        let row0 = q_blk * br as u32;
-        let n_tiles = M::visible_cols((row0 + br as u32).min(sq), sq, sk).div_ceil(BC as u32);
-        let c0 = (M::unmasked_cols(row0, sq, sk) / BC as u32).min(n_tiles) * BC as u32;
-        let v0 = p.v + 2 * p.v_strides.offset(b, 0, h / (p.heads_q / p.heads_kv));
-        let o_g = p.o + 2 * p.o_strides.offset(b, 0, h);
-        let lse_g = p.lse + 4 * p.lse_row(b, h);
-        let rows = ((row0 as u64 + (w * MT * 16) as u64) << 32) | (((MT * 16) as u64) << 16) | d as u64;
-        let keys = ((c0 as u64) << 32) | (n_tiles * BC as u32 - c0) as u64;
-        // SAFETY: O and LSE rows below seqlen_q, V rows below seqlen_k.
-        unsafe { warp_fix_stored_o::<T, M>(o_g, p.o_strides.row, lse_g, v0, p.v_strides.row, rows, keys, ((sq as u64) << 32) | sk as u64) };
+        fix_stored_o::<T, M, MT, BC>(p, br, w, (d, sq, sk));
     }
+}
+
+/// Block, once V_j's copies landed (every thread's, then the barrier): on a masked tile
+/// (`masked`), this thread's chunks of V_j with their NaNs and infinities set to 0, and
+/// whether the block found any (`nonfinite`).
+#[inline(always)]
+fn clean_v_vote<T: MmaElement, const D: usize, const BC: usize>(v_s: Shared<T>, masked: bool) -> bool {
+    if !masked {
+        block::sync();
+        return false;
+    }
+    let found = own_chunks_nonfinite::<T, Layout<D>, D, BC, { (MMA_WARPS * 32) as usize }>(v_s);
+    if found {
+        zero_own_nonfinite::<T, Layout<D>, D, BC, { (MMA_WARPS * 32) as usize }>(v_s);
+    }
+    block::sync_any(found)
+}
+
+/// Warp, after the block stored O (`Out::store_o`) and some masked tile's V held a NaN or an
+/// infinity: the zeroed values, into the stored O of the rows that see their keys
+/// (`nonfinite`). What it needs is rebuilt here from the block index (`opaque`): kept live
+/// across the KV loop, it made d = 128 spill.
+#[inline(always)]
+fn fix_stored_o<T: MmaElement, M: Mask, const MT: usize, const BC: usize>(
+    p: &FwdParams,
+    br: usize,
+    w: usize,
+    (d, sq, sk): (u32, u32, u32),
+) {
+    warp::sync();
+    let BlockInfo { blk: q_blk, h, b } = BlockInfo::rows_per_head::<M>(sq.div_ceil(br as u32));
+    let (h, b) = (thread::opaque(h as u64) as u32, thread::opaque(b as u64) as u32);
+    let row0 = q_blk * br as u32;
+    let n_tiles = M::visible_cols((row0 + br as u32).min(sq), sq, sk).div_ceil(BC as u32);
+    let c0 = (M::unmasked_cols(row0, sq, sk) / BC as u32).min(n_tiles) * BC as u32;
+    let v0 = p.v + 2 * p.v_strides.offset(b, 0, h / (p.heads_q / p.heads_kv));
+    let o_g = p.o + 2 * p.o_strides.offset(b, 0, h);
+    let lse_g = p.lse + 4 * p.lse_row(b, h);
+    let rows = ((row0 as u64 + (w * MT * 16) as u64) << 32) | (((MT * 16) as u64) << 16) | d as u64;
+    let keys = ((c0 as u64) << 32) | (n_tiles * BC as u32 - c0) as u64;
+    // SAFETY: O and LSE rows below seqlen_q, V rows below seqlen_k.
+    unsafe { warp_fix_stored_o::<T, M>(o_g, p.o_strides.row, lse_g, v0, p.v_strides.row, rows, keys, ((sq as u64) << 32) | sk as u64) };
 }
 
 /// What one KV step of one warp reads.
