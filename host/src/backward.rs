@@ -194,14 +194,7 @@ impl FlashAttn {
             dq_accum: dq_accum.as_mut().map_or(0, |t| t.addr_mut(stream)),
             q_strides: shape.q_strides(),
             k_strides: shape.kv_strides(),
-            batch: shape.batch as u32,
-            heads_q: shape.heads_q as u32,
-            heads_kv: shape.heads_kv as u32,
-            seqlen_q: shape.seqlen_q as u32,
-            seqlen_k: shape.seqlen_k as u32,
-            head_dim: d,
-            scale: attention.scale(shape.head_dim),
-            causal: attention.causal as u32,
+            pb: shape.problem(attention),
         };
         let regions = [
             GlobalRegion { start: params.q as usize, len: q.bytes(), writable: false },

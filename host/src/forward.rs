@@ -5,7 +5,7 @@ use crate::dtype::Dtype;
 use crate::error::{Error, Result};
 use crate::options::{Attention, FwdOptions};
 use flashattn_kernels::dev::emu::GlobalRegion;
-use flashattn_kernels::params::{FwdParams, Strides};
+use flashattn_kernels::params::{FwdParams, Problem, Strides};
 use flashattn_kernels::registry::{Arch, FWD_FAMILIES, FwdFamily, FwdVariant, fwd_variant};
 
 /// The problem's dimensions, as validated from Q and K.
@@ -39,6 +39,20 @@ impl AttnShape {
     /// Element strides of K, V, dK and dV (contiguous).
     pub fn kv_strides(&self) -> Strides {
         Strides::contiguous(self.seqlen_k as u64, self.heads_kv as u64, self.head_dim as u64)
+    }
+    /// The problem as the kernels read it (`params::Problem`): these sizes (validated to fit
+    /// u32), `attention`'s scale (its default from the true head_dim) and mask.
+    pub fn problem(&self, attention: &Attention) -> Problem {
+        Problem {
+            batch: self.batch as u32,
+            heads_q: self.heads_q as u32,
+            heads_kv: self.heads_kv as u32,
+            seqlen_q: self.seqlen_q as u32,
+            seqlen_k: self.seqlen_k as u32,
+            head_dim: self.head_dim as u32,
+            scale: attention.scale(self.head_dim),
+            causal: attention.causal as u32,
+        }
     }
     /// FLOPs of the forward pass: 4 * b * h * sq * sk * d, halved when causal (the FA papers' count).
     pub fn fwd_flops(&self, causal: bool) -> f64 {
@@ -319,14 +333,7 @@ impl FlashAttn {
             k_strides: shape.kv_strides(),
             v_strides: shape.kv_strides(),
             o_strides: shape.q_strides(),
-            batch: shape.batch as u32,
-            heads_q: shape.heads_q as u32,
-            heads_kv: shape.heads_kv as u32,
-            seqlen_q: shape.seqlen_q as u32,
-            seqlen_k: shape.seqlen_k as u32,
-            head_dim: d,
-            scale: attention.scale(shape.head_dim),
-            causal: attention.causal as u32,
+            pb: shape.problem(attention),
         };
         let regions = [
             GlobalRegion { start: params.q as usize, len: q.bytes(), writable: false },

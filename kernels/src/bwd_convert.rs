@@ -16,10 +16,10 @@ pub const CONVERT_ROWS: usize = 64;
 #[inline(always)]
 pub unsafe fn dq_convert<T: MmaElement>(p: &BwdParams) {
     let (blk, h, b) = block::idx();
-    let (sq, d) = (p.seqlen_q, p.head_dim);
+    let (sq, d) = (p.pb.seqlen_q, p.pb.head_dim);
     let r0 = blk * CONVERT_ROWS as u32;
     let rows = (sq - r0.min(sq)).min(CONVERT_ROWS as u32);
-    let src = ((b as u64 * p.heads_q as u64 + h as u64) * sq as u64 + r0 as u64) * d as u64;
+    let src = ((b as u64 * p.pb.heads_q as u64 + h as u64) * sq as u64 + r0 as u64) * d as u64;
     let pairs = rows * d / 2;
     let mut i = thread::idx();
     while i < pairs {
@@ -27,7 +27,7 @@ pub unsafe fn dq_convert<T: MmaElement>(p: &BwdParams) {
         unsafe {
             let x: [f32; 2] = global::load((p.dq_accum as *const f32).add((src + 2 * i as u64) as usize) as *const [f32; 2]);
             let dst = (p.dq as *mut T).add((p.q_strides.offset(b, r0 + r, h) + c as u64) as usize);
-            global::store(dst as *mut u32, T::pack2(x[0] * p.scale, x[1] * p.scale));
+            global::store(dst as *mut u32, T::pack2(x[0] * p.pb.scale, x[1] * p.pb.scale));
         }
         i += block::dim();
     }

@@ -104,7 +104,7 @@ unsafe fn load<T: MmaElement, const D: usize, const ROWS: usize, const SPLIT: us
 /// at every key tile); causal or not at run time. Also writes m_i, 1 / l_i, D_i to the workspace.
 ///
 /// # Safety
-/// `p` valid (host-checked), `p.head_dim <= D`, 128 SPLIT threads, `mma_bwd_tile(D).dq_smem_bytes()`
+/// `p` valid (host-checked), `p.pb.head_dim <= D`, 128 SPLIT threads, `mma_bwd_tile(D).dq_smem_bytes()`
 /// bytes of dynamic shared memory.
 #[inline(always)]
 pub unsafe fn dq<
@@ -146,17 +146,17 @@ unsafe fn dq_masked<
 ) {
     let br = BLOCK_ROWS;
     // Head dims that are multiples of 8 only (`registry::BwdFamilyDesc::aligned_only`).
-    let d = p.head_dim;
+    let d = p.pb.head_dim;
     if d > D as u32 || !d.is_multiple_of(8) || block::dim() != MMA_WARPS * 32 * SPLIT as u32 {
         thread::trap();
     }
-    let BlockInfo { blk: q_blk, h, b } = BlockInfo::rows_per_head::<M>(p.seqlen_q.div_ceil(br as u32));
+    let BlockInfo { blk: q_blk, h, b } = BlockInfo::rows_per_head::<M>(p.pb.seqlen_q.div_ceil(br as u32));
     let (wb, lane) = (warp::id() as usize, warp::lane() as usize);
     // Warp: its 16 query rows (slice w) and its half hf of D's columns.
     let (w, hf) = slice_and_half::<SPLIT>(wb);
     let (g, t) = (lane / 4, lane % 4);
-    let (sq, sk) = (p.seqlen_q, p.seqlen_k);
-    let hk = h / (p.heads_q / p.heads_kv);
+    let (sq, sk) = (p.pb.seqlen_q, p.pb.seqlen_k);
+    let hk = h / (p.pb.heads_q / p.pb.heads_kv);
     let row0 = q_blk * br as u32;
 
     // Shared memory: Q, dO [br][D], then K stages 0 and 1, V stages 0 and 1 ([BC][D] each).
@@ -268,7 +268,7 @@ unsafe fn dq_masked<
     if !STATS_ONLY {
         let c0 = half_now::<SPLIT>() * DN * 8;
         let dq_g = unsafe { (p.dq as *mut T).add(q_at + c0) };
-        unsafe { store_rows::<T, DN, false>(&acc_dq, p.scale, dq_g, p.q_strides.row, row0 + (w * 16) as u32, sq, d - c0 as u32) };
+        unsafe { store_rows::<T, DN, false>(&acc_dq, p.pb.scale, dq_g, p.q_strides.row, row0 + (w * 16) as u32, sq, d - c0 as u32) };
     }
 }
 
@@ -302,7 +302,7 @@ impl<T: MmaElement, const D: usize, const DK: usize, const QREG: bool, const SPL
         let p = self.p;
         let (g, t) = (self.g, self.t);
         let c0 = (j * BC) as u32;
-        let factor = crate::softmax::score_scale(p.scale) * LOG2_E;
+        let factor = crate::softmax::score_scale(p.pb.scale) * LOG2_E;
         let mut s = [[0f32; 4]; NS];
         let mut dp = [[0f32; 4]; NS];
         for kk in 0..DK {
@@ -326,7 +326,7 @@ impl<T: MmaElement, const D: usize, const DK: usize, const QREG: bool, const SPL
                 if MASKED {
                     let row = self.row0 + (g + 8 * (e / 2)) as u32;
                     let col = c0 + (n * 8 + 2 * t + e % 2) as u32;
-                    if col >= p.seqlen_k || M::hides(row, col, p.seqlen_q, p.seqlen_k) {
+                    if col >= p.pb.seqlen_k || M::hides(row, col, p.pb.seqlen_q, p.pb.seqlen_k) {
                         *x = f32::NEG_INFINITY;
                     }
                 }
@@ -391,7 +391,7 @@ impl<T: MmaElement, const D: usize, const DK: usize, const QREG: bool, const SPL
 /// kernel's workspace.
 ///
 /// # Safety
-/// `p` valid (host-checked), `p.head_dim <= D`, 128 SPLIT threads,
+/// `p` valid (host-checked), `p.pb.head_dim <= D`, 128 SPLIT threads,
 /// `mma_bwd_tile(D).dkdv_smem_bytes()` (with DQ: `dkdvq_smem_bytes()`) bytes of dynamic shared
 /// memory; the dQ kernel (with DQ: the statistics kernel) has run, and with DQ `p.dq_accum` is
 /// zeroed.
@@ -437,7 +437,7 @@ unsafe fn dkdv_masked<
     const { assert!(SPLIT == 1 || !DQ) };
     let bc = BLOCK_ROWS;
     // Head dims that are multiples of 8 only (`registry::BwdFamilyDesc::aligned_only`).
-    let d = p.head_dim;
+    let d = p.pb.head_dim;
     if d > D as u32 || !d.is_multiple_of(8) || block::dim() != MMA_WARPS * 32 * SPLIT as u32 {
         thread::trap();
     }
@@ -446,7 +446,7 @@ unsafe fn dkdv_masked<
     // Warp: its 16 keys (slice w) and its half hf of D's columns.
     let (w, hf) = slice_and_half::<SPLIT>(wb);
     let (g, t) = (lane / 4, lane % 4);
-    let (sq, sk) = (p.seqlen_q, p.seqlen_k);
+    let (sq, sk) = (p.pb.seqlen_q, p.pb.seqlen_k);
     let j0 = kv_blk * bc as u32;
 
     // Shared memory: K, V [bc][D]; Q stages 0, 1 and dO stages 0, 1 ([BR][D] each); then f32
@@ -478,7 +478,7 @@ unsafe fn dkdv_masked<
     let i_first = M::first_visible_row(j0, sq, sk);
     let qt_first = (i_first / BR as u32) as usize;
     let n_qt = (sq.div_ceil(BR as u32) as usize).saturating_sub(qt_first);
-    let group = (p.heads_q / p.heads_kv) as usize;
+    let group = (p.pb.heads_q / p.pb.heads_kv) as usize;
     let n_iter = group * n_qt;
     // Iteration it: query head and first row of its tile.
     let tile_of = |it: usize| ((hk as usize * group + it / n_qt) as u32, ((qt_first + it % n_qt) * BR) as u32);
@@ -568,7 +568,7 @@ unsafe fn dkdv_masked<
             // Block: every warp's slice of dS is in shared memory; then dQ_i += dS_ij K_j.
             block::sync();
             let (h, _) = tile_of(it);
-            let base = (b as u64 * p.heads_q as u64 + h as u64) * sq as u64 * d as u64;
+            let base = (b as u64 * p.pb.heads_q as u64 + h as u64) * sq as u64 * d as u64;
             ctx.dq_atomic::<BR>(unsafe { (p.dq_accum as *mut f32).add(base as usize) });
         }
         // Everyone is done with stage it % 2 before iteration it + 1 refills it.
@@ -593,7 +593,7 @@ fn store_dk_dv<T: MmaElement, const DN: usize, const SPLIT: usize>(
 ) {
     let c0 = half_now::<SPLIT>() * DN * 8;
     unsafe {
-        store_rows::<T, DN, false>(acc_dk, p.scale, (p.dk as *mut T).add(kv_at + c0), p.k_strides.row, key0, sk, d - c0 as u32);
+        store_rows::<T, DN, false>(acc_dk, p.pb.scale, (p.dk as *mut T).add(kv_at + c0), p.k_strides.row, key0, sk, d - c0 as u32);
         store_rows::<T, DN, false>(acc_dv, 1.0, (p.dv as *mut T).add(kv_at + c0), p.k_strides.row, key0, sk, d - c0 as u32);
     }
 }
@@ -606,7 +606,7 @@ fn publish_stats(p: &BwdParams, (b, h): (u32, u32), r0: u32, write: bool, rows: 
     let fin = [rows[0].finish(), rows[1].finish()];
     for (half, f) in fin.iter().enumerate() {
         let r = r0 + (8 * half) as u32;
-        if write && r < p.seqlen_q {
+        if write && r < p.pb.seqlen_q {
             let st = p.stats as *mut f32;
             unsafe {
                 global::store(st.add(p.stat_at(0, b, h, r)), f.0);
@@ -659,7 +659,7 @@ impl<T: MmaElement, const D: usize, const DK: usize, const KVREG: bool, const SP
     ) {
         let p = self.p;
         let (g, t) = (self.g, self.t);
-        let factor = crate::softmax::score_scale(p.scale) * LOG2_E;
+        let factor = crate::softmax::score_scale(p.pb.scale) * LOG2_E;
 
         // S^T = K_j Q_i^T and dP^T = V_j dO_i^T (keys x queries): NQ n-tiles of m16n8, k over D
         // (over the warp's half of D, then the pair's halves summed, with SPLIT).
@@ -691,7 +691,8 @@ impl<T: MmaElement, const D: usize, const DK: usize, const KVREG: bool, const SP
                 let (m, inv_l, dd) = cols[e % 2];
                 let key = self.key0 + (g + 8 * (e / 2)) as u32;
                 let query = self.i0 + (c + e % 2) as u32;
-                let hidden = MASKED && (query >= p.seqlen_q || (DQ && key >= p.seqlen_k) || M::hides(query, key, p.seqlen_q, p.seqlen_k));
+                let hidden = MASKED
+                    && (query >= p.pb.seqlen_q || (DQ && key >= p.pb.seqlen_k) || M::hides(query, key, p.pb.seqlen_q, p.pb.seqlen_k));
                 // 0 where masked, whatever the row's statistics and dP hold.
                 let pe = if hidden { 0.0 } else { math::ex2(s[n][e] * factor - m) * inv_l };
                 s[n][e] = pe;
@@ -747,7 +748,7 @@ impl<T: MmaElement, const D: usize, const DK: usize, const KVREG: bool, const SP
             // The warp's fragments cover the whole dO tile: dO_i's NaNs and infinities into dV_j
             // where row i sees key j (rows past seqlen_q were zero-filled).
             // Rebuilt here from opaque indices, not kept live across the loop.
-            let (sq, sk) = (p.seqlen_q, p.seqlen_k);
+            let (sq, sk) = (p.pb.seqlen_q, p.pb.seqlen_k);
             let (b, h) = (thread::opaque(self.b as u64) as u32, thread::opaque(self.h as u64) as u32);
             // The warp's columns from c0 on.
             let c0 = (half_now::<SPLIT>() * DN * 8) as u32;
@@ -756,7 +757,7 @@ impl<T: MmaElement, const D: usize, const DK: usize, const KVREG: bool, const SP
                 add_nonfinite::<T, DN>(
                     acc_dv,
                     BR,
-                    p.head_dim - c0,
+                    p.pb.head_dim - c0,
                     |k| row_at(do_g, p.q_strides.row, sq - self.i0.min(sq), k),
                     |h, k| !M::hides(self.i0 + k as u32, self.key0 + (g + 8 * h) as u32, sq, sk),
                 )
@@ -796,8 +797,8 @@ impl<T: MmaElement, const D: usize, const DK: usize, const KVREG: bool, const SP
                         for (e, &x) in c.iter().enumerate() {
                             let row = self.i0 + (mt * 16 + g + 8 * (e / 2)) as u32;
                             let col = (cp * 16 + n * 8 + 2 * t + e % 2) as u32;
-                            if row < p.seqlen_q && col < p.head_dim {
-                                unsafe { global::red_add(acc.add((row as u64 * p.head_dim as u64 + col as u64) as usize), x) };
+                            if row < p.pb.seqlen_q && col < p.pb.head_dim {
+                                unsafe { global::red_add(acc.add((row as u64 * p.pb.head_dim as u64 + col as u64) as usize), x) };
                             }
                         }
                     }

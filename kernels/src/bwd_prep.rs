@@ -31,11 +31,11 @@ pub const PREP_ROWS: usize = 16;
 #[inline(always)]
 pub unsafe fn prep<T: MmaElement, const RESIDUAL: bool>(p: &BwdParams) {
     let (blk, h, b) = block::idx();
-    let (sq, d) = (p.seqlen_q, p.head_dim);
+    let (sq, d) = (p.pb.seqlen_q, p.pb.head_dim);
     let (w, lane, warps) = (warp::id(), warp::lane(), block::dim() / 32);
     let r0 = blk * PREP_ROWS as u32;
     let end = (r0 + PREP_ROWS as u32).min(sq);
-    let lse_row = p.lse_row(b, h);
+    let lse_row = p.pb.lse_row(b, h);
     let mut r = r0 + w;
     while r < end {
         // Warp: D_i, lane partial sums over column pairs, then a butterfly sum.

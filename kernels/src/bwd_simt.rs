@@ -114,13 +114,13 @@ pub unsafe fn dkdv<T: Element, C: Config<Tile = SimtKvTile>, const RK: usize, co
 #[inline(always)]
 unsafe fn dkdv_masked<T: Element, C: Config<Tile = SimtKvTile>, M: Mask, const RK: usize, const DCH: usize>(p: &BwdParams) {
     let tile = C::TILE;
-    let (bn, bm, d) = (tile.bn(), SimtKvTile::BM, p.head_dim);
+    let (bn, bm, d) = (tile.bn(), SimtKvTile::BM, p.pb.head_dim);
     if d > 32 * DCH as u32 || block::dim() != tile.threads() {
         thread::trap();
     }
     let BlockInfo { blk: kv_blk, h: hk, b } = BlockInfo::keys_per_head();
     let (w, lane) = (warp::id(), warp::lane());
-    let (sq, sk) = (p.seqlen_q, p.seqlen_k);
+    let (sq, sk) = (p.pb.seqlen_q, p.pb.seqlen_k);
     let j0 = kv_blk * bn;
     let ds = d + 1; // padded f32 rows: lanes reading one column of different rows hit different banks
 
@@ -144,7 +144,7 @@ unsafe fn dkdv_masked<T: Element, C: Config<Tile = SimtKvTile>, M: Mask, const R
     }
     let mut acc_dk = [[0f32; DCH]; RK];
     let mut acc_dv = [[0f32; DCH]; RK];
-    let group = p.heads_q / p.heads_kv;
+    let group = p.pb.heads_q / p.pb.heads_kv;
     // Query rows that can see key j0 at all: i >= j0 - (sk - sq) under the causal mask.
     let i_first = if M::hides(sq - 1, j0, sq, sk) { sq } else { (0..sq).find_first_visible::<M>(j0, sq, sk) };
     for g in 0..group {
@@ -183,7 +183,7 @@ unsafe fn dkdv_masked<T: Element, C: Config<Tile = SimtKvTile>, M: Mask, const R
                 }
                 let j = j0 + jl;
                 let hidden = i >= sq || j >= sk || M::hides(i, j, sq, sk);
-                let pij = prob(s, score_scale(p.scale), m_i, il_i, hidden);
+                let pij = prob(s, score_scale(p.pb.scale), m_i, il_i, hidden);
                 p_s.st((jl * bm + lane) as usize, pij);
                 // dS_ij = P_ij ((dP_ij - c_i) - (D_i - c_i)), c_i the row's pivot (see `RowStats`);
                 // 0 where hidden, whatever dP holds there.
@@ -228,7 +228,7 @@ unsafe fn dkdv_masked<T: Element, C: Config<Tile = SimtKvTile>, M: Mask, const R
         for ch in 0..DCH {
             let c = lane + 32 * ch as u32;
             if c < d {
-                k_s.st((jl * ds + c) as usize, acc_dk[r][ch] * p.scale);
+                k_s.st((jl * ds + c) as usize, acc_dk[r][ch] * p.pb.scale);
                 v_s.st((jl * ds + c) as usize, acc_dv[r][ch]);
             }
         }
@@ -272,14 +272,14 @@ pub unsafe fn dq<T: Element, C: Config<Tile = SimtTile>, const ROWS: usize, cons
 #[inline(always)]
 unsafe fn dq_masked<T: Element, C: Config<Tile = SimtTile>, M: Mask, const ROWS: usize, const DCH: usize, const SC: usize>(p: &BwdParams) {
     let tile = C::TILE;
-    let (br, bc, d) = (tile.br(), tile.bc(), p.head_dim);
+    let (br, bc, d) = (tile.br(), tile.bc(), p.pb.head_dim);
     if d > tile.max_head_dim() || block::dim() != tile.threads() {
         thread::trap();
     }
-    let BlockInfo { blk: q_blk, h, b } = BlockInfo::rows_per_head::<M>(p.seqlen_q.div_ceil(br));
+    let BlockInfo { blk: q_blk, h, b } = BlockInfo::rows_per_head::<M>(p.pb.seqlen_q.div_ceil(br));
     let (w, lane) = (warp::id(), warp::lane());
-    let (sq, sk) = (p.seqlen_q, p.seqlen_k);
-    let hk = h / (p.heads_q / p.heads_kv);
+    let (sq, sk) = (p.pb.seqlen_q, p.pb.seqlen_k);
+    let hk = h / (p.pb.heads_q / p.pb.heads_kv);
     let row0 = q_blk * br;
     let ks = SimtTile::k_stride(d);
 
@@ -327,7 +327,7 @@ unsafe fn dq_masked<T: Element, C: Config<Tile = SimtTile>, M: Mask, const ROWS:
         let (s, dp) = unsafe { ctx.scores::<ROWS, SC>(jt) };
         for i in 0..ROWS {
             for c in 0..SC {
-                part[i].push(if hidden(i, c, jt * bc) { f32::NEG_INFINITY } else { s[i][c] * score_scale(p.scale) }, dp[i][c]);
+                part[i].push(if hidden(i, c, jt * bc) { f32::NEG_INFINITY } else { s[i][c] * score_scale(p.pb.scale) }, dp[i][c]);
             }
         }
     }
@@ -365,7 +365,7 @@ unsafe fn dq_masked<T: Element, C: Config<Tile = SimtTile>, M: Mask, const ROWS:
             let (m, il, dd, cc) = (m_s.ld(r), il_s.ld(r), d_s.ld(r), c_s.ld(r));
             for c in 0..SC {
                 let hid = hidden(i, c, c0);
-                let pij = prob(s[i][c], score_scale(p.scale), m, il, hid);
+                let pij = prob(s[i][c], score_scale(p.pb.scale), m, il, hid);
                 let ds = if hid { 0.0 } else { pij * ((dp[i][c] - cc) - dd) };
                 ds_s.st(r * bc as usize + (lane + 32 * c as u32) as usize, ds);
             }
@@ -397,7 +397,7 @@ unsafe fn dq_masked<T: Element, C: Config<Tile = SimtTile>, M: Mask, const ROWS:
         for ch in 0..DCH {
             let c = lane + 32 * ch as u32;
             if c < d {
-                q_s.st(((r_w + i as u32) * d + c) as usize, acc_dq[i][ch] * p.scale);
+                q_s.st(((r_w + i as u32) * d + c) as usize, acc_dq[i][ch] * p.pb.scale);
             }
         }
     }
@@ -424,12 +424,12 @@ impl<T: Element> DqTile<'_, T> {
     /// for its rows and key columns.
     #[inline(always)]
     unsafe fn scores<const ROWS: usize, const SC: usize>(&self, jt: u32) -> ([[f32; SC]; ROWS], [[f32; SC]; ROWS]) {
-        let (p, d, lane) = (self.p, self.p.head_dim, self.lane);
+        let (p, d, lane) = (self.p, self.p.pb.head_dim, self.lane);
         let ks = SimtTile::k_stride(d);
         block::sync();
         unsafe {
-            load_tile_f32(self.k_s, ks, self.k_g, p.k_strides.row, jt * self.bc, self.bc, p.seqlen_k, d);
-            load_tile_f32(self.v_s, ks, self.v_g, p.k_strides.row, jt * self.bc, self.bc, p.seqlen_k, d);
+            load_tile_f32(self.k_s, ks, self.k_g, p.k_strides.row, jt * self.bc, self.bc, p.pb.seqlen_k, d);
+            load_tile_f32(self.v_s, ks, self.v_g, p.k_strides.row, jt * self.bc, self.bc, p.pb.seqlen_k, d);
         }
         block::sync();
         let mut s = [[0f32; SC]; ROWS];

@@ -92,7 +92,7 @@ fn wg_warp_lane<const THREADS: usize>() -> (usize, usize, usize) {
 /// each (dK and dV, or with two warpgroups dV in the first and dK in the second).
 ///
 /// # Safety
-/// `p` valid (host-checked), `p.head_dim <= D`, THREADS threads,
+/// `p` valid (host-checked), `p.pb.head_dim <= D`, THREADS threads,
 /// `WgmmaBwdTile::dkdv_smem_bytes()` bytes of dynamic shared memory; the dQ kernel has
 /// written the statistics; an sm_90a device.
 #[inline(always)]
@@ -122,11 +122,11 @@ pub unsafe fn dkdv<
     }
     // With DQ (the atomic family), head dims that are multiples of 8 only
     // (`registry::BwdFamilyDesc::aligned_only`).
-    if DQ && by_element(PAD, p.head_dim) {
+    if DQ && by_element(PAD, p.pb.head_dim) {
         thread::trap();
     }
     unsafe {
-        with_mask!(p, M => match !DQ && by_element(PAD, p.head_dim) {
+        with_mask!(p, M => match !DQ && by_element(PAD, p.pb.head_dim) {
             false => dkdv_masked::<T, M, D, DN, BR, NQ, KQ, THREADS, NACC, PAD, DQ, false>(p),
             true => dkdv_masked::<T, M, D, DN, BR, NQ, KQ, THREADS, NACC, PAD, DQ, true>(p),
         })
@@ -155,8 +155,8 @@ unsafe fn dkdv_masked<
     p: &BwdParams,
 ) {
     // Without PAD, head_dim is exactly D and the padding checks compile away.
-    let d = body_head_dim::<D, EL>(PAD, p.head_dim);
-    if p.head_dim > D as u32 || (!PAD && p.head_dim != D as u32) || d == 0 || block::dim() != THREADS as u32 {
+    let d = body_head_dim::<D, EL>(PAD, p.pb.head_dim);
+    if p.pb.head_dim > D as u32 || (!PAD && p.pb.head_dim != D as u32) || d == 0 || block::dim() != THREADS as u32 {
         thread::trap();
     }
     let mut kb = DkdvBlock::<T, M, D, DN, BR, NQ, KQ, THREADS, NACC, PAD, DQ, EL>::new(p, d);
@@ -179,7 +179,7 @@ unsafe fn dkdv_masked<
     let i_first = M::first_visible_row(kb.j0, kb.sq, kb.sk);
     kb.qt_first = (i_first / BR as u32) as usize;
     kb.n_qt = (kb.sq.div_ceil(BR as u32) as usize).saturating_sub(kb.qt_first);
-    kb.group = (kb.p.heads_q / kb.p.heads_kv) as usize;
+    kb.group = (kb.p.pb.heads_q / kb.p.pb.heads_kv) as usize;
     let n_iter = kb.group * kb.n_qt;
 
     if n_iter > 0 {
@@ -190,7 +190,7 @@ unsafe fn dkdv_masked<
     // The warpgroup's accumulators: product wg NACC + k of (dV, dK) in acc[k].
     let mut acc = [[[0f32; 4]; DN]; NACC];
     let (mut k_bad, mut any_bad) = (false, false);
-    kb.factor = crate::softmax::score_scale(kb.p.scale) * LOG2_E;
+    kb.factor = crate::softmax::score_scale(kb.p.pb.scale) * LOG2_E;
     kb.key0 = kb.j0 + (kb.w * 16) as u32; // first key of this warp
 
     for it in 0..n_iter {
@@ -251,7 +251,7 @@ unsafe fn dkdv_masked<
     // Warp: dV_j = acc_dv, dK_j = scale * acc_dk, rows of its 16 keys, in T.
     let p = kb.p;
     for (k, a) in acc.iter().enumerate() {
-        let (dst, factor) = if kb.wg * NACC + k == 0 { (p.dv, 1.0) } else { (p.dk, p.scale) };
+        let (dst, factor) = if kb.wg * NACC + k == 0 { (p.dv, 1.0) } else { (p.dk, p.pb.scale) };
         unsafe { store_rows::<T, DN, true>(a, factor, (dst as *mut T).add(kb.kv_at), p.k_strides.row, kb.key0, kb.sk, kb.d) };
     }
     if any_bad {
@@ -265,7 +265,7 @@ unsafe fn dkdv_masked<
         }
     }
     if any_bad && kb.wg == 0 {
-        let group = p.heads_q / p.heads_kv;
+        let group = p.pb.heads_q / p.pb.heads_kv;
         let d_o = p.d_o + 2 * p.q_strides.offset(kb.b, 0, kb.hk * group);
         let do_strides = (p.q_strides.row << 32) | p.q_strides.offset(0, 0, 1);
         let shape = ((group as u64) << 48) | ((kb.d as u64) << 32) | ((BR as u64) << 16) | DQ as u64;
@@ -373,7 +373,7 @@ impl<
         let BlockInfo { blk: kv_blk, h: hk, b } = BlockInfo::keys_per_head();
         let (wg, w, lane) = wg_warp_lane::<THREADS>();
         let (g, t) = (lane / 4, lane % 4);
-        let (sq, sk) = (p.seqlen_q, p.seqlen_k);
+        let (sq, sk) = (p.pb.seqlen_q, p.pb.seqlen_k);
         let j0 = kv_blk * KEYS as u32;
         let split = THREADS > 128;
 
@@ -494,8 +494,8 @@ impl<
             // The row's address (as `stat_at`) rebuilt here from an `opaque` batch index: its
             // loop-invariant part, hoisted, was the one value ptxas spilled at `.maxnreg 168`
             // (d=64).
-            let bh = thread::opaque(b as u64) * p.heads_q as u64 + h as u64;
-            let row = bh * p.seqlen_q as u64 + r as u64;
+            let bh = thread::opaque(b as u64) * p.pb.heads_q as u64 + h as u64;
+            let row = bh * p.pb.seqlen_q as u64 + r as u64;
             let n = p.stat_at(1, 0, 0, 0);
             let st = (p.stats as *const f32).wrapping_add(row as usize);
             if !split {
@@ -837,8 +837,8 @@ fn issue_dq_block<T: MmaElement, const D: usize>(ds_s: Shared<T>, k_s: Shared<T>
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn red_dq_block(p: &BwdParams, b: u32, h: u32, row: u32, t: usize, d: u32, cb: usize, acc: &[[f32; 4]; 8]) {
-    let sq = p.seqlen_q;
-    let at = ((b as u64 * p.heads_q as u64 + h as u64) * sq as u64 + row as u64) * d as u64 + 2 * t as u64;
+    let sq = p.pb.seqlen_q;
+    let at = ((b as u64 * p.pb.heads_q as u64 + h as u64) * sq as u64 + row as u64) * d as u64 + 2 * t as u64;
     let acc_g = thread::opaque(p.dq_accum + at * 4) as *mut f32;
     let col0 = 2 * t as u32;
     for (n, x) in acc.iter().enumerate() {
@@ -918,7 +918,7 @@ fn mask_frag<M: Mask, const N: usize>(
 /// key of a tile, then gives each warpgroup its columns of B_i).
 ///
 /// # Safety
-/// `p` valid (host-checked), `p.head_dim <= D`, THREADS threads,
+/// `p` valid (host-checked), `p.pb.head_dim <= D`, THREADS threads,
 /// `WgmmaBwdTile::dq_smem_bytes()` bytes of dynamic shared memory; an sm_90a device; with
 /// DQ_SAVED, the statistics written.
 #[inline(always)]
@@ -950,11 +950,11 @@ pub unsafe fn dq<
     }
     // DQ_STATS (the atomic family): head dims that are multiples of 8 only
     // (`registry::BwdFamilyDesc::aligned_only`).
-    if MODE == DQ_STATS && by_element(PAD, p.head_dim) {
+    if MODE == DQ_STATS && by_element(PAD, p.pb.head_dim) {
         thread::trap();
     }
     unsafe {
-        with_mask!(p, M => match MODE != DQ_STATS && by_element(PAD, p.head_dim) {
+        with_mask!(p, M => match MODE != DQ_STATS && by_element(PAD, p.pb.head_dim) {
             false => dq_masked::<T, M, D, DN, BC, NS, KS, NSW, KSW, THREADS, DW, DNW, PAD, MODE, false>(p),
             true => dq_masked::<T, M, D, DN, BC, NS, KS, NSW, KSW, THREADS, DW, DNW, PAD, MODE, true>(p),
         })
@@ -990,8 +990,8 @@ unsafe fn dq_masked<
     const { assert!(MODE == DQ_SAVED || MODE == DQ_STATS) };
     let (saved, stats_only) = (MODE == DQ_SAVED, MODE == DQ_STATS);
     // Without PAD, head_dim is exactly D and the padding checks compile away.
-    let d = body_head_dim::<D, EL>(PAD, p.head_dim);
-    if p.head_dim > D as u32 || (!PAD && p.head_dim != D as u32) || d == 0 || block::dim() != THREADS as u32 {
+    let d = body_head_dim::<D, EL>(PAD, p.pb.head_dim);
+    if p.pb.head_dim > D as u32 || (!PAD && p.pb.head_dim != D as u32) || d == 0 || block::dim() != THREADS as u32 {
         thread::trap();
     }
     let mut qb = DqBlock::<T, M, D, DN, BC, NS, KS, NSW, KSW, THREADS, DW, DNW, PAD, MODE, EL>::new(p, d, saved);
@@ -1004,7 +1004,7 @@ unsafe fn dq_masked<
     }
     thread::cp_async_commit();
 
-    qb.factor = crate::softmax::score_scale(qb.p.scale) * LOG2_E;
+    qb.factor = crate::softmax::score_scale(qb.p.pb.scale) * LOG2_E;
     // dQ~ over the warpgroup's keys, every column (then `halves`).
     let mut acc_dq = [[0f32; 4]; DN];
     // Rows g and g + 8 of the warp's 16: running statistics (DQ_STATS), or m_i, 1 / l_i, D~_i
@@ -1175,13 +1175,13 @@ impl<
     /// [`dq_masked`] once the first tiles are in flight).
     #[inline(always)]
     fn new(p: &'a BwdParams, d: u32, saved: bool) -> Self {
-        let BlockInfo { blk: q_blk, h, b } = BlockInfo::rows_per_head::<M>(p.seqlen_q.div_ceil(ROWS as u32));
+        let BlockInfo { blk: q_blk, h, b } = BlockInfo::rows_per_head::<M>(p.pb.seqlen_q.div_ceil(ROWS as u32));
         let split = THREADS / warpgroup::SIZE as usize;
         let (wg, w, lane) = wg_warp_lane::<THREADS>();
         let (g, t) = (lane / 4, lane % 4);
         let (col0, key_w) = (wg * DW, wg * (BC / split));
-        let (sq, sk) = (p.seqlen_q, p.seqlen_k);
-        let hk = h / (p.heads_q / p.heads_kv);
+        let (sq, sk) = (p.pb.seqlen_q, p.pb.seqlen_k);
+        let hk = h / (p.pb.heads_q / p.pb.heads_kv);
         let row0 = q_blk * ROWS as u32;
         let row_w = row0 + (w * 16) as u32; // first query row of this warp
 
@@ -1266,7 +1266,15 @@ impl<
         let (p, col0) = (self.p, self.col0);
         let d_wg = self.d.saturating_sub(col0 as u32);
         unsafe {
-            store_rows::<T, DNW, true>(acc_dq, p.scale, (p.dq as *mut T).add(self.q_at + col0), p.q_strides.row, self.row_w, self.sq, d_wg)
+            store_rows::<T, DNW, true>(
+                acc_dq,
+                p.pb.scale,
+                (p.dq as *mut T).add(self.q_at + col0),
+                p.q_strides.row,
+                self.row_w,
+                self.sq,
+                d_wg,
+            )
         };
     }
 

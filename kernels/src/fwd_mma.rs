@@ -29,7 +29,7 @@ use core::marker::PhantomData;
 /// than D), FUSED = fused_exp. Causal or not is chosen at run time.
 ///
 /// # Safety
-/// `p` valid (host-checked), `p.head_dim == D`, 128 threads and the tile's
+/// `p` valid (host-checked), `p.pb.head_dim == D`, 128 threads and the tile's
 /// `smem_bytes()` bytes of dynamic shared memory.
 #[inline(always)]
 pub unsafe fn entry<
@@ -53,7 +53,7 @@ pub unsafe fn entry<
         assert!(BC == t.bc as usize && NS * 8 == BC && QREG == t.q_in_regs && PAD == t.padded && FUSED == t.fused_exp);
     }
     unsafe {
-        with_mask!(p, M => match by_element(PAD, p.head_dim) {
+        with_mask!(p, M => match by_element(PAD, p.pb.head_dim) {
             false => fwd::<T, C, M, D, DK, DN, MT, BC, NS, QREG, PAD, FUSED, false>(p),
             true => fwd::<T, C, M, D, DK, DN, MT, BC, NS, QREG, PAD, FUSED, true>(p),
         })
@@ -161,15 +161,15 @@ unsafe fn fwd<
     let tile = C::TILE;
     let br = tile.br() as usize;
     // Without PAD, head_dim is exactly D and the padding checks compile away.
-    let d = body_head_dim::<D, EL>(PAD, p.head_dim);
-    if p.head_dim > D as u32 || (!PAD && p.head_dim != D as u32) || d == 0 || block::dim() != tile.threads() {
+    let d = body_head_dim::<D, EL>(PAD, p.pb.head_dim);
+    if p.pb.head_dim > D as u32 || (!PAD && p.pb.head_dim != D as u32) || d == 0 || block::dim() != tile.threads() {
         thread::trap();
     }
-    let BlockInfo { blk: q_blk, h, b } = BlockInfo::rows_per_head::<M>(p.seqlen_q.div_ceil(br as u32));
+    let BlockInfo { blk: q_blk, h, b } = BlockInfo::rows_per_head::<M>(p.pb.seqlen_q.div_ceil(br as u32));
     let (w, lane) = (warp::id() as usize, warp::lane() as usize);
     let (g, t) = (lane / 4, lane % 4);
-    let (sq, sk) = (p.seqlen_q, p.seqlen_k);
-    let h_kv = h / (p.heads_q / p.heads_kv);
+    let (sq, sk) = (p.pb.seqlen_q, p.pb.seqlen_k);
+    let h_kv = h / (p.pb.heads_q / p.pb.heads_kv);
     let row0 = q_blk * br as u32;
 
     // Shared memory: Q [br][D], then K stages 0 and 1, V stages 0 and 1 ([BC][D] each).
@@ -215,8 +215,8 @@ unsafe fn fwd<
     // memory once. (A zero scale is the smallest normal one, `softmax::score_scale`: uniform
     // weights rather than 0 * -inf = NaN at masked keys.)
     // Without FUSED, c is the signed factor and the scores are scaled before the softmax.
-    let c = if FUSED { T::Dm::factor(p.scale.abs()) } else { T::Dm::factor(p.scale) };
-    if FUSED && p.scale < 0.0 {
+    let c = if FUSED { T::Dm::factor(p.pb.scale.abs()) } else { T::Dm::factor(p.pb.scale) };
+    if FUSED && p.pb.scale < 0.0 {
         negate_q::<D, MT>(q_s.cast());
     }
     for j in 0..n_tiles {
@@ -314,9 +314,9 @@ fn fix_stored_o<T: MmaElement, M: Mask, const MT: usize, const BC: usize>(
     let row0 = q_blk * br as u32;
     let n_tiles = M::visible_cols((row0 + br as u32).min(sq), sq, sk).div_ceil(BC as u32);
     let c0 = (M::unmasked_cols(row0, sq, sk) / BC as u32).min(n_tiles) * BC as u32;
-    let v0 = p.v + 2 * p.v_strides.offset(b, 0, h / (p.heads_q / p.heads_kv));
+    let v0 = p.v + 2 * p.v_strides.offset(b, 0, h / (p.pb.heads_q / p.pb.heads_kv));
     let o_g = p.o + 2 * p.o_strides.offset(b, 0, h);
-    let lse_g = p.lse + 4 * p.lse_row(b, h);
+    let lse_g = p.lse + 4 * p.pb.lse_row(b, h);
     let rows = ((row0 as u64 + (w * MT * 16) as u64) << 32) | (((MT * 16) as u64) << 16) | d as u64;
     let keys = ((c0 as u64) << 32) | (n_tiles * BC as u32 - c0) as u64;
     // SAFETY: O and LSE rows below seqlen_q, V rows below seqlen_k.
@@ -388,7 +388,7 @@ impl<T: MmaElement, const D: usize, const DK: usize, const MT: usize, const QREG
                     if MASKED {
                         let row = self.row0 + (mt * 16 + g + 8 * half) as u32;
                         let col = c0 + (n * 8 + 2 * t + e % 2) as u32;
-                        if col >= p.seqlen_k || M::hides(row, col, p.seqlen_q, p.seqlen_k) {
+                        if col >= p.pb.seqlen_k || M::hides(row, col, p.pb.seqlen_q, p.pb.seqlen_k) {
                             x = f32::NEG_INFINITY;
                         }
                     }
@@ -467,12 +467,12 @@ impl<T: MmaElement, const D: usize, const MT: usize> Out<'_, T, D, MT> {
         let (w, lane) = (warp::id() as usize, warp::lane() as usize);
         let (g, t) = (lane / 4, lane % 4);
         let o_g = unsafe { (p.o as *mut T).add(p.o_strides.offset(b, 0, h) as usize) };
-        let lse_g = unsafe { (p.lse as *mut f32).add(p.lse_row(b, h) as usize) };
+        let lse_g = unsafe { (p.lse as *mut f32).add(p.pb.lse_row(b, h) as usize) };
         let o_words: Shared<u32> = q_s.cast();
         for mt in 0..MT {
             for half in 0..2 {
                 let (inv_l, lse) =
-                    if FUSED { rows[mt][half].finish_raw::<4>(c, p.scale.abs()) } else { rows[mt][half].finish::<T::Dm, 4>() };
+                    if FUSED { rows[mt][half].finish_raw::<4>(c, p.pb.scale.abs()) } else { rows[mt][half].finish::<T::Dm, 4>() };
                 let r_tile = (w * MT + mt) * 16 + g + 8 * half;
                 for (n, acc) in acc_o[mt].iter().enumerate() {
                     let packed = T::pack2(normalize(acc[2 * half], inv_l), normalize(acc[2 * half + 1], inv_l));

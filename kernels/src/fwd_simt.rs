@@ -27,14 +27,14 @@ pub unsafe fn entry<T: Element, C: Config<Tile = SimtTile>, const ROWS: usize, c
 #[inline(always)]
 unsafe fn fwd<T: Element, C: Config<Tile = SimtTile>, M: Mask, const ROWS: usize, const DCH: usize, const SC: usize>(p: &FwdParams) {
     let tile = C::TILE;
-    let (br, bc, d) = (tile.br(), tile.bc(), p.head_dim);
+    let (br, bc, d) = (tile.br(), tile.bc(), p.pb.head_dim);
     if d > tile.max_head_dim() || block::dim() != tile.threads() {
         thread::trap();
     }
     let (q_blk, h, b) = block::idx();
     let (w, lane) = (warp::id(), warp::lane());
-    let (sq, sk) = (p.seqlen_q, p.seqlen_k);
-    let h_kv = h / (p.heads_q / p.heads_kv);
+    let (sq, sk) = (p.pb.seqlen_q, p.pb.seqlen_k);
+    let h_kv = h / (p.pb.heads_q / p.pb.heads_kv);
     let row0 = q_blk * br;
     let ks = SimtTile::k_stride(d);
 
@@ -69,7 +69,7 @@ unsafe fn fwd<T: Element, C: Config<Tile = SimtTile>, M: Mask, const ROWS: usize
     // O_i = acc_o / l_i; LSE_i = m_i + log l_i. Rows past seqlen_q still join the warp's
     // reductions, but write nothing.
     let o_g = unsafe { (p.o as *mut T).add(p.o_strides.offset(b, 0, h) as usize) };
-    let lse_g = unsafe { (p.lse as *mut f32).add(p.lse_row(b, h) as usize) };
+    let lse_g = unsafe { (p.lse as *mut f32).add(p.pb.lse_row(b, h) as usize) };
     for i in 0..ROWS {
         let (inv_l, lse) = rows[i].finish::<Natural, 32>();
         let r = row0 + w * ROWS as u32 + i as u32;
@@ -112,7 +112,7 @@ impl<T: Element> Step<'_, T> {
         rows: &mut [RowState; ROWS],
     ) {
         let p = self.p;
-        let (bc, d, sq, sk) = (self.tile.bc(), p.head_dim, p.seqlen_q, p.seqlen_k);
+        let (bc, d, sq, sk) = (self.tile.bc(), p.pb.head_dim, p.pb.seqlen_q, p.pb.seqlen_k);
         let ks = SimtTile::k_stride(d);
         let (w, lane) = (warp::id(), warp::lane());
         let c0 = j * bc;
@@ -144,7 +144,7 @@ impl<T: Element> Step<'_, T> {
         for (i, s_row) in s.iter_mut().enumerate() {
             let row = self.row0 + r_w + i as u32;
             for (c, x) in s_row.iter_mut().enumerate() {
-                *x *= Natural::factor(p.scale);
+                *x *= Natural::factor(p.pb.scale);
                 let col = c0 + lane + 32 * c as u32;
                 if MASKED && (col >= sk || M::hides(row, col, sq, sk)) {
                     *x = f32::NEG_INFINITY;

@@ -29,7 +29,7 @@ use core::marker::PhantomData;
 /// DN = D / 8 (n-tiles of O), KS = BC / 16 (k-steps of P V), PAD = padded.
 ///
 /// # Safety
-/// `p` valid (host-checked), `p.head_dim <= D`, 128 WG threads and the tile's
+/// `p` valid (host-checked), `p.pb.head_dim <= D`, 128 WG threads and the tile's
 /// `smem_bytes()` bytes of dynamic shared memory; an sm_90a device.
 #[inline(always)]
 pub unsafe fn entry<
@@ -51,7 +51,7 @@ pub unsafe fn entry<
         assert!(NS * 8 == BC && DN * 8 == D && KS * 16 == BC);
     }
     unsafe {
-        with_mask!(p, M => match by_element(PAD, p.head_dim) {
+        with_mask!(p, M => match by_element(PAD, p.pb.head_dim) {
             false => fwd::<T, C, M, D, WG, BC, NS, DN, KS, PAD, false>(p),
             true => fwd::<T, C, M, D, WG, BC, NS, DN, KS, PAD, true>(p),
         })
@@ -97,16 +97,17 @@ unsafe fn fwd<
     let tile = C::TILE;
     const { assert!(D.is_multiple_of(64) && BC.is_multiple_of(16)) };
     let br = tile.br() as usize;
-    let d = body_head_dim::<D, EL>(PAD, p.head_dim);
-    if p.head_dim > D as u32 || (!PAD && p.head_dim != D as u32) || d == 0 || block::dim() != tile.threads() {
+    let d = body_head_dim::<D, EL>(PAD, p.pb.head_dim);
+    if p.pb.head_dim > D as u32 || (!PAD && p.pb.head_dim != D as u32) || d == 0 || block::dim() != tile.threads() {
         thread::trap();
     }
-    let kv_bytes = stream_bytes::<T>(p.seqlen_k, D);
-    let BlockInfo { blk: q_blk, h, b } = BlockInfo::rows::<M>(p.seqlen_q.div_ceil(br as u32), p.heads_q, p.heads_kv, p.batch, kv_bytes);
+    let kv_bytes = stream_bytes::<T>(p.pb.seqlen_k, D);
+    let BlockInfo { blk: q_blk, h, b } =
+        BlockInfo::rows::<M>(p.pb.seqlen_q.div_ceil(br as u32), p.pb.heads_q, p.pb.heads_kv, p.pb.batch, kv_bytes);
     let (wg, w, lane) = (warpgroup::id() as usize, (warp::id() % 4) as usize, warp::lane() as usize);
     let (g, t) = (lane / 4, lane % 4);
-    let (sq, sk) = (p.seqlen_q, p.seqlen_k);
-    let h_kv = h / (p.heads_q / p.heads_kv);
+    let (sq, sk) = (p.pb.seqlen_q, p.pb.seqlen_k);
+    let h_kv = h / (p.pb.heads_q / p.pb.heads_kv);
     let row0 = q_blk * br as u32;
 
     // Shared memory: Q [br][D], K stages 0 and 1, V stages 0 and 1 ([BC][D] each).
@@ -137,8 +138,8 @@ unsafe fn fwd<
     thread::cp_async_commit();
     // Raw scores; c = |scale| log2 e turns them into the exponent with one FFMA; a negative
     // scale is a positive one on -Q (sign bits flipped once in shared memory).
-    let c = T::Dm::factor(p.scale.abs());
-    if p.scale < 0.0 {
+    let c = T::Dm::factor(p.pb.scale.abs());
+    if p.pb.scale < 0.0 {
         tiles.negate_q();
     }
 
@@ -549,7 +550,7 @@ impl<
             self.r_warp,
         );
         let o_g = unsafe { (p.o as *mut T).add(p.o_strides.offset(b, 0, h) as usize) };
-        let lse_g = unsafe { (p.lse as *mut f32).add(p.lse_row(b, h) as usize) };
+        let lse_g = unsafe { (p.lse as *mut f32).add(p.pb.lse_row(b, h) as usize) };
         let o_words: Shared<u32> = q_s.cast();
         let at = |r: usize, c: usize| match WG {
             1 => Sw::<64, D>::at(r, c),
@@ -558,7 +559,7 @@ impl<
         };
         let mut inv = [0f32; 2];
         for half in 0..2 {
-            let (inv_l, lse) = rows[half].finish_raw::<4>(self.c, p.scale.abs());
+            let (inv_l, lse) = rows[half].finish_raw::<4>(self.c, p.pb.scale.abs());
             inv[half] = inv_l;
             let r_tile = r_warp + g + 8 * half;
             for (n, acc) in acc_o.iter().enumerate() {

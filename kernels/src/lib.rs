@@ -36,10 +36,10 @@
 #![allow(clippy::needless_range_loop)]
 
 /// The one mask switch of every kernel entry: `$body` with `$m` the mask type the launch
-/// asks for (`mask::Causal` when `p.causal != 0`, else `mask::NoMask`), chosen at run time.
+/// asks for (`mask::Causal` when `p.pb.causal != 0`, else `mask::NoMask`), chosen at run time.
 macro_rules! with_mask {
     ($p:expr, $m:ident => $body:expr) => {
-        if $p.causal != 0 {
+        if $p.pb.causal != 0 {
             type $m = $crate::mask::Causal;
             $body
         } else {

@@ -27,6 +27,37 @@ impl Strides {
     }
 }
 
+/// The attention problem, as both passes' kernels read it: sizes, scale and mask. The last
+/// part of [`FwdParams`] and [`BwdParams`] (4-byte fields after their 8-byte ones: the same
+/// layout as fields of their own). The masks to come (window, softcap, ...) join it here.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Problem {
+    pub batch: u32,
+    pub heads_q: u32,
+    pub heads_kv: u32,
+    pub seqlen_q: u32,
+    pub seqlen_k: u32,
+    pub head_dim: u32,
+    /// softmax_scale: the kernels multiply the scores by it (once, as naive attention does,
+    /// so LSE loses no accuracy) and fold log2(e) into each exponential.
+    pub scale: f32,
+    /// 1 for causal masking (bottom-right aligned), 0 for none.
+    pub causal: u32,
+}
+
+// Four-byte fields only: after the params structs' 8-byte ones it adds no padding.
+const _: () = assert!(core::mem::size_of::<Problem>() == 32 && core::mem::align_of::<Problem>() == 4);
+
+impl Problem {
+    /// Element index in LSE of row 0 of (batch b, query head h): LSE is f32 [batch, heads_q,
+    /// seqlen_q].
+    #[inline(always)]
+    pub fn lse_row(&self, b: u32, h: u32) -> u64 {
+        (b as u64 * self.heads_q as u64 + h as u64) * self.seqlen_q as u64
+    }
+}
+
 /// Parameters of the forward kernels.
 ///
 /// Q is [batch, seqlen_q, heads_q, head_dim], K and V are [batch, seqlen_k, heads_kv, head_dim],
@@ -49,17 +80,8 @@ pub struct FwdParams {
     pub k_strides: Strides,
     pub v_strides: Strides,
     pub o_strides: Strides,
-    pub batch: u32,
-    pub heads_q: u32,
-    pub heads_kv: u32,
-    pub seqlen_q: u32,
-    pub seqlen_k: u32,
-    pub head_dim: u32,
-    /// softmax_scale: the kernels multiply the scores by it (once, as naive attention does,
-    /// so LSE loses no accuracy) and fold log2(e) into each exponential.
-    pub scale: f32,
-    /// 1 for causal masking (bottom-right aligned), 0 for none.
-    pub causal: u32,
+    /// Sizes, scale and mask.
+    pub pb: Problem,
 }
 
 /// Parameters of the backward kernels.
@@ -94,38 +116,17 @@ pub struct BwdParams {
     pub q_strides: Strides,
     /// Strides of K, V, dK and dV (one layout).
     pub k_strides: Strides,
-    pub batch: u32,
-    pub heads_q: u32,
-    pub heads_kv: u32,
-    pub seqlen_q: u32,
-    pub seqlen_k: u32,
-    pub head_dim: u32,
-    /// softmax_scale.
-    pub scale: f32,
-    /// 1 for causal masking (bottom-right aligned), 0 for none.
-    pub causal: u32,
-}
-
-impl FwdParams {
-    /// Element index in LSE of row 0 of (batch b, query head h): LSE is f32 [batch, heads_q,
-    /// seqlen_q].
-    #[inline(always)]
-    pub fn lse_row(&self, b: u32, h: u32) -> u64 {
-        (b as u64 * self.heads_q as u64 + h as u64) * self.seqlen_q as u64
-    }
+    /// Sizes, scale and mask (the forward's).
+    pub pb: Problem,
 }
 
 impl BwdParams {
-    /// Element index in LSE of row 0 of (batch b, query head h), as [`FwdParams::lse_row`].
-    #[inline(always)]
-    pub fn lse_row(&self, b: u32, h: u32) -> u64 {
-        (b as u64 * self.heads_q as u64 + h as u64) * self.seqlen_q as u64
-    }
     /// Index in `stats` of row `r` of (batch b, query head h) of statistic `k` (0: m_i in the
     /// log2 domain, 1: 1 / l_i, 2: D_i; 3: the SIMT kernels' pivot c_i).
     #[inline(always)]
     pub fn stat_at(&self, k: usize, b: u32, h: u32, r: u32) -> usize {
-        let n = self.batch as usize * self.heads_q as usize * self.seqlen_q as usize;
-        k * n + (b as usize * self.heads_q as usize + h as usize) * self.seqlen_q as usize + r as usize
+        let pb = &self.pb;
+        let n = pb.batch as usize * pb.heads_q as usize * pb.seqlen_q as usize;
+        k * n + (b as usize * pb.heads_q as usize + h as usize) * pb.seqlen_q as usize + r as usize
     }
 }
