@@ -11,14 +11,15 @@
 //! Q K^T) and never stored.
 
 use crate::block_info::BlockInfo;
-use crate::copy::{body_head_dim, by_element, load_tile_in, negate_own_chunks, store_chunk};
-use crate::dev::{self, Shared, block, global, thread, warp};
+use crate::copy::{body_head_dim, by_element, load_tile_in, negate_own_chunks};
+use crate::dev::{self, Shared, block, thread, warp};
 use crate::dtype::MmaElement;
+use crate::epilogue::{quad_store_lse, warp_stage_o, warp_store_staged};
 use crate::mask::Mask;
 use crate::nonfinite::{own_chunks_nonfinite, warp_fix_stored_o, zero_own_nonfinite};
 use crate::params::FwdParams;
 use crate::smem::{LaneAddr, Layout};
-use crate::softmax::{Domain, RowState, normalize};
+use crate::softmax::{Domain, RowState};
 use crate::tile::{Config, MMA_WARPS, MmaTile};
 use core::marker::PhantomData;
 
@@ -453,10 +454,9 @@ struct Out<'a, T: Copy, const D: usize, const MT: usize> {
 }
 
 impl<T: MmaElement, const D: usize, const MT: usize> Out<'_, T, D, MT> {
-    /// Warp: O = acc_o / l_i, LSE = m_i + log l_i, rows g and g + 8 of each m16 tile. The warp
-    /// stages its rows of O in the Q tile's shared memory (its own rows only, free since the
-    /// loop's last barrier), then writes whole 16-byte chunks: a lane's 4-byte fragments would
-    /// fill half of each 32-byte sector (ncu, 27ff2b2).
+    /// Warp: O = acc_o / l_i, LSE = m_i + log l_i, rows g and g + 8 of each m16 tile, by the
+    /// `epilogue` (O staged in the warp's own rows of the Q tile, free since the loop's last
+    /// barrier).
     #[inline(always)]
     fn store_o<const FUSED: bool, const DN: usize>(&self, acc_o: &[[[f32; 4]; DN]; MT], rows: &[[RowState; 2]; MT], c: f32) {
         let (p, b, h, d, sq, row0) = (self.p, self.b, self.h, self.d, self.sq, self.row0);
@@ -474,28 +474,12 @@ impl<T: MmaElement, const D: usize, const MT: usize> Out<'_, T, D, MT> {
                 let (inv_l, lse) =
                     if FUSED { rows[mt][half].finish_raw::<4>(c, p.pb.scale.abs()) } else { rows[mt][half].finish::<T::Dm, 4>() };
                 let r_tile = (w * MT + mt) * 16 + g + 8 * half;
-                for (n, acc) in acc_o[mt].iter().enumerate() {
-                    let packed = T::pack2(normalize(acc[2 * half], inv_l), normalize(acc[2 * half + 1], inv_l));
-                    o_words.st(Layout::<D>::at(r_tile, n * 8 + 2 * t) / 2, packed);
-                }
-                let r = row0 + r_tile as u32;
-                if r < sq && t == 0 {
-                    unsafe { global::store(lse_g.add(r as usize), lse) };
-                }
+                warp_stage_o::<T, DN>(o_words, Layout::<D>::at, (r_tile, t), &acc_o[mt], half, inv_l);
+                unsafe { quad_store_lse(lse_g, row0 + r_tile as u32, sq, t, lse) };
             }
         }
         warp::sync();
-        // Warp: its MT * 16 rows, D / 8 chunks each, lane l taking chunks l + 32 i; columns d..D
-        // are zero padding, not stored.
-        let cpr = D / 8;
-        for i in 0..MT * 16 * cpr / 32 {
-            let e = lane + 32 * i;
-            let (r_tile, col) = (w * MT * 16 + e / cpr, (e % cpr) * 8);
-            let r = row0 + r_tile as u32;
-            if r < sq && (col as u32) < d {
-                let v = q_s.ld_16(Layout::<D>::at(r_tile, col));
-                unsafe { store_chunk(o_g.add((r as u64 * p.o_strides.row) as usize), col as u32, d, v) };
-            }
-        }
+        // Warp: its MT * 16 rows.
+        unsafe { warp_store_staged::<T, D>(q_s, Layout::<D>::at, (lane, w * MT * 16, MT * 16), (row0, sq, d), o_g, p.o_strides.row) };
     }
 }

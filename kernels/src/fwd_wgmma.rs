@@ -12,9 +12,10 @@
 //! in shared memory and never stored.
 
 use crate::block_info::{BlockInfo, stream_bytes};
-use crate::copy::{body_head_dim, by_element, load_tile_in, negate_own_chunks, store_chunk};
-use crate::dev::{self, Shared, block, global, thread, warp, warpgroup};
+use crate::copy::{body_head_dim, by_element, load_tile_in, negate_own_chunks};
+use crate::dev::{self, Shared, block, thread, warp, warpgroup};
 use crate::dtype::MmaElement;
+use crate::epilogue::{quad_store_lse, warp_stage_o, warp_store_staged};
 use crate::mask::Mask;
 use crate::nonfinite::{add_nonfinite, own_chunks_nonfinite, row_at, zero_own_nonfinite};
 use crate::params::FwdParams;
@@ -562,30 +563,13 @@ impl<
             let (inv_l, lse) = rows[half].finish_raw::<4>(self.c, p.pb.scale.abs());
             inv[half] = inv_l;
             let r_tile = r_warp + g + 8 * half;
-            for (n, acc) in acc_o.iter().enumerate() {
-                let packed = T::pack2(normalize(acc[2 * half], inv_l), normalize(acc[2 * half + 1], inv_l));
-                o_words.st(at(r_tile, n * 8 + 2 * t) / 2, packed);
-            }
-            let r = row0 + r_tile as u32;
-            if r < sq && t == 0 {
-                unsafe { global::store(lse_g.add(r as usize), lse) };
-            }
+            warp_stage_o::<T, DN>(o_words, at, (r_tile, t), acc_o, half, inv_l);
+            unsafe { quad_store_lse(lse_g, row0 + r_tile as u32, sq, t, lse) };
         }
         warp::sync();
-        // Warp: its 16 rows, D / 8 chunks each, lane l taking chunks l + 32 i; columns d..D are
-        // zero padding, not stored.
-        let cpr = D / 8;
-        let store_staged = |dst: *mut T| {
-            for i in 0..16 * cpr / 32 {
-                let e = lane + 32 * i;
-                let (r_tile, col) = (r_warp + e / cpr, (e % cpr) * 8);
-                let r = row0 + r_tile as u32;
-                if r < sq && (col as u32) < d {
-                    let v = q_s.ld_16(at(r_tile, col));
-                    unsafe { store_chunk(dst.add((r as u64 * p.o_strides.row) as usize), col as u32, d, v) };
-                }
-            }
-        };
+        // Warp: its 16 rows.
+        let store_staged =
+            |dst: *mut T| unsafe { warp_store_staged::<T, D>(q_s, at, (lane, r_warp, 16), (row0, sq, d), dst, p.o_strides.row) };
         store_staged(o_g);
         // On request, the same for O_lo = T(O_f32 - O) (one uniform branch).
         if p.o_lo != 0 {

@@ -61,6 +61,7 @@ pub mod bwd_wgmma;
 mod copy;
 pub mod dev;
 pub mod dtype;
+mod epilogue;
 mod frag;
 pub mod fwd_mma;
 pub mod fwd_simt;

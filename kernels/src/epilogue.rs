@@ -1,0 +1,67 @@
+//! The forward's O/LSE epilogue, warp by warp, for the tensor-core kernels (`fwd_mma`,
+//! `fwd_wgmma`): O = acc_o / l_i packed to T and staged in the warp's own rows of the Q
+//! tile's shared memory, LSE = m_i + log l_i to global memory, then the staged rows written
+//! as whole 16-byte chunks (a lane's 4-byte fragments would fill half of each 32-byte sector).
+//! The kernel names the staging layout (`at`: element index of (row, column) in the tile).
+
+use crate::copy::store_chunk;
+use crate::dev::{Shared, global};
+use crate::dtype::MmaElement;
+use crate::softmax::normalize;
+
+/// Warp, one row half of one m16 tile (rows g + 8 half; lane (g, t)): O = acc / l_i
+/// (`inv_l`, [`normalize`]) in T into the staging tile at row `r_tile`.
+#[inline(always)]
+pub(crate) fn warp_stage_o<T: MmaElement, const DN: usize>(
+    o_words: Shared<u32>,
+    at: impl Fn(usize, usize) -> usize,
+    (r_tile, t): (usize, usize),
+    acc: &[[f32; 4]; DN],
+    half: usize,
+    inv_l: f32,
+) {
+    for (n, acc) in acc.iter().enumerate() {
+        let packed = T::pack2(normalize(acc[2 * half], inv_l), normalize(acc[2 * half + 1], inv_l));
+        o_words.st(at(r_tile, n * 8 + 2 * t) / 2, packed);
+    }
+}
+
+/// Lane quad (its lane t = 0 stores): LSE of query row `r` of the head at `lse_g`, rows
+/// below `sq` only.
+///
+/// # Safety
+/// `lse_g` points to the head's `sq` LSE values.
+#[inline(always)]
+pub(crate) unsafe fn quad_store_lse(lse_g: *mut f32, r: u32, sq: u32, t: usize, lse: f32) {
+    if r < sq && t == 0 {
+        unsafe { global::store(lse_g.add(r as usize), lse) };
+    }
+}
+
+/// Warp (after `warp::sync` on its staged rows): its `rows` rows (a constant where the kernel
+/// inlines it) of the staging tile from `r_first`, D / 8 chunks each, lane `lane` taking chunks lane + 32 i, to query rows
+/// row0 + r of `dst` (row stride `stride`): rows below `sq`, columns below `d` (d..D are
+/// zero padding, not stored).
+///
+/// # Safety
+/// `dst` points to the head's rows below `sq`, `d` elements each.
+#[inline(always)]
+pub(crate) unsafe fn warp_store_staged<T: Copy, const D: usize>(
+    staged: Shared<T>,
+    at: impl Fn(usize, usize) -> usize,
+    (lane, r_first, rows): (usize, usize, usize),
+    (row0, sq, d): (u32, u32, u32),
+    dst: *mut T,
+    stride: u64,
+) {
+    let cpr = D / 8;
+    for i in 0..rows * cpr / 32 {
+        let e = lane + 32 * i;
+        let (r_tile, col) = (r_first + e / cpr, (e % cpr) * 8);
+        let r = row0 + r_tile as u32;
+        if r < sq && (col as u32) < d {
+            let v = staged.ld_16(at(r_tile, col));
+            unsafe { store_chunk(dst.add((r as u64 * stride) as usize), col as u32, d, v) };
+        }
+    }
+}
