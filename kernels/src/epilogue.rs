@@ -38,24 +38,24 @@ pub(crate) unsafe fn quad_store_lse(lse_g: *mut f32, r: u32, sq: u32, t: usize, 
     }
 }
 
-/// Warp (after `warp::sync` on its staged rows): its `rows` rows (a constant where the kernel
-/// inlines it) of the staging tile from `r_first`, D / 8 chunks each, lane `lane` taking chunks lane + 32 i, to query rows
+/// Warp (after `warp::sync` on its staged rows): its M16 x 16 rows of the staging tile from
+/// `r_first`, D / 8 chunks each, lane `lane` taking chunks lane + 32 i, to query rows
 /// row0 + r of `dst` (row stride `stride`): rows below `sq`, columns below `d` (d..D are
 /// zero padding, not stored).
 ///
 /// # Safety
 /// `dst` points to the head's rows below `sq`, `d` elements each.
 #[inline(always)]
-pub(crate) unsafe fn warp_store_staged<T: Copy, const D: usize>(
+pub(crate) unsafe fn warp_store_staged<T: Copy, const D: usize, const M16: usize>(
     staged: Shared<T>,
     at: impl Fn(usize, usize) -> usize,
-    (lane, r_first, rows): (usize, usize, usize),
+    (lane, r_first): (usize, usize),
     (row0, sq, d): (u32, u32, u32),
     dst: *mut T,
     stride: u64,
 ) {
     let cpr = D / 8;
-    for i in 0..rows * cpr / 32 {
+    for i in 0..M16 * 16 * cpr / 32 {
         let e = lane + 32 * i;
         let (r_tile, col) = (r_first + e / cpr, (e % cpr) * 8);
         let r = row0 + r_tile as u32;

@@ -11,10 +11,10 @@
 //! Q K^T) and never stored.
 
 use crate::block_info::BlockInfo;
-use crate::copy::{body_head_dim, by_element, load_tile_in, negate_own_chunks};
+use crate::copy::{body_head_dim, by_element, load_tile_in, negate_own_chunks, store_chunk};
 use crate::dev::{self, Shared, block, thread, warp};
 use crate::dtype::MmaElement;
-use crate::epilogue::{quad_store_lse, warp_stage_o, warp_store_staged};
+use crate::epilogue::{quad_store_lse, warp_stage_o};
 use crate::mask::Mask;
 use crate::nonfinite::{own_chunks_nonfinite, warp_fix_stored_o, zero_own_nonfinite};
 use crate::params::FwdParams;
@@ -479,7 +479,19 @@ impl<T: MmaElement, const D: usize, const MT: usize> Out<'_, T, D, MT> {
             }
         }
         warp::sync();
-        // Warp: its MT * 16 rows.
-        unsafe { warp_store_staged::<T, D>(q_s, Layout::<D>::at, (lane, w * MT * 16, MT * 16), (row0, sq, d), o_g, p.o_strides.row) };
+        // Warp: its MT * 16 rows, D / 8 chunks each, lane l taking chunks l + 32 i (columns
+        // d..D are zero padding, not stored): `epilogue::warp_store_staged`'s loop, written
+        // out here because through that function LLVM rebuilt the staging addresses otherwise
+        // and d = 256 ran 0.8% slower (benches/RESULTS.md, 2026-12-03).
+        let cpr = D / 8;
+        for i in 0..MT * 16 * cpr / 32 {
+            let e = lane + 32 * i;
+            let (r_tile, col) = (w * MT * 16 + e / cpr, (e % cpr) * 8);
+            let r = row0 + r_tile as u32;
+            if r < sq && (col as u32) < d {
+                let v = q_s.ld_16(Layout::<D>::at(r_tile, col));
+                unsafe { store_chunk(o_g.add((r as u64 * p.o_strides.row) as usize), col as u32, d, v) };
+            }
+        }
     }
 }

@@ -569,7 +569,7 @@ impl<
         warp::sync();
         // Warp: its 16 rows.
         let store_staged =
-            |dst: *mut T| unsafe { warp_store_staged::<T, D>(q_s, at, (lane, r_warp, 16), (row0, sq, d), dst, p.o_strides.row) };
+            |dst: *mut T| unsafe { warp_store_staged::<T, D, 1>(q_s, at, (lane, r_warp), (row0, sq, d), dst, p.o_strides.row) };
         store_staged(o_g);
         // On request, the same for O_lo = T(O_f32 - O) (one uniform branch).
         if p.o_lo != 0 {
