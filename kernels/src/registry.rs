@@ -875,14 +875,14 @@ macro_rules! bwd_wgmma_kvq {
 }
 
 /// The Hopper dQ kernel of a class, `wgmma_bwd_tile(class)`, with the passes of `$mode`
-/// (`bwd_wgmma::DQ_SAVED`, `DQ_STATS`).
+/// (`bwd_wgmma_dq::DQ_SAVED`, `DQ_STATS`).
 macro_rules! bwd_wgmma_q_with {
     ($ty:ty, $d:literal, $mode:ident) => {
         bwd_wgmma_q_with!($ty, tile_const!(WgmmaBwdTile, wgmma_bwd_tile($d)), $mode)
     };
     ($ty:ty, $tile:expr, $mode:ident) => {{
         config!(C: WgmmaBwdTile = $tile);
-        crate::bwd_wgmma::dq::<
+        crate::bwd_wgmma_dq::dq::<
             $ty,
             C,
             { C::TILE.head_dim as usize },
@@ -896,7 +896,7 @@ macro_rules! bwd_wgmma_q_with {
             { (C::TILE.head_dim / C::TILE.split) as usize },
             { (C::TILE.head_dim / C::TILE.split) as usize / 8 },
             { C::TILE.padded },
-            { crate::bwd_wgmma::$mode },
+            { crate::bwd_wgmma_dq::$mode },
         >
     }};
 }
