@@ -1,5 +1,7 @@
 //! Builds the kernel crate to PTX with a nested cargo (own target directory, so it never
-//! waits on the outer build's lock) and leaves the PTX in OUT_DIR for `include_str!`.
+//! waits on the outer build's lock) and leaves the PTX in OUT_DIR for `include_str!`. The
+//! sources are those of the `flashattn-kernels` dependency, wherever cargo has them (this
+//! workspace, a git checkout, a registry), staged into OUT_DIR as a crate of their own.
 //! A compile error in a kernel fails this build with the kernel compiler's own messages.
 //! No CUDA toolkit is involved: rustc's NVPTX backend writes the PTX.
 //!
@@ -23,18 +25,82 @@ const KERNEL_TOOLCHAIN: &str = "nightly-2026-05-20";
 const PTX_TARGETS: &[(&str, &str, &str)] = &[("flashattn_sm80", "sm_80", ""), ("flashattn_sm90a", "sm_90a", "+ptx81")];
 
 fn main() {
-    let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR"));
-    let kernels = manifest.join("..").join("kernels");
-    println!("cargo:rerun-if-changed={}", kernels.join("src").display());
-    println!("cargo:rerun-if-changed={}", kernels.join("Cargo.toml").display());
-    println!("cargo:rerun-if-env-changed=FLASHATTN_KERNEL_TOOLCHAIN");
+    println!("cargo::rerun-if-env-changed=FLASHATTN_KERNEL_TOOLCHAIN");
+    println!("cargo::rerun-if-env-changed=DOCS_RS");
     let out = PathBuf::from(env::var("OUT_DIR").expect("OUT_DIR"));
+    // docs.rs builds documentation only, with no toolchain to install: empty PTX modules.
+    if env::var_os("DOCS_RS").is_some() {
+        for (stem, _, _) in PTX_TARGETS {
+            fs::write(out.join(format!("{stem}.ptx")), "").expect("write PTX to OUT_DIR");
+        }
+        return;
+    }
+    let kernels = kernel_sources();
+    println!("cargo::rerun-if-changed={}", kernels.join("src").display());
+    println!("cargo::rerun-if-changed={}", kernels.join("Cargo.toml").display());
+    let crate_dir = stage_kernel_crate(&kernels, &out.join("kernels"));
     let toolchain = env::var("FLASHATTN_KERNEL_TOOLCHAIN").unwrap_or_else(|_| KERNEL_TOOLCHAIN.into());
     let rustup = rustup();
     ensure_toolchain(&rustup, &toolchain);
     for (stem, cpu, features) in PTX_TARGETS {
-        let ptx = build_ptx(&rustup, &toolchain, &kernels, &out.join(format!("ptx-{cpu}")), cpu, features);
+        let ptx = build_ptx(&rustup, &toolchain, &crate_dir, &out.join(format!("ptx-{cpu}")), cpu, features);
         fs::write(out.join(format!("{stem}.ptx")), ptx).expect("write PTX to OUT_DIR");
+    }
+}
+
+/// The `flashattn-kernels` sources this crate depends on: where its build script says they
+/// are (`links`), which holds in this workspace, from git and from a registry alike.
+fn kernel_sources() -> PathBuf {
+    match env::var_os("DEP_FLASHATTN_KERNELS_ROOT") {
+        Some(root) => PathBuf::from(root),
+        None => fail("DEP_FLASHATTN_KERNELS_ROOT is not set: the flashattn-kernels dependency's build script did not run"),
+    }
+}
+
+/// Copies the kernel crate's sources into `dir` as a crate of its own (its own workspace, no
+/// build script, no dependencies: the nvptx build uses none), so that the nested build
+/// writes nothing beside the sources (a registry's or a package's copy) and never finds an
+/// enclosing workspace. Files whose contents are unchanged are not rewritten, so the nested
+/// cargo rebuilds only when a source changed.
+fn stage_kernel_crate(kernels: &Path, dir: &Path) -> PathBuf {
+    fn copy_tree(from: &Path, to: &Path, keep: &mut Vec<PathBuf>) {
+        fs::create_dir_all(to).unwrap_or_else(|e| fail(&format!("creating {}: {e}", to.display())));
+        let entries = fs::read_dir(from).unwrap_or_else(|e| fail(&format!("reading {}: {e}", from.display())));
+        for entry in entries.filter_map(|e| e.ok()) {
+            let (src, dst) = (entry.path(), to.join(entry.file_name()));
+            if src.is_dir() {
+                copy_tree(&src, &dst, keep);
+            } else if src.extension().is_some_and(|x| x == "rs") {
+                write_if_changed(&dst, &fs::read(&src).unwrap_or_else(|e| fail(&format!("reading {}: {e}", src.display()))));
+                keep.push(dst);
+            }
+        }
+    }
+    let mut keep = Vec::new();
+    copy_tree(&kernels.join("src"), &dir.join("src"), &mut keep);
+    remove_stale(&dir.join("src"), &keep);
+    let manifest = "[package]\nname = \"flashattn-kernels\"\nversion = \"0.0.0\"\nedition = \"2024\"\nbuild = false\n\n\
+                    [lib]\nname = \"flashattn_kernels\"\npath = \"src/lib.rs\"\n\n[workspace]\n";
+    write_if_changed(&dir.join("Cargo.toml"), manifest.as_bytes());
+    dir.to_path_buf()
+}
+
+fn write_if_changed(path: &Path, bytes: &[u8]) {
+    if fs::read(path).is_ok_and(|old| old == bytes) {
+        return;
+    }
+    fs::write(path, bytes).unwrap_or_else(|e| fail(&format!("writing {}: {e}", path.display())));
+}
+
+/// Removes staged sources that are no longer in the kernel crate (a deleted or renamed file).
+fn remove_stale(dir: &Path, keep: &[PathBuf]) {
+    for entry in fs::read_dir(dir).into_iter().flatten().filter_map(|e| e.ok()) {
+        let p = entry.path();
+        if p.is_dir() {
+            remove_stale(&p, keep);
+        } else if !keep.contains(&p) {
+            let _ = fs::remove_file(&p);
+        }
     }
 }
 
@@ -102,7 +168,7 @@ fn ensure_toolchain(rustup: &Path, toolchain: &str) {
     }
 }
 
-fn build_ptx(rustup: &Path, toolchain: &str, kernels: &Path, target_dir: &Path, cpu: &str, features: &str) -> String {
+fn build_ptx(rustup: &Path, toolchain: &str, crate_dir: &Path, target_dir: &Path, cpu: &str, features: &str) -> String {
     let mut rustflags = vec![format!("-Ctarget-cpu={cpu}"), "-Zunstable-options".into(), "-Cpanic=immediate-abort".into()];
     if !features.is_empty() {
         rustflags.push(format!("-Ctarget-feature={features}"));
@@ -110,7 +176,7 @@ fn build_ptx(rustup: &Path, toolchain: &str, kernels: &Path, target_dir: &Path, 
     let mut cmd = rustup_cmd(rustup);
     cmd.args(["run", toolchain, "cargo", "rustc", "--lib", "--release", "--target", "nvptx64-nvidia-cuda", "-Zbuild-std=core"])
         .arg("--manifest-path")
-        .arg(kernels.join("Cargo.toml"))
+        .arg(crate_dir.join("Cargo.toml"))
         .arg("--target-dir")
         .arg(target_dir)
         // PTX is the assembly output; a full unroll keeps register arrays in registers.
