@@ -33,9 +33,9 @@
 use crate::device::{FlashAttn, Launch, Tensor};
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
-use crate::forward::{FwdOutput, validate};
-use crate::options::{Attention, BwdOptions};
-use flashattn_kernels::dev::emu::GlobalRegion;
+use crate::forward::{AttnShape, Forward, FwdOutput, check_no_overlap, validate};
+use crate::options::BwdOptions;
+use crate::view::{AsView, View, ViewMut, check, row_align};
 use flashattn_kernels::params::BwdParams;
 use flashattn_kernels::registry::{Arch, BWD_FAMILIES, BwdFamily, BwdVariant, Pass, bwd_variant};
 
@@ -83,6 +83,40 @@ pub fn select_bwd_variants(
     }
 }
 
+/// What the backward reads besides its forward's record: the views the forward read (Q, K,
+/// V) and wrote (O, LSE and, when saved, O's residual), and dO, O's gradient (any layout of
+/// Q's shape).
+#[derive(Debug)]
+pub struct BwdInputs<'a, T> {
+    pub q: View<'a, T>,
+    pub k: View<'a, T>,
+    pub v: View<'a, T>,
+    pub o: View<'a, T>,
+    pub lse: View<'a, f32>,
+    pub o_lo: Option<View<'a, T>>,
+    pub d_o: View<'a, T>,
+}
+
+/// What the backward writes: dQ (Q's shape), dK and dV (K's shape), each in a layout of its
+/// own, and its f32 workspace of at least [`FlashAttn::backward_workspace_len`] elements
+/// (any contents; 16-byte aligned).
+#[derive(Debug)]
+pub struct BwdBuffers<'a, T> {
+    pub dq: ViewMut<'a, T>,
+    pub dk: ViewMut<'a, T>,
+    pub dv: ViewMut<'a, T>,
+    pub workspace: ViewMut<'a, f32>,
+}
+
+/// Workspace layout: the row statistics f32 [4][batch, heads_q, seqlen_q], then (the atomic
+/// families) the dQ accumulator f32 [batch, heads_q, seqlen_q, head_dim] from a 16-byte
+/// boundary.
+fn workspace_parts(shape: &AttnShape, atomic: bool) -> (usize, usize) {
+    let rows = shape.batch * shape.heads_q * shape.seqlen_q;
+    let stats = (4 * rows).next_multiple_of(4);
+    (stats, if atomic { rows * shape.head_dim } else { 0 })
+}
+
 impl FlashAttn {
     /// Gradients of the attention `fwd` computed: given Q, K, V (the tensors the forward
     /// read), the forward's output and dO (O's gradient), returns dQ, dK, dV. With GQA, dK and
@@ -90,126 +124,147 @@ impl FlashAttn {
     /// ([`crate::FwdOptions::save_residual`]), D~ comes from the unrounded O (on Hopper).
     pub fn backward<T: Dtype>(
         &self,
-        q: &Tensor<T>,
-        k: &Tensor<T>,
-        v: &Tensor<T>,
+        q: &impl AsView<T>,
+        k: &impl AsView<T>,
+        v: &impl AsView<T>,
         fwd: &FwdOutput<T>,
-        d_o: &Tensor<T>,
+        d_o: &impl AsView<T>,
         opts: &BwdOptions,
     ) -> Result<BwdOutput<T>> {
-        let attention = fwd.attention().ok_or(Error::NoForward)?;
-        let shape = validate(q.shape(), k.shape(), v.shape(), &attention)?;
+        let record = fwd.record().ok_or(Error::NoForward)?;
+        let shape = record.shape;
         let mut out =
             BwdOutput { dq: self.alloc(&shape.q_shape())?, dk: self.alloc(&shape.kv_shape())?, dv: self.alloc(&shape.kv_shape())? };
         self.backward_into(q, k, v, fwd, d_o, opts, &mut out)?;
         Ok(out)
     }
 
-    /// As [`FlashAttn::backward`], writing into existing gradient buffers.
+    /// As [`FlashAttn::backward`], writing into existing gradient buffers (the workspace is
+    /// allocated for the call: [`FlashAttn::backward_into_views`] takes the caller's).
     #[allow(clippy::too_many_arguments)]
     pub fn backward_into<T: Dtype>(
         &self,
-        q: &Tensor<T>,
-        k: &Tensor<T>,
-        v: &Tensor<T>,
+        q: &impl AsView<T>,
+        k: &impl AsView<T>,
+        v: &impl AsView<T>,
         fwd: &FwdOutput<T>,
-        d_o: &Tensor<T>,
+        d_o: &impl AsView<T>,
         opts: &BwdOptions,
         grads: &mut BwdOutput<T>,
     ) -> Result<()> {
         let record = fwd.record().ok_or(Error::NoForward)?;
-        let stream = self.stream();
-        for ((name, t), id) in [("q", q), ("k", k), ("v", v)].into_iter().zip(record.inputs) {
-            if t.identity(stream) != id {
-                return Err(Error::NotForwardInput { tensor: name });
-            }
-        }
-        self.backward_impl(q, k, v, fwd.o(), fwd.o_lo(), d_o, fwd.lse(), grads, &record.attention, opts)
+        let inputs = BwdInputs {
+            q: q.as_view(),
+            k: k.as_view(),
+            v: v.as_view(),
+            o: fwd.o().view(),
+            lse: fwd.lse().view(),
+            o_lo: fwd.o_lo().map(|t| t.view()),
+            d_o: d_o.as_view(),
+        };
+        let n = self.backward_workspace_len::<T>(record, opts)?;
+        let mut workspace = self.alloc::<f32>(&[n])?;
+        let BwdOutput { dq, dk, dv } = grads;
+        let mut bufs = BwdBuffers { dq: dq.view_mut(), dk: dk.view_mut(), dv: dv.view_mut(), workspace: workspace.view_mut() };
+        self.backward_into_views(record, &inputs, &mut bufs, opts)
+        // The workspace is freed in stream order, after the launches.
     }
 
-    /// The backward, with the forward's O residual when there is one.
-    #[allow(clippy::too_many_arguments)]
-    fn backward_impl<T: Dtype>(
+    /// Elements of the f32 workspace [`FlashAttn::backward_into_views`] needs for the
+    /// backward of `fwd` with `opts` on this device.
+    pub fn backward_workspace_len<T: Dtype>(&self, fwd: &Forward, opts: &BwdOptions) -> Result<usize> {
+        let passes = select_bwd_variants(T::DTYPE, fwd.shape.head_dim, opts, &self.archs(), fwd.residual)?;
+        let (stats, accum) = workspace_parts(&fwd.shape, passes.iter().any(|v| v.pass == Pass::Dkdvq));
+        Ok(stats + accum)
+    }
+
+    /// The backward on views: the gradients of the forward `fwd` into `out`, from the views
+    /// that forward read and wrote (checked against its record) and dO. Allocates nothing;
+    /// queues its kernels (and a memset of the workspace for the atomic families) on the
+    /// device's stream.
+    pub fn backward_into_views<T: Dtype>(
         &self,
-        q: &Tensor<T>,
-        k: &Tensor<T>,
-        v: &Tensor<T>,
-        o: &Tensor<T>,
-        o_lo: Option<&Tensor<T>>,
-        d_o: &Tensor<T>,
-        lse: &Tensor<f32>,
-        grads: &mut BwdOutput<T>,
-        attention: &Attention,
+        fwd: &Forward,
+        inputs: &BwdInputs<'_, T>,
+        out: &mut BwdBuffers<'_, T>,
         opts: &BwdOptions,
     ) -> Result<()> {
-        let shape = validate(q.shape(), k.shape(), v.shape(), attention)?;
+        let attention = fwd.attention;
+        let shape = validate(inputs.q.shape(), inputs.k.shape(), inputs.v.shape(), &attention)?;
+        if shape != fwd.shape {
+            return Err(Error::NotForwardInput { tensor: "q" });
+        }
         let (qs, kvs, ls) = (shape.q_shape(), shape.kv_shape(), shape.lse_shape());
-        for (name, got, expected) in [
-            ("o", o.shape(), &qs[..]),
-            ("o_lo", o_lo.map_or(&qs[..], |t| t.shape()), &qs[..]),
-            ("d_o", d_o.shape(), &qs[..]),
-            ("lse", lse.shape(), &ls[..]),
-            ("dq", grads.dq.shape(), &qs[..]),
-            ("dk", grads.dk.shape(), &kvs[..]),
-            ("dv", grads.dv.shape(), &kvs[..]),
-        ] {
-            if got != expected {
-                return Err(Error::OutputShape { tensor: name, expected: expected.to_vec(), got: got.to_vec() });
+        let align = row_align(shape.head_dim, std::mem::size_of::<T>());
+        let BwdInputs { q, k, v, o, lse, o_lo, d_o } = inputs;
+        let bind = |name, view, expected: &[usize], align| self.bind_input(name, view, expected, align);
+        let (bq, bk, bv) = (bind("q", q, &qs, align)?, bind("k", k, &kvs, align)?, bind("v", v, &kvs, align)?);
+        for (b, id) in [&bq, &bk, &bv].into_iter().zip(&fwd.inputs) {
+            if b.id() != *id {
+                return Err(Error::NotForwardInput { tensor: b.name });
             }
         }
-        if let Some(t) = o_lo {
-            self.check_owner_id(t.owner(), "o_lo")?;
+        let (bo, blse) = (bind("o", o, &qs, align)?, self.bind_input("lse", lse, &ls, 4)?);
+        let bo_lo = o_lo.as_ref().map(|t| bind("o_lo", t, &qs, align)).transpose()?;
+        for (b, id) in [Some(&bo), Some(&blse), bo_lo.as_ref()].into_iter().zip(&fwd.outputs) {
+            if let Some(b) = b
+                && Some(b.id()) != *id
+            {
+                return Err(Error::NotForwardOutput { tensor: b.name });
+            }
         }
-        for (name, owner) in
-            [("q", q.owner()), ("k", k.owner()), ("v", v.owner()), ("o", o.owner()), ("d_o", d_o.owner()), ("lse", lse.owner())]
-        {
-            self.check_owner_id(owner, name)?;
-        }
-        for (name, owner) in [("dq", grads.dq.owner()), ("dk", grads.dk.owner()), ("dv", grads.dv.owner())] {
-            self.check_owner_id(owner, name)?;
-        }
+        let bdo = bind("d_o", d_o, &qs, align)?;
         let archs = self.archs();
-        let passes = select_bwd_variants(T::DTYPE, shape.head_dim, opts, &archs, o_lo.is_some())?;
+        let passes = select_bwd_variants(T::DTYPE, shape.head_dim, opts, &archs, bo_lo.is_some())?;
         if let Some(v) = passes.iter().find(|v| !archs.contains(&v.arch())) {
             return Err(Error::UnsupportedDevice { kernel: v.name, needs: v.arch(), device: self.device_name() });
         }
-        let mut stats = self.alloc::<f32>(&[4, ls[0], ls[1], ls[2]])?;
-        // The atomic path's dQ accumulator, zeroed on the stream; none otherwise.
         let atomic = passes.iter().any(|v| v.pass == Pass::Dkdvq);
-        let mut dq_accum = if atomic { Some(self.zeros::<f32>(&[ls[0], ls[1], ls[2], shape.head_dim])?) } else { None };
-        let stream = self.stream();
+        let (n_stats, n_accum) = workspace_parts(&shape, atomic);
+        let BwdBuffers { dq, dk, dv, workspace } = out;
+        let (bdq, bdk, bdv) = (self.bind_mut("dq", dq)?, self.bind_mut("dk", dk)?, self.bind_mut("dv", dv)?);
+        check(&bdq, &qs, align, true)?;
+        check(&bdk, &kvs, align, true)?;
+        check(&bdv, &kvs, align, true)?;
+        let bws = self.bind_mut("workspace", workspace)?;
+        if bws.layout.shape.len() != 1 || bws.layout.shape[0] < n_stats + n_accum {
+            return Err(Error::Workspace { needed: n_stats + n_accum, got: bws.layout.shape.clone() });
+        }
+        check(&bws, &bws.layout.shape.clone(), 16, true)?;
+        check_no_overlap(
+            &[&bdq, &bdk, &bdv, &bws],
+            &[&bq, &bk, &bv, &bo, &blse, &bdo].into_iter().chain(bo_lo.as_ref()).collect::<Vec<_>>(),
+        )?;
+
         let d = shape.head_dim as u32;
+        let stats = bws.addr();
+        let dq_accum = if atomic { stats + 4 * n_stats as u64 } else { 0 };
         let params = BwdParams {
-            q: q.addr(stream),
-            k: k.addr(stream),
-            v: v.addr(stream),
-            o: o.addr(stream),
-            o_lo: o_lo.map_or(0, |t| t.addr(stream)),
-            d_o: d_o.addr(stream),
-            lse: lse.addr(stream),
-            stats: stats.addr_mut(stream),
-            dq: grads.dq.addr_mut(stream),
-            dk: grads.dk.addr_mut(stream),
-            dv: grads.dv.addr_mut(stream),
-            dq_accum: dq_accum.as_mut().map_or(0, |t| t.addr_mut(stream)),
-            q_strides: shape.q_strides(),
-            k_strides: shape.kv_strides(),
-            pb: shape.problem(attention),
+            q: bq.addr(),
+            k: bk.addr(),
+            v: bv.addr(),
+            o: bo.addr(),
+            o_lo: bo_lo.as_ref().map_or(0, |b| b.addr()),
+            d_o: bdo.addr(),
+            lse: blse.addr(),
+            stats,
+            dq: bdq.addr(),
+            dk: bdk.addr(),
+            dv: bdv.addr(),
+            dq_accum,
+            q_strides: bq.strides4(),
+            k_strides: bk.strides4(),
+            v_strides: bv.strides4(),
+            o_strides: bo.strides4(),
+            do_strides: bdo.strides4(),
+            dq_strides: bdq.strides4(),
+            dk_strides: bdk.strides4(),
+            dv_strides: bdv.strides4(),
+            lse_strides: blse.lse_strides(),
+            pb: shape.problem(&attention),
         };
-        let regions = [
-            GlobalRegion { start: params.q as usize, len: q.bytes(), writable: false },
-            GlobalRegion { start: params.k as usize, len: k.bytes(), writable: false },
-            GlobalRegion { start: params.v as usize, len: v.bytes(), writable: false },
-            GlobalRegion { start: params.o as usize, len: o.bytes(), writable: false },
-            GlobalRegion { start: params.o_lo as usize, len: o_lo.map_or(0, |t| t.bytes()), writable: false },
-            GlobalRegion { start: params.d_o as usize, len: d_o.bytes(), writable: false },
-            GlobalRegion { start: params.lse as usize, len: lse.bytes(), writable: false },
-            GlobalRegion { start: params.stats as usize, len: stats.bytes(), writable: true },
-            GlobalRegion { start: params.dq as usize, len: grads.dq.bytes(), writable: true },
-            GlobalRegion { start: params.dk as usize, len: grads.dk.bytes(), writable: true },
-            GlobalRegion { start: params.dv as usize, len: grads.dv.bytes(), writable: true },
-            GlobalRegion { start: params.dq_accum as usize, len: dq_accum.as_ref().map_or(0, |t| t.bytes()), writable: true },
-        ];
+        let regions: Vec<_> =
+            [&bq, &bk, &bv, &bo, &bdo, &blse, &bdq, &bdk, &bdv, &bws].into_iter().chain(bo_lo.as_ref()).map(|b| b.region()).collect();
         // Query-side passes over query tiles of each query head; dK/dV over key tiles of each
         // KV head.
         let (sq, sk) = (shape.seqlen_q as u32, shape.seqlen_k as u32);
@@ -226,8 +281,12 @@ impl FlashAttn {
                 Ok(Launch { name: v.name, arch: v.arch(), grid, threads: l.threads, smem: l.smem_bytes as usize, emulate: v.emulate })
             })
             .collect::<Result<Vec<Launch<BwdParams>>>>()?;
-        // SAFETY: parameters validated against the buffers above. The workspaces are dropped
-        // after the launches are queued; cudarc frees them in stream order, after them.
+        if atomic {
+            // The atomic path's dQ accumulator starts at zero.
+            self.memset_zero(dq_accum, 4 * n_accum)?;
+        }
+        // SAFETY: every view was checked above against the memory it is in, and the workspace
+        // holds the statistics and the accumulator.
         unsafe { self.launch("launching a backward kernel", &launches, params, &regions) }
     }
 }

@@ -3,7 +3,7 @@
 use crate::dtype::Dtype;
 use crate::error::{Error, Result, cuda};
 use cudarc::driver::sys::CUdevice_attribute;
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream};
 use cudarc::nvrtc::Ptx;
 use flashattn_kernels::registry::Arch;
 use std::collections::HashMap;
@@ -51,6 +51,14 @@ pub(crate) enum Backend {
 pub struct FlashAttn {
     pub(crate) backend: Backend,
     pub(crate) id: u64,
+    /// Device allocations made so far ([`FlashAttn::device_allocations`]).
+    allocations: AtomicU64,
+}
+
+impl std::fmt::Debug for FlashAttn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FlashAttn").field("device", &self.device_name()).field("archs", &self.archs()).finish()
+    }
 }
 
 /// Whether this machine has a loadable CUDA driver (libcuda).
@@ -60,14 +68,24 @@ pub fn driver_present() -> bool {
 }
 
 impl FlashAttn {
-    /// The CUDA device `ordinal`, with the kernels' PTX loaded.
-    /// Errors (never panics) when there is no driver or no such device.
+    /// The CUDA device `ordinal` (its primary context, the default stream), with the
+    /// kernels' PTX loaded. Errors (never panics) when there is no driver or no such device.
     pub fn cuda(ordinal: usize) -> Result<FlashAttn> {
         if !driver_present() {
             return Err(Error::NoDriver);
         }
         let ctx = CudaContext::new(ordinal).map_err(|e| Error::NoDevice { reason: format!("device {ordinal}: {e:?}") })?;
-        let stream = ctx.default_stream();
+        FlashAttn::from_stream(ctx.default_stream())
+    }
+
+    /// Runs on the caller's cudarc stream (and its context): every kernel, copy and memset is
+    /// queued there, in order with the caller's own work, with no synchronisation on the
+    /// host. The caller's `CudaSlice`s of this context can be used as views ([`View::cuda`]).
+    ///
+    /// [`View::cuda`]: crate::View::cuda
+    pub fn from_stream(stream: Arc<CudaStream>) -> Result<FlashAttn> {
+        let ctx = stream.context().clone();
+        let ordinal = ctx.ordinal();
         let cc = (
             cuda("reading the compute capability", ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR))?,
             cuda("reading the compute capability", ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR))?,
@@ -104,13 +122,14 @@ impl FlashAttn {
         Ok(FlashAttn {
             backend: Backend::Cuda(CudaBackend { ctx, stream, modules, maxnreg, functions: Mutex::new(HashMap::new()), max_smem_optin }),
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            allocations: AtomicU64::new(0),
         })
     }
 
     /// The CPU emulator: runs the same kernel source on the host, checking barriers,
     /// shared-memory bounds, initialisation and races. Slow; for tests and machines without a GPU.
     pub fn emulator() -> FlashAttn {
-        FlashAttn { backend: Backend::Emulator, id: NEXT_ID.fetch_add(1, Ordering::Relaxed) }
+        FlashAttn { backend: Backend::Emulator, id: NEXT_ID.fetch_add(1, Ordering::Relaxed), allocations: AtomicU64::new(0) }
     }
 
     /// CUDA device 0 if there is one, else the emulator; the second value says why not CUDA.
@@ -128,6 +147,21 @@ impl FlashAttn {
             Backend::Cuda(c) => c.modules.iter().map(|(a, _)| *a).collect(),
             Backend::Emulator => vec![Arch::Sm80, Arch::Sm90a],
         }
+    }
+
+    /// The stream work is queued on (None on the emulator).
+    pub fn cuda_stream(&self) -> Option<&Arc<CudaStream>> {
+        match &self.backend {
+            Backend::Cuda(c) => Some(&c.stream),
+            Backend::Emulator => None,
+        }
+    }
+
+    /// Device allocations this instance has made: uploads, outputs of the allocating calls,
+    /// the backward's workspace in [`FlashAttn::backward_into`]. The `_into_views` calls make
+    /// none.
+    pub fn device_allocations(&self) -> u64 {
+        self.allocations.load(Ordering::Relaxed)
     }
 
     /// Whether this runs on the CPU emulator.
@@ -165,6 +199,7 @@ impl FlashAttn {
         if data.len() != n {
             return Err(Error::HostLength { expected: n, got: data.len() });
         }
+        self.allocations.fetch_add(1, Ordering::Relaxed);
         let storage = match &self.backend {
             Backend::Cuda(c) => Storage::Cuda(cuda("copying to the device", c.stream.clone_htod(data))?),
             Backend::Emulator => Storage::Host(HostBuf::from_slice(data)),
@@ -181,6 +216,7 @@ impl FlashAttn {
     /// An uninitialised tensor (device memory as the allocator left it).
     pub(crate) fn alloc<T: Dtype>(&self, shape: &[usize]) -> Result<Tensor<T>> {
         let n: usize = shape.iter().product();
+        self.allocations.fetch_add(1, Ordering::Relaxed);
         let storage = match &self.backend {
             // SAFETY: the kernel writes every element before anyone reads it.
             Backend::Cuda(c) => Storage::Cuda(cuda("allocating device memory", unsafe { c.stream.alloc::<T>(n) })?),
@@ -189,14 +225,20 @@ impl FlashAttn {
         Ok(Tensor { storage, shape: shape.to_vec(), owner: self.id })
     }
 
-    /// A zero-filled tensor (a memset queued on the stream: nothing copied from the host).
-    pub(crate) fn zeros<T: Dtype + cudarc::driver::ValidAsZeroBits>(&self, shape: &[usize]) -> Result<Tensor<T>> {
-        let n: usize = shape.iter().product();
-        let storage = match &self.backend {
-            Backend::Cuda(c) => Storage::Cuda(cuda("allocating zeroed device memory", c.stream.alloc_zeros::<T>(n))?),
-            Backend::Emulator => Storage::Host(HostBuf::from_slice(&vec![T::from_f64(0.0); n])),
-        };
-        Ok(Tensor { storage, shape: shape.to_vec(), owner: self.id })
+    /// Zeroes `bytes` bytes at device (or emulator host) address `addr`, queued on the
+    /// stream.
+    pub(crate) fn memset_zero(&self, addr: u64, bytes: usize) -> Result<()> {
+        match &self.backend {
+            // SAFETY: the caller checked that the range is inside memory the call may write.
+            Backend::Cuda(c) => {
+                cuda("zeroing the workspace", unsafe { cudarc::driver::result::memset_d8_async(addr, 0, bytes, c.stream.cu_stream()) })
+            }
+            Backend::Emulator => {
+                // SAFETY: as above; host memory on the emulator.
+                unsafe { std::ptr::write_bytes(addr as *mut u8, 0, bytes) };
+                Ok(())
+            }
+        }
     }
 
     /// Copies a tensor back to the host (waits for the work that writes it).
@@ -291,17 +333,14 @@ impl<T> HostBuf<T> {
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr() as *const u8, words.as_mut_ptr() as *mut u8, bytes) };
         HostBuf { words, len: data.len(), _elem: std::marker::PhantomData }
     }
-    fn as_slice(&self) -> &[T] {
+    pub(crate) fn as_slice(&self) -> &[T] {
         // SAFETY: `words` holds `len` initialised, suitably aligned elements of T.
         unsafe { std::slice::from_raw_parts(self.words.as_ptr() as *const T, self.len) }
     }
-    fn as_mut_ptr(&mut self) -> *mut T {
+    pub(crate) fn as_mut_ptr(&mut self) -> *mut T {
         self.words.as_mut_ptr() as *mut T
     }
 }
-
-/// A tensor's identity: the [`FlashAttn`] that made it, its address, its size in bytes.
-pub(crate) type TensorId = (u64, u64, usize);
 
 /// A dense row-major tensor on a [`FlashAttn`]'s device (or in the emulator's host memory).
 pub struct Tensor<T> {
@@ -333,40 +372,40 @@ impl<T> Tensor<T> {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
-    /// The id of the [`FlashAttn`] that made it.
-    pub(crate) fn owner(&self) -> u64 {
-        self.owner
-    }
     /// Bytes of storage.
     pub fn bytes(&self) -> usize {
         self.len() * std::mem::size_of::<T>()
     }
-    /// Which memory this is: its owner, address and size (two tensors with the same
-    /// identity are the same elements).
-    pub(crate) fn identity(&self, stream: Option<&CudaStream>) -> TensorId {
-        (self.owner, self.addr(stream), self.bytes())
-    }
-    /// Device address (CUDA) or host address (emulator) of the first element.
-    pub(crate) fn addr(&self, stream: Option<&CudaStream>) -> u64 {
-        match (&self.storage, stream) {
-            (Storage::Cuda(s), Some(st)) => {
-                let (p, _sync) = s.device_ptr(st);
-                p
-            }
-            (Storage::Host(v), _) => v.as_slice().as_ptr() as u64,
-            (Storage::Cuda(_), None) => 0,
+    /// The cudarc buffer under it (None on the emulator), e.g. to hand O to the caller's
+    /// next kernel.
+    pub fn cuda_slice(&self) -> Option<&CudaSlice<T>> {
+        match &self.storage {
+            Storage::Cuda(s) => Some(s),
+            Storage::Host(_) => None,
         }
     }
-    /// As [`Tensor::addr`], for a tensor the kernel writes.
-    pub(crate) fn addr_mut(&mut self, stream: Option<&CudaStream>) -> u64 {
-        match (&mut self.storage, stream) {
-            (Storage::Cuda(s), Some(st)) => {
-                let (p, _sync) = s.device_ptr_mut(st);
-                p
-            }
-            (Storage::Host(v), _) => v.as_mut_ptr() as u64,
-            (Storage::Cuda(_), None) => 0,
+    /// The cudarc buffer, given back (None on the emulator).
+    pub fn into_cuda_slice(self) -> Option<CudaSlice<T>> {
+        match self.storage {
+            Storage::Cuda(s) => Some(s),
+            Storage::Host(_) => None,
         }
+    }
+}
+
+impl FlashAttn {
+    /// Takes ownership of the caller's cudarc buffer as a contiguous tensor of `shape`
+    /// (it must hold exactly that many elements, in this instance's context).
+    pub fn tensor_from_cuda<T: Dtype>(&self, slice: CudaSlice<T>, shape: &[usize]) -> Result<Tensor<T>> {
+        let Backend::Cuda(c) = &self.backend else { return Err(Error::WrongDevice { tensor: "tensor" }) };
+        if !Arc::ptr_eq(slice.context(), &c.ctx) {
+            return Err(Error::WrongDevice { tensor: "tensor" });
+        }
+        let n: usize = shape.iter().product();
+        if slice.len() != n {
+            return Err(Error::HostLength { expected: n, got: slice.len() });
+        }
+        Ok(Tensor { storage: Storage::Cuda(slice), shape: shape.to_vec(), owner: self.id })
     }
 }
 

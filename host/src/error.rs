@@ -91,6 +91,64 @@ pub enum Error {
         /// The shape given.
         got: Vec<usize>,
     },
+    /// An input view has the wrong shape.
+    InputShape {
+        /// Which input.
+        tensor: &'static str,
+        /// The shape required.
+        expected: Vec<usize>,
+        /// The shape given.
+        got: Vec<usize>,
+    },
+    /// A view's strides do not fit the kernels.
+    Layout {
+        /// Which tensor.
+        tensor: &'static str,
+        /// Its shape and strides.
+        shape: Vec<usize>,
+        strides: Vec<usize>,
+        /// What is wrong.
+        why: String,
+    },
+    /// A view reaches past the end of its memory.
+    OutOfBounds {
+        /// Which tensor.
+        tensor: &'static str,
+        /// Elements the view needs from the memory's start.
+        needed: usize,
+        /// Elements the memory holds.
+        len: usize,
+    },
+    /// A view's rows are not aligned as the kernels' vector loads need.
+    Misaligned {
+        /// Which tensor.
+        tensor: &'static str,
+        /// The address or stride at fault.
+        what: &'static str,
+        /// Its value in bytes.
+        value: usize,
+        /// The alignment required in bytes.
+        align: usize,
+    },
+    /// An output shares memory with another output or an input.
+    Overlap {
+        /// The output.
+        output: &'static str,
+        /// What it overlaps.
+        other: &'static str,
+    },
+    /// The backward's workspace is too small (or not one-dimensional).
+    Workspace {
+        /// Elements needed ([`crate::FlashAttn::backward_workspace_len`]).
+        needed: usize,
+        /// The workspace's shape.
+        got: Vec<usize>,
+    },
+    /// The backward was given an O, LSE or O residual other than the one its forward wrote.
+    NotForwardOutput {
+        /// Which one.
+        tensor: &'static str,
+    },
     /// An output the call must write was not given.
     MissingOutput {
         /// Which output.
@@ -186,6 +244,24 @@ impl std::fmt::Display for Error {
             ),
             Error::OutputShape { tensor, expected, got } => {
                 write!(f, "output {tensor} has shape {got:?}; expected {expected:?}")
+            }
+            Error::InputShape { tensor, expected, got } => write!(f, "{tensor} has shape {got:?}; expected {expected:?}"),
+            Error::Layout { tensor, shape, strides, why } => {
+                write!(f, "{tensor} (shape {shape:?}, strides {strides:?}) cannot be used: {why}")
+            }
+            Error::OutOfBounds { tensor, needed, len } => {
+                write!(f, "{tensor} reaches element {} of its memory, which holds {len}", needed.saturating_sub(1))
+            }
+            Error::Misaligned { tensor, what, value, align } => write!(
+                f,
+                "{tensor}: {what} is {value} bytes, not a multiple of {align} (rows must be aligned as in a contiguous tensor of this head_dim)"
+            ),
+            Error::Overlap { output, other } => write!(f, "output {output} shares memory with {other}"),
+            Error::Workspace { needed, got } => {
+                write!(f, "the backward's workspace has shape {got:?}; it needs one dimension of at least {needed} f32 elements")
+            }
+            Error::NotForwardOutput { tensor } => {
+                write!(f, "{tensor} is not what the forward wrote: the backward takes the forward's own o, lse and o_lo")
             }
             Error::MissingOutput { tensor, why } => write!(f, "output {tensor} is missing: {why}"),
             Error::NoForward => {

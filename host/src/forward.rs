@@ -1,10 +1,10 @@
 //! The forward pass: validation, launch parameters, and the launch on either backend.
 
-use crate::device::{FlashAttn, Launch, Tensor, TensorId};
+use crate::device::{FlashAttn, Launch, Tensor};
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
 use crate::options::{Attention, FwdOptions};
-use flashattn_kernels::dev::emu::GlobalRegion;
+use crate::view::{AsView, Bound, ViewId, ViewMut, check, overlap, row_align};
 use flashattn_kernels::params::{FwdParams, Problem, Strides};
 use flashattn_kernels::registry::{Arch, FWD_FAMILIES, FwdFamily, FwdVariant, fwd_variant};
 
@@ -130,18 +130,45 @@ pub struct FwdOutput<T> {
     o: Tensor<T>,
     lse: Tensor<f32>,
     o_lo: Option<Tensor<T>>,
-    written: Option<FwdRecord>,
+    written: Option<Forward>,
 }
 
-/// The forward that wrote a [`FwdOutput`].
+/// What a forward computed and where: its attention, its shape, the views it read (Q, K, V)
+/// and wrote (O, LSE, O's residual). The backward takes it with those views, so that it
+/// computes the gradient of that forward.
 #[derive(Clone, Debug, PartialEq)]
-pub(crate) struct FwdRecord {
+pub struct Forward {
     pub(crate) attention: Attention,
     pub(crate) shape: AttnShape,
-    /// Q, K, V as the forward read them ([`Tensor::identity`]).
-    pub(crate) inputs: [TensorId; 3],
-    /// Whether it wrote O's residual into `o_lo`.
+    pub(crate) inputs: [ViewId; 3],
+    pub(crate) outputs: [Option<ViewId>; 3],
+    /// Whether it wrote O's residual.
     pub(crate) residual: bool,
+}
+
+impl Forward {
+    /// The attention it computed.
+    pub fn attention(&self) -> Attention {
+        self.attention
+    }
+    /// Its dimensions.
+    pub fn shape(&self) -> AttnShape {
+        self.shape
+    }
+    /// Whether it wrote O's residual (O_lo).
+    pub fn residual(&self) -> bool {
+        self.residual
+    }
+}
+
+/// The views a forward writes ([`FlashAttn::forward_into_views`]): O [batch, seqlen_q,
+/// heads_q, head_dim], LSE [batch, heads_q, seqlen_q] (f32, the sequence contiguous) and, to
+/// save the residual, O_lo with O's shape and strides.
+#[derive(Debug)]
+pub struct FwdBuffers<'a, T> {
+    pub o: ViewMut<'a, T>,
+    pub lse: ViewMut<'a, f32>,
+    pub o_lo: Option<ViewMut<'a, T>>,
 }
 
 impl<T> FwdOutput<T> {
@@ -174,7 +201,8 @@ impl<T> FwdOutput<T> {
     pub fn into_parts(self) -> (Tensor<T>, Tensor<f32>, Option<Tensor<T>>) {
         (self.o, self.lse, self.o_lo)
     }
-    pub(crate) fn record(&self) -> Option<&FwdRecord> {
+    /// The record of the forward that wrote these buffers (`None` before any did).
+    pub fn record(&self) -> Option<&Forward> {
         self.written.as_ref()
     }
 }
@@ -232,13 +260,13 @@ impl FlashAttn {
     /// The output also records the attention for [`FlashAttn::backward`].
     pub fn forward<T: Dtype>(
         &self,
-        q: &Tensor<T>,
-        k: &Tensor<T>,
-        v: &Tensor<T>,
+        q: &impl AsView<T>,
+        k: &impl AsView<T>,
+        v: &impl AsView<T>,
         attention: &Attention,
         opts: &FwdOptions,
     ) -> Result<FwdOutput<T>> {
-        let shape = validate(q.shape(), k.shape(), v.shape(), attention)?;
+        let shape = validate(q.as_view().shape(), k.as_view().shape(), v.as_view().shape(), attention)?;
         let variant = self.fwd_variant_for(T::DTYPE, shape.head_dim, opts)?;
         let o = self.alloc::<T>(&shape.q_shape())?;
         let lse = self.alloc::<f32>(&shape.lse_shape())?;
@@ -253,106 +281,142 @@ impl FlashAttn {
 
     /// As [`FlashAttn::forward`], writing into the buffers of `out` (which then records this
     /// forward). With [`FwdOptions::save_residual`] and a kernel that writes the residual,
-    /// `out` must hold an O_lo buffer.
+    /// `out` must hold an O_lo buffer. A call refused by its checks leaves `out` as it was.
     pub fn forward_into<T: Dtype>(
         &self,
-        q: &Tensor<T>,
-        k: &Tensor<T>,
-        v: &Tensor<T>,
+        q: &impl AsView<T>,
+        k: &impl AsView<T>,
+        v: &impl AsView<T>,
         attention: &Attention,
         opts: &FwdOptions,
         out: &mut FwdOutput<T>,
     ) -> Result<()> {
+        let prev = out.written.take();
+        let FwdOutput { o, lse, o_lo, .. } = out;
+        let mut bufs = FwdBuffers { o: o.view_mut(), lse: lse.view_mut(), o_lo: o_lo.as_mut().map(|t| t.view_mut()) };
+        let mut launched = false;
+        match self.forward_views(q, k, v, attention, opts, &mut bufs, &mut launched) {
+            Ok(record) => out.written = Some(record),
+            Err(e) => {
+                if !launched {
+                    out.written = prev;
+                }
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// The forward on views (the caller's memory, strided layouts), writing O, LSE and O's
+    /// residual into `out`; returns the record the backward ([`FlashAttn::backward_into_views`])
+    /// takes with the same views. Allocates nothing.
+    pub fn forward_into_views<T: Dtype>(
+        &self,
+        q: &impl AsView<T>,
+        k: &impl AsView<T>,
+        v: &impl AsView<T>,
+        attention: &Attention,
+        opts: &FwdOptions,
+        out: &mut FwdBuffers<'_, T>,
+    ) -> Result<Forward> {
+        self.forward_views(q, k, v, attention, opts, out, &mut false)
+    }
+
+    /// The forward: every check, then the launch (`launched` set when the buffers may change).
+    #[allow(clippy::too_many_arguments)]
+    fn forward_views<T: Dtype>(
+        &self,
+        q: &impl AsView<T>,
+        k: &impl AsView<T>,
+        v: &impl AsView<T>,
+        attention: &Attention,
+        opts: &FwdOptions,
+        out: &mut FwdBuffers<'_, T>,
+        launched: &mut bool,
+    ) -> Result<Forward> {
+        let (q, k, v) = (q.as_view(), k.as_view(), v.as_view());
         let shape = validate(q.shape(), k.shape(), v.shape(), attention)?;
         let variant = self.fwd_variant_for(T::DTYPE, shape.head_dim, opts)?;
         let residual = opts.save_residual && variant.family.desc().writes_residual;
         if residual && out.o_lo.is_none() {
             return Err(Error::MissingOutput { tensor: "o_lo", why: "save_residual is set and the selected forward kernel writes it" });
         }
-        let o_lo_shape = out.o_lo.as_ref().filter(|_| residual).map(|t| t.shape().to_vec());
-        let outputs = [
-            ("o", Some(out.o.shape()), shape.q_shape().to_vec()),
-            ("lse", Some(out.lse.shape()), shape.lse_shape().to_vec()),
-            ("o_lo", o_lo_shape.as_deref(), shape.q_shape().to_vec()),
-        ];
-        for (name, got, expected) in outputs {
-            if let Some(got) = got
-                && got != &expected[..]
-            {
-                return Err(Error::OutputShape { tensor: name, expected, got: got.to_vec() });
+        let (qs, kvs, ls) = (shape.q_shape(), shape.kv_shape(), shape.lse_shape());
+        let align = row_align(shape.head_dim, std::mem::size_of::<T>());
+        let (bq, bk, bv) = (self.bind("q", &q)?, self.bind("k", &k)?, self.bind("v", &v)?);
+        for (b, expected) in [(&bq, &qs), (&bk, &kvs), (&bv, &kvs)] {
+            check(b, expected, align, false)?;
+        }
+        let FwdBuffers { o, lse, o_lo } = out;
+        let bo = self.bind_mut("o", o)?;
+        check(&bo, &qs, align, true)?;
+        let blse = self.bind_mut("lse", lse)?;
+        check(&blse, &ls, 4, true)?;
+        let bo_lo = match o_lo.as_mut().filter(|_| residual) {
+            Some(t) => {
+                let b = self.bind_mut("o_lo", t)?;
+                check(&b, &qs, align, true)?;
+                if b.layout.strides != bo.layout.strides {
+                    let (shape, strides) = (b.layout.shape.clone(), b.layout.strides.clone());
+                    return Err(Error::Layout { tensor: "o_lo", shape, strides, why: "O's residual must have O's strides".into() });
+                }
+                Some(b)
             }
-        }
-        for (name, owner) in [("q", q.owner()), ("k", k.owner()), ("v", v.owner()), ("o", out.o.owner()), ("lse", out.lse.owner())] {
-            self.check_owner_id(owner, name)?;
-        }
-        if let Some(t) = out.o_lo.as_ref().filter(|_| residual) {
-            self.check_owner(t, "o_lo")?;
-        }
-        // Everything is checked: from here the buffers change, and until the launch is queued
-        // they hold no forward.
-        out.written = None;
-        let FwdOutput { o, lse, o_lo, .. } = out;
-        self.forward_launch(q, k, v, o, lse, if residual { o_lo.as_mut() } else { None }, attention, &shape, variant)?;
-        let stream = self.stream();
-        let inputs = [q.identity(stream), k.identity(stream), v.identity(stream)];
-        out.written = Some(FwdRecord { attention: *attention, shape, inputs, residual });
-        Ok(())
-    }
+            None => None,
+        };
+        let outputs: Vec<&Bound<'_>> = [Some(&bo), Some(&blse), bo_lo.as_ref()].into_iter().flatten().collect();
+        check_no_overlap(&outputs, &[&bq, &bk, &bv])?;
 
-    /// The forward's launch, the checks done (`o_lo`: where the selected kernel writes O's
-    /// residual).
-    #[allow(clippy::too_many_arguments)]
-    fn forward_launch<T: Dtype>(
-        &self,
-        q: &Tensor<T>,
-        k: &Tensor<T>,
-        v: &Tensor<T>,
-        o: &mut Tensor<T>,
-        lse: &mut Tensor<f32>,
-        mut o_lo: Option<&mut Tensor<T>>,
-        attention: &Attention,
-        shape: &AttnShape,
-        variant: &'static FwdVariant,
-    ) -> Result<()> {
-        let d = shape.head_dim as u32;
-        let l = variant.launch(d).ok_or_else(|| Error::NoVariant {
+        let l = variant.launch(shape.head_dim as u32).ok_or_else(|| Error::NoVariant {
             family: variant.family.name().into(),
             dtype: T::DTYPE.name(),
             head_dim: shape.head_dim,
         })?;
-        let grid = ((shape.seqlen_q as u32).div_ceil(l.rows), shape.heads_q as u32, shape.batch as u32);
-        let stream = self.stream();
         let params = FwdParams {
-            q: q.addr(stream),
-            k: k.addr(stream),
-            v: v.addr(stream),
-            o: o.addr_mut(stream),
-            lse: lse.addr_mut(stream),
-            o_lo: o_lo.as_mut().map_or(0, |t| t.addr_mut(stream)),
-            q_strides: shape.q_strides(),
-            k_strides: shape.kv_strides(),
-            v_strides: shape.kv_strides(),
-            o_strides: shape.q_strides(),
+            q: bq.addr(),
+            k: bk.addr(),
+            v: bv.addr(),
+            o: bo.addr(),
+            lse: blse.addr(),
+            o_lo: bo_lo.as_ref().map_or(0, |b| b.addr()),
+            q_strides: bq.strides4(),
+            k_strides: bk.strides4(),
+            v_strides: bv.strides4(),
+            o_strides: bo.strides4(),
+            lse_strides: blse.lse_strides(),
             pb: shape.problem(attention),
         };
-        let regions = [
-            GlobalRegion { start: params.q as usize, len: q.bytes(), writable: false },
-            GlobalRegion { start: params.k as usize, len: k.bytes(), writable: false },
-            GlobalRegion { start: params.v as usize, len: v.bytes(), writable: false },
-            GlobalRegion { start: params.o as usize, len: o.bytes(), writable: true },
-            GlobalRegion { start: params.lse as usize, len: lse.bytes(), writable: true },
-            GlobalRegion { start: params.o_lo as usize, len: o_lo.as_ref().map_or(0, |t| t.bytes()), writable: true },
-        ];
+        let regions: Vec<_> = [&bq, &bk, &bv, &bo, &blse].into_iter().chain(bo_lo.as_ref()).map(|b| b.region()).collect();
         let launch = Launch {
             name: variant.name,
             arch: variant.arch(),
-            grid,
+            grid: ((shape.seqlen_q as u32).div_ceil(l.rows), shape.heads_q as u32, shape.batch as u32),
             threads: l.threads,
             smem: l.smem_bytes as usize,
             emulate: variant.emulate,
         };
-        // SAFETY: the parameters were validated against the buffers above; the kernel reads q,
-        // k, v and writes o and lse within their shapes.
-        unsafe { self.launch("launching the forward kernel", &[launch], params, &regions) }
+        *launched = true;
+        // SAFETY: every view was checked above against the memory it is in; the kernel reads
+        // q, k, v and writes o, lse (and o_lo) within their shapes.
+        unsafe { self.launch("launching the forward kernel", &[launch], params, &regions) }?;
+        Ok(Forward {
+            attention: *attention,
+            shape,
+            inputs: [bq.id(), bk.id(), bv.id()],
+            outputs: [Some(bo.id()), Some(blse.id()), bo_lo.as_ref().map(|b| b.id())],
+            residual,
+        })
     }
+}
+
+/// Outputs must not share an element with each other or with an input.
+pub(crate) fn check_no_overlap(outputs: &[&Bound<'_>], inputs: &[&Bound<'_>]) -> Result<()> {
+    for (i, a) in outputs.iter().enumerate() {
+        for b in outputs[i + 1..].iter().chain(inputs) {
+            if overlap(a, b) {
+                return Err(Error::Overlap { output: a.name, other: b.name });
+            }
+        }
+    }
+    Ok(())
 }

@@ -30,16 +30,22 @@ mod dtype;
 mod error;
 mod forward;
 mod options;
+#[doc(hidden)]
 pub mod ptx;
 pub mod reference;
+#[doc(hidden)]
 pub mod rng;
 mod timing;
+mod view;
 
-pub use backward::{BwdOutput, select_bwd_variants};
+pub use backward::{BwdBuffers, BwdInputs, BwdOutput, select_bwd_variants};
+/// cudarc, as this crate uses it (the types of [`View::cuda`] and [`FlashAttn::from_stream`]).
+pub use cudarc;
 pub use device::{FlashAttn, Tensor, driver_present};
 pub use dtype::Dtype;
 pub use error::{Error, Result};
 pub use flashattn_kernels as kernels;
 pub use flashattn_kernels::registry::{Arch, BWD_FAMILIES, BwdFamily, FWD_FAMILIES, FwdFamily, Pass};
-pub use forward::{AttnShape, FwdOutput, MAX_GRID_YZ, MAX_SCALE, MAX_SEQLEN, select_variant, validate};
+pub use forward::{AttnShape, Forward, FwdBuffers, FwdOutput, MAX_GRID_YZ, MAX_SCALE, MAX_SEQLEN, select_variant, validate};
 pub use options::{Attention, BwdOptions, FwdOptions};
+pub use view::{AsView, View, ViewMut, contiguous_strides};

@@ -26,7 +26,7 @@ pub unsafe fn dq_convert<T: MmaElement>(p: &BwdParams) {
         let (r, c) = ((2 * i) / d, (2 * i) % d);
         unsafe {
             let x: [f32; 2] = global::load((p.dq_accum as *const f32).add((src + 2 * i as u64) as usize) as *const [f32; 2]);
-            let dst = (p.dq as *mut T).add((p.q_strides.offset(b, r0 + r, h) + c as u64) as usize);
+            let dst = (p.dq as *mut T).add((p.dq_strides.offset(b, r0 + r, h) + c as u64) as usize);
             global::store(dst as *mut u32, T::pack2(x[0] * p.pb.scale, x[1] * p.pb.scale));
         }
         i += block::dim();

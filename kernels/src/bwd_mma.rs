@@ -169,11 +169,13 @@ unsafe fn dq_masked<
     // With SPLIT: the warps' partial S and dP ([16][BC] f32 each per warp).
     let xs: Shared<f32> = smem.after(exchange_floats(SPLIT, BC));
 
-    let q_at = p.q_strides.offset(b, 0, h) as usize;
-    let kv_at = p.k_strides.offset(b, 0, hk) as usize;
-    let (q_g, do_g) = unsafe { ((p.q as *const T).add(q_at), (p.d_o as *const T).add(q_at)) };
-    let (k_g, v_g) = unsafe { ((p.k as *const T).add(kv_at), (p.v as *const T).add(kv_at)) };
-    let first = (row0.min(sq) as u64 * p.q_strides.row) as usize;
+    let (q_g, do_g) = unsafe {
+        ((p.q as *const T).add(p.q_strides.offset(b, 0, h) as usize), (p.d_o as *const T).add(p.do_strides.offset(b, 0, h) as usize))
+    };
+    let (k_g, v_g) = unsafe {
+        ((p.k as *const T).add(p.k_strides.offset(b, 0, hk) as usize), (p.v as *const T).add(p.v_strides.offset(b, 0, hk) as usize))
+    };
+    let r0 = row0.min(sq) as u64;
 
     let row_end = (row0 + br as u32).min(sq);
     let n_tiles = M::visible_cols(row_end, sq, sk).div_ceil(BC as u32) as usize;
@@ -181,11 +183,11 @@ unsafe fn dq_masked<
 
     // Block: Q_i, dO_i and the first K, V tile in flight.
     unsafe {
-        load::<T, D, BLOCK_ROWS, SPLIT>(q_s, q_g.add(first), p.q_strides.row, sq - row0.min(sq), d);
-        load::<T, D, BLOCK_ROWS, SPLIT>(do_s, do_g.add(first), p.q_strides.row, sq - row0.min(sq), d);
+        load::<T, D, BLOCK_ROWS, SPLIT>(q_s, q_g.add((r0 * p.q_strides.row) as usize), p.q_strides.row, sq - row0.min(sq), d);
+        load::<T, D, BLOCK_ROWS, SPLIT>(do_s, do_g.add((r0 * p.do_strides.row) as usize), p.do_strides.row, sq - row0.min(sq), d);
         if n_tiles > 0 {
             load::<T, D, BC, SPLIT>(k_s(0), k_g, p.k_strides.row, sk, d);
-            load::<T, D, BC, SPLIT>(v_s(0), v_g, p.k_strides.row, sk, d);
+            load::<T, D, BC, SPLIT>(v_s(0), v_g, p.v_strides.row, sk, d);
         }
     }
     thread::cp_async_commit();
@@ -214,7 +216,7 @@ unsafe fn dq_masked<
             let c1 = (((it + 1) % n_tiles) * BC) as u32;
             unsafe {
                 load::<T, D, BC, SPLIT>(k_s((it + 1) % 2), k_g.add((c1 as u64 * p.k_strides.row) as usize), p.k_strides.row, sk - c1, d);
-                load::<T, D, BC, SPLIT>(v_s((it + 1) % 2), v_g.add((c1 as u64 * p.k_strides.row) as usize), p.k_strides.row, sk - c1, d);
+                load::<T, D, BC, SPLIT>(v_s((it + 1) % 2), v_g.add((c1 as u64 * p.v_strides.row) as usize), p.v_strides.row, sk - c1, d);
             }
             thread::cp_async_commit();
             thread::cp_async_wait::<1>();
@@ -267,8 +269,8 @@ unsafe fn dq_masked<
     // Warp: dQ_i = scale * acc, rows of its m16 tile and columns of its half, in T.
     if !STATS_ONLY {
         let c0 = half_now::<SPLIT>() * DN * 8;
-        let dq_g = unsafe { (p.dq as *mut T).add(q_at + c0) };
-        unsafe { store_rows::<T, DN, false>(&acc_dq, p.pb.scale, dq_g, p.q_strides.row, row0 + (w * 16) as u32, sq, d - c0 as u32) };
+        let dq_g = unsafe { (p.dq as *mut T).add(p.dq_strides.offset(b, 0, h) as usize + c0) };
+        unsafe { store_rows::<T, DN, false>(&acc_dq, p.pb.scale, dq_g, p.dq_strides.row, row0 + (w * 16) as u32, sq, d - c0 as u32) };
     }
 }
 
@@ -466,11 +468,14 @@ unsafe fn dkdv_masked<
     // With SPLIT (never with DQ): the warps' partial S^T and dP^T ([16][BR] f32 each per warp).
     let xs: Shared<f32> = f_s.after(exchange_floats(SPLIT, BR));
 
-    let kv_at = p.k_strides.offset(b, 0, hk) as usize;
-    let first = (j0.min(sk) as u64 * p.k_strides.row) as usize;
+    let first = j0.min(sk);
     unsafe {
-        load::<T, D, BLOCK_ROWS, SPLIT>(k_s, (p.k as *const T).add(kv_at + first), p.k_strides.row, sk - j0.min(sk), d);
-        load::<T, D, BLOCK_ROWS, SPLIT>(v_s, (p.v as *const T).add(kv_at + first), p.k_strides.row, sk - j0.min(sk), d);
+        let (k_g, v_g) = (
+            (p.k as *const T).add(p.k_strides.offset(b, first, hk) as usize),
+            (p.v as *const T).add(p.v_strides.offset(b, first, hk) as usize),
+        );
+        load::<T, D, BLOCK_ROWS, SPLIT>(k_s, k_g, p.k_strides.row, sk - first, d);
+        load::<T, D, BLOCK_ROWS, SPLIT>(v_s, v_g, p.v_strides.row, sk - first, d);
     }
 
     // The query tiles that see any key of this block: from the first row that sees key j0
@@ -487,10 +492,10 @@ unsafe fn dkdv_masked<
     // stage `stage`; rows past seqlen_q get Q = dO = 0 and (+inf, 0, 0), so P = 0.
     let fetch = |it: usize, stage: usize| {
         let (h, i0) = tile_of(it);
-        let q_at = (p.q_strides.offset(b, 0, h) + i0 as u64 * p.q_strides.row) as usize;
+        let (q_at, do_at) = (p.q_strides.offset(b, i0, h) as usize, p.do_strides.offset(b, i0, h) as usize);
         unsafe {
             load::<T, D, BR, SPLIT>(q_s(stage), (p.q as *const T).add(q_at), p.q_strides.row, sq - i0, d);
-            load::<T, D, BR, SPLIT>(do_s(stage), (p.d_o as *const T).add(q_at), p.q_strides.row, sq - i0, d);
+            load::<T, D, BR, SPLIT>(do_s(stage), (p.d_o as *const T).add(do_at), p.do_strides.row, sq - i0, d);
         }
         let tid = thread::idx() as usize;
         if tid < BR {
@@ -578,23 +583,27 @@ unsafe fn dkdv_masked<
         thread::cp_async_wait::<0>();
     }
 
-    store_dk_dv::<T, DN, SPLIT>(p, (kv_at, sk, d), j0 + (w * 16) as u32, &acc_dk, &acc_dv);
+    store_dk_dv::<T, DN, SPLIT>(p, (b, hk, sk, d), j0 + (w * 16) as u32, &acc_dk, &acc_dv);
 }
 
 /// Warp: dK_j = scale * acc_dk, dV_j = acc_dv, rows key0.. (its 16 keys) and columns of its
-/// half, in T, at `kv_at` (the KV head's offset); keys below `sk`, columns below `d`.
+/// half, in T, of batch `b`, KV head `hk`; keys below `sk`, columns below `d`.
 #[inline(always)]
 fn store_dk_dv<T: MmaElement, const DN: usize, const SPLIT: usize>(
     p: &BwdParams,
-    (kv_at, sk, d): (usize, u32, u32),
+    (b, hk, sk, d): (u32, u32, u32, u32),
     key0: u32,
     acc_dk: &[[f32; 4]; DN],
     acc_dv: &[[f32; 4]; DN],
 ) {
     let c0 = half_now::<SPLIT>() * DN * 8;
     unsafe {
-        store_rows::<T, DN, false>(acc_dk, p.pb.scale, (p.dk as *mut T).add(kv_at + c0), p.k_strides.row, key0, sk, d - c0 as u32);
-        store_rows::<T, DN, false>(acc_dv, 1.0, (p.dv as *mut T).add(kv_at + c0), p.k_strides.row, key0, sk, d - c0 as u32);
+        let (dk_g, dv_g) = (
+            (p.dk as *mut T).add(p.dk_strides.offset(b, 0, hk) as usize + c0),
+            (p.dv as *mut T).add(p.dv_strides.offset(b, 0, hk) as usize + c0),
+        );
+        store_rows::<T, DN, false>(acc_dk, p.pb.scale, dk_g, p.dk_strides.row, key0, sk, d - c0 as u32);
+        store_rows::<T, DN, false>(acc_dv, 1.0, dv_g, p.dv_strides.row, key0, sk, d - c0 as u32);
     }
 }
 
@@ -752,13 +761,13 @@ impl<T: MmaElement, const D: usize, const DK: usize, const KVREG: bool, const SP
             let (b, h) = (thread::opaque(self.b as u64) as u32, thread::opaque(self.h as u64) as u32);
             // The warp's columns from c0 on.
             let c0 = (half_now::<SPLIT>() * DN * 8) as u32;
-            let do_g = unsafe { (p.d_o as *const T).add((p.q_strides.offset(b, self.i0, h) + c0 as u64) as usize) };
+            let do_g = unsafe { (p.d_o as *const T).add((p.do_strides.offset(b, self.i0, h) + c0 as u64) as usize) };
             unsafe {
                 add_nonfinite::<T, DN>(
                     acc_dv,
                     BR,
                     p.pb.head_dim - c0,
-                    |k| row_at(do_g, p.q_strides.row, sq - self.i0.min(sq), k),
+                    |k| row_at(do_g, p.do_strides.row, sq - self.i0.min(sq), k),
                     |h, k| !M::hides(self.i0 + k as u32, self.key0 + (g + 8 * h) as u32, sq, sk),
                 )
             };

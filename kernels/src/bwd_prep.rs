@@ -35,19 +35,20 @@ pub unsafe fn prep<T: MmaElement, const RESIDUAL: bool>(p: &BwdParams) {
     let (w, lane, warps) = (warp::id(), warp::lane(), block::dim() / 32);
     let r0 = blk * PREP_ROWS as u32;
     let end = (r0 + PREP_ROWS as u32).min(sq);
-    let lse_row = p.pb.lse_row(b, h);
+    let lse_row = p.lse_row(b, h);
     let mut r = r0 + w;
     while r < end {
         // Warp: D_i, lane partial sums over column pairs, then a butterfly sum.
-        let at = p.q_strides.offset(b, r, h);
+        // O and its residual share O's strides; dO has its own.
+        let (at, at_do) = (p.o_strides.offset(b, r, h), p.do_strides.offset(b, r, h));
         let mut acc = 0f32;
         if d.is_multiple_of(2) {
             // Column pairs, one 4-byte load each.
             let mut c = 2 * lane;
             while c < d {
-                let i = (at + c as u64) as usize;
+                let (i, j) = ((at + c as u64) as usize, (at_do + c as u64) as usize);
                 let (o, g) = unsafe {
-                    (global::load((p.o as *const T).add(i) as *const u32), global::load((p.d_o as *const T).add(i) as *const u32))
+                    (global::load((p.o as *const T).add(i) as *const u32), global::load((p.d_o as *const T).add(j) as *const u32))
                 };
                 let ((o0, o1), (g0, g1)) = (T::unpack2(o), T::unpack2(g));
                 if RESIDUAL {
@@ -62,9 +63,9 @@ pub unsafe fn prep<T: MmaElement, const RESIDUAL: bool>(p: &BwdParams) {
             // Odd head_dim: rows are 2-byte aligned only, element by element.
             let mut c = lane;
             while c < d {
-                let i = (at + c as u64) as usize;
+                let (i, j) = ((at + c as u64) as usize, (at_do + c as u64) as usize);
                 let (o, g) =
-                    unsafe { (global::load((p.o as *const T).add(i)).to_f32(), global::load((p.d_o as *const T).add(i)).to_f32()) };
+                    unsafe { (global::load((p.o as *const T).add(i)).to_f32(), global::load((p.d_o as *const T).add(j)).to_f32()) };
                 let l = if RESIDUAL { unsafe { global::load((p.o_lo as *const T).add(i)) }.to_f32() } else { 0.0 };
                 acc += g * (o + l);
                 c += 32;

@@ -137,10 +137,9 @@ unsafe fn dkdv_masked<T: Element, C: Config<Tile = SimtKvTile>, M: Mask, const R
     let ds_s: Shared<f32> = p_s.after((bn * bm) as usize);
 
     // K_j, V_j: this block's key rows, loaded once.
-    let kv_at = p.k_strides.offset(b, 0, hk) as usize;
     unsafe {
-        load_tile_f32(k_s, ds, (p.k as *const T).add(kv_at), p.k_strides.row, j0, bn, sk, d);
-        load_tile_f32(v_s, ds, (p.v as *const T).add(kv_at), p.k_strides.row, j0, bn, sk, d);
+        load_tile_f32(k_s, ds, (p.k as *const T).add(p.k_strides.offset(b, 0, hk) as usize), p.k_strides.row, j0, bn, sk, d);
+        load_tile_f32(v_s, ds, (p.v as *const T).add(p.v_strides.offset(b, 0, hk) as usize), p.v_strides.row, j0, bn, sk, d);
     }
     let mut acc_dk = [[0f32; DCH]; RK];
     let mut acc_dv = [[0f32; DCH]; RK];
@@ -149,15 +148,16 @@ unsafe fn dkdv_masked<T: Element, C: Config<Tile = SimtKvTile>, M: Mask, const R
     let i_first = if M::hides(sq - 1, j0, sq, sk) { sq } else { (0..sq).find_first_visible::<M>(j0, sq, sk) };
     for g in 0..group {
         let h = hk * group + g;
-        let q_at = p.q_strides.offset(b, 0, h) as usize;
-        let (q_g, do_g) = unsafe { ((p.q as *const T).add(q_at), (p.d_o as *const T).add(q_at)) };
+        let (q_g, do_g) = unsafe {
+            ((p.q as *const T).add(p.q_strides.offset(b, 0, h) as usize), (p.d_o as *const T).add(p.do_strides.offset(b, 0, h) as usize))
+        };
         let mut i0 = i_first / bm * bm;
         while i0 < sq {
             // Block: Q_i, dO_i and the row statistics (m_i, 1/l_i, D_i - c_i, c_i) for query rows i0..i0+32.
             block::sync();
             unsafe {
                 load_tile_f32(q_s, ds, q_g, p.q_strides.row, i0, bm, sq, d);
-                load_tile_f32(do_s, ds, do_g, p.q_strides.row, i0, bm, sq, d);
+                load_tile_f32(do_s, ds, do_g, p.do_strides.row, i0, bm, sq, d);
                 let t = thread::idx();
                 if t < bm {
                     let (r, valid) = (i0 + t, i0 + t < sq);
@@ -235,8 +235,8 @@ unsafe fn dkdv_masked<T: Element, C: Config<Tile = SimtKvTile>, M: Mask, const R
     }
     block::sync();
     unsafe {
-        store_tile_f32(k_s, ds, (p.dk as *mut T).add(kv_at), p.k_strides.row, j0, bn, sk, d);
-        store_tile_f32(v_s, ds, (p.dv as *mut T).add(kv_at), p.k_strides.row, j0, bn, sk, d);
+        store_tile_f32(k_s, ds, (p.dk as *mut T).add(p.dk_strides.offset(b, 0, hk) as usize), p.dk_strides.row, j0, bn, sk, d);
+        store_tile_f32(v_s, ds, (p.dv as *mut T).add(p.dv_strides.offset(b, 0, hk) as usize), p.dv_strides.row, j0, bn, sk, d);
     }
 }
 
@@ -262,7 +262,7 @@ impl FirstVisible for core::ops::Range<u32> {
 /// writes D for the dK/dV kernel.
 ///
 /// # Safety
-/// `p` valid (host-checked); launch with `simt_tile(d)`'s threads and `simt_dq_smem_bytes(d)`.
+/// `p` valid (host-checked); launch with `simt_dq_tile(d)`'s threads and `simt_dq_smem_bytes(d)`.
 #[inline(always)]
 pub unsafe fn dq<T: Element, C: Config<Tile = SimtTile>, const ROWS: usize, const DCH: usize, const SC: usize>(p: &BwdParams) {
     const { assert!(ROWS == C::TILE.rows_per_warp as usize && DCH == C::TILE.d_chunks as usize && SC == C::TILE.s_cols as usize) };
@@ -294,27 +294,14 @@ unsafe fn dq_masked<T: Element, C: Config<Tile = SimtTile>, M: Mask, const ROWS:
     let d_s: Shared<f32> = il_s.after(br as usize);
     let c_s: Shared<f32> = d_s.after(br as usize);
 
-    let q_at = p.q_strides.offset(b, 0, h) as usize;
-    let kv_at = p.k_strides.offset(b, 0, hk) as usize;
     unsafe {
-        load_tile_f32(q_s, d, (p.q as *const T).add(q_at), p.q_strides.row, row0, br, sq, d);
-        load_tile_f32(do_s, d, (p.d_o as *const T).add(q_at), p.q_strides.row, row0, br, sq, d);
+        load_tile_f32(q_s, d, (p.q as *const T).add(p.q_strides.offset(b, 0, h) as usize), p.q_strides.row, row0, br, sq, d);
+        load_tile_f32(do_s, d, (p.d_o as *const T).add(p.do_strides.offset(b, 0, h) as usize), p.do_strides.row, row0, br, sq, d);
     }
     let row_end = if row0 + br < sq { row0 + br } else { sq };
     let n_tiles = M::visible_cols(row_end, sq, sk).div_ceil(bc);
     let r_w = w * ROWS as u32;
-    let ctx = DqTile {
-        p,
-        q_s,
-        do_s,
-        k_s,
-        v_s,
-        k_g: unsafe { (p.k as *const T).add(kv_at) },
-        v_g: unsafe { (p.v as *const T).add(kv_at) },
-        bc,
-        r_w,
-        lane,
-    };
+    let ctx = DqTile::<T> { p, q_s, do_s, k_s, v_s, _t: core::marker::PhantomData, b, hk, bc, r_w, lane };
     let hidden = |i: usize, c: usize, c0: u32| {
         let (row, col) = (row0 + r_w + i as u32, c0 + lane + 32 * c as u32);
         row >= sq || col >= sk || M::hides(row, col, sq, sk)
@@ -402,18 +389,21 @@ unsafe fn dq_masked<T: Element, C: Config<Tile = SimtTile>, M: Mask, const ROWS:
         }
     }
     block::sync();
-    unsafe { store_tile_f32(q_s, d, (p.dq as *mut T).add(q_at), p.q_strides.row, row0, br, sq, d) };
+    unsafe { store_tile_f32(q_s, d, (p.dq as *mut T).add(p.dq_strides.offset(b, 0, h) as usize), p.dq_strides.row, row0, br, sq, d) };
 }
 
 /// What each key tile of the dQ kernel reads.
 struct DqTile<'a, T> {
+    _t: core::marker::PhantomData<T>,
     p: &'a BwdParams,
     q_s: Shared<f32>,
     do_s: Shared<f32>,
     k_s: Shared<f32>,
     v_s: Shared<f32>,
-    k_g: *const T,
-    v_g: *const T,
+    /// Batch and KV head: K_j and V_j are found from them at each load (two pointers kept
+    /// across the loop cost the d=64 kernel spills).
+    b: u32,
+    hk: u32,
     bc: u32,
     r_w: u32,
     lane: u32,
@@ -428,8 +418,12 @@ impl<T: Element> DqTile<'_, T> {
         let ks = SimtTile::k_stride(d);
         block::sync();
         unsafe {
-            load_tile_f32(self.k_s, ks, self.k_g, p.k_strides.row, jt * self.bc, self.bc, p.pb.seqlen_k, d);
-            load_tile_f32(self.v_s, ks, self.v_g, p.k_strides.row, jt * self.bc, self.bc, p.pb.seqlen_k, d);
+            let (k_g, v_g) = (
+                (p.k as *const T).add(p.k_strides.offset(self.b, 0, self.hk) as usize),
+                (p.v as *const T).add(p.v_strides.offset(self.b, 0, self.hk) as usize),
+            );
+            load_tile_f32(self.k_s, ks, k_g, p.k_strides.row, jt * self.bc, self.bc, p.pb.seqlen_k, d);
+            load_tile_f32(self.v_s, ks, v_g, p.v_strides.row, jt * self.bc, self.bc, p.pb.seqlen_k, d);
         }
         block::sync();
         let mut s = [[0f32; SC]; ROWS];

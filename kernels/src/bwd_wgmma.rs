@@ -158,8 +158,8 @@ unsafe fn dkdv_masked<
     unsafe {
         load_tile_in::<T, Sw<KEYS, D>, D, KEYS, THREADS, true>(
             kb.v_s,
-            (kb.p.v as *const T).add(kb.kv_at + kb.first),
-            kb.p.k_strides.row,
+            (kb.p.v as *const T).add(kb.p.v_strides.offset(kb.b, kb.j0.min(kb.sk), kb.hk) as usize),
+            kb.p.v_strides.row,
             kb.sk - kb.j0.min(kb.sk),
             kb.d,
         );
@@ -243,8 +243,9 @@ unsafe fn dkdv_masked<
     // Warp: dV_j = acc_dv, dK_j = scale * acc_dk, rows of its 16 keys, in T.
     let p = kb.p;
     for (k, a) in acc.iter().enumerate() {
-        let (dst, factor) = if kb.wg * NACC + k == 0 { (p.dv, 1.0) } else { (p.dk, p.pb.scale) };
-        unsafe { store_rows::<T, DN, true>(a, factor, (dst as *mut T).add(kb.kv_at), p.k_strides.row, kb.key0, kb.sk, kb.d) };
+        let (dst, st, factor) = if kb.wg * NACC + k == 0 { (p.dv, &p.dv_strides, 1.0) } else { (p.dk, &p.dk_strides, p.pb.scale) };
+        let dst = unsafe { (dst as *mut T).add(st.offset(kb.b, 0, kb.hk) as usize) };
+        unsafe { store_rows::<T, DN, true>(a, factor, dst, st.row, kb.key0, kb.sk, kb.d) };
     }
     if any_bad {
         // dO's NaNs and infinities, zeroed on the masked tiles, into the stored dV of the rows
@@ -258,14 +259,15 @@ unsafe fn dkdv_masked<
     }
     if any_bad && kb.wg == 0 {
         let group = p.pb.heads_q / p.pb.heads_kv;
-        let d_o = p.d_o + 2 * p.q_strides.offset(kb.b, 0, kb.hk * group);
-        let do_strides = (p.q_strides.row << 32) | p.q_strides.offset(0, 0, 1);
+        let d_o = p.d_o + 2 * p.do_strides.offset(kb.b, 0, kb.hk * group);
+        // Both below 2^32 (the host's validation).
+        let do_strides = (p.do_strides.row << 32) | p.do_strides.head;
         let shape = ((group as u64) << 48) | ((kb.d as u64) << 32) | ((BR as u64) << 16) | DQ as u64;
         // SAFETY: dV rows below seqlen_k, dO rows below seqlen_q of the group's heads.
         unsafe {
             warp_fix_stored_dv::<T, M>(
-                p.dv + 2 * kb.kv_at as u64,
-                p.k_strides.row,
+                p.dv + 2 * p.dv_strides.offset(kb.b, 0, kb.hk),
+                p.dv_strides.row,
                 d_o,
                 do_strides,
                 ((kb.key0 as u64) << 32) | kb.j0 as u64,
@@ -328,9 +330,6 @@ struct DkdvBlock<
     k_s: Shared<T>,
     v_s: Shared<T>,
     f_s: Shared<f32>,
-    /// The KV head's offset in K, V, dK, dV, and the block's first row there.
-    kv_at: usize,
-    first: usize,
     /// The query tiles that see any key of the block: from tile `qt_first`, `n_qt` per query
     /// head, for the `group` query heads of the KV head.
     qt_first: usize,
@@ -380,8 +379,6 @@ impl<
         let v_s = smem.slice(KEYS * D, KEYS * D);
         let f_s: Shared<f32> = smem.after(6 * BR);
 
-        let kv_at = p.k_strides.offset(b, 0, hk) as usize;
-        let first = (j0.min(sk) as u64 * p.k_strides.row) as usize;
         DkdvBlock {
             p,
             d,
@@ -402,8 +399,6 @@ impl<
             k_s,
             v_s,
             f_s,
-            kv_at,
-            first,
             qt_first: 0,
             n_qt: 0,
             group: 0,
@@ -446,7 +441,7 @@ impl<
         unsafe {
             load_tile_in::<T, Sw<KEYS, D>, D, KEYS, THREADS, true>(
                 self.k_s,
-                (p.k as *const T).add(self.kv_at + self.first),
+                (p.k as *const T).add(p.k_strides.offset(self.b, self.j0.min(self.sk), self.hk) as usize),
                 p.k_strides.row,
                 self.sk - self.j0.min(self.sk),
                 self.d,
@@ -466,13 +461,13 @@ impl<
     fn fetch(&self, it: usize, stage: usize) {
         let (p, b, d, sq, split) = (self.p, self.b, self.d, self.sq, self.split);
         let (h, i0) = self.tile_of(it);
-        let q_at = (p.q_strides.offset(b, 0, h) + i0 as u64 * p.q_strides.row) as usize;
+        let (q_at, do_at) = (p.q_strides.offset(b, i0, h) as usize, p.do_strides.offset(b, i0, h) as usize);
         unsafe {
             load_tile_in::<T, Sw<BR, D>, D, BR, THREADS, true>(self.q_s(stage), (p.q as *const T).add(q_at), p.q_strides.row, sq - i0, d);
             load_tile_in::<T, Sw<BR, D>, D, BR, THREADS, true>(
                 self.do_s(stage),
-                (p.d_o as *const T).add(q_at),
-                p.q_strides.row,
+                (p.d_o as *const T).add(do_at),
+                p.do_strides.row,
                 sq - i0,
                 d,
             );

@@ -253,14 +253,11 @@ struct DqBlock<
     /// list of the hot key tiles.
     votes: Shared<u32>,
     hot: Shared<u32>,
-    /// The head's Q (and dO, dQ) offset, its Q, dO and KV head's K, V, and the block's first
-    /// row there.
-    q_at: usize,
+    /// The block's first row of Q and dO, row 0 of its KV head's K and V.
     q_g: *const T,
     do_g: *const T,
     k_g: *const T,
     v_g: *const T,
-    first: usize,
     /// Key tiles the block's rows see, and those below `n_unmasked` no row's mask hides.
     n_tiles: usize,
     n_unmasked: usize,
@@ -307,11 +304,13 @@ impl<
         let q_s = smem.slice(0, ROWS * D);
         let do_s = smem.slice(ROWS * D, ROWS * D);
 
-        let q_at = p.q_strides.offset(b, 0, h) as usize;
-        let kv_at = p.k_strides.offset(b, 0, hk) as usize;
-        let (q_g, do_g) = unsafe { ((p.q as *const T).add(q_at), (p.d_o as *const T).add(q_at)) };
-        let (k_g, v_g) = unsafe { ((p.k as *const T).add(kv_at), (p.v as *const T).add(kv_at)) };
-        let first = (row0.min(sq) as u64 * p.q_strides.row) as usize;
+        let r0 = row0.min(sq);
+        let (q_g, do_g) = unsafe {
+            ((p.q as *const T).add(p.q_strides.offset(b, r0, h) as usize), (p.d_o as *const T).add(p.do_strides.offset(b, r0, h) as usize))
+        };
+        let (k_g, v_g) = unsafe {
+            ((p.k as *const T).add(p.k_strides.offset(b, 0, hk) as usize), (p.v as *const T).add(p.v_strides.offset(b, 0, hk) as usize))
+        };
 
         let row_end = (row0 + ROWS as u32).min(sq);
         let n_tiles = M::visible_cols(row_end, sq, sk).div_ceil(BC as u32) as usize;
@@ -342,12 +341,10 @@ impl<
             do_s,
             votes,
             hot,
-            q_at,
             q_g,
             do_g,
             k_g,
             v_g,
-            first,
             n_tiles,
             n_unmasked,
             factor: 0.0,
@@ -360,20 +357,8 @@ impl<
     fn load_q(&self) {
         let (p, row0, sq, d) = (self.p, self.row0, self.sq, self.d);
         unsafe {
-            load_tile_in::<T, Sw<ROWS, D>, D, ROWS, THREADS, true>(
-                self.q_s,
-                self.q_g.add(self.first),
-                p.q_strides.row,
-                sq - row0.min(sq),
-                d,
-            );
-            load_tile_in::<T, Sw<ROWS, D>, D, ROWS, THREADS, true>(
-                self.do_s,
-                self.do_g.add(self.first),
-                p.q_strides.row,
-                sq - row0.min(sq),
-                d,
-            );
+            load_tile_in::<T, Sw<ROWS, D>, D, ROWS, THREADS, true>(self.q_s, self.q_g, p.q_strides.row, sq - row0.min(sq), d);
+            load_tile_in::<T, Sw<ROWS, D>, D, ROWS, THREADS, true>(self.do_s, self.do_g, p.do_strides.row, sq - row0.min(sq), d);
         }
     }
 
@@ -386,8 +371,8 @@ impl<
             store_rows::<T, DNW, true>(
                 acc_dq,
                 p.pb.scale,
-                (p.dq as *mut T).add(self.q_at + col0),
-                p.q_strides.row,
+                (p.dq as *mut T).add(p.dq_strides.offset(self.b, 0, self.h) as usize + col0),
+                p.dq_strides.row,
                 self.row_w,
                 self.sq,
                 d_wg,
@@ -412,19 +397,18 @@ impl<
     #[inline(always)]
     fn load_kv(&self, j: usize, stage: usize) {
         let c1 = (j * BC) as u32;
-        let off = (c1 as u64 * self.p.k_strides.row) as usize;
         unsafe {
             load_tile_in::<T, Sw<BC, D>, D, BC, THREADS, true>(
                 self.k_s(stage),
-                self.k_g.add(off),
+                self.k_g.add((c1 as u64 * self.p.k_strides.row) as usize),
                 self.p.k_strides.row,
                 self.sk - c1,
                 self.d,
             );
             load_tile_in::<T, Sw<BC, D>, D, BC, THREADS, true>(
                 self.v_s(stage),
-                self.v_g.add(off),
-                self.p.k_strides.row,
+                self.v_g.add((c1 as u64 * self.p.v_strides.row) as usize),
+                self.p.v_strides.row,
                 self.sk - c1,
                 self.d,
             );

@@ -317,7 +317,7 @@ fn fix_stored_o<T: MmaElement, M: Mask, const MT: usize, const BC: usize>(
     let c0 = (M::unmasked_cols(row0, sq, sk) / BC as u32).min(n_tiles) * BC as u32;
     let v0 = p.v + 2 * p.v_strides.offset(b, 0, h / (p.pb.heads_q / p.pb.heads_kv));
     let o_g = p.o + 2 * p.o_strides.offset(b, 0, h);
-    let lse_g = p.lse + 4 * p.pb.lse_row(b, h);
+    let lse_g = p.lse + 4 * p.lse_row(b, h);
     let rows = ((row0 as u64 + (w * MT * 16) as u64) << 32) | (((MT * 16) as u64) << 16) | d as u64;
     let keys = ((c0 as u64) << 32) | (n_tiles * BC as u32 - c0) as u64;
     // SAFETY: O and LSE rows below seqlen_q, V rows below seqlen_k.
@@ -467,7 +467,7 @@ impl<T: MmaElement, const D: usize, const MT: usize> Out<'_, T, D, MT> {
         let (w, lane) = (warp::id() as usize, warp::lane() as usize);
         let (g, t) = (lane / 4, lane % 4);
         let o_g = unsafe { (p.o as *mut T).add(p.o_strides.offset(b, 0, h) as usize) };
-        let lse_g = unsafe { (p.lse as *mut f32).add(p.pb.lse_row(b, h) as usize) };
+        let lse_g = unsafe { (p.lse as *mut f32).add(p.lse_row(b, h) as usize) };
         let o_words: Shared<u32> = q_s.cast();
         for mt in 0..MT {
             for half in 0..2 {

@@ -69,7 +69,7 @@ unsafe fn fwd<T: Element, C: Config<Tile = SimtTile>, M: Mask, const ROWS: usize
     // O_i = acc_o / l_i; LSE_i = m_i + log l_i. Rows past seqlen_q still join the warp's
     // reductions, but write nothing.
     let o_g = unsafe { (p.o as *mut T).add(p.o_strides.offset(b, 0, h) as usize) };
-    let lse_g = unsafe { (p.lse as *mut f32).add(p.pb.lse_row(b, h) as usize) };
+    let lse_g = unsafe { (p.lse as *mut f32).add(p.lse_row(b, h) as usize) };
     for i in 0..ROWS {
         let (inv_l, lse) = rows[i].finish::<Natural, 32>();
         let r = row0 + w * ROWS as u32 + i as u32;

@@ -551,7 +551,7 @@ impl<
             self.r_warp,
         );
         let o_g = unsafe { (p.o as *mut T).add(p.o_strides.offset(b, 0, h) as usize) };
-        let lse_g = unsafe { (p.lse as *mut f32).add(p.pb.lse_row(b, h) as usize) };
+        let lse_g = unsafe { (p.lse as *mut f32).add(p.lse_row(b, h) as usize) };
         let o_words: Shared<u32> = q_s.cast();
         let at = |r: usize, c: usize| match WG {
             1 => Sw::<64, D>::at(r, c),

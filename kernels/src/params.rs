@@ -4,6 +4,9 @@
 //! host (x86-64) and in PTX (nvptx64). A kernel takes the struct by value.
 
 /// Element strides of a [batch, seqlen, heads, head_dim] tensor; head_dim is contiguous.
+/// LSE ([batch, heads_q, seqlen_q], the sequence contiguous) uses `batch` and `head`, with
+/// `row` 1. The host validates them (`flashattn::View`): offsets fit u64, and 16-bit rows
+/// whose head_dim is a multiple of 8 start 16-byte aligned.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Strides {
@@ -49,19 +52,11 @@ pub struct Problem {
 // Four-byte fields only: after the params structs' 8-byte ones it adds no padding.
 const _: () = assert!(core::mem::size_of::<Problem>() == 32 && core::mem::align_of::<Problem>() == 4);
 
-impl Problem {
-    /// Element index in LSE of row 0 of (batch b, query head h): LSE is f32 [batch, heads_q,
-    /// seqlen_q].
-    #[inline(always)]
-    pub fn lse_row(&self, b: u32, h: u32) -> u64 {
-        (b as u64 * self.heads_q as u64 + h as u64) * self.seqlen_q as u64
-    }
-}
-
 /// Parameters of the forward kernels.
 ///
 /// Q is [batch, seqlen_q, heads_q, head_dim], K and V are [batch, seqlen_k, heads_kv, head_dim],
-/// O is laid out like Q, LSE is f32 [batch, heads_q, seqlen_q] (contiguous).
+/// O has a layout of its own of Q's shape, LSE is f32 [batch, heads_q, seqlen_q]; each with
+/// its own strides.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct FwdParams {
@@ -80,14 +75,23 @@ pub struct FwdParams {
     pub k_strides: Strides,
     pub v_strides: Strides,
     pub o_strides: Strides,
+    pub lse_strides: Strides,
     /// Sizes, scale and mask.
     pub pb: Problem,
 }
 
+impl FwdParams {
+    /// Element index in LSE of row 0 of (batch b, query head h).
+    #[inline(always)]
+    pub fn lse_row(&self, b: u32, h: u32) -> u64 {
+        self.lse_strides.offset(b, 0, h)
+    }
+}
+
 /// Parameters of the backward kernels.
 ///
-/// Q, O, dO, dQ are laid out like Q; K, V, dK, dV like K; LSE is f32 [batch, heads_q,
-/// seqlen_q]; `stats` is the workspace f32 [4][batch, heads_q, seqlen_q] of each row's
+/// Q, O, dO, dQ have Q's shape, K, V, dK, dV K's, each with strides of its own; LSE is f32
+/// [batch, heads_q, seqlen_q]; `stats` is the workspace f32 [4][batch, heads_q, seqlen_q] of each row's
 /// softmax max m_i, 1 / l_i and D_i (written by the dQ kernel, or by the `prep` pass from the
 /// forward's LSE and O residual, and read by the dK/dV kernel of the same family). The tensor-core kernels use the first three; the SIMT kernels keep D_i as
 /// D_i - c_i in the third and the pivot c_i in the fourth (see `bwd_simt`).
@@ -112,15 +116,25 @@ pub struct BwdParams {
     /// families serve head dims that are multiples of 8 only (`registry::BwdFamilyDesc::aligned_only`),
     /// so its rows are 8-byte aligned for the paired adds.
     pub dq_accum: u64,
-    /// Strides of Q, O, dO and dQ (one layout).
     pub q_strides: Strides,
-    /// Strides of K, V, dK and dV (one layout).
     pub k_strides: Strides,
+    pub v_strides: Strides,
+    pub o_strides: Strides,
+    pub do_strides: Strides,
+    pub dq_strides: Strides,
+    pub dk_strides: Strides,
+    pub dv_strides: Strides,
+    pub lse_strides: Strides,
     /// Sizes, scale and mask (the forward's).
     pub pb: Problem,
 }
 
 impl BwdParams {
+    /// Element index in LSE of row 0 of (batch b, query head h).
+    #[inline(always)]
+    pub fn lse_row(&self, b: u32, h: u32) -> u64 {
+        self.lse_strides.offset(b, 0, h)
+    }
     /// Index in `stats` of row `r` of (batch b, query head h) of statistic `k` (0: m_i in the
     /// log2 domain, 1: 1 / l_i, 2: D_i; 3: the SIMT kernels' pivot c_i).
     #[inline(always)]

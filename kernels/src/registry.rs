@@ -18,7 +18,8 @@ use crate::dtype::{DType, Element};
 use crate::params::{BwdParams, FwdParams};
 use crate::tile::{
     Config, MmaBwdTile, MmaTile, SimtKvTile, SimtTile, WgmmaBwdTile, WgmmaTile, mma_bwd_tile, mma_bwd_tile_atomic, mma_tile, mma_tile_br64,
-    mma_tile_unfused, simt_dq_smem_bytes, simt_kv_tile, simt_tile, wgmma_bwd_tile, wgmma_bwd_tile_atomic, wgmma_tile, wgmma_tile_wg2,
+    mma_tile_unfused, simt_dq_smem_bytes, simt_dq_tile, simt_kv_tile, simt_tile, wgmma_bwd_tile, wgmma_bwd_tile_atomic, wgmma_tile,
+    wgmma_tile_wg2,
 };
 
 /// The PTX module a variant is compiled into, and so the devices it runs on.
@@ -640,7 +641,7 @@ const BWD_SIMT: BwdFamilyDesc = BwdFamilyDesc {
     deterministic: true,
     aligned_only: false,
     passes: [&[Pass::Dq, Pass::Dkdv], &[Pass::Dq, Pass::Dkdv]],
-    tiles: BwdTiles::Simt(simt_tile, simt_kv_tile),
+    tiles: BwdTiles::Simt(simt_dq_tile, simt_kv_tile),
 };
 #[cfg(not(target_arch = "nvptx64"))]
 const BWD_MMA_ATOMIC: BwdFamilyDesc = BwdFamilyDesc {
@@ -775,10 +776,10 @@ macro_rules! bwd_simt_kv {
     }};
 }
 
-/// The SIMT dQ variant of a class: the forward's `simt_tile(class)`.
+/// The SIMT dQ variant of a class: `simt_dq_tile(class)`.
 macro_rules! bwd_simt_q {
     ($ty:ty, $d:literal) => {{
-        config!(C: SimtTile = simt_tile($d));
+        config!(C: SimtTile = simt_dq_tile($d));
         crate::bwd_simt::dq::<$ty, C, { C::TILE.rows_per_warp as usize }, { C::TILE.d_chunks as usize }, { C::TILE.s_cols as usize }>
     }};
 }

@@ -247,10 +247,21 @@ pub const fn simt_kv_tile(head_dim: u32) -> SimtKvTile {
     }
 }
 
-/// The dQ backward kernel uses the forward's SIMT tile; its shared memory (f32) holds Q, dO
-/// [br][d], K, V [bc][d+1], dS [br][bc] and the rows' m, 1/l, D - c, c [br] (see `bwd_simt`).
+/// Tile of the SIMT dQ backward kernel: the forward's, except at head_dim <= 64.
+pub const fn simt_dq_tile(head_dim: u32) -> SimtTile {
+    if head_dim <= 64 {
+        // acc 16x2, scores 16x1. Rejected: the forward's 16x2 scores, at 247-255 registers,
+        // spilled 12 bytes once dO and dQ had strides of their own (ptxas 13.0, sm_80).
+        SimtTile { rows_per_warp: 16, d_chunks: 2, s_cols: 1 }
+    } else {
+        simt_tile(head_dim)
+    }
+}
+
+/// Shared memory (f32) of the SIMT dQ kernel: Q, dO [br][d], K, V [bc][d+1], dS [br][bc] and
+/// the rows' m, 1/l, D - c, c [br] (see `bwd_simt`).
 pub const fn simt_dq_smem_bytes(head_dim: u32) -> u32 {
-    let t = simt_tile(head_dim);
+    let t = simt_dq_tile(head_dim);
     (2 * t.br() * head_dim + 2 * t.bc() * SimtTile::k_stride(head_dim) + t.br() * t.bc() + 4 * t.br()) * 4
 }
 

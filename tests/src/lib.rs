@@ -6,6 +6,7 @@ use flashattn::{Attention, AttnShape, BwdOptions, Dtype, FlashAttn, FwdOptions, 
 use std::fmt;
 
 pub mod nonfinite;
+pub mod strided;
 
 pub use flashattn::rng::Rng;
 
@@ -97,12 +98,19 @@ fn check_typed<T: Dtype>(fa: &FlashAttn, case: &Case, kernel: Option<&'static st
     let o: Vec<f64> = fa.download(out.o()).map_err(e)?.iter().map(|x| x.to_f64()).collect();
     let lse: Vec<f64> = fa.download(out.lse()).map_err(e)?.iter().map(|&x| x as f64).collect();
 
-    let exact = reference(&q, &k, &v, &s, &attn);
-    let naive = naive_attention(&q, &k, &v, &s, &attn);
+    check_outputs(case, &q, &k, &v, &o, &lse)
+}
+
+/// Compares a forward's O and LSE (contiguous, as f64) for `case`'s inputs with the f64
+/// reference ([`check_case`]'s rules).
+pub fn check_outputs<T: Dtype>(case: &Case, q: &[T], k: &[T], v: &[T], o: &[f64], lse: &[f64]) -> Result<Measured, String> {
+    let (s, attn) = (case.shape, case.attention());
+    let exact = reference(q, k, v, &s, &attn);
+    let naive = naive_attention(q, k, v, &s, &attn);
     let m = Measured {
-        o_err: rel_l2(&o, &exact.o),
+        o_err: rel_l2(o, &exact.o),
         o_tol: tolerance::<T>(rel_l2(&naive.o, &exact.o)),
-        lse_err: rel_l2(&lse, &exact.lse),
+        lse_err: rel_l2(lse, &exact.lse),
         lse_tol: tolerance::<f32>(rel_l2(&naive.lse, &exact.lse)),
     };
     // Rows that see no key (causal, seqlen_q > seqlen_k) must be exactly 0 with LSE -inf.
@@ -242,7 +250,6 @@ fn check_backward_typed<T: Dtype>(
     saved: bool,
 ) -> Result<(), String> {
     use flashattn::BwdOutput;
-    use flashattn::reference::{attention_backward_f64, naive_backward};
     let s = case.shape;
     // With `repeat`, determinism is asked for; a backward-only family (`mma_atomic`) runs
     // after the automatically chosen forward.
@@ -298,10 +305,29 @@ fn check_backward_typed<T: Dtype>(
         Ok([w(&g.dq)?, w(&g.dk)?, w(&g.dv)?])
     };
     let got = run()?;
+    check_grads(case, &q, &k, &v, &d_o, &got)?;
+    if repeat {
+        for round in 0..3 {
+            let again = run()?;
+            for (name, a, b) in [("dQ", &got[0], &again[0]), ("dK", &got[1], &again[1]), ("dV", &got[2], &again[2])] {
+                if a.iter().zip(b.iter()).any(|(x, y)| x.to_bits() != y.to_bits()) {
+                    return Err(format!("{case}: {name} differs bitwise on repeat {round}"));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Compares dQ, dK, dV (contiguous, as f64) for `case`'s inputs and dO with the f64
+/// gradients ([`check_backward`]'s rules).
+pub fn check_grads<T: Dtype>(case: &Case, q: &[T], k: &[T], v: &[T], d_o: &[T], got: &[Vec<f64>; 3]) -> Result<(), String> {
+    use flashattn::reference::{attention_backward_f64, naive_backward};
+    let (s, attn) = (case.shape, case.attention());
     let w = |x: &[T]| x.iter().map(|e| e.to_f64()).collect::<Vec<_>>();
-    let exact = attention_backward_f64(&w(&q), &w(&k), &w(&v), &w(&d_o), &s, &attn);
-    let naive = naive_backward(&q, &k, &v, &d_o, &s, &attn);
-    let floor = flashattn::reference::backward_recompute_bound(&w(&q), &w(&k), &w(&v), &w(&d_o), &s, &attn);
+    let exact = attention_backward_f64(&w(q), &w(k), &w(v), &w(d_o), &s, &attn);
+    let naive = naive_backward(q, k, v, d_o, &s, &attn);
+    let floor = flashattn::reference::backward_recompute_bound(&w(q), &w(k), &w(v), &w(d_o), &s, &attn);
     for (name, g, ex, nv, fl) in [
         ("dQ", &got[0], &exact.dq, &naive.dq, &floor.dq),
         ("dK", &got[1], &exact.dk, &naive.dk, &floor.dk),
@@ -318,8 +344,8 @@ fn check_backward_typed<T: Dtype>(
             // absolute: 4 unit roundoffs of T times |scale| * max_i |dO_i| |V| * max |K|.
             let amax = |x: &[T]| x.iter().fold(0f64, |m, e| m.max(e.to_f64().abs()));
             let row = |x: &[T], r: usize| -> f64 { x[r * s.head_dim..(r + 1) * s.head_dim].iter().map(|e| e.to_f64().abs()).sum() };
-            let dov = (0..d_o.len() / s.head_dim).map(|r| row(&d_o, r)).fold(0f64, f64::max) * amax(&v);
-            let bound = 4.0 * T::UNIT_ROUNDOFF * (attn.scale(s.head_dim) as f64).abs() * dov * amax(&k).max(amax(&q));
+            let dov = (0..d_o.len() / s.head_dim).map(|r| row(d_o, r)).fold(0f64, f64::max) * amax(v);
+            let bound = 4.0 * T::UNIT_ROUNDOFF * (attn.scale(s.head_dim) as f64).abs() * dov * amax(k).max(amax(q));
             let worst = g.iter().fold(0f64, |m, x| m.max(x.abs()));
             if !within(worst, bound) {
                 return Err(format!("{case}: {name} is exactly 0; got max |{name}| {worst:.3e} (bound {bound:.3e})"));
@@ -332,16 +358,6 @@ fn check_backward_typed<T: Dtype>(
         let (err, tol) = (rel_l2(g, ex), tolerance::<T>(rel_l2(nv, ex)) + l2(fl) / l2(ex));
         if !within(err, tol) {
             return Err(format!("{case}: {name} rel err {err:.3e} (tol {tol:.3e})"));
-        }
-    }
-    if repeat {
-        for round in 0..3 {
-            let again = run()?;
-            for (name, a, b) in [("dQ", &got[0], &again[0]), ("dK", &got[1], &again[1]), ("dV", &got[2], &again[2])] {
-                if a.iter().zip(b.iter()).any(|(x, y)| x.to_bits() != y.to_bits()) {
-                    return Err(format!("{case}: {name} differs bitwise on repeat {round}"));
-                }
-            }
         }
     }
     Ok(())

@@ -456,3 +456,98 @@ impl Launched for flashattn::kernels::registry::BwdVariant {
         self.launch(head_dim)
     }
 }
+
+/// Views (strided layouts over any memory) are checked before any launch: shape, strides,
+/// the memory they reach, alignment, overlap of an output with another tensor, the backward's
+/// workspace and the forward's own outputs. The view calls allocate nothing.
+#[test]
+fn views_are_checked_before_launch() {
+    use flashattn::{AsView, BwdBuffers, BwdInputs, FwdBuffers};
+    let fa = FlashAttn::emulator();
+    let (b, s, h, d) = (1, 6, 2, 16);
+    let n = b * s * h * d;
+    let data: Vec<half::f16> = flashattn::rng::Rng::new(5).tensor(4 * n);
+    let buf = fa.upload(&data, &[4 * n]).unwrap();
+    let shape = [b, s, h, d];
+    let qv = buf.view().reshaped(&shape, 0);
+    let kv = buf.view().reshaped(&shape, n);
+    let vv = buf.view().reshaped(&shape, 2 * n);
+    let mut o = fa.full(half::f16::NAN, &[n + 8]).unwrap();
+    let mut lse = fa.full(f32::NAN, &[b * h * s]).unwrap();
+    let attn = Attention::causal();
+    let fopts = FwdOptions::default();
+    let fwd_err = |q: &flashattn::View<'_, half::f16>, o: flashattn::ViewMut<'_, half::f16>, lse: flashattn::ViewMut<'_, f32>| {
+        fa.forward_into_views(q, &kv, &vv, &attn, &fopts, &mut FwdBuffers { o, lse, o_lo: None }).expect_err("must be refused")
+    };
+    // Rows one element off a 16-byte boundary (head_dim 16 in f16: 32-byte rows).
+    let e = fwd_err(&buf.view().reshaped(&shape, 1), o.view_mut().reshaped(&shape, 0), lse.view_mut().reshaped(&[b, h, s], 0));
+    assert!(matches!(e, Error::Misaligned { tensor: "q", align: 16, .. }), "{e}");
+    // A row stride that is not a multiple of 8 elements.
+    let q_odd = buf.view().strided(&shape, &[s * h * 20, h * 20, 20, 1], 0);
+    let e = fwd_err(&q_odd, o.view_mut().reshaped(&shape, 0), lse.view_mut().reshaped(&[b, h, s], 0));
+    assert!(matches!(e, Error::Misaligned { tensor: "q", value: 40, .. }), "{e}");
+    // The last dimension not contiguous.
+    let q_t = buf.view().strided(&shape, &[n, h * d, d, 2], 0);
+    let e = fwd_err(&q_t, o.view_mut().reshaped(&shape, 0), lse.view_mut().reshaped(&[b, h, s], 0));
+    assert!(matches!(&e, Error::Layout { tensor: "q", .. }), "{e}");
+    // Past the end of the memory: O at offset 16 of n + 8 elements.
+    let e = fwd_err(&qv, o.view_mut().reshaped(&shape, 16), lse.view_mut().reshaped(&[b, h, s], 0));
+    assert!(matches!(e, Error::OutOfBounds { tensor: "o", needed, len } if needed == n + 16 && len == n + 8), "{e}");
+    // Wrong shape of an output view.
+    let e = fwd_err(&qv, o.view_mut().reshaped(&[b, s, h, d / 2], 0), lse.view_mut().reshaped(&[b, h, s], 0));
+    assert!(matches!(e, Error::OutputShape { tensor: "o", .. }), "{e}");
+    // A view of another instance's memory.
+    let other = FlashAttn::emulator();
+    let foreign = other.upload(&data[..n], &shape).unwrap();
+    let e = fwd_err(&foreign.view(), o.view_mut().reshaped(&shape, 0), lse.view_mut().reshaped(&[b, h, s], 0));
+    assert!(matches!(e, Error::WrongDevice { tensor: "q" }), "{e}");
+
+    // A valid forward and backward on views: nothing allocated by the calls.
+    let before = fa.device_allocations();
+    let fwd = fa
+        .forward_into_views(
+            &qv,
+            &kv,
+            &vv,
+            &attn,
+            &fopts,
+            &mut FwdBuffers { o: o.view_mut().reshaped(&shape, 8), lse: lse.view_mut().reshaped(&[b, h, s], 0), o_lo: None },
+        )
+        .unwrap();
+    let bopts = BwdOptions::default();
+    let need = fa.backward_workspace_len::<half::f16>(&fwd, &bopts).unwrap();
+    let mut ws = fa.full(f32::NAN, &[need]).unwrap();
+    let dov = buf.view().reshaped(&shape, 3 * n);
+    macro_rules! ins {
+        ($o:expr, $at:expr, $lse:expr) => {
+            BwdInputs {
+                q: buf.view().reshaped(&shape, 0),
+                k: buf.view().reshaped(&shape, n),
+                v: buf.view().reshaped(&shape, 2 * n),
+                o: $o.view().reshaped(&shape, $at),
+                lse: $lse.view().reshaped(&[b, h, s], 0),
+                o_lo: None,
+                d_o: dov.as_view(),
+            }
+        };
+    }
+    let (mut dq, mut dk, mut dv) =
+        (fa.full(half::f16::NAN, &shape).unwrap(), fa.full(half::f16::NAN, &shape).unwrap(), fa.full(half::f16::NAN, &shape).unwrap());
+    let mut run = |ins: &BwdInputs<'_, half::f16>, ws: &mut flashattn::Tensor<f32>| {
+        let mut bufs = BwdBuffers { dq: dq.view_mut(), dk: dk.view_mut(), dv: dv.view_mut(), workspace: ws.view_mut() };
+        fa.backward_into_views(&fwd, ins, &mut bufs, &bopts)
+    };
+    let mut small = fa.full(f32::NAN, &[need - 1]).unwrap();
+    let e = run(&ins!(o, 8, lse), &mut small).expect_err("workspace too small");
+    assert!(matches!(e, Error::Workspace { needed, .. } if needed == need), "{e}");
+    // O at another place than the forward wrote it.
+    let e = run(&ins!(o, 0, lse), &mut ws).expect_err("not the forward's O");
+    assert!(matches!(e, Error::NotForwardOutput { tensor: "o" }), "{e}");
+    run(&ins!(o, 8, lse), &mut ws).expect("the forward's own views");
+    drop(run);
+    // Allocated since `before`: this test's workspaces and gradients, nothing by the calls.
+    assert_eq!(fa.device_allocations(), before + 5);
+    for g in [&dq, &dk, &dv] {
+        assert!(fa.download(g).unwrap().iter().all(|x| x.is_finite()), "every gradient element written");
+    }
+}

@@ -1,0 +1,86 @@
+//! Strided views forward and backward (`flashattn_tests::strided`): random shapes, options and
+//! dtypes, each case with every tensor in a layout of its own, on the CPU emulator (always)
+//! and on the GPU (when there is one; ignored, loudly, when not; failed when REQUIRE_GPU=1).
+//!
+//! `FLASHATTN_GPU_STRIDE_CASES` / `FLASHATTN_EMU_STRIDE_CASES` set the number of cases.
+
+use flashattn::FlashAttn;
+use flashattn_tests::strided::{Pattern, check_strided};
+use flashattn_tests::{BackendKind, Case, Gpu, case_strategy, env_usize, shards};
+use libtest_mimic::{Arguments, Failed, Trial};
+use proptest::strategy::{Strategy, ValueTree};
+use proptest::test_runner::TestRunner;
+use std::sync::Arc;
+
+const PATTERNS: [Pattern; 4] = [Pattern::Contiguous, Pattern::Bhsd, Pattern::PackedQkv, Pattern::Random];
+
+/// `cases` random cases from `strategy`, every one checked (no shrinking: a failure names
+/// its case, its layout pattern and seeds).
+fn run(fa: &FlashAttn, cases: usize, shard: usize, strategy: impl Strategy<Value = Case>) -> Result<(), Failed> {
+    let mut runner = TestRunner::new_with_rng(
+        Default::default(),
+        proptest::test_runner::TestRng::from_seed(proptest::test_runner::RngAlgorithm::ChaCha, &seed32(shard)),
+    );
+    for i in 0..cases {
+        let case = strategy.new_tree(&mut runner).map_err(|e| Failed::from(e.to_string()))?.current();
+        let pattern = PATTERNS[(i + shard) % PATTERNS.len()];
+        check_strided(fa, &case, pattern, case.seed ^ 0x9e37_79b9_7f4a_7c15, i % 3 == 2)?;
+    }
+    Ok(())
+}
+
+/// A fresh seed per run and shard.
+fn seed32(shard: usize) -> [u8; 32] {
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64);
+    let mut s = [0u8; 32];
+    s[..8].copy_from_slice(&t.to_le_bytes());
+    s[8..16].copy_from_slice(&(shard as u64).to_le_bytes());
+    s
+}
+
+fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option<String>) -> Vec<Trial> {
+    let tag = match kind {
+        BackendKind::Gpu => "gpu",
+        BackendKind::Emulator => "emulator",
+    };
+    let (total, size) = match kind {
+        BackendKind::Gpu => (env_usize("FLASHATTN_GPU_STRIDE_CASES", 1200), 100),
+        BackendKind::Emulator => (env_usize("FLASHATTN_EMU_STRIDE_CASES", 24), 6),
+    };
+    shards(total, size)
+        .into_iter()
+        .enumerate()
+        .map(|(i, cases)| {
+            let (fa, unavailable) = (fa.clone(), unavailable.clone());
+            Trial::test(format!("{tag}::strided::{i:03}"), move || match (fa, unavailable) {
+                (Some(fa), _) => match kind {
+                    BackendKind::Gpu => run(&fa, cases, i, case_strategy(200, 32, 3, 3, 2, 2_000_000)),
+                    BackendKind::Emulator => run(&fa, cases, i, case_strategy(48, 16, 2, 2, 2, 60_000)),
+                },
+                (None, Some(why)) => Err(format!("REQUIRE_GPU=1 but no GPU: {why}").into()),
+                (None, None) => Err("no backend".into()),
+            })
+        })
+        .collect()
+}
+
+fn main() {
+    let args = Arguments::from_args();
+    let mut trials = trials_for(BackendKind::Emulator, Some(Arc::new(FlashAttn::emulator())), None);
+    match Gpu::detect() {
+        Gpu::Present(fa) => {
+            eprintln!("GPU: {}", fa.device_name());
+            trials.extend(trials_for(BackendKind::Gpu, Some(Arc::new(fa)), None));
+        }
+        Gpu::Required(why) => trials.extend(trials_for(BackendKind::Gpu, None, Some(why))),
+        Gpu::Absent(why) => {
+            let gpu = trials_for(BackendKind::Gpu, None, None);
+            eprintln!(
+                "\n*** NO GPU ({why}): {} GPU tests NOT RUN (reported as ignored). Set REQUIRE_GPU=1 to make this a failure. ***\n",
+                gpu.len()
+            );
+            trials.extend(gpu.into_iter().map(|t| t.with_ignored_flag(true)));
+        }
+    }
+    libtest_mimic::run(&args, trials).exit();
+}
