@@ -3,8 +3,17 @@
 use cudarc::driver::DeviceRepr;
 use flashattn_kernels::dtype::DType;
 
-/// An element type of Q, K, V and O: `f32`, `half::f16` or `half::bf16`.
-pub trait Dtype: DeviceRepr + Copy + Default + Send + Sync + std::fmt::Debug + 'static {
+mod sealed {
+    /// The element types the kernels are compiled for; no others can implement [`super::Dtype`].
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for half::f16 {}
+    impl Sealed for half::bf16 {}
+}
+
+/// An element type of Q, K, V and O: `f32`, `half::f16` or `half::bf16` (sealed: the kernels
+/// exist for these three only).
+pub trait Dtype: sealed::Sealed + DeviceRepr + Copy + Default + Send + Sync + std::fmt::Debug + 'static {
     /// The kernel-side tag.
     const DTYPE: DType;
     /// Unit roundoff (half the distance from 1 to the next value).

@@ -438,7 +438,7 @@ pub(crate) fn overlap(a: &Bound<'_>, b: &Bound<'_>) -> bool {
     // Dimensions by decreasing stride; nested when each stride covers the extent below it.
     let mut dims: Vec<(usize, usize)> =
         a.layout.shape.iter().copied().zip(a.layout.strides.iter().copied()).filter(|&(n, _)| n > 1).collect();
-    dims.sort_by(|x, y| y.1.cmp(&x.1));
+    dims.sort_by_key(|&(_, s)| std::cmp::Reverse(s));
     let nested = dims.windows(2).all(|w| w[0].1 >= w[1].1 * w[1].0);
     if !nested {
         return true;

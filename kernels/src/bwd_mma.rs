@@ -38,7 +38,7 @@
 //! get the same, so their P and dS are 0. The forward's O and LSE are not read.
 
 use crate::block_info::BlockInfo;
-use crate::copy::load_tile_chunks;
+use crate::copy::{load_tile_chunks, load_tile_pair};
 use crate::dev::{self, Shared, block, global, math, thread, warp};
 use crate::dtype::MmaElement;
 use crate::frag::{pair_sum, store_rows, to_a};
@@ -93,6 +93,28 @@ unsafe fn load<T: MmaElement, const D: usize, const ROWS: usize, const SPLIT: us
             load_tile_chunks::<T, Layout<D>, D, ROWS, { MMA_WARPS as usize * 32 }, true>(dst, src, stride, limit, d)
         } else {
             load_tile_chunks::<T, Layout<D>, D, ROWS, { 2 * MMA_WARPS as usize * 32 }, true>(dst, src, stride, limit, d)
+        }
+    }
+}
+
+/// Block: two tiles as [`load`] loads one, through [`load_tile_pair`] when their row strides
+/// agree (K and V, Q and dO in one layout).
+#[inline(always)]
+unsafe fn load2<T: MmaElement, const D: usize, const ROWS: usize, const SPLIT: usize>(
+    dst: [Shared<T>; 2],
+    src: [*const T; 2],
+    strides: [u64; 2],
+    limit: u32,
+    d: u32,
+) {
+    unsafe {
+        if strides[0] != strides[1] {
+            load::<T, D, ROWS, SPLIT>(dst[0], src[0], strides[0], limit, d);
+            load::<T, D, ROWS, SPLIT>(dst[1], src[1], strides[1], limit, d);
+        } else if SPLIT == 1 {
+            load_tile_pair::<T, Layout<D>, D, ROWS, { MMA_WARPS as usize * 32 }>(dst, src, strides[0], limit, d)
+        } else {
+            load_tile_pair::<T, Layout<D>, D, ROWS, { 2 * MMA_WARPS as usize * 32 }>(dst, src, strides[0], limit, d)
         }
     }
 }
@@ -215,8 +237,9 @@ unsafe fn dq_masked<
         if it + 1 < n_iter {
             let c1 = (((it + 1) % n_tiles) * BC) as u32;
             unsafe {
-                load::<T, D, BC, SPLIT>(k_s((it + 1) % 2), k_g.add((c1 as u64 * p.k_strides.row) as usize), p.k_strides.row, sk - c1, d);
-                load::<T, D, BC, SPLIT>(v_s((it + 1) % 2), v_g.add((c1 as u64 * p.v_strides.row) as usize), p.v_strides.row, sk - c1, d);
+                let (kr, vr) = (p.k_strides.row, p.v_strides.row);
+                let src = [k_g.add((c1 as u64 * kr) as usize), v_g.add((c1 as u64 * vr) as usize)];
+                load2::<T, D, BC, SPLIT>([k_s((it + 1) % 2), v_s((it + 1) % 2)], src, [kr, vr], sk - c1, d);
             }
             thread::cp_async_commit();
             thread::cp_async_wait::<1>();
@@ -494,8 +517,8 @@ unsafe fn dkdv_masked<
         let (h, i0) = tile_of(it);
         let (q_at, do_at) = (p.q_strides.offset(b, i0, h) as usize, p.do_strides.offset(b, i0, h) as usize);
         unsafe {
-            load::<T, D, BR, SPLIT>(q_s(stage), (p.q as *const T).add(q_at), p.q_strides.row, sq - i0, d);
-            load::<T, D, BR, SPLIT>(do_s(stage), (p.d_o as *const T).add(do_at), p.do_strides.row, sq - i0, d);
+            let src = [(p.q as *const T).add(q_at), (p.d_o as *const T).add(do_at)];
+            load2::<T, D, BR, SPLIT>([q_s(stage), do_s(stage)], src, [p.q_strides.row, p.do_strides.row], sq - i0, d);
         }
         let tid = thread::idx() as usize;
         if tid < BR {

@@ -65,7 +65,7 @@ use crate::dtype::MmaElement;
 use crate::frag::{store_rows, to_a};
 
 use crate::block_info::BlockInfo;
-use crate::copy::{body_head_dim, by_element, load_tile_in};
+use crate::copy::{body_head_dim, by_element, load_tile_in, load_two};
 use crate::mask::Mask;
 use crate::nonfinite::{clean_own_pair, dkdv_tile_masked, own_chunks_nonfinite, warp_fix_stored_dv, zero_own_nonfinite};
 use crate::params::BwdParams;
@@ -158,7 +158,7 @@ unsafe fn dkdv_masked<
     unsafe {
         load_tile_in::<T, Sw<KEYS, D>, D, KEYS, THREADS, true>(
             kb.v_s,
-            (kb.p.v as *const T).add(kb.p.v_strides.offset(kb.b, kb.j0.min(kb.sk), kb.hk) as usize),
+            (kb.p.v as *const T).add(kb.v_at),
             kb.p.v_strides.row,
             kb.sk - kb.j0.min(kb.sk),
             kb.d,
@@ -330,6 +330,9 @@ struct DkdvBlock<
     k_s: Shared<T>,
     v_s: Shared<T>,
     f_s: Shared<f32>,
+    /// Offsets of the block's first key row in K and in V.
+    k_at: usize,
+    v_at: usize,
     /// The query tiles that see any key of the block: from tile `qt_first`, `n_qt` per query
     /// head, for the `group` query heads of the KV head.
     qt_first: usize,
@@ -378,6 +381,7 @@ impl<
         let k_s = smem.slice(0, KEYS * D);
         let v_s = smem.slice(KEYS * D, KEYS * D);
         let f_s: Shared<f32> = smem.after(6 * BR);
+        let (k_at, v_at) = (p.k_strides.offset(b, j0.min(sk), hk) as usize, p.v_strides.offset(b, j0.min(sk), hk) as usize);
 
         DkdvBlock {
             p,
@@ -399,6 +403,8 @@ impl<
             k_s,
             v_s,
             f_s,
+            k_at,
+            v_at,
             qt_first: 0,
             n_qt: 0,
             group: 0,
@@ -441,7 +447,7 @@ impl<
         unsafe {
             load_tile_in::<T, Sw<KEYS, D>, D, KEYS, THREADS, true>(
                 self.k_s,
-                (p.k as *const T).add(p.k_strides.offset(self.b, self.j0.min(self.sk), self.hk) as usize),
+                (p.k as *const T).add(self.k_at),
                 p.k_strides.row,
                 self.sk - self.j0.min(self.sk),
                 self.d,
@@ -462,16 +468,16 @@ impl<
         let (p, b, d, sq, split) = (self.p, self.b, self.d, self.sq, self.split);
         let (h, i0) = self.tile_of(it);
         let (q_at, do_at) = (p.q_strides.offset(b, i0, h) as usize, p.do_strides.offset(b, i0, h) as usize);
+        let src = unsafe { [(p.q as *const T).add(q_at), (p.d_o as *const T).add(do_at)] };
         unsafe {
-            load_tile_in::<T, Sw<BR, D>, D, BR, THREADS, true>(self.q_s(stage), (p.q as *const T).add(q_at), p.q_strides.row, sq - i0, d);
-            load_tile_in::<T, Sw<BR, D>, D, BR, THREADS, true>(
-                self.do_s(stage),
-                (p.d_o as *const T).add(do_at),
-                p.do_strides.row,
+            load_two::<T, Sw<BR, D>, D, BR, THREADS>(
+                [self.q_s(stage), self.do_s(stage)],
+                src,
+                [p.q_strides.row, p.do_strides.row],
                 sq - i0,
                 d,
-            );
-        }
+            )
+        };
         // The statistics' loaders: threads 0..BR, with two warpgroups the second's (the first
         // starts S^T, P^T right after this).
         let tid = if split { (thread::idx() as usize).wrapping_sub(warpgroup::SIZE as usize) } else { thread::idx() as usize };

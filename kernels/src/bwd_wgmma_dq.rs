@@ -2,7 +2,7 @@
 //! [`crate::bwd_wgmma`] for the algorithm, the exact correction and the order of the launches.
 
 use crate::block_info::BlockInfo;
-use crate::copy::{body_head_dim, by_element, load_tile_in};
+use crate::copy::{body_head_dim, by_element, load_tile_in, load_two};
 use crate::dev::{self, Shared, block, global, math, thread, warp, warpgroup};
 use crate::dtype::MmaElement;
 use crate::frag::{store_rows, to_a};
@@ -397,21 +397,10 @@ impl<
     #[inline(always)]
     fn load_kv(&self, j: usize, stage: usize) {
         let c1 = (j * BC) as u32;
+        let (k_row, v_row) = (self.p.k_strides.row, self.p.v_strides.row);
         unsafe {
-            load_tile_in::<T, Sw<BC, D>, D, BC, THREADS, true>(
-                self.k_s(stage),
-                self.k_g.add((c1 as u64 * self.p.k_strides.row) as usize),
-                self.p.k_strides.row,
-                self.sk - c1,
-                self.d,
-            );
-            load_tile_in::<T, Sw<BC, D>, D, BC, THREADS, true>(
-                self.v_s(stage),
-                self.v_g.add((c1 as u64 * self.p.v_strides.row) as usize),
-                self.p.v_strides.row,
-                self.sk - c1,
-                self.d,
-            );
+            let src = [self.k_g.add((c1 as u64 * k_row) as usize), self.v_g.add((c1 as u64 * v_row) as usize)];
+            load_two::<T, Sw<BC, D>, D, BC, THREADS>([self.k_s(stage), self.v_s(stage)], src, [k_row, v_row], self.sk - c1, self.d);
         }
     }
 
