@@ -253,6 +253,10 @@ pub const fn simt_dq_tile(head_dim: u32) -> SimtTile {
         // acc 16x2, scores 16x1. Rejected: the forward's 16x2 scores, at 247-255 registers,
         // spilled 12 bytes once dO and dQ had strides of their own (ptxas 13.0, sm_80).
         SimtTile { rows_per_warp: 16, d_chunks: 2, s_cols: 1 }
+    } else if head_dim <= 128 {
+        // acc 8x4, scores 8x1. Rejected: the forward's 16x4 spilled 12 bytes at sm_90 with
+        // the per-tensor strides.
+        SimtTile { rows_per_warp: 8, d_chunks: 4, s_cols: 1 }
     } else {
         simt_tile(head_dim)
     }
