@@ -467,7 +467,10 @@ impl<
     fn fetch(&self, it: usize, stage: usize) {
         let (p, b, d, sq, split) = (self.p, self.b, self.d, self.sq, self.split);
         let (h, i0) = self.tile_of(it);
-        let (q_at, do_at) = (p.q_strides.offset(b, i0, h) as usize, p.do_strides.offset(b, i0, h) as usize);
+        // From an `opaque` batch index: the offsets' loop-invariant parts, hoisted, held two
+        // 64-bit registers more over the loop (the atomic kernel spilled at d=128).
+        let bo = thread::opaque(b as u64) as u32;
+        let (q_at, do_at) = (p.q_strides.offset(bo, i0, h) as usize, p.do_strides.offset(bo, i0, h) as usize);
         let src = unsafe { [(p.q as *const T).add(q_at), (p.d_o as *const T).add(do_at)] };
         unsafe {
             load_two::<T, Sw<BR, D>, D, BR, THREADS>(
