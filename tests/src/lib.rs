@@ -1,6 +1,7 @@
 //! Shared test support: one property-test body that runs on the CUDA device when there is
 //! one and on the CPU emulator always, so CI (no GPU) and the GPU machine run the same checks.
 
+pub use flashattn::reference::l2;
 use flashattn::reference::{naive_attention, reference, rel_l2, tolerance};
 use flashattn::{Attention, AttnShape, BwdOptions, Dtype, FlashAttn, FwdOptions, FwdOutput};
 use std::fmt;
@@ -366,11 +367,6 @@ pub fn check_grads<T: Dtype>(case: &Case, q: &[T], k: &[T], v: &[T], d_o: &[T], 
 /// Whether a measured error is within its bar: false for a NaN error (`err <= bar` is).
 pub fn within(err: f64, bar: f64) -> bool {
     err <= bar
-}
-
-/// The L2 norm.
-pub fn l2(x: &[f64]) -> f64 {
-    x.iter().map(|v| v * v).sum::<f64>().sqrt()
 }
 
 /// `total` cases split into shards of at most `size`, each run as a trial of its own (the

@@ -12,7 +12,7 @@
 
 use crate::Rng;
 use crate::{Case, Dt, within};
-use flashattn::reference::{attention_backward_f64, attention_f64, rel_l2, tolerance};
+use flashattn::reference::{attention_backward_f64, attention_f64, l2, rel_l2, tolerance};
 use flashattn::{AttnShape, BwdOptions, Dtype, FlashAttn, FwdOptions, FwdOutput};
 use std::fmt;
 
@@ -210,7 +210,7 @@ fn backward_typed<T: Dtype>(
         // right: an infinity of the exact one's sign, or a finite value (then measured with
         // the others). The error below is measured against the unrounded one.
         let naive_tol = tolerance::<T>(rel_l2(nv, ex0));
-        let budget = naive_tol * l2s(ex0) + l2s(fl);
+        let budget = naive_tol * l2(ex0) + l2(fl);
         let straddles = |x: f64| {
             let m = (32.0 * T::UNIT_ROUNDOFF * x.abs()).max(budget);
             x.is_finite() && T::from_f64(x.abs() + m).to_f64().is_infinite() && T::from_f64((x.abs() - m).max(0.0)).to_f64().is_finite()
@@ -237,32 +237,23 @@ fn backward_typed<T: Dtype>(
         // to 0 in P, as it does in naive attention) are measured against the gradient's size.
         // Norms scaled against underflow (gradients of 1e-170 at scales in the thousands); the
         // bar adds the smallest positive value of T per element, below which T cannot follow.
-        let share = l2s(ex0) * (ep.len() as f64 / ex0.len() as f64).sqrt();
-        let denom = l2s(&ep).max(share);
+        let share = l2(ex0) * (ep.len() as f64 / ex0.len() as f64).sqrt();
+        let denom = l2(&ep).max(share);
         let diff: Vec<f64> = gp.iter().zip(&ep).map(|(a, b)| a - b).collect();
         let err = if denom > 0.0 {
-            l2s(&diff) / denom
-        } else if l2s(&diff) == 0.0 {
+            l2(&diff) / denom
+        } else if l2(&diff) == 0.0 {
             0.0
         } else {
             f64::INFINITY
         };
         let floor_t = smallest_positive::<T>() * (ep.len() as f64).sqrt();
-        let tol = naive_tol + if denom > 0.0 { (l2s(&fp) + floor_t) / denom } else { 0.0 };
+        let tol = naive_tol + if denom > 0.0 { (l2(&fp) + floor_t) / denom } else { 0.0 };
         if !within(err, tol) {
             return Err(format!("{what}: finite {name} elements rel err {err:.3e} (tol {tol:.3e})"));
         }
     }
     Ok(())
-}
-
-/// The L2 norm, scaled by the largest magnitude (no underflow or overflow of the squares).
-fn l2s(x: &[f64]) -> f64 {
-    let m = x.iter().fold(0f64, |m, v| m.max(v.abs()));
-    if m == 0.0 || !m.is_finite() {
-        return m;
-    }
-    m * x.iter().map(|v| (v / m) * (v / m)).sum::<f64>().sqrt()
 }
 
 /// The smallest positive value of T (its smallest subnormal).

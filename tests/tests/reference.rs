@@ -226,3 +226,23 @@ fn backward_matches_finite_differences() {
         }
     }
 }
+
+/// The relative error is scale-free: gradients of 1e-164 (a hard-max softmax at |scale|
+/// 65536; their squares underflow) and of 1e160 (squares overflow) measure as those of 1 do,
+/// and an infinity, a NaN or a mismatched infinity never pass.
+#[test]
+fn rel_l2_is_scale_free_and_never_passes_nan() {
+    let (a, b) = ([1.0, -2.0, 3.5, 0.25], [1.01, -1.98, 3.5, 0.2]);
+    let at = |s: f64| rel_l2(&a.map(|x| x * s), &b.map(|x| x * s));
+    let one = at(1.0);
+    assert!(one > 0.0 && one.is_finite());
+    for s in [1e-164, 1e-300, 1e160, 1e300] {
+        assert!((at(s) / one - 1.0).abs() < 1e-12, "scale {s}: {} vs {one}", at(s));
+    }
+    assert_eq!(flashattn::reference::l2(&[3e-170, 4e-170]), 5e-170);
+    assert_eq!(rel_l2(&[f64::NAN, 1.0], &[1.0, 1.0]), f64::INFINITY);
+    assert_eq!(rel_l2(&[f64::INFINITY, 1.0], &[1e300, 1.0]), f64::INFINITY);
+    assert_eq!(rel_l2(&[1.0, 1.0], &[f64::NEG_INFINITY, 1.0]), f64::INFINITY);
+    assert_eq!(rel_l2(&[f64::INFINITY, 1.0], &[f64::INFINITY, 1.0]), 0.0);
+    assert_eq!(rel_l2(&[1e-300, 0.0], &[0.0, 0.0]), f64::INFINITY);
+}
