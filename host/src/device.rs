@@ -63,8 +63,11 @@ impl std::fmt::Debug for FlashAttn {
 
 /// Whether this machine has a loadable CUDA driver (libcuda).
 pub fn driver_present() -> bool {
-    // SAFETY: only tries to dlopen libcuda.
-    unsafe { cudarc::driver::sys::is_culib_present() }
+    // Asked directly, not through cudarc: its own check exists only when it loads the driver,
+    // not when another crate has it link the driver (then this process has it already).
+    let names: &[&str] = if cfg!(windows) { &["nvcuda.dll"] } else { &["libcuda.so.1", "libcuda.so"] };
+    // SAFETY: loading the driver library runs only its initialisers, as cudarc's loading does.
+    names.iter().any(|&name| unsafe { libloading::Library::new(name) }.is_ok())
 }
 
 impl FlashAttn {
