@@ -254,12 +254,9 @@ impl FlashAttn {
         }
     }
 
+    /// `t` was made by this `FlashAttn` (else `WrongDevice`, naming it `name`).
     pub(crate) fn check_owner<T>(&self, t: &Tensor<T>, name: &'static str) -> Result<()> {
-        self.check_owner_id(t.owner, name)
-    }
-
-    pub(crate) fn check_owner_id(&self, owner: u64, name: &'static str) -> Result<()> {
-        if owner == self.id { Ok(()) } else { Err(Error::WrongDevice { tensor: name }) }
+        if t.owner == self.id { Ok(()) } else { Err(Error::WrongDevice { tensor: name }) }
     }
 }
 

@@ -158,6 +158,30 @@ impl Gpu {
     }
 }
 
+/// The GPU's trials, `make(fa, unavailable)`: run on the GPU when there is one; each failing
+/// with the reason under `REQUIRE_GPU=1` when there is none; else all reported as ignored,
+/// loudly (`what` names them in the notice).
+pub fn gpu_trials(
+    what: &str,
+    make: impl Fn(Option<std::sync::Arc<FlashAttn>>, Option<String>) -> Vec<libtest_mimic::Trial>,
+) -> Vec<libtest_mimic::Trial> {
+    match Gpu::detect() {
+        Gpu::Present(fa) => {
+            eprintln!("GPU: {}", fa.device_name());
+            make(Some(std::sync::Arc::new(fa)), None)
+        }
+        Gpu::Required(why) => make(None, Some(why)),
+        Gpu::Absent(why) => {
+            let gpu = make(None, None);
+            eprintln!(
+                "\n*** NO GPU ({why}): {} {what} NOT RUN (reported as ignored). Set REQUIRE_GPU=1 to make this a failure. ***\n",
+                gpu.len()
+            );
+            gpu.into_iter().map(|t| t.with_ignored_flag(true)).collect()
+        }
+    }
+}
+
 /// softmax_scale over the whole range the API accepts ([`flashattn::MAX_SCALE`]), either
 /// sign: the default 1/sqrt(head_dim), zero (both signs), tiny (down to f32's subnormals),
 /// the usual 0.01..2, and large up to the limit (a nearly hard max).

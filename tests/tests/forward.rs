@@ -7,7 +7,7 @@
 use flashattn::kernels::dtype::DType;
 use flashattn::kernels::registry::FWD_VARIANTS;
 use flashattn::{AttnShape, FlashAttn, FwdOptions};
-use flashattn_tests::{BackendKind, Case, Dt, Gpu, case_strategy, check_case, check_case_with, env_usize, nonfinite, shards};
+use flashattn_tests::{BackendKind, Case, Dt, case_strategy, check_case, check_case_with, env_usize, gpu_trials, nonfinite, shards};
 use libtest_mimic::{Arguments, Failed, Trial};
 use proptest::strategy::Strategy;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
@@ -222,20 +222,6 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
 fn main() {
     let args = Arguments::from_args();
     let mut trials = trials_for(BackendKind::Emulator, Some(Arc::new(FlashAttn::emulator())), None);
-    match Gpu::detect() {
-        Gpu::Present(fa) => {
-            eprintln!("GPU: {}", fa.device_name());
-            trials.extend(trials_for(BackendKind::Gpu, Some(Arc::new(fa)), None));
-        }
-        Gpu::Required(why) => trials.extend(trials_for(BackendKind::Gpu, None, Some(why))),
-        Gpu::Absent(why) => {
-            let gpu = trials_for(BackendKind::Gpu, None, None);
-            eprintln!(
-                "\n*** NO GPU ({why}): {} GPU tests NOT RUN (reported as ignored). Set REQUIRE_GPU=1 to make this a failure. ***\n",
-                gpu.len()
-            );
-            trials.extend(gpu.into_iter().map(|t| t.with_ignored_flag(true)));
-        }
-    }
+    trials.extend(gpu_trials("GPU tests", |fa, why| trials_for(BackendKind::Gpu, fa, why)));
     libtest_mimic::run(&args, trials).exit();
 }

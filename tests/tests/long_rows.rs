@@ -14,7 +14,7 @@
 //! that a failure. FLASHATTN_EMU_LONG_ROWS=1 runs them on the CPU emulator as well.
 
 use flashattn::{AttnShape, FlashAttn};
-use flashattn_tests::{Case, Dt, Gpu, check_case};
+use flashattn_tests::{Case, Dt, check_case, gpu_trials};
 use libtest_mimic::{Arguments, Failed, Trial};
 use std::sync::Arc;
 
@@ -61,22 +61,7 @@ fn trials(tag: &str, fa: Option<Arc<FlashAttn>>, unavailable: Option<String>) ->
 
 fn main() {
     let args = Arguments::from_args();
-    let mut all = vec![];
-    match Gpu::detect() {
-        Gpu::Present(fa) => {
-            eprintln!("GPU: {}", fa.device_name());
-            all.extend(trials("gpu", Some(Arc::new(fa)), None));
-        }
-        Gpu::Required(why) => all.extend(trials("gpu", None, Some(why))),
-        Gpu::Absent(why) => {
-            let gpu = trials("gpu", None, None);
-            eprintln!(
-                "\n*** NO GPU ({why}): {} long-row GPU tests NOT RUN (reported as ignored). Set REQUIRE_GPU=1 to make this a failure. ***\n",
-                gpu.len()
-            );
-            all.extend(gpu.into_iter().map(|t| t.with_ignored_flag(true)));
-        }
-    }
+    let mut all = gpu_trials("long-row GPU tests", |fa, why| trials("gpu", fa, why));
     if std::env::var("FLASHATTN_EMU_LONG_ROWS").is_ok_and(|v| v == "1") {
         all.extend(trials("emulator", Some(Arc::new(FlashAttn::emulator())), None));
     }

@@ -6,7 +6,7 @@
 
 use flashattn::FlashAttn;
 use flashattn_tests::strided::{Pattern, check_strided};
-use flashattn_tests::{BackendKind, Case, Gpu, case_strategy, env_usize, shards};
+use flashattn_tests::{BackendKind, Case, case_strategy, env_usize, gpu_trials, shards};
 use libtest_mimic::{Arguments, Failed, Trial};
 use proptest::strategy::{Strategy, ValueTree};
 use proptest::test_runner::TestRunner;
@@ -67,20 +67,6 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
 fn main() {
     let args = Arguments::from_args();
     let mut trials = trials_for(BackendKind::Emulator, Some(Arc::new(FlashAttn::emulator())), None);
-    match Gpu::detect() {
-        Gpu::Present(fa) => {
-            eprintln!("GPU: {}", fa.device_name());
-            trials.extend(trials_for(BackendKind::Gpu, Some(Arc::new(fa)), None));
-        }
-        Gpu::Required(why) => trials.extend(trials_for(BackendKind::Gpu, None, Some(why))),
-        Gpu::Absent(why) => {
-            let gpu = trials_for(BackendKind::Gpu, None, None);
-            eprintln!(
-                "\n*** NO GPU ({why}): {} GPU tests NOT RUN (reported as ignored). Set REQUIRE_GPU=1 to make this a failure. ***\n",
-                gpu.len()
-            );
-            trials.extend(gpu.into_iter().map(|t| t.with_ignored_flag(true)));
-        }
-    }
+    trials.extend(gpu_trials("GPU tests", |fa, why| trials_for(BackendKind::Gpu, fa, why)));
     libtest_mimic::run(&args, trials).exit();
 }
