@@ -1,15 +1,22 @@
-//! The candle op against the f64 reference: forward and backward (through candle's autograd)
-//! on Q, K, V in three layouts (contiguous; `[b, h, s, d]` transposed; narrowed out of one
-//! packed `[b, s, 3, h, d]` projection), every dtype, causal and not; and the errors. On the
-//! CPU (the emulator) always; on CUDA too when built with `--features cuda` and a GPU is
-//! there (`REQUIRE_GPU=1` makes a missing one a failure).
+//! The candle op against the f64 reference and against candle's own attention (matmul and
+//! softmax in f32, differentiated by candle's autograd): forward and backward on Q, K, V in
+//! three layouts (contiguous; `[b, h, s, d]` transposed; narrowed out of one packed
+//! `[b, s, 3, h, d]` projection), every dtype, causal and not, at fixed odd shapes and at
+//! random ones drawn as the property tests draw them (every scale, GQA, head_dim 1..=256);
+//! and the errors. On the CPU (the emulator) always; on CUDA too when built with
+//! `--features cuda` and a GPU is there (`REQUIRE_GPU=1` makes a missing one a failure).
+//!
+//! `FLASHATTN_CANDLE_CPU_CASES` / `FLASHATTN_CANDLE_GPU_CASES` set the number of random cases.
 
-use candle_core::{DType, Device, Tensor, Var};
-use flashattn::reference::{naive_attention, reference, rel_l2, tolerance};
+use candle_core::{D, DType, Device, Tensor, Var};
+use flashattn::reference::{
+    attention_backward_f64, backward_recompute_bound, l2, naive_attention, naive_backward, reference, rel_l2, tolerance,
+};
 use flashattn::{AttnShape, Dtype};
 use flashattn_candle::{Attention, flash_attn, flash_attn_with};
-use flashattn_tests::{Case, Dt, check_grads};
+use flashattn_tests::{Case, Dt, case_strategy, check_grads, env_usize, shards, within};
 use libtest_mimic::{Arguments, Failed, Trial};
+use proptest::strategy::{Strategy, ValueTree};
 
 #[derive(Clone, Copy, Debug)]
 enum Layout {
@@ -107,7 +114,106 @@ fn check<T: Dtype + candle_core::WithDType>(dev: &Device, case: &Case, layout: L
     let grads = (&o * &d_o).and_then(|x| x.sum_all()).and_then(|l| l.backward()).map_err(e)?;
     let [dq, dk, dv] = grads_of(layout, &vars, &grads).map_err(e)?;
     let f = |t: &Tensor| -> Result<Vec<f64>, String> { Ok(elems::<T>(t).map_err(e)?.iter().map(|&x| Dtype::to_f64(x)).collect()) };
-    check_grads(case, &qh, &kh, &vh, &d_o_h, &[f(&dq)?, f(&dk)?, f(&dv)?]).map_err(|m| format!("{layout:?}: {m}"))
+    let grads = [f(&dq)?, f(&dk)?, f(&dv)?];
+    check_grads(case, &qh, &kh, &vh, &d_o_h, &grads).map_err(|m| format!("{layout:?}: {m}"))?;
+    against_candle(dev, case, [&qh, &kh, &vh], &d_o_h, &got, &grads).map_err(|m| format!("{case} {layout:?}: {m}"))
+}
+
+/// candle's own attention in f32 on `[b, s, h, d]` inputs: Q K^T (K and V heads repeated for
+/// GQA), scaled, the causal mask as -inf (rows that see no key: O = 0), softmax, P V.
+fn candle_attention(q: &Tensor, k: &Tensor, v: &Tensor, s: &AttnShape, attn: &Attention) -> candle_core::Result<Tensor> {
+    let (b, sq, sk, hq, hk, d) = (s.batch, s.seqlen_q, s.seqlen_k, s.heads_q, s.heads_kv, s.head_dim);
+    let heads = |t: &Tensor| -> candle_core::Result<Tensor> {
+        // [b, sk, hk, d] -> [b, hq, sk, d]
+        t.transpose(1, 2)?.unsqueeze(2)?.broadcast_as((b, hk, hq / hk, sk, d))?.reshape((b, hq, sk, d))
+    };
+    let (q, k, v) = (q.transpose(1, 2)?.contiguous()?, heads(k)?, heads(v)?);
+    let scores = q.matmul(&k.t()?.contiguous()?)?.affine(attn.scale(d) as f64, 0.0)?;
+    let (scores, seen) = if attn.causal {
+        // Query row i sees keys j <= i + sk - sq; a row that sees none gets bias 0 and is
+        // zeroed after P V.
+        let lim = |i: usize| i as i64 + sk as i64 - sq as i64;
+        let bias: Vec<f32> =
+            (0..sq).flat_map(|i| (0..sk).map(move |j| if lim(i) < 0 || j as i64 <= lim(i) { 0.0 } else { f32::NEG_INFINITY })).collect();
+        let seen: Vec<f32> = (0..sq).map(|i| if lim(i) < 0 { 0.0 } else { 1.0 }).collect();
+        let dev = q.device();
+        (scores.broadcast_add(&Tensor::from_vec(bias, (sq, sk), dev)?)?, Some(Tensor::from_vec(seen, (sq, 1), dev)?))
+    } else {
+        (scores, None)
+    };
+    let m = scores.max_keepdim(D::Minus1)?.detach();
+    let e = scores.broadcast_sub(&m)?.exp()?;
+    let p = e.broadcast_div(&e.sum_keepdim(D::Minus1)?)?;
+    let o = p.matmul(&v)?;
+    let o = match seen {
+        Some(seen) => o.broadcast_mul(&seen)?,
+        None => o,
+    };
+    o.transpose(1, 2)
+}
+
+/// O and dQ, dK, dV (`got`, `grads`: row-major `[b, s, h, d]`) against candle's attention in
+/// f32 ([`candle_attention`]) on the same inputs, differentiated by candle's autograd with the
+/// same dO: each within our bar (the one [`check_grads`] and the O check use against the
+/// f64 reference) plus candle's own error against the f64 reference, counted up to twice our
+/// bar: a candle result further off than that, or a wrong op, fails.
+fn against_candle<T: Dtype>(
+    dev: &Device,
+    case: &Case,
+    qkv: [&[T]; 3],
+    d_o: &[T],
+    got: &[f64],
+    grads: &[Vec<f64>; 3],
+) -> Result<(), String> {
+    let (s, attn) = (case.shape, case.attention());
+    let e = |x: candle_core::Error| format!("candle's attention: {x}");
+    let f32s = |x: &[T]| x.iter().map(|v| Dtype::to_f64(*v) as f32).collect::<Vec<f32>>();
+    let var = |x: &[T], shape: [usize; 4]| Var::from_tensor(&Tensor::from_vec(f32s(x), &shape, dev)?);
+    let (q, k, v) = (var(qkv[0], s.q_shape()).map_err(e)?, var(qkv[1], s.kv_shape()).map_err(e)?, var(qkv[2], s.kv_shape()).map_err(e)?);
+    let o = candle_attention(q.as_tensor(), k.as_tensor(), v.as_tensor(), &s, &attn).map_err(e)?;
+    let d_o_t = Tensor::from_vec(f32s(d_o), &s.q_shape(), dev).map_err(e)?;
+    let g = (&o * &d_o_t).and_then(|x| x.sum_all()).and_then(|l| l.backward()).map_err(e)?;
+    let vec = |t: &Tensor| -> Result<Vec<f64>, String> {
+        Ok(t.flatten_all().and_then(|t| t.to_vec1::<f32>()).map_err(e)?.iter().map(|&x| x as f64).collect())
+    };
+    let grad = |v: &Var| g.get(v.as_tensor()).ok_or_else(|| "no gradient".to_string()).and_then(vec);
+    let c_o = vec(&o)?;
+    let w = |x: &[T]| x.iter().map(|v| Dtype::to_f64(*v)).collect::<Vec<f64>>();
+    let (q64, k64, v64, do64) = (w(qkv[0]), w(qkv[1]), w(qkv[2]), w(d_o));
+    let exact_o = reference(qkv[0], qkv[1], qkv[2], &s, &attn).o;
+    let naive_o = naive_attention(qkv[0], qkv[1], qkv[2], &s, &attn).o;
+    // Our bar (`tol`: twice naive attention's error in T, against the f64 reference) plus
+    // candle's own error against the f64 reference, which counts up to twice our bar only:
+    // a candle result further off than that (or a wrong op) fails.
+    let bar = |naive: &[f64], c: &[f64], exact: &[f64], extra: f64| {
+        let tol = tolerance::<T>(rel_l2(naive, exact)) + extra;
+        tol + rel_l2(c, exact).min(2.0 * tol)
+    };
+    let (err, tol) = (rel_l2(got, &c_o), bar(&naive_o, &c_o, &exact_o, 0.0));
+    if !within(err, tol) {
+        return Err(format!("O against candle's: rel err {err:.3e} (bar {tol:.3e})"));
+    }
+    let exact = attention_backward_f64(&q64, &k64, &v64, &do64, &s, &attn);
+    let naive = naive_backward(qkv[0], qkv[1], qkv[2], d_o, &s, &attn);
+    let floor = backward_recompute_bound(&q64, &k64, &v64, &do64, &s, &attn);
+    for (name, ours, var, ex, nv, fl) in [
+        ("dQ", &grads[0], &q, &exact.dq, &naive.dq, &floor.dq),
+        ("dK", &grads[1], &k, &exact.dk, &naive.dk, &floor.dk),
+        ("dV", &grads[2], &v, &exact.dv, &naive.dv, &floor.dv),
+    ] {
+        if ex.iter().all(|&x| x.abs() < f32::MIN_POSITIVE as f64) {
+            // A vanishing gradient (check_grads holds it to an absolute bar), or one below
+            // f32's normal range (|scale| near the limit: about 1e-160), which candle's f32
+            // computation flushes to 0: no relative error to compare.
+            continue;
+        }
+        let c = grad(var)?;
+        let (err, tol) = (rel_l2(ours, &c), bar(nv, &c, ex, l2(fl) / l2(ex)));
+        if !within(err, tol) {
+            return Err(format!("{name} against candle's: rel err {err:.3e} (bar {tol:.3e})"));
+        }
+    }
+    Ok(())
 }
 
 fn cases(dev: &Device, tag: &str) -> Vec<Trial> {
@@ -137,9 +243,54 @@ fn cases(dev: &Device, tag: &str) -> Vec<Trial> {
             }
         }
     }
+    trials.extend(random_trials(dev, tag));
     let dev = dev.clone();
     trials.push(Trial::test(format!("{tag}::errors"), move || errors(&dev).map_err(Failed::from)));
     trials
+}
+
+/// Random cases as the property tests draw them (`case_strategy`: every scale, GQA, unequal
+/// lengths, head_dim up to 256 on CUDA), each in a layout of the three in turn (packed QKV
+/// takes the shorter length and the KV heads for all three), in shards run in parallel.
+fn random_trials(dev: &Device, tag: &str) -> Vec<Trial> {
+    let gpu = !dev.is_cpu();
+    let (total, size) = match gpu {
+        true => (env_usize("FLASHATTN_CANDLE_GPU_CASES", 300), 25),
+        false => (env_usize("FLASHATTN_CANDLE_CPU_CASES", 9), 3),
+    };
+    let stamp = seed();
+    shards(total, size)
+        .into_iter()
+        .enumerate()
+        .map(|(shard, cases)| {
+            let dev = dev.clone();
+            Trial::test(format!("{tag}::random::{shard:03}"), move || {
+                let strategy = match gpu {
+                    true => case_strategy(160, 32, 3, 3, 2, 1_000_000).boxed(),
+                    false => case_strategy(40, 12, 2, 2, 2, 30_000).boxed(),
+                };
+                let mut key = [0u8; 32];
+                key[..8].copy_from_slice(&stamp.to_le_bytes());
+                key[8..16].copy_from_slice(&(shard as u64).to_le_bytes());
+                let rng = proptest::test_runner::TestRng::from_seed(proptest::test_runner::RngAlgorithm::ChaCha, &key);
+                let mut runner = proptest::test_runner::TestRunner::new_with_rng(Default::default(), rng);
+                for i in 0..cases {
+                    let mut case = strategy.new_tree(&mut runner).map_err(|e| Failed::from(e.to_string()))?.current();
+                    let layout = [Layout::Contiguous, Layout::Bhsd, Layout::Packed][(i + shard) % 3];
+                    if let Layout::Packed = layout {
+                        let n = case.shape.seqlen_q.min(case.shape.seqlen_k);
+                        (case.shape.seqlen_q, case.shape.seqlen_k, case.shape.heads_q) = (n, n, case.shape.heads_kv);
+                    }
+                    match case.dtype {
+                        Dt::F16 => check::<half::f16>(&dev, &case, layout),
+                        Dt::Bf16 => check::<half::bf16>(&dev, &case, layout),
+                        Dt::F32 => check::<f32>(&dev, &case, layout),
+                    }?;
+                }
+                Ok(())
+            })
+        })
+        .collect()
 }
 
 /// Bad input is an error naming what is wrong, before any launch.
