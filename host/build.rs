@@ -155,7 +155,9 @@ fn ensure_toolchain(rustup: &Path, toolchain: &str) {
     if installed.is_ok_and(|s| s.success()) && has_src() {
         return;
     }
-    println!("cargo:warning=installing the kernels' toolchain {toolchain} with rust-src (once; about 300 MB)");
+    // On stderr, not as a cargo warning: cargo replays a build script's warnings on every
+    // later build, where "installing" would be false.
+    eprintln!("installing the kernels' toolchain {toolchain} with rust-src (once; about 300 MB)");
     let status = rustup_cmd(rustup)
         .args(["toolchain", "install", toolchain, "--profile", "minimal", "--component", "rust-src", "--no-self-update"])
         .stdout(Stdio::from(std::io::stderr()))
@@ -166,6 +168,7 @@ fn ensure_toolchain(rustup: &Path, toolchain: &str) {
              install it by hand: rustup toolchain install {toolchain} --profile minimal --component rust-src"
         ));
     }
+    println!("cargo:warning=installed the kernels' toolchain {toolchain} with rust-src (a one-time step of the first build)");
 }
 
 fn build_ptx(rustup: &Path, toolchain: &str, crate_dir: &Path, target_dir: &Path, cpu: &str, features: &str) -> String {
