@@ -344,20 +344,62 @@ fn check_backward_typed<T: Dtype>(
     Ok(())
 }
 
+/// One gradient's references: (name, exact, naive, floor).
+pub type GradRef<'a> = (&'static str, &'a [f64], &'a [f64], &'a [f64]);
+
+/// What a backward is measured against: the f64 gradients, naive autograd's in the case's
+/// dtype, and the f32 recomputation bound ([`flashattn::reference::backward_recompute_bound`]).
+pub struct GradRefs {
+    pub exact: flashattn::reference::RefGrads,
+    pub naive: flashattn::reference::RefGrads,
+    pub floor: flashattn::reference::RefGrads,
+}
+
+impl GradRefs {
+    /// The references of `case`'s inputs and dO.
+    pub fn new<T: Dtype>(case: &Case, q: &[T], k: &[T], v: &[T], d_o: &[T]) -> GradRefs {
+        use flashattn::reference::{attention_backward_f64, backward_recompute_bound, naive_backward};
+        let (s, attn) = (case.shape, case.attention());
+        let w = |x: &[T]| x.iter().map(|e| e.to_f64()).collect::<Vec<_>>();
+        GradRefs {
+            exact: attention_backward_f64(&w(q), &w(k), &w(v), &w(d_o), &s, &attn),
+            naive: naive_backward(q, k, v, d_o, &s, &attn),
+            floor: backward_recompute_bound(&w(q), &w(k), &w(v), &w(d_o), &s, &attn),
+        }
+    }
+
+    /// dQ, dK, dV by name: (name, exact, naive, floor).
+    pub fn each(&self) -> [GradRef<'_>; 3] {
+        let (e, n, f) = (&self.exact, &self.naive, &self.floor);
+        [("dQ", &e.dq, &n.dq, &f.dq), ("dK", &e.dk, &n.dk, &f.dk), ("dV", &e.dv, &n.dv, &f.dv)]
+    }
+
+    /// The relative L2 bar of a gradient in dtype `T`: twice naive attention's error (and a
+    /// unit roundoff), plus the f32 recomputation of S and dP that naive attention, storing P,
+    /// does not incur (as a share of the exact gradient's norm).
+    pub fn bar<T: Dtype>(exact: &[f64], naive: &[f64], floor: &[f64]) -> f64 {
+        tolerance::<T>(rel_l2(naive, exact)) + l2(floor) / l2(exact)
+    }
+}
+
 /// Compares dQ, dK, dV (contiguous, as f64) for `case`'s inputs and dO with the f64
 /// gradients ([`check_backward`]'s rules).
 pub fn check_grads<T: Dtype>(case: &Case, q: &[T], k: &[T], v: &[T], d_o: &[T], got: &[Vec<f64>; 3]) -> Result<(), String> {
-    use flashattn::reference::{attention_backward_f64, naive_backward};
+    check_grads_against(case, q, k, v, d_o, &GradRefs::new(case, q, k, v, d_o), got)
+}
+
+/// [`check_grads`] against references already computed for these inputs.
+pub fn check_grads_against<T: Dtype>(
+    case: &Case,
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    d_o: &[T],
+    refs: &GradRefs,
+    got: &[Vec<f64>; 3],
+) -> Result<(), String> {
     let (s, attn) = (case.shape, case.attention());
-    let w = |x: &[T]| x.iter().map(|e| e.to_f64()).collect::<Vec<_>>();
-    let exact = attention_backward_f64(&w(q), &w(k), &w(v), &w(d_o), &s, &attn);
-    let naive = naive_backward(q, k, v, d_o, &s, &attn);
-    let floor = flashattn::reference::backward_recompute_bound(&w(q), &w(k), &w(v), &w(d_o), &s, &attn);
-    for (name, g, ex, nv, fl) in [
-        ("dQ", &got[0], &exact.dq, &naive.dq, &floor.dq),
-        ("dK", &got[1], &exact.dk, &naive.dk, &floor.dk),
-        ("dV", &got[2], &exact.dv, &naive.dv, &floor.dv),
-    ] {
+    for ((name, ex, nv, fl), g) in refs.each().into_iter().zip(got) {
         let unwritten = g.iter().filter(|x| x.is_nan()).count();
         if unwritten > 0 {
             return Err(format!("{case}: {name}: {unwritten} elements still NaN"));
@@ -377,10 +419,7 @@ pub fn check_grads<T: Dtype>(case: &Case, q: &[T], k: &[T], v: &[T], d_o: &[T], 
             }
             continue;
         }
-        // Relative L2 error within twice naive attention's (and a unit roundoff), plus the
-        // f32 recomputation of S and dP that naive attention, storing P, does not incur
-        // (`reference::backward_recompute_bound`, as a share of the exact gradient's norm).
-        let (err, tol) = (rel_l2(g, ex), tolerance::<T>(rel_l2(nv, ex)) + l2(fl) / l2(ex));
+        let (err, tol) = (rel_l2(g, ex), GradRefs::bar::<T>(ex, nv, fl));
         if !within(err, tol) {
             return Err(format!("{case}: {name} rel err {err:.3e} (tol {tol:.3e})"));
         }

@@ -9,12 +9,10 @@
 //! `FLASHATTN_CANDLE_CPU_CASES` / `FLASHATTN_CANDLE_GPU_CASES` set the number of random cases.
 
 use candle_core::{D, DType, Device, Tensor, Var};
-use flashattn::reference::{
-    attention_backward_f64, backward_recompute_bound, l2, naive_attention, naive_backward, reference, rel_l2, tolerance,
-};
+use flashattn::reference::{naive_attention, reference, rel_l2, tolerance};
 use flashattn::{AttnShape, Dtype};
 use flashattn_candle::{Attention, flash_attn, flash_attn_with};
-use flashattn_tests::{Case, Dt, case_strategy, check_grads, env_usize, shards, within};
+use flashattn_tests::{Case, Dt, GradRefs, case_strategy, check_grads_against, env_usize, shards, within};
 use libtest_mimic::{Arguments, Failed, Trial};
 use proptest::strategy::{Strategy, ValueTree};
 
@@ -90,7 +88,8 @@ fn grads_of(layout: Layout, vars: &[Var], g: &candle_core::backprop::GradStore) 
 }
 
 /// Forward and backward of one case: O within twice naive attention's error of the f64
-/// reference, and dQ, dK, dV by the property tests' rules (`check_grads`).
+/// reference, and dQ, dK, dV by the property tests' rules (`check_grads`); then both against
+/// candle's own attention ([`against_candle`]).
 fn check<T: Dtype + candle_core::WithDType>(dev: &Device, case: &Case, layout: Layout) -> Result<(), String> {
     let s = case.shape;
     let e = |x: candle_core::Error| format!("{case} {layout:?}: {x}");
@@ -115,8 +114,20 @@ fn check<T: Dtype + candle_core::WithDType>(dev: &Device, case: &Case, layout: L
     let [dq, dk, dv] = grads_of(layout, &vars, &grads).map_err(e)?;
     let f = |t: &Tensor| -> Result<Vec<f64>, String> { Ok(elems::<T>(t).map_err(e)?.iter().map(|&x| Dtype::to_f64(x)).collect()) };
     let grads = [f(&dq)?, f(&dk)?, f(&dv)?];
-    check_grads(case, &qh, &kh, &vh, &d_o_h, &grads).map_err(|m| format!("{layout:?}: {m}"))?;
-    against_candle(dev, case, [&qh, &kh, &vh], &d_o_h, &got, &grads).map_err(|m| format!("{case} {layout:?}: {m}"))
+    let refs = GradRefs::new(case, &qh, &kh, &vh, &d_o_h);
+    check_grads_against(case, &qh, &kh, &vh, &d_o_h, &refs, &grads).map_err(|m| format!("{layout:?}: {m}"))?;
+    let ours = Ours { o: &got, o_exact: &exact.o, o_bar: tol, grads: &grads, refs: &refs };
+    against_candle(dev, case, [&qh, &kh, &vh], &d_o_h, &ours).map_err(|m| format!("{case} {layout:?}: {m}"))
+}
+
+/// The op's results and what [`check`] measured them against: O and its f64 reference and
+/// bar, dQ, dK, dV and their references.
+struct Ours<'a> {
+    o: &'a [f64],
+    o_exact: &'a [f64],
+    o_bar: f64,
+    grads: &'a [Vec<f64>; 3],
+    refs: &'a GradRefs,
 }
 
 /// candle's own attention in f32 on `[b, s, h, d]` inputs: Q K^T (K and V heads repeated for
@@ -152,19 +163,12 @@ fn candle_attention(q: &Tensor, k: &Tensor, v: &Tensor, s: &AttnShape, attn: &At
     o.transpose(1, 2)
 }
 
-/// O and dQ, dK, dV (`got`, `grads`: row-major `[b, s, h, d]`) against candle's attention in
-/// f32 ([`candle_attention`]) on the same inputs, differentiated by candle's autograd with the
-/// same dO: each within our bar (the one [`check_grads`] and the O check use against the
-/// f64 reference) plus candle's own error against the f64 reference, counted up to twice our
-/// bar: a candle result further off than that, or a wrong op, fails.
-fn against_candle<T: Dtype>(
-    dev: &Device,
-    case: &Case,
-    qkv: [&[T]; 3],
-    d_o: &[T],
-    got: &[f64],
-    grads: &[Vec<f64>; 3],
-) -> Result<(), String> {
+/// O and dQ, dK, dV (`ours`: row-major `[b, s, h, d]`) against candle's attention in f32
+/// ([`candle_attention`]) on the same inputs, differentiated by candle's autograd with the
+/// same dO: each within our bar (the one [`check`] used against the f64 reference) plus
+/// candle's own error against the f64 reference, counted up to twice our bar: a candle result
+/// further off than that, or a wrong op, fails.
+fn against_candle<T: Dtype>(dev: &Device, case: &Case, qkv: [&[T]; 3], d_o: &[T], ours: &Ours) -> Result<(), String> {
     let (s, attn) = (case.shape, case.attention());
     let e = |x: candle_core::Error| format!("candle's attention: {x}");
     let f32s = |x: &[T]| x.iter().map(|v| Dtype::to_f64(*v) as f32).collect::<Vec<f32>>();
@@ -177,30 +181,15 @@ fn against_candle<T: Dtype>(
         Ok(t.flatten_all().and_then(|t| t.to_vec1::<f32>()).map_err(e)?.iter().map(|&x| x as f64).collect())
     };
     let grad = |v: &Var| g.get(v.as_tensor()).ok_or_else(|| "no gradient".to_string()).and_then(vec);
+    // Our bar plus candle's own error against the f64 reference, which counts up to twice
+    // our bar only.
+    let bar = |tol: f64, c: &[f64], exact: &[f64]| tol + rel_l2(c, exact).min(2.0 * tol);
     let c_o = vec(&o)?;
-    let w = |x: &[T]| x.iter().map(|v| Dtype::to_f64(*v)).collect::<Vec<f64>>();
-    let (q64, k64, v64, do64) = (w(qkv[0]), w(qkv[1]), w(qkv[2]), w(d_o));
-    let exact_o = reference(qkv[0], qkv[1], qkv[2], &s, &attn).o;
-    let naive_o = naive_attention(qkv[0], qkv[1], qkv[2], &s, &attn).o;
-    // Our bar (`tol`: twice naive attention's error in T, against the f64 reference) plus
-    // candle's own error against the f64 reference, which counts up to twice our bar only:
-    // a candle result further off than that (or a wrong op) fails.
-    let bar = |naive: &[f64], c: &[f64], exact: &[f64], extra: f64| {
-        let tol = tolerance::<T>(rel_l2(naive, exact)) + extra;
-        tol + rel_l2(c, exact).min(2.0 * tol)
-    };
-    let (err, tol) = (rel_l2(got, &c_o), bar(&naive_o, &c_o, &exact_o, 0.0));
+    let (err, tol) = (rel_l2(ours.o, &c_o), bar(ours.o_bar, &c_o, ours.o_exact));
     if !within(err, tol) {
         return Err(format!("O against candle's: rel err {err:.3e} (bar {tol:.3e})"));
     }
-    let exact = attention_backward_f64(&q64, &k64, &v64, &do64, &s, &attn);
-    let naive = naive_backward(qkv[0], qkv[1], qkv[2], d_o, &s, &attn);
-    let floor = backward_recompute_bound(&q64, &k64, &v64, &do64, &s, &attn);
-    for (name, ours, var, ex, nv, fl) in [
-        ("dQ", &grads[0], &q, &exact.dq, &naive.dq, &floor.dq),
-        ("dK", &grads[1], &k, &exact.dk, &naive.dk, &floor.dk),
-        ("dV", &grads[2], &v, &exact.dv, &naive.dv, &floor.dv),
-    ] {
+    for (((name, ex, nv, fl), g), var) in ours.refs.each().into_iter().zip(ours.grads).zip([&q, &k, &v]) {
         if ex.iter().all(|&x| x.abs() < f32::MIN_POSITIVE as f64) {
             // A vanishing gradient (check_grads holds it to an absolute bar), or one below
             // f32's normal range (|scale| near the limit: about 1e-160), which candle's f32
@@ -208,7 +197,7 @@ fn against_candle<T: Dtype>(
             continue;
         }
         let c = grad(var)?;
-        let (err, tol) = (rel_l2(ours, &c), bar(nv, &c, ex, l2(fl) / l2(ex)));
+        let (err, tol) = (rel_l2(g, &c), bar(GradRefs::bar::<T>(ex, nv, fl), &c, ex));
         if !within(err, tol) {
             return Err(format!("{name} against candle's: rel err {err:.3e} (bar {tol:.3e})"));
         }
