@@ -470,14 +470,15 @@ impl<
         // From an `opaque` batch index: the offsets' loop-invariant parts, hoisted, held two
         // 64-bit registers more over the loop (the atomic kernel spilled at d=128).
         let bo = thread::opaque(b as u64) as u32;
-        let (q_at, do_at) = (p.q_strides.offset(bo, i0, h) as usize, p.do_strides.offset(bo, i0, h) as usize);
+        let (q_at, do_at) = (p.q_strides.offset(bo, 0, h) as usize, p.do_strides.offset(bo, 0, h) as usize);
         let src = unsafe { [(p.q as *const T).add(q_at), (p.d_o as *const T).add(do_at)] };
         unsafe {
             load_two::<T, Sw<BR, D>, D, BR, THREADS>(
                 [self.q_s(stage), self.do_s(stage)],
                 src,
                 [p.q_strides.row, p.do_strides.row],
-                sq - i0,
+                i0,
+                sq,
                 d,
             )
         };

@@ -399,9 +399,15 @@ impl<
         let c1 = (j * BC) as u32;
         let (k_row, v_row) = (self.p.k_strides.row, self.p.v_strides.row);
         unsafe {
-            let src = [self.k_g.add((c1 as u64 * k_row) as usize), self.v_g.add((c1 as u64 * v_row) as usize)];
-            load_two::<T, Sw<BC, D>, D, BC, THREADS>([self.k_s(stage), self.v_s(stage)], src, [k_row, v_row], self.sk - c1, self.d);
-        }
+            load_two::<T, Sw<BC, D>, D, BC, THREADS>(
+                [self.k_s(stage), self.v_s(stage)],
+                [self.k_g, self.v_g],
+                [k_row, v_row],
+                c1,
+                self.sk,
+                self.d,
+            )
+        };
     }
 
     /// Lane quad: the rows' final statistics, also to the workspace for the dK/dV kernel
