@@ -8,8 +8,10 @@
 //!   (`forward_into_views` / `backward_into_views`): no allocation.
 //! - `packed`: Q, K, V strided views into one packed `[b, s, 3, h, d]` projection, dO, O,
 //!   LSE, the gradients and the workspace the caller's.
+//! - `alloc` (forward): `forward`, O and LSE in new allocations each call.
 //! - `candle`, `candle_packed` (with `--features cuda`): the candle op on contiguous and on
 //!   packed-projection (narrowed) candle tensors; O is a new candle tensor each call.
+//!   `candle_no_events`: contiguous, on a candle device with cudarc's event tracking off.
 //!
 //! One JSON row per line (`us`: microseconds per call; `tflops`: FA-paper FLOPs / time).
 //! Without a GPU it says so and runs one tiny shape on the emulator (no meaningful times).
@@ -181,6 +183,14 @@ fn our_ways<'a>(fa: &'a FlashAttn, shape: &AttnShape, attn: &Attention) -> Resul
         call: Box::new(move || fa.forward_into(&q2, &k2, &v2, &attn, &fopts, &mut out2).unwrap_or_else(|e| panic!("forward: {e}"))),
         ours: true,
     });
+    // alloc: the same call with O and LSE in new allocations each call (as the candle op's).
+    let (q3, k3, v3) = (random(1, n_el, &qs)?, random(2, n_el, &qs)?, random(3, n_el, &qs)?);
+    ways.push(Way {
+        pass: "forward",
+        name: "alloc",
+        call: Box::new(move || drop(fa.forward(&q3, &k3, &v3, &attn, &fopts).unwrap_or_else(|e| panic!("forward: {e}")))),
+        ours: true,
+    });
     let mut grads = BwdOutput { dq: nan(&qs)?, dk: nan(&qs)?, dv: nan(&qs)? };
     ways.push(Way {
         pass: "backward",
@@ -265,6 +275,18 @@ mod candle {
             }),
             ours: false,
         };
-        Ok(vec![way("candle", [qc, kc, vc]), way("candle_packed", [q, k, v])])
+        let mut ways = vec![way("candle", [qc, kc, vc]), way("candle_packed", [q, k, v])];
+        // The same on a second candle device whose slices carry no cudarc stream events
+        // (candle's own stream makes cudarc record and wait on an event per tensor a call
+        // touches): what that bookkeeping costs a call.
+        let quiet = Device::new_cuda(0)?;
+        if let Device::Cuda(c) = &quiet {
+            // SAFETY: only this device's own stream touches the tensors made on it below.
+            unsafe { c.disable_event_tracking() };
+        }
+        let qkv = Tensor::randn(0f32, 1.0, (b, s, 3, h, d), &quiet)?.to_dtype(DType::BF16)?;
+        let part = |i: usize| qkv.narrow(2, i, 1)?.squeeze(2)?.contiguous();
+        ways.push(way("candle_no_events", [part(0)?, part(1)?, part(2)?]));
+        Ok(ways)
     }
 }

@@ -111,6 +111,15 @@ impl FlashAttn {
             .filter_map(|kv| kv.split_once('=').and_then(|(k, v)| Some((k.trim().to_string(), v.trim().parse().ok()?))))
             .collect();
         let mut modules = Vec::new();
+        for &arch in &archs {
+            let var = crate::ptx::override_var(arch);
+            if let Some((path, reason)) = crate::ptx::override_error(arch) {
+                return Err(Error::PtxOverride { var, path, reason });
+            }
+            if crate::ptx::is_overridden(arch) {
+                eprintln!("flashattn: {var} is set: the {arch:?} kernels come from that file, not from this build");
+            }
+        }
         for arch in archs {
             let m = match lazy {
                 true => None,

@@ -14,6 +14,16 @@ pub enum Error {
         /// What the driver said.
         reason: String,
     },
+    /// The PTX file an environment variable names in place of the embedded kernels
+    /// (`ptx::override_var`) cannot be used.
+    PtxOverride {
+        /// The variable.
+        var: &'static str,
+        /// The path it names.
+        path: String,
+        /// Why not.
+        reason: String,
+    },
     /// A CUDA driver call failed.
     Cuda {
         /// Which operation.
@@ -223,6 +233,7 @@ impl std::fmt::Display for Error {
         match self {
             Error::NoDriver => write!(f, "no CUDA driver: libcuda could not be loaded (is an NVIDIA driver installed?)"),
             Error::NoDevice { reason } => write!(f, "no usable CUDA device: {reason}"),
+            Error::PtxOverride { var, path, reason } => write!(f, "{var}={path} cannot replace the embedded kernels: {reason}"),
             Error::Cuda { op, source } => write!(f, "CUDA call failed in {op}: {source:?}"),
             Error::Emulator(e) => write!(f, "{e}"),
             Error::Rank { tensor, shape, expected } => {

@@ -10,13 +10,68 @@ pub const PTX_SM90A: &str = include_str!(concat!(env!("OUT_DIR"), "/flashattn_sm
 pub const MODULES: &[(&str, flashattn_kernels::registry::Arch, &str)] =
     &[("sm_80", flashattn_kernels::registry::Arch::Sm80, PTX_SM80), ("sm_90a", flashattn_kernels::registry::Arch::Sm90a, PTX_SM90A)];
 
-/// The module that holds the variants of `arch`.
+/// The module that holds the variants of `arch`: the embedded one, or the file named by
+/// [`override_var`] when that is set (and readable: [`override_error`]).
 pub fn module(arch: flashattn_kernels::registry::Arch) -> &'static str {
     use flashattn_kernels::registry::Arch;
-    match arch {
-        Arch::Sm80 => PTX_SM80,
-        Arch::Sm90a => PTX_SM90A,
+    match replacement(arch) {
+        Some(Ok(ptx)) => ptx,
+        _ => match arch {
+            Arch::Sm80 => PTX_SM80,
+            Arch::Sm90a => PTX_SM90A,
+        },
     }
+}
+
+/// The environment variable that names a PTX file to load instead of the embedded module of
+/// `arch`, for trying a kernel variant without rebuilding the host: `FLASHATTN_PTX_SM80`,
+/// `FLASHATTN_PTX_SM90A`. The file must come from kernel sources whose parameter structs and
+/// entry names match this build's (the host does not check that); a GPU context reports
+/// the replacement on stderr when it loads it.
+pub fn override_var(arch: flashattn_kernels::registry::Arch) -> &'static str {
+    use flashattn_kernels::registry::Arch;
+    match arch {
+        Arch::Sm80 => "FLASHATTN_PTX_SM80",
+        Arch::Sm90a => "FLASHATTN_PTX_SM90A",
+    }
+}
+
+/// Why the file [`override_var`] names cannot serve (unreadable, or no entry in it), if it
+/// is set and cannot: a GPU context is then refused, not silently given the embedded module.
+pub fn override_error(arch: flashattn_kernels::registry::Arch) -> Option<(String, String)> {
+    match replacement(arch) {
+        Some(Err(e)) => Some(e.clone()),
+        _ => None,
+    }
+}
+
+/// The replacement module of `arch`, read once per process: None where the variable is not
+/// set, else the PTX or (path, reason).
+fn replacement(arch: flashattn_kernels::registry::Arch) -> Option<&'static Result<String, (String, String)>> {
+    use flashattn_kernels::registry::Arch;
+    use std::sync::OnceLock;
+    type Slot = OnceLock<Option<Result<String, (String, String)>>>;
+    static SM80: Slot = OnceLock::new();
+    static SM90A: Slot = OnceLock::new();
+    let cell = match arch {
+        Arch::Sm80 => &SM80,
+        Arch::Sm90a => &SM90A,
+    };
+    cell.get_or_init(|| {
+        let path = std::env::var_os(override_var(arch))?;
+        let shown = path.to_string_lossy().into_owned();
+        Some(match std::fs::read_to_string(&path) {
+            Ok(ptx) if !entries(&ptx).is_empty() => Ok(ptx),
+            Ok(_) => Err((shown, "no .entry in it".into())),
+            Err(e) => Err((shown, e.to_string())),
+        })
+    })
+    .as_ref()
+}
+
+/// Whether [`module`] of `arch` is a replacement ([`override_var`]).
+pub fn is_overridden(arch: flashattn_kernels::registry::Arch) -> bool {
+    matches!(replacement(arch), Some(Ok(_)))
 }
 
 /// The module of `arch` as the driver gets it: [`module`] with `.maxnreg` on every entry whose
