@@ -283,7 +283,7 @@ fn check_packed_typed<T: Dtype>(fa: &FlashAttn, case: &Case, layout_seed: u64, s
     let mha = hq == hkv;
     let packed_shape = if mha { vec![b, sl, 3, hq, d] } else { vec![b, sl, hq + 2 * hkv, d] };
     let mut lrng = Rng::new(layout_seed);
-    let plain = lrng.next_u64() % 2 == 0;
+    let plain = lrng.next_u64().is_multiple_of(2);
     let mut packed = || if plain { Lay::contiguous(&packed_shape) } else { Lay::random(&mut lrng, &packed_shape, a) };
     let (lqkv, ldqkv) = (packed(), packed());
     // Where each piece's elements are, worked out here from the packed layout (the views
