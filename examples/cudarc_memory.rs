@@ -1,6 +1,7 @@
 //! Attention on memory the caller owns, on the caller's stream, with no copies: a packed QKV
-//! projection `[batch, seqlen, 3, heads, head_dim]` read in place through strided views, O
-//! and LSE written into the caller's buffers, the gradients and the backward's workspace too.
+//! projection `[batch, seqlen, 3, heads, head_dim]` read in place as Q, K and V (`unbind`),
+//! O and LSE written into the caller's buffers, dQ, dK and dV into one packed dQKV buffer of
+//! the same layout (three pieces of one `ViewMut`, one backward call), the workspace too.
 //! Nothing is allocated by flashattn (`device_allocations` stays 0) and nothing waits on the
 //! host until the caller downloads.
 //!
@@ -11,7 +12,7 @@
 
 use flashattn::cudarc::driver::CudaContext;
 use flashattn::reference::{attention_backward_f64, reference};
-use flashattn::{AsView, Attention, BwdBuffers, BwdInputs, BwdOptions, FlashAttn, FwdBuffers, FwdOptions, View, ViewMut};
+use flashattn::{Attention, BwdBuffers, BwdInputs, BwdOptions, FlashAttn, FwdBuffers, FwdOptions, View, ViewMut};
 use flashattn_examples::{random, report};
 use half::bf16;
 
@@ -24,34 +25,33 @@ struct Dims {
 }
 
 impl Dims {
-    /// Q, K and V of the packed projection: one buffer, head blocks of 3 h d per position.
-    fn packed(&self, which: usize) -> ([usize; 4], [usize; 4], usize) {
-        let Dims { s, h, d, .. } = *self;
-        ([self.b, s, h, d], [s * 3 * h * d, 3 * h * d, d, 1], which * h * d)
+    /// The packed projection's shape: Q, K and V heads side by side at each position.
+    fn packed(&self) -> [usize; 5] {
+        [self.b, self.s, 3, self.h, self.d]
     }
     fn n(&self) -> usize {
         self.b * self.s * self.h * self.d
     }
+    /// Piece `which` (0: Q, 1: K, 2: V) of a packed host buffer, contiguous.
+    fn unpack<T: Copy>(&self, packed: &[T], which: usize) -> Vec<T> {
+        let row = self.h * self.d;
+        packed.chunks(3 * row).flat_map(|pos| pos[which * row..(which + 1) * row].to_vec()).collect()
+    }
 }
 
-/// The forward and the backward on views; returns nothing: the results are in the caller's
+/// The forward and the backward on views: Q, K, V cut from the packed projection, dQ, dK,
+/// dV from the packed gradient buffer. Returns nothing: the results are in the caller's
 /// buffers.
-#[allow(clippy::too_many_arguments)]
 fn attend<'a>(
     fa: &FlashAttn,
-    dims: &Dims,
-    qkv: &'a View<'a, bf16>,
+    qkv: View<'a, bf16>,
     o: ViewMut<'a, bf16>,
     lse: ViewMut<'a, f32>,
-    d_o: &'a View<'a, bf16>,
-    grads: [ViewMut<'a, bf16>; 3],
+    d_o: View<'a, bf16>,
+    dqkv: ViewMut<'a, bf16>,
     workspace: ViewMut<'a, f32>,
 ) -> Result<(), flashattn::Error> {
-    let view = |which| {
-        let (shape, strides, offset) = dims.packed(which);
-        qkv.as_view().strided(&shape, &strides, offset)
-    };
-    let (q, k, v) = (view(0), view(1), view(2));
+    let [q, k, v] = qkv.unbind::<3>(2)?;
     let attention = Attention::causal();
     let mut out = FwdBuffers { o, lse, o_lo: None };
     let fwd = fa.forward_into_views(&q, &k, &v, &attention, &FwdOptions::default(), &mut out)?;
@@ -59,8 +59,9 @@ fn attend<'a>(
     let needed = fa.backward_workspace_len::<bf16>(&fwd, &opts)?;
     assert!(workspace.shape()[0] >= needed, "workspace sized by backward_workspace_len");
     let FwdBuffers { o, lse, .. } = out;
-    let inputs = BwdInputs { q, k, v, o: o.into_view(), lse: lse.into_view(), o_lo: None, d_o: d_o.as_view() };
-    let [dq, dk, dv] = grads;
+    let inputs = BwdInputs { q, k, v, o: o.into_view(), lse: lse.into_view(), o_lo: None, d_o };
+    // Three outputs in one memory: pieces of one ViewMut, checked apart by the call.
+    let [dq, dk, dv] = dqkv.unbind::<3>(2)?;
     fa.backward_into_views(&fwd, &inputs, &mut BwdBuffers { dq, dk, dv, workspace }, &opts)
 }
 
@@ -71,7 +72,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let qkv_h = random::<bf16>(1, 3 * n);
     let d_o_h = random::<bf16>(2, n);
     let lse_len = dims.b * dims.h * dims.s;
-    let (o_h, lse_h, dq_h, dk_h, dv_h);
+    let (o_h, lse_h, dqkv_h);
     if on_gpu {
         // The caller's context, stream and memory.
         let ctx = CudaContext::new(0)?;
@@ -82,64 +83,48 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let d_o = stream.clone_htod(&d_o_h)?;
         let mut o = stream.alloc_zeros::<bf16>(n)?;
         let mut lse = stream.alloc_zeros::<f32>(lse_len)?;
-        let (mut dq, mut dk, mut dv) = (stream.alloc_zeros::<bf16>(n)?, stream.alloc_zeros::<bf16>(n)?, stream.alloc_zeros::<bf16>(n)?);
+        let mut dqkv = stream.alloc_zeros::<bf16>(3 * n)?;
         let mut ws = stream.alloc_zeros::<f32>(4 * lse_len + 16)?;
         let shape = [dims.b, dims.s, dims.h, dims.d];
         attend(
             &fa,
-            &dims,
-            &View::cuda(&qkv, &[3 * n]),
+            View::cuda(&qkv, &dims.packed()),
             ViewMut::cuda(&mut o, &shape),
             ViewMut::cuda(&mut lse, &[dims.b, dims.h, dims.s]),
-            &View::cuda(&d_o, &shape),
-            [ViewMut::cuda(&mut dq, &shape), ViewMut::cuda(&mut dk, &shape), ViewMut::cuda(&mut dv, &shape)],
+            View::cuda(&d_o, &shape),
+            ViewMut::cuda(&mut dqkv, &dims.packed()),
             ViewMut::cuda(&mut ws, &[4 * lse_len + 16]),
         )?;
         println!("flashattn device allocations: {}", fa.device_allocations());
-        (o_h, lse_h) = (stream.clone_dtoh(&o)?, stream.clone_dtoh(&lse)?);
-        (dq_h, dk_h, dv_h) = (stream.clone_dtoh(&dq)?, stream.clone_dtoh(&dk)?, stream.clone_dtoh(&dv)?);
+        (o_h, lse_h, dqkv_h) = (stream.clone_dtoh(&o)?, stream.clone_dtoh(&lse)?, stream.clone_dtoh(&dqkv)?);
     } else {
         // The emulator runs on host memory; the buffers come from its uploads.
         let fa = FlashAttn::emulator();
         println!("no GPU: on the CPU emulator");
-        let qkv = fa.upload(&qkv_h, &[3 * n])?;
+        let qkv = fa.upload(&qkv_h, &dims.packed())?;
         let d_o = fa.upload(&d_o_h, &[n])?;
         let nan = bf16::NAN;
         let (mut o, mut lse) = (fa.full(nan, &[n])?, fa.full(f32::NAN, &[lse_len])?);
-        let (mut dq, mut dk, mut dv) = (fa.full(nan, &[n])?, fa.full(nan, &[n])?, fa.full(nan, &[n])?);
+        let mut dqkv = fa.full(nan, &dims.packed())?;
         let mut ws = fa.full(f32::NAN, &[4 * lse_len + 16])?;
         let before = fa.device_allocations();
         let shape = [dims.b, dims.s, dims.h, dims.d];
         attend(
             &fa,
-            &dims,
-            &qkv.view(),
+            qkv.view(),
             o.view_mut().reshaped(&shape, 0),
             lse.view_mut().reshaped(&[dims.b, dims.h, dims.s], 0),
-            &d_o.view().reshaped(&shape, 0),
-            [dq.view_mut().reshaped(&shape, 0), dk.view_mut().reshaped(&shape, 0), dv.view_mut().reshaped(&shape, 0)],
+            d_o.view().reshaped(&shape, 0),
+            dqkv.view_mut(),
             ws.view_mut(),
         )?;
         println!("flashattn allocations during the calls: {}", fa.device_allocations() - before);
-        (o_h, lse_h) = (fa.download(&o)?, fa.download(&lse)?);
-        (dq_h, dk_h, dv_h) = (fa.download(&dq)?, fa.download(&dk)?, fa.download(&dv)?);
+        (o_h, lse_h, dqkv_h) = (fa.download(&o)?, fa.download(&lse)?, fa.download(&dqkv)?);
     }
 
-    // Against the f64 reference, on contiguous copies of the packed inputs.
-    let unpack = |which: usize| -> Vec<bf16> {
-        let (_, strides, offset) = dims.packed(which);
-        let mut out = Vec::with_capacity(n);
-        for b in 0..dims.b {
-            for s in 0..dims.s {
-                for h in 0..dims.h {
-                    let at = offset + b * strides[0] + s * strides[1] + h * strides[2];
-                    out.extend_from_slice(&qkv_h[at..at + dims.d]);
-                }
-            }
-        }
-        out
-    };
-    let (q, k, v) = (unpack(0), unpack(1), unpack(2));
+    // Against the f64 reference, on contiguous copies of the packed inputs and gradients.
+    let (q, k, v) = (dims.unpack(&qkv_h, 0), dims.unpack(&qkv_h, 1), dims.unpack(&qkv_h, 2));
+    let (dq_h, dk_h, dv_h) = (dims.unpack(&dqkv_h, 0), dims.unpack(&dqkv_h, 1), dims.unpack(&dqkv_h, 2));
     let shape_4 = [dims.b, dims.s, dims.h, dims.d];
     let attention = Attention::causal();
     let shape = flashattn::validate(&shape_4, &shape_4, &shape_4, &attention)?;

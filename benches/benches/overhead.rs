@@ -6,8 +6,8 @@
 //!   backward allocates its workspace each call).
 //! - `views`: the same tensors as views, outputs and the backward's workspace the caller's
 //!   (`forward_into_views` / `backward_into_views`): no allocation.
-//! - `packed`: Q, K, V strided views into one packed `[b, s, 3, h, d]` projection, dO, O,
-//!   LSE, the gradients and the workspace the caller's.
+//! - `packed`: Q, K, V strided views into one packed `[b, s, 3, h, d]` projection
+//!   (`unbind`), dO, O, LSE, the gradients and the workspace the caller's.
 //! - `alloc` (forward): `forward`, O and LSE in new allocations each call.
 //! - `candle`, `candle_packed` (with `--features cuda`): the candle op on contiguous and on
 //!   packed-projection (narrowed) candle tensors; O is a new candle tensor each call.
@@ -199,7 +199,7 @@ fn our_ways<'a>(fa: &'a FlashAttn, shape: &AttnShape, attn: &Attention) -> Resul
         ours: true,
     });
 
-    // views: Q, K, V as views of separate tensors, or strided views into one packed
+    // views: Q, K, V as views of separate tensors, or unbound from one packed
     // [b, s, 3, h, d] projection; outputs and the workspace the caller's.
     for (name, packed) in [("views", false), ("packed", true)] {
         let bufs = || -> Result<Bufs, flashattn::Error> {
@@ -213,7 +213,7 @@ fn our_ways<'a>(fa: &'a FlashAttn, shape: &AttnShape, attn: &Attention) -> Resul
             })
         };
         let inputs = std::sync::Arc::new(match packed {
-            true => Inputs::Packed(random(5, 3 * n_el, &[b, s, 3, h, d])?, [b, s, h, d]),
+            true => Inputs::Packed(random(5, 3 * n_el, &[b, s, 3, h, d])?),
             false => Inputs::Separate([random(1, n_el, &qs)?, random(2, n_el, &qs)?, random(3, n_el, &qs)?]),
         });
         let (mut fb, mut bb) = (bufs()?, bufs()?);
@@ -235,10 +235,10 @@ fn our_ways<'a>(fa: &'a FlashAttn, shape: &AttnShape, attn: &Attention) -> Resul
     Ok(ways)
 }
 
-/// Q, K, V: three tensors, or one packed projection `[b, s, 3, h, d]` (with [b, s, h, d]).
+/// Q, K, V: three tensors, or one packed projection `[b, s, 3, h, d]`.
 enum Inputs {
     Separate([Tensor<bf16>; 3]),
-    Packed(Tensor<bf16>, [usize; 4]),
+    Packed(Tensor<bf16>),
 }
 
 impl Inputs {
@@ -246,9 +246,9 @@ impl Inputs {
     fn with<R>(&self, f: impl FnOnce([&View<bf16>; 3]) -> R) -> R {
         match self {
             Inputs::Separate([q, k, v]) => f([&q.view(), &k.view(), &v.view()]),
-            Inputs::Packed(qkv, [_, s, h, d]) => {
-                let part = |i: usize| qkv.view().strided(&[qkv.shape()[0], *s, *h, *d], &[s * 3 * h * d, 3 * h * d, *d, 1], i * h * d);
-                f([&part(0), &part(1), &part(2)])
+            Inputs::Packed(qkv) => {
+                let [q, k, v] = qkv.view().unbind::<3>(2).unwrap_or_else(|e| panic!("unbind: {e}"));
+                f([&q, &k, &v])
             }
         }
     }

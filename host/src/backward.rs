@@ -35,7 +35,7 @@ use crate::dtype::Dtype;
 use crate::error::{Error, Result};
 use crate::forward::{AttnShape, Forward, FwdOutput, check_no_overlap, validate};
 use crate::options::BwdOptions;
-use crate::view::{AsView, View, ViewMut, check, row_align};
+use crate::view::{AsView, Binds, View, ViewMut, check, row_align};
 use flashattn_kernels::params::BwdParams;
 use flashattn_kernels::registry::{Arch, BWD_FAMILIES, BwdFamily, BwdVariant, Pass, bwd_variant};
 
@@ -197,15 +197,27 @@ impl FlashAttn {
         let (qs, kvs, ls) = (shape.q_shape(), shape.kv_shape(), shape.lse_shape());
         let align = row_align(shape.head_dim, std::mem::size_of::<T>());
         let BwdInputs { q, k, v, o, lse, o_lo, d_o } = inputs;
-        let bind = |name, view, expected: &[usize], align| self.bind_input(name, view, expected, align);
-        let (bq, bk, bv) = (bind("q", q, &qs, align)?, bind("k", k, &kvs, align)?, bind("v", v, &kvs, align)?);
+        let BwdBuffers { dq, dk, dv, workspace } = out;
+        // Each memory bound once for the call (dQ, dK and dV may be pieces of one packed
+        // buffer), mutably where an output writes it; the binds (cudarc's stream-order
+        // records) are kept until the launches are queued.
+        let mut binds = Binds::new(&[("dq", dq.key()), ("dk", dk.key()), ("dv", dv.key()), ("workspace", workspace.key())]);
+        macro_rules! bind {
+            ($name:literal, $view:expr, $shape:expr, $align:expr) => {
+                self.bind_input(&mut binds, $name, $view, $shape, $align)?
+            };
+        }
+        let (bq, bk, bv) = (bind!("q", q, &qs, align), bind!("k", k, &kvs, align), bind!("v", v, &kvs, align));
         for (b, id) in [&bq, &bk, &bv].into_iter().zip(&fwd.inputs) {
             if b.id() != *id {
                 return Err(Error::NotForwardInput { tensor: b.name });
             }
         }
-        let (bo, blse) = (bind("o", o, &qs, align)?, self.bind_input("lse", lse, &ls, 4)?);
-        let bo_lo = o_lo.as_ref().map(|t| bind("o_lo", t, &qs, align)).transpose()?;
+        let (bo, blse) = (bind!("o", o, &qs, align), bind!("lse", lse, &ls, 4));
+        let bo_lo = match o_lo {
+            Some(t) => Some(bind!("o_lo", t, &qs, align)),
+            None => None,
+        };
         for (b, id) in [Some(&bo), Some(&blse), bo_lo.as_ref()].into_iter().zip(&fwd.outputs) {
             if let Some(b) = b
                 && Some(b.id()) != *id
@@ -213,7 +225,7 @@ impl FlashAttn {
                 return Err(Error::NotForwardOutput { tensor: b.name });
             }
         }
-        let bdo = bind("d_o", d_o, &qs, align)?;
+        let bdo = bind!("d_o", d_o, &qs, align);
         let archs = self.archs();
         let passes = select_bwd_variants(T::DTYPE, shape.head_dim, opts, &archs, bo_lo.is_some())?;
         if let Some(v) = passes.iter().find(|v| !archs.contains(&v.arch())) {
@@ -221,12 +233,12 @@ impl FlashAttn {
         }
         let atomic = passes.iter().any(|v| v.pass == Pass::Dkdvq);
         let (n_stats, n_accum) = workspace_parts(&shape, atomic);
-        let BwdBuffers { dq, dk, dv, workspace } = out;
-        let (bdq, bdk, bdv) = (self.bind_mut("dq", dq)?, self.bind_mut("dk", dk)?, self.bind_mut("dv", dv)?);
+        let bdq = self.bind_mut(&mut binds, "dq", dq)?;
+        let (bdk, bdv) = (self.bind_mut(&mut binds, "dk", dk)?, self.bind_mut(&mut binds, "dv", dv)?);
         check(&bdq, &qs, align, true)?;
         check(&bdk, &kvs, align, true)?;
         check(&bdv, &kvs, align, true)?;
-        let bws = self.bind_mut("workspace", workspace)?;
+        let bws = self.bind_mut(&mut binds, "workspace", workspace)?;
         if bws.layout.shape.len() != 1 || bws.layout.shape[0] < n_stats + n_accum {
             return Err(Error::Workspace { needed: n_stats + n_accum, got: bws.layout.shape.clone() });
         }

@@ -120,6 +120,18 @@ pub enum Error {
         /// What is wrong.
         why: String,
     },
+    /// A sub-view ([`crate::View::narrow`], `split_at`, `unbind`, and those of
+    /// [`crate::ViewMut`]) asked for what the view does not have.
+    SubView {
+        /// The operation: "narrow", "split_at" or "unbind".
+        op: &'static str,
+        /// The view's shape.
+        shape: Vec<usize>,
+        /// The dimension asked for.
+        dim: usize,
+        /// What is wrong, with the values.
+        why: String,
+    },
     /// A view reaches past the end of its memory.
     OutOfBounds {
         /// Which tensor.
@@ -259,6 +271,9 @@ impl std::fmt::Display for Error {
             Error::InputShape { tensor, expected, got } => write!(f, "{tensor} has shape {got:?}; expected {expected:?}"),
             Error::Layout { tensor, shape, strides, why } => {
                 write!(f, "{tensor} (shape {shape:?}, strides {strides:?}) cannot be used: {why}")
+            }
+            Error::SubView { op, shape, dim, why } => {
+                write!(f, "{op} of dimension {dim} of a view of shape {shape:?}: {why}")
             }
             Error::OutOfBounds { tensor, needed, len } => {
                 write!(f, "{tensor} reaches element {} of its memory, which holds {len}", needed.saturating_sub(1))

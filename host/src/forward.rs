@@ -4,7 +4,7 @@ use crate::device::{FlashAttn, Launch, Tensor};
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
 use crate::options::{Attention, FwdOptions};
-use crate::view::{AsView, Bound, ViewId, ViewMut, check, overlap, row_align};
+use crate::view::{AsView, Binds, Bound, ViewId, ViewMut, check, overlap, row_align};
 use flashattn_kernels::params::{FwdParams, Problem, Strides};
 use flashattn_kernels::registry::{Arch, FWD_FAMILIES, FwdFamily, FwdVariant, fwd_variant};
 
@@ -343,18 +343,22 @@ impl FlashAttn {
         }
         let (qs, kvs, ls) = (shape.q_shape(), shape.kv_shape(), shape.lse_shape());
         let align = row_align(shape.head_dim, std::mem::size_of::<T>());
-        let (bq, bk, bv) = (self.bind("q", &q)?, self.bind("k", &k)?, self.bind("v", &v)?);
+        let FwdBuffers { o, lse, o_lo } = out;
+        let o_lo = o_lo.as_mut().filter(|_| residual);
+        // Each memory bound once for the call, mutably where an output writes it; the binds
+        // (cudarc's stream-order records) are kept until the launch is queued.
+        let mut binds = Binds::new(&[("o", o.key()), ("lse", lse.key()), ("o_lo", o_lo.as_ref().and_then(|t| t.key()))]);
+        let (bq, bk, bv) = (self.bind(&mut binds, "q", &q)?, self.bind(&mut binds, "k", &k)?, self.bind(&mut binds, "v", &v)?);
         for (b, expected) in [(&bq, &qs), (&bk, &kvs), (&bv, &kvs)] {
             check(b, expected, align, false)?;
         }
-        let FwdBuffers { o, lse, o_lo } = out;
-        let bo = self.bind_mut("o", o)?;
+        let bo = self.bind_mut(&mut binds, "o", o)?;
         check(&bo, &qs, align, true)?;
-        let blse = self.bind_mut("lse", lse)?;
+        let blse = self.bind_mut(&mut binds, "lse", lse)?;
         check(&blse, &ls, 4, true)?;
-        let bo_lo = match o_lo.as_mut().filter(|_| residual) {
+        let bo_lo = match o_lo {
             Some(t) => {
-                let b = self.bind_mut("o_lo", t)?;
+                let b = self.bind_mut(&mut binds, "o_lo", t)?;
                 check(&b, &qs, align, true)?;
                 if b.layout.strides != bo.layout.strides {
                     let (shape, strides) = (b.layout.shape.clone(), b.layout.strides.clone());

@@ -35,6 +35,19 @@ impl Lay {
         }
         out
     }
+    /// Element `i` of dimension `dim`, without that dimension (what `unbind` views).
+    fn unbind(&self, dim: usize, i: usize) -> Lay {
+        let (mut shape, mut strides) = (self.shape.clone(), self.strides.clone());
+        shape.remove(dim);
+        strides.remove(dim);
+        Lay { shape, strides, offset: self.offset + i * self.strides[dim] }
+    }
+    /// Elements `start..start + len` of dimension `dim` (what `narrow` views).
+    fn narrow(&self, dim: usize, start: usize, len: usize) -> Lay {
+        let mut shape = self.shape.clone();
+        shape[dim] = len;
+        Lay { shape, strides: self.strides.clone(), offset: self.offset + start * self.strides[dim] }
+    }
     /// A random layout of `shape` (the last dimension contiguous): the outer dimensions in a
     /// random order, each level padded by a random multiple of `a` elements, and an offset of
     /// a few `a`s; `a` keeps rows aligned as the kernels need.
@@ -141,11 +154,11 @@ fn check_typed<T: Dtype>(fa: &FlashAttn, case: &Case, pattern: Pattern, layout_s
             Pattern::PackedQkv | Pattern::Random => Lay::random(&mut lrng, shape, a),
         }
     };
+    // Packed: Q, K and V the pieces of one contiguous [b, s, 3, h, d] projection.
+    let packed_shape = [s.batch, s.seqlen_q, 3, s.heads_q, s.head_dim];
     let (lq, lk, lv) = if packed {
-        let (sl, h, d) = (s.seqlen_q, s.heads_q, s.head_dim);
-        let st = vec![sl * 3 * h * d, 3 * h * d, d, 1];
-        let l = |i: usize| Lay { shape: qs.clone(), strides: st.clone(), offset: i * h * d };
-        (l(0), l(1), l(2))
+        let l = Lay::contiguous(&packed_shape);
+        (l.unbind(2, 0), l.unbind(2, 1), l.unbind(2, 2))
     } else {
         (lay(&qs, a), lay(&kvs, a), lay(&kvs, a))
     };
@@ -188,7 +201,13 @@ fn check_typed<T: Dtype>(fa: &FlashAttn, case: &Case, pattern: Pattern, layout_s
     fn view<'t, T>(t: &'t Tensor<T>, l: &Lay) -> flashattn::View<'t, T> {
         t.view().strided(&l.shape, &l.strides, l.offset)
     }
-    let (qv, kv, vv) = (view(&qb, &lq), view(kb.as_ref().unwrap_or(&qb), &lk), view(vb.as_ref().unwrap_or(&qb), &lv));
+    let (qv, kv, vv) = match packed {
+        true => {
+            let [q, k, v] = qb.view().reshaped(&packed_shape, 0).unbind::<3>(2).map_err(e)?;
+            (q, k, v)
+        }
+        false => (view(&qb, &lq), view(kb.as_ref().unwrap_or(&qb), &lk), view(vb.as_ref().unwrap_or(&qb), &lv)),
+    };
     let attention = case.attention();
     let fopts = FwdOptions { save_residual: saved, ..Default::default() };
     let mut fout = FwdBuffers {
@@ -235,4 +254,124 @@ fn check_typed<T: Dtype>(fa: &FlashAttn, case: &Case, pattern: Pattern, layout_s
     gaps_untouched("dk", &dk_h, &[&ldk], poison)?;
     gaps_untouched("dv", &dv_h, &[&ldv], poison)?;
     check_grads(case, &q, &k, &v, &d_o, &[gather(&dq_h, &ldq), gather(&dk_h, &ldk), gather(&dv_h, &ldv)])
+}
+
+/// Runs `case` (its seqlen_k made seqlen_q: one projection) forward and backward on packed
+/// projections, as a fused QKV linear layer makes them: Q, K and V the pieces of one buffer,
+/// and dQ, dK and dV the pieces of one gradient buffer written by ONE backward call. With
+/// heads_q = heads_kv the buffers are `[b, s, 3, h, d]`, cut by `unbind` on dimension 2;
+/// with GQA `[b, s, hq + 2 hkv, d]`, cut by `narrow` (Q, K, V) and `split_at` (dQ, dK, dV)
+/// on dimension 2. Each packed buffer is contiguous or (from `layout_seed`) a random layout
+/// of its shape (outer dimensions in a random order, padding, an offset); O, LSE and dO a
+/// random layout each. Checks as [`check_strided`]: the f64 reference, and gaps untouched.
+pub fn check_packed(fa: &FlashAttn, case: &Case, layout_seed: u64, saved: bool) -> Result<(), String> {
+    let mut case = *case;
+    case.shape.seqlen_k = case.shape.seqlen_q;
+    match case.dtype {
+        Dt::F32 => check_packed_typed::<f32>(fa, &case, layout_seed, saved),
+        Dt::F16 => check_packed_typed::<half::f16>(fa, &case, layout_seed, saved),
+        Dt::Bf16 => check_packed_typed::<half::bf16>(fa, &case, layout_seed, saved),
+    }
+    .map_err(|e| format!("{case} [packed QKV and dQKV, seed {layout_seed}{}]: {e}", if saved { ", residual" } else { "" }))
+}
+
+fn check_packed_typed<T: Dtype>(fa: &FlashAttn, case: &Case, layout_seed: u64, saved: bool) -> Result<(), String> {
+    let s = case.shape;
+    let (b, sl, hq, hkv, d) = (s.batch, s.seqlen_q, s.heads_q, s.heads_kv, s.head_dim);
+    let (qs, kvs, ls) = (s.q_shape().to_vec(), s.kv_shape().to_vec(), s.lse_shape().to_vec());
+    let a = align_elems(d, std::mem::size_of::<T>());
+    let mha = hq == hkv;
+    let packed_shape = if mha { vec![b, sl, 3, hq, d] } else { vec![b, sl, hq + 2 * hkv, d] };
+    let mut lrng = Rng::new(layout_seed);
+    let plain = lrng.next_u64().is_multiple_of(2);
+    let mut packed = || if plain { Lay::contiguous(&packed_shape) } else { Lay::random(&mut lrng, &packed_shape, a) };
+    let (lqkv, ldqkv) = (packed(), packed());
+    // Where each piece's elements are, worked out here from the packed layout (the views
+    // come from the API's unbind / narrow / split_at).
+    let pieces = |l: &Lay| match mha {
+        true => [l.unbind(2, 0), l.unbind(2, 1), l.unbind(2, 2)],
+        false => [l.narrow(2, 0, hq), l.narrow(2, hq, hkv), l.narrow(2, hq + hkv, hkv)],
+    };
+    let ([lq, lk, lv], [ldq, ldk, ldv]) = (pieces(&lqkv), pieces(&ldqkv));
+    let (lo, ldo, llse) = (Lay::random(&mut lrng, &qs, a), Lay::random(&mut lrng, &qs, a), Lay::random(&mut lrng, &ls, 1));
+
+    let mut rng = Rng::new(case.seed);
+    let (nq, nk) = (qs.iter().product::<usize>(), kvs.iter().product::<usize>());
+    let (q, k, v, d_o): (Vec<T>, Vec<T>, Vec<T>, Vec<T>) = (rng.tensor(nq), rng.tensor(nk), rng.tensor(nk), rng.tensor(nq));
+    let e = |e: flashattn::Error| e.to_string();
+    let nan = T::nan();
+    let mut buf = Buf::new(lqkv.extent(), nan);
+    buf.scatter(&lq, &q);
+    buf.scatter(&lk, &k);
+    buf.scatter(&lv, &v);
+    let qkvb = fa.upload(&buf.data, &[buf.data.len()]).map_err(e)?;
+    let mut db = Buf::new(ldo.extent(), nan);
+    db.scatter(&ldo, &d_o);
+    let dob = fa.upload(&db.data, &[db.data.len()]).map_err(e)?;
+    let poison = T::from_f64(-7.25);
+    let (mut ob, mut lseb) = (fa.full(poison, &[lo.extent()]).map_err(e)?, fa.full(-7.25f32, &[llse.extent()]).map_err(e)?);
+    let mut olob = if saved { Some(fa.full(poison, &[lo.extent()]).map_err(e)?) } else { None };
+    let mut dqkvb = fa.full(poison, &[ldqkv.extent()]).map_err(e)?;
+
+    let qkv = qkvb.view().strided(&lqkv.shape, &lqkv.strides, lqkv.offset);
+    let (qv, kv, vv) = match mha {
+        true => {
+            let [q, k, v] = qkv.unbind::<3>(2).map_err(e)?;
+            (q, k, v)
+        }
+        false => {
+            (qkv.clone().narrow(2, 0, hq).map_err(e)?, qkv.clone().narrow(2, hq, hkv).map_err(e)?, qkv.narrow(2, hq + hkv, hkv).map_err(e)?)
+        }
+    };
+    let attention = case.attention();
+    let fopts = FwdOptions { save_residual: saved, ..Default::default() };
+    let mut fout = FwdBuffers {
+        o: ob.view_mut().strided(&lo.shape, &lo.strides, lo.offset),
+        lse: lseb.view_mut().strided(&llse.shape, &llse.strides, llse.offset),
+        o_lo: olob.as_mut().map(|t| t.view_mut().strided(&lo.shape, &lo.strides, lo.offset)),
+    };
+    let fwd = fa.forward_into_views(&qv, &kv, &vv, &attention, &fopts, &mut fout).map_err(e)?;
+    let bopts = BwdOptions::default();
+    let mut ws = fa.full(f32::NAN, &[fa.backward_workspace_len::<T>(&fwd, &bopts).map_err(e)?]).map_err(e)?;
+    let FwdBuffers { o, lse, o_lo } = fout;
+    let inputs = BwdInputs {
+        q: qv,
+        k: kv,
+        v: vv,
+        o: o.into_view(),
+        lse: lse.into_view(),
+        o_lo: o_lo.filter(|_| fwd.residual()).map(|t| t.into_view()),
+        d_o: dob.view().strided(&ldo.shape, &ldo.strides, ldo.offset),
+    };
+    // dQ, dK and dV: pieces of ONE buffer, into one call.
+    let dqkv = dqkvb.view_mut().strided(&ldqkv.shape, &ldqkv.strides, ldqkv.offset);
+    let [dq, dk, dv] = match mha {
+        true => dqkv.unbind::<3>(2).map_err(e)?,
+        false => {
+            let (dq, dkv) = dqkv.split_at(2, hq).map_err(e)?;
+            let (dk, dv) = dkv.split_at(2, hkv).map_err(e)?;
+            [dq, dk, dv]
+        }
+    };
+    if (dq.shape(), dk.shape(), dv.shape()) != (&qs[..], &kvs[..], &kvs[..]) {
+        return Err(format!("pieces of shapes {:?}, {:?}, {:?}", dq.shape(), dk.shape(), dv.shape()));
+    }
+    let mut grads = BwdBuffers { dq, dk, dv, workspace: ws.view_mut() };
+    fa.backward_into_views(&fwd, &inputs, &mut grads, &bopts).map_err(e)?;
+    drop(grads);
+    drop(inputs);
+
+    let o_h = fa.download(&ob).map_err(e)?;
+    let lse_h = fa.download(&lseb).map_err(e)?;
+    gaps_untouched("o", &o_h, &[&lo], poison)?;
+    gaps_untouched("lse", &lse_h, &[&llse], -7.25f32)?;
+    if let Some(t) = &olob
+        && fwd.residual()
+    {
+        gaps_untouched("o_lo", &fa.download(t).map_err(e)?, &[&lo], poison)?;
+    }
+    check_outputs(case, &q, &k, &v, &gather(&o_h, &lo), &gather(&lse_h, &llse))?;
+    let dqkv_h = fa.download(&dqkvb).map_err(e)?;
+    gaps_untouched("dqkv", &dqkv_h, &[&ldq, &ldk, &ldv], poison)?;
+    check_grads(case, &q, &k, &v, &d_o, &[gather(&dqkv_h, &ldq), gather(&dqkv_h, &ldk), gather(&dqkv_h, &ldv)])
 }

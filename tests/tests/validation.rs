@@ -550,3 +550,137 @@ fn views_are_checked_before_launch() {
         assert!(fa.download(g).unwrap().iter().all(|x| x.is_finite()), "every gradient element written");
     }
 }
+
+/// Sub-views' errors (`narrow`, `split_at`, `unbind` of `View` and `ViewMut`): typed, naming
+/// the view's shape, the dimension and the values, before any call.
+#[test]
+fn sub_view_errors() {
+    use flashattn::{View, ViewMut};
+    let fa = FlashAttn::emulator();
+    let mut t = fa.full(half::f16::ZERO, &[2, 4, 3, 2, 8]).unwrap();
+    let sub = |e: Error| match e {
+        Error::SubView { op, shape, dim, why } => (op, shape, dim, why),
+        e => panic!("not a SubView error: {e}"),
+    };
+    // A dimension that is not there.
+    let (op, shape, dim, why) = sub(t.view().narrow(5, 0, 1).unwrap_err());
+    assert_eq!((op, shape, dim), ("narrow", vec![2, 4, 3, 2, 8], 5));
+    assert!(why.contains("5 dimensions"), "{why}");
+    assert_eq!(sub(t.view_mut().split_at(7, 0).unwrap_err()).0, "split_at");
+    assert_eq!(sub(t.view_mut().unbind::<2>(9).unwrap_err()).2, 9);
+    // Past the end of the dimension.
+    let (_, _, dim, why) = sub(t.view_mut().narrow(2, 1, 3).unwrap_err());
+    assert!(dim == 2 && why.contains("start 1 + length 3 is past its size 3"), "{why}");
+    let (_, _, _, why) = sub(t.view().split_at(1, 5).unwrap_err());
+    assert!(why.contains("mid 5 is past its size 4"), "{why}");
+    // unbind: N must be the dimension's size, and the last dimension stays.
+    let (op, _, dim, why) = sub(t.view_mut().unbind::<4>(2).unwrap_err());
+    assert!(op == "unbind" && dim == 2 && why.contains("size is 3, not the 4"), "{why}");
+    let (_, _, dim, why) = sub(t.view().unbind::<8>(4).unwrap_err());
+    assert!(dim == 4 && why.contains("last dimension"), "{why}");
+    // The message names the operation, the view and the values.
+    let e = t.view_mut().reshaped(&[2, 4, 6, 8], 0).narrow(2, 4, 3).unwrap_err().to_string();
+    assert_eq!(e, "narrow of dimension 2 of a view of shape [2, 4, 6, 8]: start 4 + length 3 is past its size 6");
+    // Host views too.
+    let mut host = vec![0u16; 24];
+    assert!(matches!(ViewMut::host(&mut host, &[2, 3, 4]).unbind::<2>(2), Err(Error::SubView { dim: 2, .. })));
+    assert!(matches!(View::host(&host, &[2, 3, 4]).unbind::<3>(0), Err(Error::SubView { op: "unbind", dim: 0, .. })));
+}
+
+/// Pieces of one buffer in one call: dQ, dK and dV written through `unbind` (MHA) or
+/// `split_at` (GQA) pieces of one packed gradient buffer give the same bits as separate
+/// gradient tensors; pieces that share an element are refused (`Overlap`) before any launch
+/// and leave the buffer as it was; a piece read and another written in one call work.
+#[test]
+fn pieces_of_one_buffer_in_one_call() {
+    use flashattn::{AsView, BwdBuffers, BwdInputs, FwdBuffers};
+    use half::f16;
+    let fa = FlashAttn::emulator();
+    let (b, s, d) = (2, 9, 16);
+    let attn = Attention::causal();
+    let (fopts, bopts) = (FwdOptions::default(), BwdOptions::default());
+    for (hq, hkv) in [(2, 2), (4, 2)] {
+        let heads = hq + 2 * hkv;
+        let data: Vec<f16> = flashattn::rng::Rng::new(11).tensor(b * s * heads * d);
+        let d_o: Vec<f16> = flashattn::rng::Rng::new(12).tensor(b * s * hq * d);
+        let qkv = fa.upload(&data, &[b, s, heads, d]).unwrap();
+        let dot = fa.upload(&d_o, &[b, s, hq, d]).unwrap();
+        let part = |start, len| qkv.view().narrow(2, start, len).unwrap();
+        let (q, k, v) = (part(0, hq), part(hq, hkv), part(hq + hkv, hkv));
+        let out = fa.forward(&q, &k, &v, &attn, &fopts).unwrap();
+        let want = fa.backward(&q, &k, &v, &out, &dot, &bopts).unwrap();
+        let want: Vec<Vec<f16>> = [&want.dq, &want.dk, &want.dv].iter().map(|t| fa.download(t).unwrap()).collect();
+
+        let mut dqkv = fa.full(f16::NAN, &[b, s, heads, d]).unwrap();
+        let rec = out.record().unwrap().clone();
+        let inputs = || BwdInputs {
+            q: q.as_view(),
+            k: k.as_view(),
+            v: v.as_view(),
+            o: out.o().view(),
+            lse: out.lse().view(),
+            o_lo: None,
+            d_o: dot.view(),
+        };
+        let mut ws = fa.full(f32::NAN, &[fa.backward_workspace_len::<f16>(&rec, &bopts).unwrap()]).unwrap();
+        fn pieces(t: &mut flashattn::Tensor<f16>, hq: usize, hkv: usize) -> [flashattn::ViewMut<'_, f16>; 3] {
+            let (dq, dkv) = t.view_mut().split_at(2, hq).unwrap();
+            let (dk, dv) = dkv.split_at(2, hkv).unwrap();
+            [dq, dk, dv]
+        }
+        // dK over dQ's elements, or one head on (over dQ's second head): shares elements.
+        for shift in [0, d] {
+            let [dq, dk, dv] = pieces(&mut dqkv, hq, hkv);
+            let dk = dk.strided(&[b, s, hkv, d], dq.strides(), dq.offset() + shift);
+            let mut bufs = BwdBuffers { dq, dk, dv, workspace: ws.view_mut() };
+            let e = fa.backward_into_views(&rec, &inputs(), &mut bufs, &bopts).expect_err("overlapping pieces");
+            assert!(matches!(e, Error::Overlap { output: "dq", other: "dk" }), "{e}");
+        }
+        assert!(fa.download(&dqkv).unwrap().iter().all(|x| x.is_nan()), "nothing written by a refused call");
+        // Disjoint pieces: one call, the same bits as separate tensors.
+        let [dq, dk, dv] = match hq == hkv {
+            true => dqkv.view_mut().reshaped(&[b, s, 3, hq, d], 0).unbind::<3>(2).unwrap(),
+            false => pieces(&mut dqkv, hq, hkv),
+        };
+        let mut bufs = BwdBuffers { dq, dk, dv, workspace: ws.view_mut() };
+        fa.backward_into_views(&rec, &inputs(), &mut bufs, &bopts).unwrap();
+        drop(bufs);
+        let got = fa.download(&dqkv).unwrap();
+        let piece = |start: usize, len: usize| -> Vec<f16> {
+            (0..b * s).flat_map(|r| got[(r * heads + start) * d..(r * heads + start + len) * d].to_vec()).collect()
+        };
+        let got = [piece(0, hq), piece(hq, hkv), piece(hq + hkv, hkv)];
+        for (name, g, w) in [("dq", &got[0], &want[0]), ("dk", &got[1], &want[1]), ("dv", &got[2], &want[2])] {
+            assert!(g.iter().zip(w).all(|(x, y)| x.to_bits() == y.to_bits()), "hq={hq} hkv={hkv}: {name} differs from separate tensors'");
+        }
+    }
+
+    // A forward reading Q from one piece of a buffer and writing O into the other.
+    let (hq, hkv) = (2, 2);
+    let n = b * s * hq * d;
+    let q: Vec<f16> = flashattn::rng::Rng::new(13).tensor(n);
+    let kv: Vec<f16> = flashattn::rng::Rng::new(14).tensor(2 * n);
+    let kv = fa.upload(&kv, &[b, s, 2, hkv, d]).unwrap();
+    let [k, v] = kv.view().unbind::<2>(2).unwrap();
+    let want = fa.forward(&fa.upload(&q, &[b, s, hq, d]).unwrap(), &k, &v, &attn, &fopts).unwrap();
+    let mut both: Vec<f16> = q.clone();
+    both.resize(2 * n, f16::NAN);
+    let mut both = fa.upload(&both, &[2, b, s, hq, d]).unwrap();
+    let mut lse = fa.full(f32::NAN, &[b, hq, s]).unwrap();
+    let [qp, op] = both.view_mut().unbind::<2>(0).unwrap();
+    let qp = qp.into_view();
+    let mut bufs = FwdBuffers { o: op, lse: lse.view_mut(), o_lo: None };
+    fa.forward_into_views(&qp, &k, &v, &attn, &fopts, &mut bufs).unwrap();
+    drop(bufs);
+    let got = fa.download(&both).unwrap();
+    assert!(got[..n].iter().zip(&q).all(|(x, y)| x.to_bits() == y.to_bits()), "Q's piece untouched");
+    let want_o = fa.download(want.o()).unwrap();
+    assert!(got[n..].iter().zip(&want_o).all(|(x, y)| x.to_bits() == y.to_bits()), "O written into its piece");
+    // O over Q's own piece: refused.
+    let [qp, op] = both.view_mut().unbind::<2>(0).unwrap();
+    let op = op.strided(qp.shape(), qp.strides(), qp.offset());
+    let qp = qp.into_view();
+    let mut bufs = FwdBuffers { o: op, lse: lse.view_mut(), o_lo: None };
+    let e = fa.forward_into_views(&qp, &k, &v, &attn, &fopts, &mut bufs).expect_err("O over Q");
+    assert!(matches!(e, Error::Overlap { output: "o", other: "q" }), "{e}");
+}
