@@ -13,6 +13,9 @@
 //!   packed-projection (narrowed) candle tensors; O is a new candle tensor each call.
 //!   `candle_no_events`: contiguous, on a candle device with cudarc's event tracking off.
 //!
+//! `FLASHATTN_BENCH_KEEP_POOL=1` keeps freed device memory in the driver's pool across
+//! synchronisations (without it the allocating ways map fresh memory after each one).
+//!
 //! One JSON row per line (`us`: microseconds per call; `tflops`: FA-paper FLOPs / time).
 //! Without a GPU it says so and runs one tiny shape on the emulator (no meaningful times).
 //!
@@ -98,6 +101,34 @@ fn bwd_views(fa: &FlashAttn, rec: &Forward, qkv: [&View<bf16>; 3], d_o: &View<bf
     fa.backward_into_views(rec, &inputs, &mut out, &BwdOptions::default()).unwrap_or_else(|e| panic!("backward: {e}"))
 }
 
+/// `FLASHATTN_BENCH_KEEP_POOL=1`: device 0's default memory pool (where cudarc's
+/// stream-ordered allocations come from) keeps freed memory across synchronisations
+/// (release threshold: unbounded, as a caching allocator does) instead of returning it to the
+/// driver at each one, so that the allocating ways reuse mapped memory in every batch.
+fn keep_pool() -> Result<(), Box<dyn std::error::Error>> {
+    use flashattn::cudarc::driver::sys;
+    let mut pool = std::ptr::null_mut();
+    let mut keep = u64::MAX;
+    // SAFETY: device 0 exists (the bench runs on it); the attribute takes a u64.
+    let r = unsafe {
+        match sys::cuDeviceGetDefaultMemPool(&mut pool, 0) {
+            sys::CUresult::CUDA_SUCCESS => sys::cuMemPoolSetAttribute(
+                pool,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                (&mut keep as *mut u64).cast(),
+            ),
+            e => e,
+        }
+    };
+    match r {
+        sys::CUresult::CUDA_SUCCESS => {
+            eprintln!("device 0's default memory pool: release threshold unbounded");
+            Ok(())
+        }
+        e => Err(format!("setting the default memory pool's release threshold: {e:?}").into()),
+    }
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (fa, why) = FlashAttn::cuda_or_emulator();
     let (seqlens, (rounds, n, warm)) = match &why {
@@ -107,6 +138,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         None => (vec![512, 1024], (9, 40, 10)),
     };
+    if why.is_none() && std::env::var("FLASHATTN_BENCH_KEEP_POOL").is_ok_and(|v| v == "1") {
+        keep_pool()?;
+    }
     #[cfg(feature = "cuda")]
     let candle_dev = if why.is_none() { Some(candle_core::Device::new_cuda(0)?) } else { None };
     let sync = || {

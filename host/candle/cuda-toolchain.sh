@@ -37,6 +37,9 @@ _fa_cuda_setup() {
             sed 's/.*/int &(void) { return 999; }/' > "$cu/lib/stubs/cuda_stub.c"
         cc -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$cu/lib/stubs/libcuda.so" "$cu/lib/stubs/cuda_stub.c" || return 1
     fi
+    # Its soname too, so that a test binary starts here with the stubs on LD_LIBRARY_PATH
+    # (CI: every CUDA call then fails, the GPU tests skip); never on a GPU machine's path.
+    ln -sfn libcuda.so "$cu/lib/stubs/libcuda.so.1"
     export PATH="$cu/bin:$PATH" NVCC="$cu/bin/nvcc" CUDA_HOME="$cu"
     export CUDA_COMPUTE_CAP=${CUDA_COMPUTE_CAP:-90}
     unset CUDA_PATH CUDA_ROOT CUDA_TOOLKIT_ROOT_DIR CUDNN_LIB NVCC_CCBIN CUDARC_CUDA_VERSION

@@ -41,7 +41,8 @@ fn lse_shape(q: &[usize]) -> [usize; 3] {
     [q[0], q[2], q[1]]
 }
 
-/// The forward: O in a new allocation of `q`'s shape; the LSE kept in `op`.
+/// The forward: O in a new allocation of `q`'s shape; the LSE kept in `op` when a backward
+/// may follow, else written to the device's scratch LSE ([`SCRATCH_LSE`]).
 pub(crate) fn forward<T: Elem>(
     op: &FlashAttnOp,
     [(q, lq), (k, lk), (v, lv)]: [(&CudaStorage, &Layout); 3],
@@ -49,16 +50,49 @@ pub(crate) fn forward<T: Elem>(
     let dev = q.device().clone();
     let fa = flashattn_for(&dev)?;
     let lse_dims = lse_shape(lq.dims());
+    let lse_len = lse_dims.iter().product();
     // SAFETY: the forward writes every element of O and LSE, or fails before its launch
-    // (then both are dropped unread).
-    let (mut o, mut lse) = unsafe { (dev.alloc::<T>(lq.shape().elem_count())?, dev.alloc::<f32>(lse_dims.iter().product())?) };
+    // (then O is dropped unread; the scratch LSE is only ever written).
+    let mut o = unsafe { dev.alloc::<T>(lq.shape().elem_count())? };
+    let mut lse = match op.backward {
+        true => unsafe { dev.alloc::<f32>(lse_len)? },
+        false => take_scratch_lse(&dev, lse_len)?,
+    };
     let fwd = {
         let mut out = FwdBuffers { o: ViewMut::cuda(&mut o, lq.dims()), lse: ViewMut::cuda(&mut lse, &lse_dims), o_lo: None };
         let (q, k, v) = (view(q.as_cuda_slice::<T>()?, lq), view(k.as_cuda_slice::<T>()?, lk), view(v.as_cuda_slice::<T>()?, lv));
         fa.forward_into_views(&q, &k, &v, &op.attention, &FwdOptions::default(), &mut out).map_err(wrap)?
     };
-    *op.saved.lock().unwrap_or_else(|p| p.into_inner()) = Some(Saved { fwd, lse });
+    match op.backward {
+        true => *op.saved.lock().unwrap_or_else(|p| p.into_inner()) = Some(Saved { fwd, lse }),
+        false => put_back_scratch_lse(&dev, lse),
+    }
     Ok((CudaStorage::wrap_cuda_slice(o, dev), lq.shape().clone()))
+}
+
+/// The LSE buffers of forwards that no backward follows, one per device, reused from call
+/// to call: [`take_scratch_lse`] takes it out, [`put_back_scratch_lse`] returns it. Reuse is
+/// ordered by candle's stream, which every call on the device is queued on, and by cudarc's
+/// events on the buffer.
+static SCRATCH_LSE: OnceLock<Mutex<HashMap<DeviceId, CudaSlice<f32>>>> = OnceLock::new();
+
+/// The device's scratch LSE for a call that writes `len` elements (a new one when it is out
+/// or shorter).
+fn take_scratch_lse(dev: &CudaDevice, len: usize) -> Result<CudaSlice<f32>> {
+    let taken = SCRATCH_LSE.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner()).remove(&dev.id());
+    match taken {
+        Some(s) if s.len() >= len => Ok(s),
+        // SAFETY: a scratch LSE is only ever written (by the forward), never read.
+        _ => Ok(unsafe { dev.alloc::<f32>(len)? }),
+    }
+}
+
+/// Returns a scratch LSE for later calls (the longer one, where two calls overlapped).
+fn put_back_scratch_lse(dev: &CudaDevice, lse: CudaSlice<f32>) {
+    let mut scratch = SCRATCH_LSE.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
+    if scratch.get(&dev.id()).is_none_or(|s| s.len() < lse.len()) {
+        scratch.insert(dev.id(), lse);
+    }
 }
 
 /// The backward: dQ, dK, dV in new allocations, from the forward's record and LSE (Q, K, V

@@ -57,11 +57,15 @@ pub fn flash_attn_with(q: &Tensor, k: &Tensor, v: &Tensor, attention: Attention)
         }
     }
     let (q, k, v) = (unit_last(q)?, unit_last(k)?, unit_last(v)?);
+    // candle calls the op's backward only when an input is tracked; without one the LSE is
+    // not kept (on CUDA it goes to a reused scratch buffer: one allocation a call fewer).
+    let backward = q.track_op() || k.track_op() || v.track_op();
     q.apply_op3(
         &k,
         &v,
         FlashAttnOp {
             attention,
+            backward,
             #[cfg(feature = "cuda")]
             saved: Default::default(),
         },
@@ -113,6 +117,9 @@ macro_rules! with_elem {
 /// wrote beside O for its backward.
 struct FlashAttnOp {
     attention: Attention,
+    /// Whether candle may call `bwd` (an input is tracked): the forward keeps its LSE.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    backward: bool,
     #[cfg(feature = "cuda")]
     saved: std::sync::Mutex<Option<cuda::Saved>>,
 }

@@ -102,6 +102,14 @@ fn check<T: Dtype + candle_core::WithDType>(dev: &Device, case: &Case, layout: L
     }
     let (qh, kh, vh) = (elems::<T>(&q).map_err(e)?, elems::<T>(&k).map_err(e)?, elems::<T>(&v).map_err(e)?);
     let got: Vec<f64> = elems::<T>(&o).map_err(e)?.iter().map(|&x| Dtype::to_f64(x)).collect();
+    // The same forward with no input tracked (no backward can follow: on CUDA its LSE goes to
+    // the device's reused scratch buffer): the same O, bit for bit.
+    let untracked = flash_attn_with(&q.detach(), &k.detach(), &v.detach(), attn).map_err(e)?;
+    let bits = |x: &[f64]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    let got_untracked: Vec<f64> = elems::<T>(&untracked).map_err(e)?.iter().map(|&x| Dtype::to_f64(x)).collect();
+    if bits(&got_untracked) != bits(&got) {
+        return Err(format!("{case} {layout:?}: O of untracked inputs differs from O of tracked ones"));
+    }
     let (exact, naive) = (reference(&qh, &kh, &vh, &s, &attn), naive_attention(&qh, &kh, &vh, &s, &attn));
     let (err, tol) = (rel_l2(&got, &exact.o), tolerance::<T>(rel_l2(&naive.o, &exact.o)));
     if !flashattn_tests::within(err, tol) {
