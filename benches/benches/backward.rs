@@ -25,7 +25,7 @@ fn bench_backward(c: &mut Criterion) {
                 let heads = if why.is_some() { 2 } else { 2048 / d };
                 let batch = if why.is_some() { 1 } else { (16384 / seqlen).max(1) };
                 let s = AttnShape { batch, seqlen_q: seqlen, seqlen_k: seqlen, heads_q: heads, heads_kv: heads, head_dim: d };
-                let attn = Attention { causal, softmax_scale: None };
+                let attn = Attention { causal, ..Default::default() };
                 let opts = BwdOptions { kernel: Some(family), ..Default::default() };
                 let n_q = s.batch * s.seqlen_q * s.heads_q * d;
                 let data: Vec<half::f16> = flashattn::rng::normal_tensor(d as u64 * seqlen as u64, n_q);

@@ -30,7 +30,7 @@ fn bench_forward(c: &mut Criterion) {
                     heads_kv: heads,
                     head_dim: d,
                 };
-                let attn = Attention { causal, softmax_scale: None };
+                let attn = Attention { causal, ..Default::default() };
                 let opts = FwdOptions { kernel: Some(family), ..Default::default() };
                 // Not every family serves every head_dim (wgmma_wg2: 64 and 128 only),
                 // and sm_90a kernels run on compute capability 9.0 only.

@@ -154,7 +154,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         for causal in [false, true] {
             let (b, h, d) = if why.is_some() { (1, 2, 64) } else { (16384 / s, 16, 128) };
             let shape = AttnShape { batch: b, seqlen_q: s, seqlen_k: s, heads_q: h, heads_kv: h, head_dim: d };
-            let attn = Attention { causal, softmax_scale: None };
+            let attn = Attention { causal, ..Default::default() };
             #[allow(unused_mut)]
             let mut ways = our_ways(&fa, &shape, &attn)?;
             #[cfg(feature = "cuda")]

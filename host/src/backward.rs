@@ -190,6 +190,9 @@ impl FlashAttn {
         opts: &BwdOptions,
     ) -> Result<()> {
         let attention = fwd.attention;
+        if !attention.window.is_none() {
+            return Err(Error::Unsupported { what: "the backward of a sliding-window forward", value: format!("{:?}", attention.window) });
+        }
         let shape = validate(inputs.q.shape(), inputs.k.shape(), inputs.v.shape(), &attention)?;
         if shape != fwd.shape {
             return Err(Error::NotForwardInput { tensor: "q" });

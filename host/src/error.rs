@@ -229,6 +229,13 @@ pub enum Error {
         /// The family.
         family: String,
     },
+    /// An option this version does not implement yet (named, with the value given).
+    Unsupported {
+        /// What is not implemented.
+        what: &'static str,
+        /// The value given.
+        value: String,
+    },
     /// The launch needs more shared memory per block than the device allows.
     SharedMemory {
         /// The kernel.
@@ -312,6 +319,7 @@ impl std::fmt::Display for Error {
             Error::NotDeterministic { family } => {
                 write!(f, "backward kernel family `{family}` is not bitwise deterministic (atomic adds), but deterministic was requested")
             }
+            Error::Unsupported { what, value } => write!(f, "{what} is not implemented yet (given {value})"),
             Error::SharedMemory { kernel, needed, available } => {
                 write!(f, "kernel {kernel} needs {needed} bytes of shared memory per block; the device allows {available}")
             }

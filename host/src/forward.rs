@@ -5,7 +5,7 @@ use crate::dtype::Dtype;
 use crate::error::{Error, Result};
 use crate::options::{Attention, FwdOptions};
 use crate::view::{AsView, Binds, Bound, ViewId, ViewMut, check, overlap, row_align};
-use flashattn_kernels::params::{FwdParams, Problem, Strides};
+use flashattn_kernels::params::{FwdParams, NO_WINDOW, Problem, Strides};
 use flashattn_kernels::registry::{Arch, FWD_FAMILIES, FwdFamily, FwdVariant, fwd_variant};
 
 /// The problem's dimensions, as validated from Q and K.
@@ -52,6 +52,14 @@ impl AttnShape {
             head_dim: self.head_dim as u32,
             scale: attention.scale(self.head_dim),
             causal: attention.causal as u32,
+            // A bound past every sequence (u32::MAX included) is no bound; with causal
+            // masking the right side is 0 (the masks' intersection).
+            window_left: attention.window.left.unwrap_or(NO_WINDOW),
+            window_right: match attention.window.is_none() {
+                true => NO_WINDOW,
+                false if attention.causal => 0,
+                false => attention.window.right.unwrap_or(NO_WINDOW),
+            },
         }
     }
     /// FLOPs of the forward pass: 4 * b * h * sq * sk * d, halved when causal (the FA papers' count).
@@ -391,13 +399,15 @@ impl FlashAttn {
             pb: shape.problem(attention),
         };
         let regions: Vec<_> = [&bq, &bk, &bv, &bo, &blse].into_iter().chain(bo_lo.as_ref()).map(|b| b.region()).collect();
+        // The variant's entry with a sliding window, or without (`FwdVariant::window_name`).
+        let (name, emulate) = variant.entry(params.pb.windowed());
         let launch = Launch {
-            name: variant.name,
+            name,
             arch: variant.arch(),
             grid: ((shape.seqlen_q as u32).div_ceil(l.rows), shape.heads_q as u32, shape.batch as u32),
             threads: l.threads,
             smem: l.smem_bytes as usize,
-            emulate: variant.emulate,
+            emulate,
         };
         *launched = true;
         // SAFETY: every view was checked above against the memory it is in; the kernel reads

@@ -47,5 +47,5 @@ pub use error::{Error, Result};
 pub use flashattn_kernels as kernels;
 pub use flashattn_kernels::registry::{Arch, BWD_FAMILIES, BwdFamily, FWD_FAMILIES, FwdFamily, Pass};
 pub use forward::{AttnShape, Forward, FwdBuffers, FwdOutput, MAX_GRID_YZ, MAX_SCALE, MAX_SEQLEN, select_variant, validate};
-pub use options::{Attention, BwdOptions, FwdOptions};
+pub use options::{Attention, BwdOptions, FwdOptions, Window};
 pub use view::{AsView, View, ViewMut, contiguous_strides};

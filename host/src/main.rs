@@ -358,7 +358,7 @@ fn run<T: Dtype>(fa: &FlashAttn, a: &Args) -> flashattn::Result<bool> {
         heads_kv: a.heads_kv.unwrap_or(heads),
         head_dim,
     };
-    let attn = Attention { causal: a.causal, softmax_scale: a.scale };
+    let attn = Attention { causal: a.causal, softmax_scale: a.scale, ..Default::default() };
     // The whole request is checked before anything about it is printed.
     let plan = plan::<T>(fa, &s, &attn, a)?;
     println!("device:  {}", fa.device_name());
@@ -567,7 +567,7 @@ fn bench<T: Dtype>(fa: &FlashAttn, a: &Args) -> flashattn::Result<bool> {
                     heads_kv: heads,
                     head_dim: d,
                 };
-                let attn = Attention { causal, softmax_scale: None };
+                let attn = Attention { causal, softmax_scale: None, ..Default::default() };
                 let plan = plan::<T>(fa, &s, &attn, a)?;
                 cases.push((s, attn, plan));
             }

@@ -17,12 +17,56 @@ pub struct Attention {
     /// [`crate::MAX_SCALE`], of either sign; 0 is the limit scale -> 0+ (uniform weights over
     /// the visible keys).
     pub softmax_scale: Option<f32>,
+    /// Sliding window (local attention); [`Window::default`] is none. Forward only for now:
+    /// the backward of a windowed forward is refused ([`crate::Error::Unsupported`]).
+    pub window: Window,
+}
+
+/// A sliding window, FlashAttention's (FA2 >= 2.3): query row i sees key column j only if
+/// `i + seqlen_k - seqlen_q - left <= j <= i + seqlen_k - seqlen_q + right`; a side given as
+/// `None` is unbounded. With [`Attention::causal`] the right side is 0 whatever is given
+/// (the two masks' intersection). `Window { left: Some(w - 1), right: Some(0) }` is the
+/// usual causal window of w keys (Mistral's `sliding_window = w`). Rows that see no key get
+/// O = 0, LSE = -inf, as under causal masking. Key tiles outside every row's window are not
+/// read: the cost grows with the window, not with seqlen_k.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Window {
+    /// Keys visible before a row's diagonal (`None`: all).
+    pub left: Option<u32>,
+    /// Keys visible after it (`None`: all).
+    pub right: Option<u32>,
+}
+
+impl Window {
+    /// No window: both sides unbounded.
+    pub const NONE: Window = Window { left: None, right: None };
+
+    /// A window of `left` keys before and `right` keys after the diagonal.
+    pub fn new(left: Option<u32>, right: Option<u32>) -> Window {
+        Window { left, right }
+    }
+
+    /// Whether neither side is bounded.
+    pub fn is_none(&self) -> bool {
+        self.left.is_none() && self.right.is_none()
+    }
 }
 
 impl Attention {
     /// Causal attention with the default scale.
     pub fn causal() -> Attention {
-        Attention { causal: true, softmax_scale: None }
+        Attention { causal: true, ..Default::default() }
+    }
+    /// The same attention with sliding window `window`.
+    pub fn with_window(self, window: Window) -> Attention {
+        Attention { window, ..self }
+    }
+    /// Whether query row `row` sees key column `col` (of `seqlen_q` rows and `seqlen_k`
+    /// keys): the causal mask and the window, as the kernels apply them.
+    pub fn sees(&self, row: usize, col: usize, seqlen_q: usize, seqlen_k: usize) -> bool {
+        let diag = row as i64 + seqlen_k as i64 - seqlen_q as i64;
+        let (col, right) = (col as i64, if self.causal { Some(0) } else { self.window.right });
+        right.is_none_or(|r| col <= diag + r as i64) && self.window.left.is_none_or(|l| col >= diag - l as i64)
     }
     /// The same attention with softmax scale `scale`.
     pub fn with_scale(self, scale: f32) -> Attention {

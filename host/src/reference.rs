@@ -16,8 +16,9 @@ pub struct RefOutput {
     pub lse: Vec<f64>,
 }
 
-fn causal_hides(row: usize, col: usize, sq: usize, sk: usize) -> bool {
-    col as i64 > row as i64 + sk as i64 - sq as i64
+/// Whether `opts` hides key `j` from query row `i` (the causal mask and the window).
+fn hides(opts: &Attention, i: usize, j: usize, s: &AttnShape) -> bool {
+    !opts.sees(i, j, s.seqlen_q, s.seqlen_k)
 }
 
 /// The scale the softmax applies to the scores (the kernels' rule, `softmax::score_scale`):
@@ -43,7 +44,7 @@ fn attention_row(
     v: &[f64],
     s: &AttnShape,
     scale: f64,
-    causal: bool,
+    opts: &Attention,
     (b, h, i): (usize, usize, usize),
     out: &mut [f64],
     scores: &mut Vec<(usize, f64)>,
@@ -53,7 +54,7 @@ fn attention_row(
     let q_row = &q[((b * s.seqlen_q + i) * s.heads_q + h) * d..][..d];
     let sc = score_scale(scale);
     scores.clear();
-    for j in (0..s.seqlen_k).filter(|&j| !(causal && causal_hides(i, j, s.seqlen_q, s.seqlen_k))) {
+    for j in (0..s.seqlen_k).filter(|&j| !hides(opts, i, j, s)) {
         let k_row = &k[((b * s.seqlen_k + j) * s.heads_kv + hk) * d..][..d];
         let dot: f64 = q_row.iter().zip(k_row).map(|(a, b)| a * b).sum();
         scores.push((j, dot * sc));
@@ -80,7 +81,7 @@ fn attention_row(
 }
 
 /// Exact attention in f64. Q [b, sq, hq, d], K and V [b, sk, hkv, d], row-major; options
-/// as the kernels take them (scale, causal bottom-right aligned, GQA). Fully masked rows
+/// as the kernels take them (scale, causal bottom-right aligned, sliding window, GQA). Fully masked rows
 /// give O = 0 and LSE = -inf.
 pub fn attention_f64(q: &[f64], k: &[f64], v: &[f64], s: &AttnShape, opts: &Attention) -> RefOutput {
     let d = s.head_dim;
@@ -93,7 +94,7 @@ pub fn attention_f64(q: &[f64], k: &[f64], v: &[f64], s: &AttnShape, opts: &Atte
             for i in 0..s.seqlen_q {
                 let at = ((b * s.seqlen_q + i) * s.heads_q + h) * d;
                 let out = &mut o[at..at + d];
-                lse[(b * s.heads_q + h) * s.seqlen_q + i] = attention_row(q, k, v, s, scale, opts.causal, (b, h, i), out, &mut scores);
+                lse[(b * s.heads_q + h) * s.seqlen_q + i] = attention_row(q, k, v, s, scale, opts, (b, h, i), out, &mut scores);
             }
         }
     }
@@ -122,7 +123,7 @@ pub fn reference_rows<T: Dtype>(
     rows.iter()
         .map(|&r| {
             let mut out = vec![0.0; shape.head_dim];
-            let lse = attention_row(&q, &k, &v, shape, scale, opts.causal, r, &mut out, &mut scores);
+            let lse = attention_row(&q, &k, &v, shape, scale, opts, r, &mut out, &mut scores);
             (out, lse)
         })
         .collect()
@@ -163,7 +164,7 @@ pub fn naive_rows<T: Dtype>(
             let hk = h / (s.heads_q / s.heads_kv);
             let q_row = &q[((b * s.seqlen_q + i) * s.heads_q + h) * d..][..d];
             for (j, pj) in p.iter_mut().enumerate() {
-                *pj = if opts.causal && causal_hides(i, j, s.seqlen_q, s.seqlen_k) {
+                *pj = if hides(opts, i, j, s) {
                     f32::NEG_INFINITY
                 } else {
                     let k_row = &k[((b * s.seqlen_k + j) * s.heads_kv + hk) * d..][..d];
@@ -278,7 +279,7 @@ pub fn attention_backward_f64(q: &[f64], k: &[f64], v: &[f64], d_o: &[f64], s: &
                 let qi = ((b * s.seqlen_q + i) * s.heads_q + h) * d;
                 let (q_row, do_row) = (&q[qi..qi + d], &d_o[qi..qi + d]);
                 vis.clear();
-                vis.extend((0..s.seqlen_k).filter(|&j| !(opts.causal && causal_hides(i, j, s.seqlen_q, s.seqlen_k))));
+                vis.extend((0..s.seqlen_k).filter(|&j| !(hides(opts, i, j, s))));
                 let kj = |j: usize| ((b * s.seqlen_k + j) * s.heads_kv + hk) * d;
                 // P_ij = exp(S_ij - LSE_i), recomputed from the saved LSE as the kernels do
                 // (0 where the row has no weights at all: LSE -inf).
@@ -334,7 +335,7 @@ pub fn naive_backward<T: Dtype>(q: &[T], k: &[T], v: &[T], d_o: &[T], s: &AttnSh
                 let qi = ((b * s.seqlen_q + i) * s.heads_q + h) * d;
                 let kj = |j: usize| ((b * s.seqlen_k + j) * s.heads_kv + hk) * d;
                 for (j, pj) in p.iter_mut().enumerate() {
-                    *pj = if opts.causal && causal_hides(i, j, s.seqlen_q, s.seqlen_k) {
+                    *pj = if hides(opts, i, j, s) {
                         f32::NEG_INFINITY
                     } else {
                         rt((0..d).fold(0f32, |a, c| a + q[qi + c] * k[kj(j) + c])) * scale
@@ -400,7 +401,7 @@ pub fn backward_recompute_bound(q: &[f64], k: &[f64], v: &[f64], d_o: &[f64], s:
                 let qi = ((b * s.seqlen_q + i) * s.heads_q + h) * d;
                 let (q_row, do_row) = (&q[qi..qi + d], &d_o[qi..qi + d]);
                 let kj = |j: usize| ((b * s.seqlen_k + j) * s.heads_kv + hk) * d;
-                let vis: Vec<usize> = (0..s.seqlen_k).filter(|&j| !(opts.causal && causal_hides(i, j, s.seqlen_q, s.seqlen_k))).collect();
+                let vis: Vec<usize> = (0..s.seqlen_k).filter(|&j| !(hides(opts, i, j, s))).collect();
                 let dot = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>();
                 let dot_abs = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| (x * y).abs()).sum::<f64>();
                 let p: Vec<f64> = vis.iter().map(|&j| (dot(q_row, &k[kj(j)..kj(j) + d]) * sc - lse).exp()).collect();

@@ -15,7 +15,7 @@ use crate::copy::{body_head_dim, by_element, load_tile_in, negate_own_chunks, st
 use crate::dev::{self, Shared, block, thread, warp};
 use crate::dtype::MmaElement;
 use crate::epilogue::{quad_store_lse, warp_stage_o};
-use crate::mask::Mask;
+use crate::mask::{Mask, Window, kv_tiles};
 use crate::nonfinite::{own_chunks_nonfinite, warp_fix_stored_o, zero_own_nonfinite};
 use crate::params::FwdParams;
 use crate::smem::{LaneAddr, Layout};
@@ -27,7 +27,8 @@ use core::marker::PhantomData;
 /// and the counts derived from them, checked against it at compile time (see `tile::Config`):
 /// D = head_dim, DK = D / 16 (k-steps of Q K^T), DN = D / 8 (n-tiles of O), MT = m_tiles,
 /// BC = bc, NS = BC / 8 (n-tiles of S), QREG = q_in_regs, PAD = padded (head_dim may be less
-/// than D), FUSED = fused_exp. Causal or not is chosen at run time.
+/// than D), FUSED = fused_exp. Causal or not is chosen at run time; WINDOW: the
+/// sliding-window entry (`mask::Windowed`).
 ///
 /// # Safety
 /// `p` valid (host-checked), `p.pb.head_dim == D`, 128 threads and the tile's
@@ -45,6 +46,7 @@ pub unsafe fn entry<
     const QREG: bool,
     const PAD: bool,
     const FUSED: bool,
+    const WINDOW: bool,
 >(
     p: &FwdParams,
 ) {
@@ -54,7 +56,7 @@ pub unsafe fn entry<
         assert!(BC == t.bc as usize && NS * 8 == BC && QREG == t.q_in_regs && PAD == t.padded && FUSED == t.fused_exp);
     }
     unsafe {
-        with_mask!(p, M => match by_element(PAD, p.pb.head_dim) {
+        with_fwd_mask!(p, WINDOW, M => match by_element(PAD, p.pb.head_dim) {
             false => fwd::<T, C, M, D, DK, DN, MT, BC, NS, QREG, PAD, FUSED, false>(p),
             true => fwd::<T, C, M, D, DK, DN, MT, BC, NS, QREG, PAD, FUSED, true>(p),
         })
@@ -190,15 +192,17 @@ unsafe fn fwd<
     let k_g = unsafe { (p.k as *const T).add(p.k_strides.offset(b, 0, h_kv) as usize) };
     let v_g = unsafe { (p.v as *const T).add(p.v_strides.offset(b, 0, h_kv) as usize) };
 
+    // Key tiles first..n_tiles (a window's left edge first), masked from n_unmasked on.
     let row_end = (row0 + br as u32).min(sq);
-    let n_tiles = M::visible_cols(row_end, sq, sk).div_ceil(BC as u32) as usize;
-    let n_unmasked = ((M::unmasked_cols(row0, sq, sk) / BC as u32) as usize).min(n_tiles);
+    let (n_tiles, first, n_unmasked) = kv_tiles::<M>(&p.pb, row0, row_end, BC as u32);
 
     // Prologue: Q and the first K, V tile in flight.
     unsafe {
         load_q::<T, D, MT>(q_s, q_g, p.q_strides.row, sq - row0.min(sq), d);
-        if n_tiles > 0 {
-            load_kv::<T, D, BC, PAD>(k_s(0), v_s(0), k_g, v_g, p, sk, d);
+        if n_tiles > first {
+            let c1 = (first * BC) as u32;
+            let (k1, v1) = (k_g.add((c1 as u64 * p.k_strides.row) as usize), v_g.add((c1 as u64 * p.v_strides.row) as usize));
+            load_kv::<T, D, BC, PAD>(k_s(first % 2), v_s(first % 2), k1, v1, p, sk - c1, d);
         }
     }
     thread::cp_async_commit();
@@ -220,7 +224,7 @@ unsafe fn fwd<
     if FUSED && p.pb.scale < 0.0 {
         negate_q::<D, MT>(q_s.cast());
     }
-    for j in 0..n_tiles {
+    for j in first..n_tiles {
         // Prefetch K_{j+1}, V_{j+1} into the other stage while tile j is computed.
         if j + 1 < n_tiles {
             let c1 = ((j + 1) * BC) as u32;
@@ -237,7 +241,7 @@ unsafe fn fwd<
         // and the block told whether there were any (`nonfinite`).
         let masked = j >= n_unmasked;
         let bad_v = clean_v_vote::<T, D, BC>(v_s(j % 2), masked);
-        if QREG && j == 0 {
+        if QREG && j == first {
             load_q_frag::<T, D, DK, MT>(q_s, q_addr, w, &mut q_frag);
         }
         let ctx = Step::<T, D, DK, MT, QREG, FUSED> {
@@ -267,7 +271,7 @@ unsafe fn fwd<
         // Everyone is done with stage j % 2 before iteration j + 1 refills it.
         block::sync();
     }
-    if n_tiles == 0 {
+    if n_tiles <= first {
         // No key visible: no loop, so no barrier has ordered the block's Q copies (and the
         // sign flips of a negative scale) before the epilogue reuses the Q tile for O.
         thread::cp_async_wait::<0>();
@@ -313,15 +317,16 @@ fn fix_stored_o<T: MmaElement, M: Mask, const MT: usize, const BC: usize>(
     let BlockInfo { blk: q_blk, h, b } = BlockInfo::rows_per_head::<M>(sq.div_ceil(br as u32));
     let (h, b) = (thread::opaque(h as u64) as u32, thread::opaque(b as u64) as u32);
     let row0 = q_blk * br as u32;
-    let n_tiles = M::visible_cols((row0 + br as u32).min(sq), sq, sk).div_ceil(BC as u32);
-    let c0 = (M::unmasked_cols(row0, sq, sk) / BC as u32).min(n_tiles) * BC as u32;
+    let (n_tiles, _, n_unmasked) = kv_tiles::<M>(&p.pb, row0, (row0 + br as u32).min(sq), BC as u32);
+    let (n_tiles, c0) = (n_tiles as u32, (n_unmasked * BC) as u32);
     let v0 = p.v + 2 * p.v_strides.offset(b, 0, h / (p.pb.heads_q / p.pb.heads_kv));
     let o_g = p.o + 2 * p.o_strides.offset(b, 0, h);
     let lse_g = p.lse + 4 * p.lse_row(b, h);
     let rows = ((row0 as u64 + (w * MT * 16) as u64) << 32) | (((MT * 16) as u64) << 16) | d as u64;
     let keys = ((c0 as u64) << 32) | (n_tiles * BC as u32 - c0) as u64;
     // SAFETY: O and LSE rows below seqlen_q, V rows below seqlen_k.
-    unsafe { warp_fix_stored_o::<T, M>(o_g, p.o_strides.row, lse_g, v0, p.v_strides.row, rows, keys, ((sq as u64) << 32) | sk as u64) };
+    let (seqlens, window) = (((sq as u64) << 32) | sk as u64, Window::<M>::new(&p.pb).pack());
+    unsafe { warp_fix_stored_o::<T, M>(o_g, p.o_strides.row, lse_g, v0, p.v_strides.row, rows, keys, seqlens, window) };
 }
 
 /// What one KV step of one warp reads.
@@ -379,6 +384,8 @@ impl<T: MmaElement, const D: usize, const DK: usize, const MT: usize, const QREG
 
         let mut alpha = [[1f32; 2]; MT];
         let mut p_16 = [[[0u32; 2]; NS]; MT];
+        // The window's bounds fresh each tile (`Window::opaque`).
+        let win = Window::<M>::new(&p.pb).opaque();
         for mt in 0..MT {
             // Raw scores (FUSED) or scaled ones, -inf where MASKED; split by row (g, g + 8).
             let mut s = [[[0f32; 2]; NS]; 2];
@@ -389,7 +396,7 @@ impl<T: MmaElement, const D: usize, const DK: usize, const MT: usize, const QREG
                     if MASKED {
                         let row = self.row0 + (mt * 16 + g + 8 * half) as u32;
                         let col = c0 + (n * 8 + 2 * t + e % 2) as u32;
-                        if col >= p.pb.seqlen_k || M::hides(row, col, p.pb.seqlen_q, p.pb.seqlen_k) {
+                        if col >= p.pb.seqlen_k || win.hidden(row, col, p.pb.seqlen_q, p.pb.seqlen_k) {
                             x = f32::NEG_INFINITY;
                         }
                     }

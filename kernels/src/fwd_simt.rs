@@ -8,20 +8,23 @@
 use crate::copy::load_tile_f32;
 use crate::dev::{self, Shared, block, global, thread, warp};
 use crate::dtype::Element;
-use crate::mask::Mask;
+use crate::mask::{Mask, Window, kv_tiles};
 use crate::params::FwdParams;
 use crate::softmax::{Domain, Natural, RowState, normalize};
 use crate::tile::{Config, SimtTile};
 
-/// Entry body for one tile shape; causal or not is chosen at run time.
+/// Entry body for one tile shape; causal or not is chosen at run time, and WINDOW makes it
+/// the sliding-window entry (`mask::Windowed`).
 ///
 /// # Safety
 /// `p` must describe valid device buffers, checked by the host; the launch must use
 /// `tile.threads()` threads and `tile.smem_bytes(head_dim)` bytes of dynamic shared memory.
 #[inline(always)]
-pub unsafe fn entry<T: Element, C: Config<Tile = SimtTile>, const ROWS: usize, const DCH: usize, const SC: usize>(p: &FwdParams) {
+pub unsafe fn entry<T: Element, C: Config<Tile = SimtTile>, const ROWS: usize, const DCH: usize, const SC: usize, const WINDOW: bool>(
+    p: &FwdParams,
+) {
     const { assert!(ROWS == C::TILE.rows_per_warp as usize && DCH == C::TILE.d_chunks as usize && SC == C::TILE.s_cols as usize) };
-    unsafe { with_mask!(p, M => fwd::<T, C, M, ROWS, DCH, SC>(p)) }
+    unsafe { with_fwd_mask!(p, WINDOW, M => fwd::<T, C, M, ROWS, DCH, SC>(p)) }
 }
 
 #[inline(always)]
@@ -33,7 +36,7 @@ unsafe fn fwd<T: Element, C: Config<Tile = SimtTile>, M: Mask, const ROWS: usize
     }
     let (q_blk, h, b) = block::idx();
     let (w, lane) = (warp::id(), warp::lane());
-    let (sq, sk) = (p.pb.seqlen_q, p.pb.seqlen_k);
+    let sq = p.pb.seqlen_q;
     let h_kv = h / (p.pb.heads_q / p.pb.heads_kv);
     let row0 = q_blk * br;
     let ks = SimtTile::k_stride(d);
@@ -51,19 +54,21 @@ unsafe fn fwd<T: Element, C: Config<Tile = SimtTile>, M: Mask, const ROWS: usize
     // Q_i: this block's query rows, loaded once.
     unsafe { load_tile_f32(q_s, d, q_g, p.q_strides.row, row0, br, sq, d) };
 
-    // KV tiles: those the mask leaves wholly visible first, then those that need masking.
+    // KV tiles: from the first any row sees (a window's left edge), those the mask leaves
+    // wholly visible first, then those that need masking (every tile of a window).
     let row_end = if row0 + br < sq { row0 + br } else { sq };
-    let n_tiles = M::visible_cols(row_end, sq, sk).div_ceil(bc);
-    let n_unmasked = (M::unmasked_cols(row0, sq, sk) / bc).min(n_tiles);
+    let win = Window::<M>::new(&p.pb);
+    let (n_tiles, first, n_unmasked) = kv_tiles::<M>(&p.pb, row0, row_end, bc);
+    let (n_tiles, first, n_unmasked) = (n_tiles as u32, first as u32, n_unmasked as u32);
 
     let mut acc_o = [[0f32; DCH]; ROWS];
     let mut rows = [RowState::INIT; ROWS];
-    let ctx = Step { p, tile, q_s, k_s, v_s, p_s, k_g, v_g, row0 };
-    for j in 0..n_unmasked {
-        unsafe { ctx.kv_step::<M, false, ROWS, DCH, SC>(j, &mut acc_o, &mut rows) };
+    let ctx = Step { p, tile, q_s, k_s, v_s, p_s, k_g, v_g, row0, win };
+    for j in first..n_unmasked {
+        unsafe { ctx.kv_step::<false, ROWS, DCH, SC>(j, &mut acc_o, &mut rows) };
     }
     for j in n_unmasked..n_tiles {
-        unsafe { ctx.kv_step::<M, true, ROWS, DCH, SC>(j, &mut acc_o, &mut rows) };
+        unsafe { ctx.kv_step::<true, ROWS, DCH, SC>(j, &mut acc_o, &mut rows) };
     }
 
     // O_i = acc_o / l_i; LSE_i = m_i + log l_i. Rows past seqlen_q still join the warp's
@@ -89,8 +94,10 @@ unsafe fn fwd<T: Element, C: Config<Tile = SimtTile>, M: Mask, const ROWS: usize
 }
 
 /// What every KV step of one block reads.
-struct Step<'a, T> {
+struct Step<'a, T, M> {
     p: &'a FwdParams,
+    /// The window's bounds (none unless M is `Windowed`).
+    win: Window<M>,
     tile: SimtTile,
     q_s: Shared<f32>,
     k_s: Shared<f32>,
@@ -101,11 +108,11 @@ struct Step<'a, T> {
     row0: u32,
 }
 
-impl<T: Element> Step<'_, T> {
+impl<T: Element, M: Mask> Step<'_, T, M> {
     /// One iteration of the KV loop over key tile `j`; MASKED adds the mask and the seqlen_k
     /// bound to the scores.
     #[inline(always)]
-    unsafe fn kv_step<M: Mask, const MASKED: bool, const ROWS: usize, const DCH: usize, const SC: usize>(
+    unsafe fn kv_step<const MASKED: bool, const ROWS: usize, const DCH: usize, const SC: usize>(
         &self,
         j: u32,
         acc_o: &mut [[f32; DCH]; ROWS],
@@ -146,7 +153,7 @@ impl<T: Element> Step<'_, T> {
             for (c, x) in s_row.iter_mut().enumerate() {
                 *x *= Natural::factor(p.pb.scale);
                 let col = c0 + lane + 32 * c as u32;
-                if MASKED && (col >= sk || M::hides(row, col, sq, sk)) {
+                if MASKED && (col >= sk || self.win.hidden(row, col, sq, sk)) {
                     *x = f32::NEG_INFINITY;
                 }
             }
@@ -176,7 +183,7 @@ impl<T: Element> Step<'_, T> {
                 }
             }
             for (i, a_row) in acc_o.iter_mut().enumerate() {
-                if MASKED && M::hides(self.row0 + r_w + i as u32, c0 + kk, sq, sk) {
+                if MASKED && self.win.hidden(self.row0 + r_w + i as u32, c0 + kk, sq, sk) {
                     continue;
                 }
                 let pv = self.p_s.ld(((r_w + i as u32) * bc + kk) as usize);

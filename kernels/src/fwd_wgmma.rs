@@ -16,7 +16,7 @@ use crate::copy::{body_head_dim, by_element, load_tile_in, negate_own_chunks};
 use crate::dev::{self, Shared, block, thread, warp, warpgroup};
 use crate::dtype::MmaElement;
 use crate::epilogue::{quad_store_lse, warp_stage_o, warp_store_staged};
-use crate::mask::Mask;
+use crate::mask::{Mask, Window, kv_tiles};
 use crate::nonfinite::{add_nonfinite, own_chunks_nonfinite, row_at, zero_own_nonfinite};
 use crate::params::FwdParams;
 use crate::smem::Sw;
@@ -27,7 +27,8 @@ use core::marker::PhantomData;
 /// Entry body for one tile `C` (`tile::wgmma_tile`). Its const parameters are the tile's
 /// fields and the counts derived from them, checked against it at compile time (see
 /// `tile::Config`): D = head_dim, WG = warpgroups, BC = bc, NS = BC / 8 (n-tiles of S),
-/// DN = D / 8 (n-tiles of O), KS = BC / 16 (k-steps of P V), PAD = padded.
+/// DN = D / 8 (n-tiles of O), KS = BC / 16 (k-steps of P V), PAD = padded; WINDOW: the
+/// sliding-window entry (`mask::Windowed`).
 ///
 /// # Safety
 /// `p` valid (host-checked), `p.pb.head_dim <= D`, 128 WG threads and the tile's
@@ -43,6 +44,7 @@ pub unsafe fn entry<
     const DN: usize,
     const KS: usize,
     const PAD: bool,
+    const WINDOW: bool,
 >(
     p: &FwdParams,
 ) {
@@ -52,7 +54,7 @@ pub unsafe fn entry<
         assert!(NS * 8 == BC && DN * 8 == D && KS * 16 == BC);
     }
     unsafe {
-        with_mask!(p, M => match by_element(PAD, p.pb.head_dim) {
+        with_fwd_mask!(p, WINDOW, M => match by_element(PAD, p.pb.head_dim) {
             false => fwd::<T, C, M, D, WG, BC, NS, DN, KS, PAD, false>(p),
             true => fwd::<T, C, M, D, WG, BC, NS, DN, KS, PAD, true>(p),
         })
@@ -118,23 +120,23 @@ unsafe fn fwd<
     let k_g = unsafe { (p.k as *const T).add(p.k_strides.offset(b, 0, h_kv) as usize) };
     let v_g = unsafe { (p.v as *const T).add(p.v_strides.offset(b, 0, h_kv) as usize) };
 
+    // Key tiles first..n_tiles (a window's left edge first), masked from n_unmasked on.
     let row_end = (row0 + br as u32).min(sq);
-    let n_tiles = M::visible_cols(row_end, sq, sk).div_ceil(BC as u32) as usize;
-    let n_unmasked = ((M::unmasked_cols(row0, sq, sk) / BC as u32) as usize).min(n_tiles);
+    let (n_tiles, first, n_unmasked) = kv_tiles::<M>(&p.pb, row0, row_end, BC as u32);
     let tiles = Tiles::<T, D, WG, BC, PAD> { p, smem, q_s: smem.slice(0, br * D), br, q_g, k_g, v_g, d, sq, sk, row0 };
 
     // Copy groups: G_0 = {Q, K_0}, then G_j = {K_j, V_(j-1)} for j >= 1 (K_n does not
     // exist): iteration j needs G_j and issues G_(j+1) into the stages iteration j - 1 freed.
     tiles.load_q();
-    if n_tiles > 0 {
-        tiles.load_k(0, 0);
+    if n_tiles > first {
+        tiles.load_k(first % 2, (first * BC) as u32);
     }
     thread::cp_async_commit();
-    if n_tiles > 0 {
-        if n_tiles > 1 {
-            tiles.load_k(1, BC as u32);
+    if n_tiles > first {
+        if n_tiles > first + 1 {
+            tiles.load_k((first + 1) % 2, ((first + 1) * BC) as u32);
         }
-        tiles.load_v(0, 0);
+        tiles.load_v(first % 2, (first * BC) as u32);
     }
     thread::cp_async_commit();
     // Raw scores; c = |scale| log2 e turns them into the exponent with one FFMA; a negative
@@ -163,21 +165,21 @@ unsafe fn fwd<
         c,
         _mask: PhantomData,
     };
-    if n_tiles > 0 {
-        // Tile 0: S_0, its softmax, P_0 (acc_o is still 0: nothing to rescale).
+    if n_tiles > first {
+        // The first tile: S, its softmax, P (acc_o is still 0: nothing to rescale).
         thread::cp_async_wait::<1>();
         thread::fence_proxy_async();
         block::sync();
         warpgroup::fence();
-        f.issue_s(0, &mut acc_s);
+        f.issue_s(first % 2, &mut acc_s);
         warpgroup::wait::<0, NS>(&mut acc_s);
-        let alpha = f.softmax(0, n_unmasked == 0, &mut acc_s, &mut rows);
+        let alpha = f.softmax(first, n_unmasked == first, &mut acc_s, &mut rows);
         f.rescale_and_pack(alpha, &acc_s, &mut acc_o, &mut pa);
     }
     // The unmasked iterations, then the masked ones (the causal diagonal, the seqlen_k edge).
     // `masked` is a literal at each call, so the unmasked iterations carry no mask code.
-    let split = n_unmasked.clamp(1, n_tiles.max(1));
-    for j in 1..split {
+    let split = n_unmasked.clamp(first + 1, n_tiles.max(first + 1));
+    for j in first + 1..split {
         f.step(j, false, &mut acc_s, &mut acc_o, &mut pa, &mut rows);
     }
     // Whether a masked tile's V held a NaN or an infinity (zeroed for the product, added back
@@ -186,7 +188,7 @@ unsafe fn fwd<
     for j in split..n_tiles {
         bad_v |= f.step(j, true, &mut acc_s, &mut acc_o, &mut pa, &mut rows);
     }
-    if n_tiles > 0 {
+    if n_tiles > first {
         // O += P_(n-1) V_(n-1).
         thread::cp_async_wait::<0>();
         bad_v |= tiles.sync_v((n_tiles - 1) % 2, n_tiles > n_unmasked);
@@ -419,6 +421,8 @@ impl<
     fn softmax(&self, j: usize, masked: bool, acc_s: &mut [[f32; 4]; NS], rows: &mut [RowState; 2]) -> [f32; 2] {
         let (g, t, sq, sk) = (self.g, self.t, self.tiles.sq, self.tiles.sk);
         let c0 = (j * BC) as u32;
+        // The window's bounds fresh each tile (`Window::opaque`).
+        let win = Window::<M>::new(&self.tiles.p.pb).opaque();
         let mut s = [[[0f32; 2]; NS]; 2];
         for (n, a) in acc_s.iter().enumerate() {
             for e in 0..4 {
@@ -427,7 +431,7 @@ impl<
                 if masked {
                     let row = self.row_w + (g + 8 * half) as u32;
                     let col = c0 + (n * 8 + 2 * t + e % 2) as u32;
-                    if col >= sk || M::hides(row, col, sq, sk) {
+                    if col >= sk || win.hidden(row, col, sq, sk) {
                         x = f32::NEG_INFINITY;
                     }
                 }
@@ -528,7 +532,7 @@ impl<
                 (*self.n_tiles - *self.n_unmasked) * BC,
                 self.tiles.d,
                 |k| row_at(v0, p.v_strides.row, sk - c0, k),
-                |h, k| !M::hides(r + 8 * h as u32, c0 + k as u32, sq, sk),
+                |h, k| !Window::<M>::new(&p.pb).hidden(r + 8 * h as u32, c0 + k as u32, sq, sk),
             )
         };
     }

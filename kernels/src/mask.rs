@@ -1,11 +1,23 @@
 //! Masks as types. Causal masking is bottom-right aligned (FlashAttention >= 2.1): query row
 //! i sees key column j iff j <= i + (seqlen_k - seqlen_q). With seqlen_q > seqlen_k the first
 //! rows see nothing: their output is 0 and their LSE is -inf.
+//!
+//! A sliding window (FA2 >= 2.3: query row i sees key j iff
+//! i + sk - sq - left <= j <= i + sk - sq + right, each side unbounded when not given) is the
+//! mask [`Windowed`] with the bounds of [`Window`], read from the launch parameters; with
+//! causal masking the right bound is 0. The forward kernels take it (`with_fwd_mask!`); every
+//! tile of its key range is masked, the tiles outside it are never loaded.
+
+use crate::params::{NO_WINDOW, Problem};
+use core::marker::PhantomData;
 
 /// A mask over the score matrix; also the bounds of the key/value loop.
 pub trait Mask {
     /// Whether later query rows see more keys (the work per row tile grows with the row).
     const CAUSAL: bool;
+    /// Whether the mask is a sliding window ([`Window`] holds its bounds; the functions
+    /// below leave them out).
+    const WINDOW: bool = false;
     /// Whether key column `col` is hidden from query row `row`.
     fn hides(row: u32, col: u32, seqlen_q: u32, seqlen_k: u32) -> bool;
     /// Number of key columns query rows `..row_end` can see at most (the KV loop's end).
@@ -63,5 +75,219 @@ impl Mask for Causal {
     fn first_visible_row(col: u32, sq: u32, sk: u32) -> u32 {
         // col <= row + sk - sq  <=>  row >= col + sq - sk.
         (col as i64 + sq as i64 - sk as i64).clamp(0, sq as i64) as u32
+    }
+}
+
+/// A sliding window, causal or not: its bounds are the launch's ([`Window`]).
+pub struct Windowed;
+
+impl Mask for Windowed {
+    const CAUSAL: bool = false;
+    const WINDOW: bool = true;
+    #[inline(always)]
+    fn hides(_row: u32, _col: u32, _sq: u32, _sk: u32) -> bool {
+        false
+    }
+    #[inline(always)]
+    fn visible_cols(_row_end: u32, _sq: u32, sk: u32) -> u32 {
+        sk
+    }
+    #[inline(always)]
+    fn unmasked_cols(_row_start: u32, _sq: u32, _sk: u32) -> u32 {
+        0
+    }
+    #[inline(always)]
+    fn first_visible_row(_col: u32, _sq: u32, _sk: u32) -> u32 {
+        0
+    }
+}
+
+/// The window bounds of mask `M` (none unless `M::WINDOW`): each side's distance from the
+/// bottom-right diagonal, [`NO_WINDOW`] for unbounded. Every function is also right for
+/// masks without a window (then constant: no code).
+pub struct Window<M> {
+    left: u32,
+    right: u32,
+    _mask: PhantomData<M>,
+}
+
+// By hand: derived, they would ask M (a marker type) to be Copy.
+impl<M> Clone for Window<M> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<M> Copy for Window<M> {}
+
+impl<M: Mask> Window<M> {
+    /// The launch's window (`Problem::window_left`, `window_right`).
+    #[inline(always)]
+    pub fn new(pb: &Problem) -> Self {
+        match M::WINDOW {
+            true => Window { left: pb.window_left, right: pb.window_right, _mask: PhantomData },
+            false => Window { left: NO_WINDOW, right: NO_WINDOW, _mask: PhantomData },
+        }
+    }
+
+    /// The bounds packed in one word (left << 32 | right), for a call that must keep its
+    /// arguments few; [`Window::unpack`] reverses it.
+    #[inline(always)]
+    pub fn pack(self) -> u64 {
+        ((self.left as u64) << 32) | self.right as u64
+    }
+
+    #[inline(always)]
+    pub fn unpack(w: u64) -> Self {
+        Window { left: (w >> 32) as u32, right: w as u32, _mask: PhantomData }
+    }
+
+    /// The key columns `lo..hi` the window shows query row `row` (M's own mask aside),
+    /// clamped to `0..=sk`: two u32 per row, the cheapest form to keep in registers.
+    #[inline(always)]
+    pub fn cols(self, row: u32, sq: u32, sk: u32) -> (u32, u32) {
+        if !M::WINDOW {
+            return (0, sk);
+        }
+        let diag = row as i64 + sk as i64 - sq as i64;
+        let lo = if self.left == NO_WINDOW { 0 } else { (diag - self.left as i64).clamp(0, sk as i64) as u32 };
+        let hi = if self.right == NO_WINDOW { sk } else { (diag + self.right as i64 + 1).clamp(0, sk as i64) as u32 };
+        (lo, hi)
+    }
+
+    /// The same bounds through an opaque move: LLVM can neither hoist what is computed from
+    /// them out of a loop nor keep it live across one (at head_dim 192 the Hopper forward's
+    /// per-row bounds, hoisted out of the KV loop, spilled).
+    #[inline(always)]
+    pub fn opaque(self) -> Self {
+        if !M::WINDOW {
+            return self;
+        }
+        Self::unpack(crate::dev::thread::opaque(self.pack()))
+    }
+
+    /// Whether the window hides key `col` (below seqlen_k) from query row `row` (M's own
+    /// mask aside).
+    #[inline(always)]
+    pub fn hides(self, row: u32, col: u32, sq: u32, sk: u32) -> bool {
+        if !M::WINDOW {
+            return false;
+        }
+        let (lo, hi) = self.cols(row, sq, sk);
+        col < lo || col >= hi
+    }
+
+    /// Whether mask M or the window hides key `col` from query row `row`.
+    #[inline(always)]
+    pub fn hidden(self, row: u32, col: u32, sq: u32, sk: u32) -> bool {
+        M::hides(row, col, sq, sk) || self.hides(row, col, sq, sk)
+    }
+
+    /// The first key column any row from `row_start` on sees (the KV loop's start).
+    #[inline(always)]
+    pub fn first_col(self, row_start: u32, sq: u32, sk: u32) -> u32 {
+        if !M::WINDOW || self.left == NO_WINDOW {
+            return 0;
+        }
+        (row_start as i64 + sk as i64 - sq as i64 - self.left as i64).clamp(0, sk as i64) as u32
+    }
+
+    /// Key columns `..n` hold every key rows `..row_end` see (the KV loop's end), with M's
+    /// own bound.
+    #[inline(always)]
+    pub fn end_col(self, row_end: u32, sq: u32, sk: u32) -> u32 {
+        let end = M::visible_cols(row_end, sq, sk);
+        if !M::WINDOW || self.right == NO_WINDOW || row_end == 0 {
+            return end;
+        }
+        let last = row_end as i64 - 1 + sk as i64 - sq as i64 + self.right as i64;
+        (last + 1).clamp(0, end as i64) as u32
+    }
+}
+
+/// The key tiles (of `bc` keys) a block of query rows `row0..row_end` runs, as
+/// (end, first, first masked): tiles `first..end` hold every key its rows see (from a
+/// window's left edge), and from the third on they need the mask (every tile of a window).
+#[inline(always)]
+pub fn kv_tiles<M: Mask>(pb: &Problem, row0: u32, row_end: u32, bc: u32) -> (usize, usize, usize) {
+    let (sq, sk, win) = (pb.seqlen_q, pb.seqlen_k, Window::<M>::new(pb));
+    let n_tiles = win.end_col(row_end, sq, sk).div_ceil(bc) as usize;
+    let first = (win.first_col(row0, sq, sk) / bc) as usize;
+    let n_unmasked = ((M::unmasked_cols(row0, sq, sk) / bc) as usize).min(n_tiles).max(first);
+    (n_tiles, first, n_unmasked)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::format;
+
+    /// For every shape, window and block of rows: the tiles `kv_tiles` runs hold every key a
+    /// row of the block sees, and the tiles it runs unmasked hide nothing (with the window's
+    /// rule written out here: i + sk - sq - left <= j <= i + sk - sq + right, causal: j <=
+    /// i + sk - sq).
+    #[test]
+    fn window_tiles_cover_every_visible_key() {
+        let sides = [None, Some(0), Some(1), Some(5), Some(17), Some(64), Some(1000)];
+        for (sq, sk) in [(1, 1), (7, 30), (30, 7), (64, 64), (100, 230), (150, 90), (129, 257)] {
+            for causal in [false, true] {
+                for left in sides {
+                    for right in sides {
+                        let pb = Problem {
+                            seqlen_q: sq,
+                            seqlen_k: sk,
+                            causal: causal as u32,
+                            window_left: left.unwrap_or(NO_WINDOW),
+                            window_right: match (left, right) {
+                                (None, None) => NO_WINDOW,
+                                _ if causal => 0,
+                                _ => right.unwrap_or(NO_WINDOW),
+                            },
+                            ..Problem::default()
+                        };
+                        let sees = |i: u32, j: u32| {
+                            let diag = i as i64 + sk as i64 - sq as i64;
+                            let right = if causal { Some(0) } else { right };
+                            j < sk && right.is_none_or(|r| j as i64 <= diag + r as i64) && left.is_none_or(|l| j as i64 >= diag - l as i64)
+                        };
+                        for (br, bc) in [(16, 16), (64, 64), (128, 176), (1, 32)] {
+                            let mut row0 = 0;
+                            while row0 < sq {
+                                let row_end = (row0 + br).min(sq);
+                                let (n, first, unmasked) = match (pb.windowed(), causal) {
+                                    (true, _) => kv_tiles::<Windowed>(&pb, row0, row_end, bc),
+                                    (false, true) => kv_tiles::<Causal>(&pb, row0, row_end, bc),
+                                    (false, false) => kv_tiles::<NoMask>(&pb, row0, row_end, bc),
+                                };
+                                let hidden = |i: u32, j: u32| match (pb.windowed(), causal) {
+                                    (true, _) => Window::<Windowed>::new(&pb).hidden(i, j, sq, sk),
+                                    (false, true) => Window::<Causal>::new(&pb).hidden(i, j, sq, sk),
+                                    (false, false) => Window::<NoMask>::new(&pb).hidden(i, j, sq, sk),
+                                };
+                                let ctx =
+                                    || format!("sq {sq} sk {sk} causal {causal} window {left:?} {right:?} rows {row0}..{row_end} bc {bc}");
+                                assert!(first <= unmasked && unmasked <= n.max(first), "{}: {first} {unmasked} {n}", ctx());
+                                for i in row0..row_end {
+                                    for j in 0..sk {
+                                        assert_eq!(!hidden(i, j), sees(i, j), "{}: row {i} key {j}", ctx());
+                                        let tile = (j / bc) as usize;
+                                        if sees(i, j) {
+                                            assert!(
+                                                first <= tile && tile < n,
+                                                "{}: row {i} sees key {j} outside tiles {first}..{n}",
+                                                ctx()
+                                            );
+                                        }
+                                        if tile >= first && tile < unmasked {
+                                            assert!(sees(i, j), "{}: unmasked tile {tile} hides key {j} from row {i}", ctx());
+                                        }
+                                    }
+                                }
+                                row0 = row_end;
+                            }
+                        }
+                    }
+                }
+            }
+        }
     }
 }

@@ -22,7 +22,7 @@
 
 use crate::dev::{Shared, global, thread, warp};
 use crate::dtype::{Element, MmaElement};
-use crate::mask::Mask;
+use crate::mask::{Mask, Window};
 use crate::smem::{Chunks, TileLayout};
 
 /// The exponent bits of T's 16-bit format: all set in a NaN or an infinity.
@@ -209,7 +209,7 @@ pub(crate) fn row_at<T: Element>(base: *const T, stride: u64, limit: u32, r: usi
 /// [`add_nonfinite`] on the stored O instead of the accumulators, over keys
 /// `c0..c0 + keys` (below seqlen_k), for the `rows` rows of the warp from `row0` (below
 /// seqlen_q): O and LSE of those rows at `o` (row stride `o_stride`) and `lse`, V's rows from
-/// key 0 at `v` (row stride `v_stride`); mask M. For a kernel with no registers to spare for
+/// key 0 at `v` (row stride `v_stride`); mask M with window `window` (`Window::pack`). For a kernel with no registers to spare for
 /// it in the accumulators' company: a function of its own, not inlined (inlined, its code
 /// made the d = 128 tensor-core forward spill, and so did a call with the launch parameters
 /// by value or a dozen arguments: the pairs are packed into u64s). Rows without weights (LSE
@@ -228,8 +228,10 @@ pub(crate) unsafe fn warp_fix_stored_o<T: Element, M: Mask>(
     rows_from: u64,
     keys_from: u64,
     seqlens: u64,
+    window: u64,
 ) {
     let (o, lse, v) = (o as *mut T, lse as *const f32, v as *const T);
+    let win = Window::<M>::unpack(window);
     let (row0, rows, d) = ((rows_from >> 32) as u32, (rows_from >> 16) as u32 & 0xffff, rows_from as u32 & 0xffff);
     let (c0, keys) = ((keys_from >> 32) as u32, keys_from as u32);
     let (sq, sk) = ((seqlens >> 32) as u32, seqlens as u32);
@@ -240,7 +242,7 @@ pub(crate) unsafe fn warp_fix_stored_o<T: Element, M: Mask>(
             let mut add = 0f32;
             let mut key = c0;
             while key < (c0 + keys).min(sk) {
-                if !M::hides(r, key, sq, sk) {
+                if !win.hidden(r, key, sq, sk) {
                     let x = unsafe { global::load(v.add((key as u64 * v_stride + c as u64) as usize)) }.to_f32();
                     if !x.is_finite() {
                         add += x;

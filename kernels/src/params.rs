@@ -32,9 +32,9 @@ impl Strides {
 
 /// The attention problem, as both passes' kernels read it: sizes, scale and mask. The last
 /// part of [`FwdParams`] and [`BwdParams`] (4-byte fields after their 8-byte ones: the same
-/// layout as fields of their own). The masks to come (window, softcap, ...) join it here.
+/// layout as fields of their own). The masks to come (softcap, ...) join it here.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Problem {
     pub batch: u32,
     pub heads_q: u32,
@@ -47,10 +47,44 @@ pub struct Problem {
     pub scale: f32,
     /// 1 for causal masking (bottom-right aligned), 0 for none.
     pub causal: u32,
+    /// Sliding window (`mask::Window`): keys more than `window_left` before or `window_right`
+    /// after a row's bottom-right diagonal are hidden; [`NO_WINDOW`] for unbounded (both for
+    /// no window). With a window and causal masking the host sets `window_right` to 0.
+    pub window_left: u32,
+    pub window_right: u32,
+}
+
+/// A window side without a bound.
+pub const NO_WINDOW: u32 = u32::MAX;
+
+impl Default for Problem {
+    /// All sizes 0, no mask, no window.
+    fn default() -> Self {
+        Problem {
+            batch: 0,
+            heads_q: 0,
+            heads_kv: 0,
+            seqlen_q: 0,
+            seqlen_k: 0,
+            head_dim: 0,
+            scale: 0.0,
+            causal: 0,
+            window_left: NO_WINDOW,
+            window_right: NO_WINDOW,
+        }
+    }
+}
+
+impl Problem {
+    /// Whether a sliding window is set (the `mask::Windowed` kernels).
+    #[inline(always)]
+    pub fn windowed(&self) -> bool {
+        self.window_left != NO_WINDOW || self.window_right != NO_WINDOW
+    }
 }
 
 // Four-byte fields only: after the params structs' 8-byte ones it adds no padding.
-const _: () = assert!(core::mem::size_of::<Problem>() == 32 && core::mem::align_of::<Problem>() == 4);
+const _: () = assert!(core::mem::size_of::<Problem>() == 40 && core::mem::align_of::<Problem>() == 4);
 
 /// Parameters of the forward kernels.
 ///

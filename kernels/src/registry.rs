@@ -1,6 +1,6 @@
 //! Every kernel variant, by family. A family is one descriptor (its name, PTX module, tile
 //! function, passes, and what it promises: determinism, the residual); a variant is one line
-//! (its entry name, dtype and head-dim class). Everything else the host needs to launch a
+//! (its entry name, for a forward also its sliding-window entry's, dtype and head-dim class). Everything else the host needs to launch a
 //! variant (rows per block, threads, shared memory, register cap, which head dims it serves)
 //! is derived from the family's tile function, so it cannot drift from the kernel.
 //!
@@ -19,7 +19,7 @@ use crate::params::{BwdParams, FwdParams};
 use crate::tile::{
     Config, MmaBwdTile, MmaTile, SimtKvTile, SimtTile, WgmmaBwdTile, WgmmaTile, mma_bwd_tile, mma_bwd_tile_atomic, mma_tile, mma_tile_br64,
     mma_tile_unfused, simt_dq_smem_bytes, simt_dq_tile, simt_kv_tile, simt_tile, wgmma_bwd_tile, wgmma_bwd_tile_atomic, wgmma_tile,
-    wgmma_tile_wg2,
+    wgmma_tile_wg2, wgmma_window_tile,
 };
 
 /// The PTX module a variant is compiled into, and so the devices it runs on.
@@ -218,6 +218,9 @@ impl core::fmt::Display for FwdFamily {
 pub struct FwdVariant {
     /// PTX entry name.
     pub name: &'static str,
+    /// PTX entry name of the same kernel with a sliding window (`mask::Windowed`): an entry of
+    /// its own, so that the window's code adds no registers to the entry without one.
+    pub window_name: &'static str,
     pub family: FwdFamily,
     /// Element type of Q, K, V, O.
     pub dtype: DType,
@@ -226,10 +229,20 @@ pub struct FwdVariant {
     pub class: u32,
     /// The same kernel body, for the emulator.
     pub emulate: unsafe fn(&FwdParams),
+    /// The windowed entry's body, for the emulator.
+    pub emulate_window: unsafe fn(&FwdParams),
 }
 
 #[cfg(not(target_arch = "nvptx64"))]
 impl FwdVariant {
+    /// The entry name and emulator body of the kernel for a launch with a sliding window
+    /// (`windowed`) or without.
+    pub fn entry(&self, windowed: bool) -> (&'static str, unsafe fn(&FwdParams)) {
+        match windowed {
+            true => (self.window_name, self.emulate_window),
+            false => (self.name, self.emulate),
+        }
+    }
     /// Whether this variant serves `head_dim`.
     pub fn serves(&self, head_dim: u32) -> bool {
         self.family.desc().tiles.same_tile(self.class, head_dim)
@@ -256,15 +269,20 @@ fn head_dim_range(serves: impl Fn(u32) -> bool) -> (u32, u32) {
     lo.zip(hi).unwrap_or((0, 0))
 }
 
-/// Emits one entry point and one registry row per line, family by family:
-/// `Family { entry_name => body_macro(dtype, class), ... }`.
+/// Emits two entry points (without and with a sliding window) and one registry row per
+/// line, family by family: `Family { entry_name, window_entry_name => body_macro(dtype, class), ... }`.
 macro_rules! fwd_variants {
-    ($( $family:ident @ $arch:ident { $( $name:ident => $body:ident($dt:ty, $class:literal), )* } )*) => {
+    ($( $family:ident @ $arch:ident { $( $name:ident, $wname:ident => $body:ident($dt:ty, $class:literal), )* } )*) => {
         $($(
             in_module!($arch,
             #[unsafe(no_mangle)]
             pub unsafe extern "ptx-kernel" fn $name(p: FwdParams) {
-                unsafe { $body!($dt, $class)(&p) }
+                unsafe { $body!($dt, $class, false)(&p) }
+            });
+            in_module!($arch,
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn $wname(p: FwdParams) {
+                unsafe { $body!($dt, $class, true)(&p) }
             });
         )*)*
         /// All forward variants.
@@ -272,10 +290,12 @@ macro_rules! fwd_variants {
         pub const FWD_VARIANTS: &[FwdVariant] = &[$($(
             FwdVariant {
                 name: stringify!($name),
+                window_name: stringify!($wname),
                 family: FwdFamily::$family,
                 dtype: <$dt as Element>::DTYPE,
                 class: $class,
-                emulate: $body!($dt, $class),
+                emulate: $body!($dt, $class, false),
+                emulate_window: $body!($dt, $class, true),
             },
         )*)*];
     };
@@ -306,16 +326,16 @@ macro_rules! config {
 
 /// The SIMT forward variant of a class: `simt_tile(class)`.
 macro_rules! fwd_simt {
-    ($ty:ty, $d:literal) => {{
+    ($ty:ty, $d:literal, $w:literal) => {{
         config!(C: SimtTile = simt_tile($d));
-        crate::fwd_simt::entry::<$ty, C, { C::TILE.rows_per_warp as usize }, { C::TILE.d_chunks as usize }, { C::TILE.s_cols as usize }>
+        crate::fwd_simt::entry::<$ty, C, { C::TILE.rows_per_warp as usize }, { C::TILE.d_chunks as usize }, { C::TILE.s_cols as usize }, $w>
     }};
 }
 
 /// The tensor-core forward variant of a class, for a tile function: its tile as a
 /// `tile::Config` type, and the counts the kernel takes as const parameters.
 macro_rules! fwd_mma_with {
-    ($ty:ty, $tile:ident, $d:literal) => {{
+    ($ty:ty, $tile:ident, $d:literal, $w:literal) => {{
         config!(C: MmaTile = tile_const!(MmaTile, $tile($d)));
         crate::fwd_mma::entry::<
             $ty,
@@ -329,28 +349,29 @@ macro_rules! fwd_mma_with {
             { C::TILE.q_in_regs },
             { C::TILE.padded },
             { C::TILE.fused_exp },
+            $w,
         >
     }};
 }
 macro_rules! fwd_mma {
-    ($ty:ty, $d:literal) => {
-        fwd_mma_with!($ty, mma_tile, $d)
+    ($ty:ty, $d:literal, $w:literal) => {
+        fwd_mma_with!($ty, mma_tile, $d, $w)
     };
 }
 macro_rules! fwd_mma_br64 {
-    ($ty:ty, $d:literal) => {
-        fwd_mma_with!($ty, mma_tile_br64, $d)
+    ($ty:ty, $d:literal, $w:literal) => {
+        fwd_mma_with!($ty, mma_tile_br64, $d, $w)
     };
 }
 macro_rules! fwd_mma_unfused {
-    ($ty:ty, $d:literal) => {
-        fwd_mma_with!($ty, mma_tile_unfused, $d)
+    ($ty:ty, $d:literal, $w:literal) => {
+        fwd_mma_with!($ty, mma_tile_unfused, $d, $w)
     };
 }
 
 /// The Hopper forward variant of a class, for a tile function (as `fwd_mma_with!`).
 macro_rules! fwd_wgmma_with {
-    ($ty:ty, $tile:ident, $d:literal) => {{
+    ($ty:ty, $tile:ident, $d:literal, $w:literal) => {{
         config!(C: WgmmaTile = tile_const!(WgmmaTile, $tile($d)));
         crate::fwd_wgmma::entry::<
             $ty,
@@ -362,83 +383,87 @@ macro_rules! fwd_wgmma_with {
             { C::TILE.head_dim as usize / 8 },
             { C::TILE.bc as usize / 16 },
             { C::TILE.padded },
+            $w,
         >
     }};
 }
 macro_rules! fwd_wgmma {
-    ($ty:ty, $d:literal) => {
-        fwd_wgmma_with!($ty, wgmma_tile, $d)
+    ($ty:ty, $d:literal, false) => {
+        fwd_wgmma_with!($ty, wgmma_tile, $d, false)
+    };
+    ($ty:ty, $d:literal, true) => {
+        fwd_wgmma_with!($ty, wgmma_window_tile, $d, true)
     };
 }
 macro_rules! fwd_wgmma_wg2 {
-    ($ty:ty, $d:literal) => {
-        fwd_wgmma_with!($ty, wgmma_tile_wg2, $d)
+    ($ty:ty, $d:literal, $w:literal) => {
+        fwd_wgmma_with!($ty, wgmma_tile_wg2, $d, $w)
     };
 }
 
 fwd_variants! {
     Wgmma @ Sm90a {
-        flash_fwd_wgmma_f16_d64p => fwd_wgmma(F16, 56),
-        flash_fwd_wgmma_f16_d64 => fwd_wgmma(F16, 64),
-        flash_fwd_wgmma_f16_d128p => fwd_wgmma(F16, 120),
-        flash_fwd_wgmma_f16_d128 => fwd_wgmma(F16, 128),
-        flash_fwd_wgmma_f16_d192p => fwd_wgmma(F16, 184),
-        flash_fwd_wgmma_f16_d192 => fwd_wgmma(F16, 192),
-        flash_fwd_wgmma_f16_d256p => fwd_wgmma(F16, 248),
-        flash_fwd_wgmma_f16_d256 => fwd_wgmma(F16, 256),
-        flash_fwd_wgmma_bf16_d64p => fwd_wgmma(Bf16, 56),
-        flash_fwd_wgmma_bf16_d64 => fwd_wgmma(Bf16, 64),
-        flash_fwd_wgmma_bf16_d128p => fwd_wgmma(Bf16, 120),
-        flash_fwd_wgmma_bf16_d128 => fwd_wgmma(Bf16, 128),
-        flash_fwd_wgmma_bf16_d192p => fwd_wgmma(Bf16, 184),
-        flash_fwd_wgmma_bf16_d192 => fwd_wgmma(Bf16, 192),
-        flash_fwd_wgmma_bf16_d256p => fwd_wgmma(Bf16, 248),
-        flash_fwd_wgmma_bf16_d256 => fwd_wgmma(Bf16, 256),
+        flash_fwd_wgmma_f16_d64p, flash_fwd_wgmma_f16_d64p_window => fwd_wgmma(F16, 56),
+        flash_fwd_wgmma_f16_d64, flash_fwd_wgmma_f16_d64_window => fwd_wgmma(F16, 64),
+        flash_fwd_wgmma_f16_d128p, flash_fwd_wgmma_f16_d128p_window => fwd_wgmma(F16, 120),
+        flash_fwd_wgmma_f16_d128, flash_fwd_wgmma_f16_d128_window => fwd_wgmma(F16, 128),
+        flash_fwd_wgmma_f16_d192p, flash_fwd_wgmma_f16_d192p_window => fwd_wgmma(F16, 184),
+        flash_fwd_wgmma_f16_d192, flash_fwd_wgmma_f16_d192_window => fwd_wgmma(F16, 192),
+        flash_fwd_wgmma_f16_d256p, flash_fwd_wgmma_f16_d256p_window => fwd_wgmma(F16, 248),
+        flash_fwd_wgmma_f16_d256, flash_fwd_wgmma_f16_d256_window => fwd_wgmma(F16, 256),
+        flash_fwd_wgmma_bf16_d64p, flash_fwd_wgmma_bf16_d64p_window => fwd_wgmma(Bf16, 56),
+        flash_fwd_wgmma_bf16_d64, flash_fwd_wgmma_bf16_d64_window => fwd_wgmma(Bf16, 64),
+        flash_fwd_wgmma_bf16_d128p, flash_fwd_wgmma_bf16_d128p_window => fwd_wgmma(Bf16, 120),
+        flash_fwd_wgmma_bf16_d128, flash_fwd_wgmma_bf16_d128_window => fwd_wgmma(Bf16, 128),
+        flash_fwd_wgmma_bf16_d192p, flash_fwd_wgmma_bf16_d192p_window => fwd_wgmma(Bf16, 184),
+        flash_fwd_wgmma_bf16_d192, flash_fwd_wgmma_bf16_d192_window => fwd_wgmma(Bf16, 192),
+        flash_fwd_wgmma_bf16_d256p, flash_fwd_wgmma_bf16_d256p_window => fwd_wgmma(Bf16, 248),
+        flash_fwd_wgmma_bf16_d256, flash_fwd_wgmma_bf16_d256_window => fwd_wgmma(Bf16, 256),
     }
     Mma @ Sm80 {
-        flash_fwd_mma_f16_d32 => fwd_mma(F16, 32),
-        flash_fwd_mma_f16_d64p => fwd_mma(F16, 56),
-        flash_fwd_mma_f16_d64 => fwd_mma(F16, 64),
-        flash_fwd_mma_f16_d96 => fwd_mma(F16, 96),
-        flash_fwd_mma_f16_d128p => fwd_mma(F16, 120),
-        flash_fwd_mma_f16_d128 => fwd_mma(F16, 128),
-        flash_fwd_mma_f16_d192 => fwd_mma(F16, 192),
-        flash_fwd_mma_f16_d256 => fwd_mma(F16, 256),
-        flash_fwd_mma_bf16_d32 => fwd_mma(Bf16, 32),
-        flash_fwd_mma_bf16_d64p => fwd_mma(Bf16, 56),
-        flash_fwd_mma_bf16_d64 => fwd_mma(Bf16, 64),
-        flash_fwd_mma_bf16_d96 => fwd_mma(Bf16, 96),
-        flash_fwd_mma_bf16_d128p => fwd_mma(Bf16, 120),
-        flash_fwd_mma_bf16_d128 => fwd_mma(Bf16, 128),
-        flash_fwd_mma_bf16_d192 => fwd_mma(Bf16, 192),
-        flash_fwd_mma_bf16_d256 => fwd_mma(Bf16, 256),
+        flash_fwd_mma_f16_d32, flash_fwd_mma_f16_d32_window => fwd_mma(F16, 32),
+        flash_fwd_mma_f16_d64p, flash_fwd_mma_f16_d64p_window => fwd_mma(F16, 56),
+        flash_fwd_mma_f16_d64, flash_fwd_mma_f16_d64_window => fwd_mma(F16, 64),
+        flash_fwd_mma_f16_d96, flash_fwd_mma_f16_d96_window => fwd_mma(F16, 96),
+        flash_fwd_mma_f16_d128p, flash_fwd_mma_f16_d128p_window => fwd_mma(F16, 120),
+        flash_fwd_mma_f16_d128, flash_fwd_mma_f16_d128_window => fwd_mma(F16, 128),
+        flash_fwd_mma_f16_d192, flash_fwd_mma_f16_d192_window => fwd_mma(F16, 192),
+        flash_fwd_mma_f16_d256, flash_fwd_mma_f16_d256_window => fwd_mma(F16, 256),
+        flash_fwd_mma_bf16_d32, flash_fwd_mma_bf16_d32_window => fwd_mma(Bf16, 32),
+        flash_fwd_mma_bf16_d64p, flash_fwd_mma_bf16_d64p_window => fwd_mma(Bf16, 56),
+        flash_fwd_mma_bf16_d64, flash_fwd_mma_bf16_d64_window => fwd_mma(Bf16, 64),
+        flash_fwd_mma_bf16_d96, flash_fwd_mma_bf16_d96_window => fwd_mma(Bf16, 96),
+        flash_fwd_mma_bf16_d128p, flash_fwd_mma_bf16_d128p_window => fwd_mma(Bf16, 120),
+        flash_fwd_mma_bf16_d128, flash_fwd_mma_bf16_d128_window => fwd_mma(Bf16, 128),
+        flash_fwd_mma_bf16_d192, flash_fwd_mma_bf16_d192_window => fwd_mma(Bf16, 192),
+        flash_fwd_mma_bf16_d256, flash_fwd_mma_bf16_d256_window => fwd_mma(Bf16, 256),
     }
     Simt @ Sm80 {
-        flash_fwd_simt_f32_d64 => fwd_simt(f32, 64),
-        flash_fwd_simt_f32_d128 => fwd_simt(f32, 128),
-        flash_fwd_simt_f32_d256 => fwd_simt(f32, 256),
-        flash_fwd_simt_f16_d64 => fwd_simt(F16, 64),
-        flash_fwd_simt_f16_d128 => fwd_simt(F16, 128),
-        flash_fwd_simt_f16_d256 => fwd_simt(F16, 256),
-        flash_fwd_simt_bf16_d64 => fwd_simt(Bf16, 64),
-        flash_fwd_simt_bf16_d128 => fwd_simt(Bf16, 128),
-        flash_fwd_simt_bf16_d256 => fwd_simt(Bf16, 256),
+        flash_fwd_simt_f32_d64, flash_fwd_simt_f32_d64_window => fwd_simt(f32, 64),
+        flash_fwd_simt_f32_d128, flash_fwd_simt_f32_d128_window => fwd_simt(f32, 128),
+        flash_fwd_simt_f32_d256, flash_fwd_simt_f32_d256_window => fwd_simt(f32, 256),
+        flash_fwd_simt_f16_d64, flash_fwd_simt_f16_d64_window => fwd_simt(F16, 64),
+        flash_fwd_simt_f16_d128, flash_fwd_simt_f16_d128_window => fwd_simt(F16, 128),
+        flash_fwd_simt_f16_d256, flash_fwd_simt_f16_d256_window => fwd_simt(F16, 256),
+        flash_fwd_simt_bf16_d64, flash_fwd_simt_bf16_d64_window => fwd_simt(Bf16, 64),
+        flash_fwd_simt_bf16_d128, flash_fwd_simt_bf16_d128_window => fwd_simt(Bf16, 128),
+        flash_fwd_simt_bf16_d256, flash_fwd_simt_bf16_d256_window => fwd_simt(Bf16, 256),
     }
     MmaBr64 @ Sm80 {
-        flash_fwd_mma_br64_f16_d64 => fwd_mma_br64(F16, 64),
-        flash_fwd_mma_br64_f16_d128 => fwd_mma_br64(F16, 128),
-        flash_fwd_mma_br64_bf16_d64 => fwd_mma_br64(Bf16, 64),
-        flash_fwd_mma_br64_bf16_d128 => fwd_mma_br64(Bf16, 128),
+        flash_fwd_mma_br64_f16_d64, flash_fwd_mma_br64_f16_d64_window => fwd_mma_br64(F16, 64),
+        flash_fwd_mma_br64_f16_d128, flash_fwd_mma_br64_f16_d128_window => fwd_mma_br64(F16, 128),
+        flash_fwd_mma_br64_bf16_d64, flash_fwd_mma_br64_bf16_d64_window => fwd_mma_br64(Bf16, 64),
+        flash_fwd_mma_br64_bf16_d128, flash_fwd_mma_br64_bf16_d128_window => fwd_mma_br64(Bf16, 128),
     }
     MmaUnfused @ Sm80 {
-        flash_fwd_mma_unfused_f16_d64 => fwd_mma_unfused(F16, 64),
-        flash_fwd_mma_unfused_bf16_d64 => fwd_mma_unfused(Bf16, 64),
+        flash_fwd_mma_unfused_f16_d64, flash_fwd_mma_unfused_f16_d64_window => fwd_mma_unfused(F16, 64),
+        flash_fwd_mma_unfused_bf16_d64, flash_fwd_mma_unfused_bf16_d64_window => fwd_mma_unfused(Bf16, 64),
     }
     WgmmaWg2 @ Sm90a {
-        flash_fwd_wgmma_wg2_f16_d64 => fwd_wgmma_wg2(F16, 64),
-        flash_fwd_wgmma_wg2_f16_d128 => fwd_wgmma_wg2(F16, 128),
-        flash_fwd_wgmma_wg2_bf16_d64 => fwd_wgmma_wg2(Bf16, 64),
-        flash_fwd_wgmma_wg2_bf16_d128 => fwd_wgmma_wg2(Bf16, 128),
+        flash_fwd_wgmma_wg2_f16_d64, flash_fwd_wgmma_wg2_f16_d64_window => fwd_wgmma_wg2(F16, 64),
+        flash_fwd_wgmma_wg2_f16_d128, flash_fwd_wgmma_wg2_f16_d128_window => fwd_wgmma_wg2(F16, 128),
+        flash_fwd_wgmma_wg2_bf16_d64, flash_fwd_wgmma_wg2_bf16_d64_window => fwd_wgmma_wg2(Bf16, 64),
+        flash_fwd_wgmma_wg2_bf16_d128, flash_fwd_wgmma_wg2_bf16_d128_window => fwd_wgmma_wg2(Bf16, 128),
     }
 }
 

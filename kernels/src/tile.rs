@@ -458,6 +458,17 @@ pub const fn wgmma_tile(head_dim: u32) -> Option<WgmmaTile> {
     }
 }
 
+/// The tile of the Hopper forward's sliding-window entries (`mask::Windowed`): [`wgmma_tile`]'s,
+/// the same launch, at head_dim 192 compiled padded (bounds-checked copies; the window's
+/// bounds take registers the unpadded kernel has not got). Rejected: unpadded at 192, 255
+/// registers and 36 / 44 bytes of spill stores / loads (ptxas, sm_90a).
+pub const fn wgmma_window_tile(head_dim: u32) -> Option<WgmmaTile> {
+    match wgmma_tile(head_dim) {
+        Some(t) if t.head_dim == 192 => Some(WgmmaTile { padded: true, ..t }),
+        t => t,
+    }
+}
+
 /// The first Hopper tile (two warpgroups, Br = 128, Bc = 128: FA3's d=128 tile without its
 /// ping-pong), head_dim 64 and 128 exactly, by name (`wgmma_wg2`) for comparison: one block
 /// per SM, so nothing hides the softmax (see [`wgmma_tile`]).

@@ -3,7 +3,7 @@
 
 pub use flashattn::reference::l2;
 use flashattn::reference::{naive_attention, reference, rel_l2, tolerance};
-use flashattn::{Attention, AttnShape, BwdOptions, Dtype, FlashAttn, FwdOptions, FwdOutput};
+use flashattn::{Attention, AttnShape, BwdOptions, Dtype, FlashAttn, FwdOptions, FwdOutput, Window};
 use std::fmt;
 
 pub mod nonfinite;
@@ -34,12 +34,14 @@ pub struct Case {
     pub softmax_scale: Option<f32>,
     pub dtype: Dt,
     pub seed: u64,
+    /// Sliding window (forward only for now).
+    pub window: Window,
 }
 
 impl Case {
     /// The attention the case computes.
     pub fn attention(&self) -> Attention {
-        Attention { causal: self.causal, softmax_scale: self.softmax_scale }
+        Attention { causal: self.causal, softmax_scale: self.softmax_scale, window: self.window }
     }
 }
 
@@ -50,7 +52,11 @@ impl fmt::Display for Case {
             f,
             "{:?} b={} sq={} sk={} hq={} hkv={} d={} causal={} scale={:?} seed={}",
             self.dtype, s.batch, s.seqlen_q, s.seqlen_k, s.heads_q, s.heads_kv, s.head_dim, self.causal, self.softmax_scale, self.seed
-        )
+        )?;
+        match self.window.is_none() {
+            true => Ok(()),
+            false => write!(f, " window=({:?}, {:?})", self.window.left, self.window.right),
+        }
     }
 }
 
@@ -199,6 +205,17 @@ pub fn scale_strategy() -> impl proptest::strategy::Strategy<Value = Option<f32>
     ]
 }
 
+/// Sliding windows, none in half the draws, else each side unbounded or from 0 (a row sees
+/// its diagonal key only) past `max_seqlen` (as good as unbounded).
+pub fn window_strategy(max_seqlen: usize) -> impl proptest::strategy::Strategy<Value = Window> {
+    use proptest::prelude::*;
+    let side = move || {
+        let max = max_seqlen as u32 + 1;
+        prop_oneof![1 => Just(None), 1 => Just(Some(0)), 3 => (0..=max).prop_map(Some), 1 => Just(Some(u32::MAX))]
+    };
+    prop_oneof![1 => Just(Window::NONE), 1 => (side(), side()).prop_map(|(left, right)| Window { left, right })]
+}
+
 /// A proptest strategy for forward cases whose problem size (b * hq * sq * sk * d) stays
 /// under `budget`, so the f64 reference stays cheap; head_dim up to 8 `max_d_units`.
 pub fn case_strategy(
@@ -222,9 +239,9 @@ pub fn case_strategy(
         any::<bool>(),
         scale_strategy(),
         prop_oneof![Just(Dt::F32), Just(Dt::F16), Just(Dt::Bf16)],
-        any::<u64>(),
+        (any::<u64>(), window_strategy(max_seqlen)),
     )
-        .prop_map(move |(batch, sq, sk, hkv, group, head_dim, causal, scale, dtype, seed)| {
+        .prop_map(move |(batch, sq, sk, hkv, group, head_dim, causal, scale, dtype, (seed, window))| {
             let mut shape = AttnShape { batch, seqlen_q: sq, seqlen_k: sk, heads_q: hkv * group, heads_kv: hkv, head_dim };
             // Shrink the longer sequence until the problem fits the budget.
             while shape.batch * shape.heads_q * shape.seqlen_q * shape.seqlen_k * shape.head_dim > budget
@@ -236,7 +253,7 @@ pub fn case_strategy(
                     shape.seqlen_k = shape.seqlen_k.div_ceil(2)
                 }
             }
-            Case { shape, causal, softmax_scale: scale, dtype, seed }
+            Case { shape, causal, softmax_scale: scale, dtype, seed, window }
         })
 }
 

@@ -25,8 +25,10 @@ fn shape(batch: usize, seqlen_q: usize, seqlen_k: usize, heads_q: usize, heads_k
 }
 
 /// A case `family` serves: head_dim rounded up to a multiple of 8 for the families that
-/// take only those (`BwdFamilyDesc::aligned_only`; automatic selection takes every head_dim).
+/// take only those (`BwdFamilyDesc::aligned_only`; automatic selection takes every head_dim);
+/// no sliding window (its backward is not implemented yet: `Error::Unsupported`).
 fn for_family(family: Option<&str>, c: Case) -> Case {
+    let c = Case { window: Default::default(), ..c };
     match family {
         Some(f) if BwdFamily::from_name(f).is_some_and(|f| f.desc().aligned_only) => {
             Case { shape: AttnShape { head_dim: c.shape.head_dim.next_multiple_of(8), ..c.shape }, ..c }
@@ -192,7 +194,7 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
         };
         // The largest head_dim the variant serves.
         let d = v.head_dims().1 as usize;
-        let case = Case { shape: shape(1, 37, 70, 2, 1, d), causal: true, softmax_scale: None, dtype, seed: 0 };
+        let case = Case { shape: shape(1, 37, 70, 2, 1, d), causal: true, softmax_scale: None, dtype, seed: 0, window: Default::default() };
         let (family, name) = (v.family.name(), v.name);
         let trial = mk(
             format!("{tag}::variant::{name}"),
@@ -247,7 +249,7 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
     let suffix = |saved: bool| if saved { "" } else { "_no_residual" };
     for (name, s, causal) in edges {
         for (dtype, saved) in with_and_without {
-            let case = Case { shape: s, causal, softmax_scale: None, dtype, seed: 0 };
+            let case = Case { shape: s, causal, softmax_scale: None, dtype, seed: 0, window: Default::default() };
             trials.push(mk(
                 format!("{tag}::edge{}::{name}::{dtype:?}", suffix(saved)).to_lowercase(),
                 Box::new(move |fa| check_backward(fa, &Case { seed: fresh_seed(), ..case }, false, saved).map_err(Failed::from)),
@@ -268,7 +270,7 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
     ];
     for (name, s, scale) in scaled {
         for (dtype, saved) in with_and_without {
-            let case = Case { shape: s, causal: true, softmax_scale: Some(scale), dtype, seed: 0 };
+            let case = Case { shape: s, causal: true, softmax_scale: Some(scale), dtype, seed: 0, window: Default::default() };
             trials.push(mk(
                 format!("{tag}::edge{}::{name}::{dtype:?}", suffix(saved)).to_lowercase(),
                 Box::new(move |fa| check_backward(fa, &Case { seed: fresh_seed(), ..case }, false, saved).map_err(Failed::from)),
@@ -281,7 +283,7 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
     // dQ and dK).
     for (name, s) in [("causal_two_keys", shape(1, 26, 2, 2, 1, 112)), ("causal_three_keys", shape(1, 39, 3, 2, 1, 40))] {
         for (dtype, saved) in with_and_without {
-            let case = Case { shape: s, causal: true, softmax_scale: None, dtype, seed: 0 };
+            let case = Case { shape: s, causal: true, softmax_scale: None, dtype, seed: 0, window: Default::default() };
             trials.push(mk(
                 format!("{tag}::edge{}::{name}::{dtype:?}", suffix(saved)).to_lowercase(),
                 Box::new(move |fa| check_backward(fa, &Case { seed: fresh_seed(), ..case }, false, saved).map_err(Failed::from)),
@@ -291,14 +293,22 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
     // Peaked softmax over several key tiles (scale 1.5, d 64: most rows have a key with P >
     // 1/8, in any of the four key tiles): the Hopper dQ kernel's hot-tile pass over many tiles.
     for (dtype, saved) in with_and_without {
-        let case = Case { shape: shape(1, 70, 250, 2, 1, 64), causal: false, softmax_scale: Some(1.5), dtype, seed: 0 };
+        let case = Case {
+            shape: shape(1, 70, 250, 2, 1, 64),
+            causal: false,
+            softmax_scale: Some(1.5),
+            dtype,
+            seed: 0,
+            window: Default::default(),
+        };
         trials.push(mk(
             format!("{tag}::edge{}::peaked_many_key_tiles::{dtype:?}", suffix(saved)).to_lowercase(),
             Box::new(move |fa| check_backward(fa, &Case { seed: fresh_seed(), ..case }, false, saved).map_err(Failed::from)),
         ));
     }
     for (dtype, saved) in with_and_without {
-        let case = Case { shape: shape(2, 45, 70, 4, 2, 64), causal: true, softmax_scale: None, dtype, seed: 0 };
+        let case =
+            Case { shape: shape(2, 45, 70, 4, 2, 64), causal: true, softmax_scale: None, dtype, seed: 0, window: Default::default() };
         trials.push(mk(
             format!("{tag}::deterministic{}::{dtype:?}", suffix(saved)).to_lowercase(),
             Box::new(move |fa| check_backward(fa, &Case { seed: fresh_seed(), ..case }, true, saved).map_err(Failed::from)),
@@ -309,7 +319,7 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
     // several query and key blocks, causal).
     for (d, sq, sk, causal) in [(128, 70, 45, false), (256, 70, 80, true), (200, 80, 66, true)] {
         for (dtype, saved) in with_and_without.into_iter().filter(|&(dt, _)| dt != Dt::F32) {
-            let case = Case { shape: shape(1, sq, sk, 4, 2, d), causal, softmax_scale: None, dtype, seed: 0 };
+            let case = Case { shape: shape(1, sq, sk, 4, 2, d), causal, softmax_scale: None, dtype, seed: 0, window: Default::default() };
             trials.push(mk(
                 format!("{tag}::deterministic_d{d}{}::{dtype:?}", suffix(saved)).to_lowercase(),
                 Box::new(move |fa| check_backward(fa, &Case { seed: fresh_seed(), ..case }, true, saved).map_err(Failed::from)),

@@ -6,7 +6,7 @@
 
 use flashattn::kernels::dtype::DType;
 use flashattn::kernels::registry::FWD_VARIANTS;
-use flashattn::{AttnShape, FlashAttn, FwdOptions};
+use flashattn::{AttnShape, FlashAttn, FwdOptions, Window};
 use flashattn_tests::{BackendKind, Case, Dt, case_strategy, check_case, check_case_with, env_usize, gpu_trials, nonfinite, shards};
 use libtest_mimic::{Arguments, Failed, Trial};
 use proptest::strategy::Strategy;
@@ -144,7 +144,7 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
             DType::Bf16 => Dt::Bf16,
         };
         let d = v.head_dims().1 as usize;
-        let case = Case { shape: shape(1, 37, 45, 2, 1, d), causal: true, softmax_scale: None, dtype, seed: 0 };
+        let case = Case { shape: shape(1, 37, 45, 2, 1, d), causal: true, softmax_scale: None, dtype, seed: 0, window: Default::default() };
         let (family, name) = (v.family.name(), v.name);
         let trial = mk(
             format!("{tag}::variant::{name}"),
@@ -168,6 +168,45 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
             _ => trials.push(trial),
         }
     }
+    // Sliding windows, by every registered variant at the largest head_dim its tile serves:
+    // key tiles left of every row's window skipped, masked tiles at both edges, rows that see
+    // no key (seqlen_q > seqlen_k), causal and not.
+    let windows = [
+        (shape(1, 100, 230, 2, 1, 0), false, Window { left: Some(37), right: Some(11) }),
+        (shape(1, 130, 250, 2, 1, 0), true, Window { left: Some(70), right: None }),
+        (shape(1, 150, 90, 2, 1, 0), false, Window { left: Some(0), right: Some(0) }),
+        (shape(1, 90, 200, 2, 1, 0), false, Window { left: None, right: Some(5) }),
+    ];
+    for v in FWD_VARIANTS {
+        let dtype = match v.dtype {
+            DType::F32 => Dt::F32,
+            DType::F16 => Dt::F16,
+            DType::Bf16 => Dt::Bf16,
+        };
+        let d = v.head_dims().1 as usize;
+        let (family, name) = (v.family.name(), v.name);
+        let trial = mk(
+            format!("{tag}::window::{name}"),
+            Box::new(move |fa| {
+                for (s, causal, window) in windows {
+                    let case =
+                        Case { shape: AttnShape { head_dim: d, ..s }, causal, softmax_scale: None, dtype, seed: fresh_seed(), window };
+                    check_case_with(fa, &case, Some(family)).map_err(Failed::from)?;
+                }
+                Ok(())
+            }),
+        );
+        match &archs {
+            Some(a) if !a.contains(&v.arch()) => {
+                eprintln!(
+                    "\n*** {tag}::window::{name}: this device cannot run {:?} kernels: NOT RUN (reported as ignored) ***\n",
+                    v.arch()
+                );
+                trials.push(trial.with_ignored_flag(true));
+            }
+            _ => trials.push(trial),
+        }
+    }
     // head_dims that are not multiples of 8 (rows not 16-byte aligned: element-wise loads and
     // stores), by every family with a variant for them.
     let odd = [
@@ -184,7 +223,7 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
                 DType::F16 => Dt::F16,
                 DType::Bf16 => Dt::Bf16,
             };
-            let case = Case { shape: s, causal, softmax_scale: scale, dtype, seed: 0 };
+            let case = Case { shape: s, causal, softmax_scale: scale, dtype, seed: 0, window: Default::default() };
             let family = v.family.name();
             let trial = mk(
                 format!("{tag}::edge::{name}::{family}::{dtype:?}").to_lowercase(),
@@ -206,7 +245,7 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
     }
     for (name, s, causal, scale) in edge_cases(kind) {
         for dtype in [Dt::F32, Dt::F16, Dt::Bf16] {
-            let case = Case { shape: s, causal, softmax_scale: scale, dtype, seed: 0 };
+            let case = Case { shape: s, causal, softmax_scale: scale, dtype, seed: 0, window: Default::default() };
             trials.push(mk(
                 format!("{tag}::edge::{name}::{dtype:?}").to_lowercase(),
                 Box::new(move |fa| {

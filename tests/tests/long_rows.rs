@@ -30,7 +30,10 @@ fn cases() -> Vec<(String, Case)> {
                 let shape = AttnShape { batch: 1, seqlen_q, seqlen_k, heads_q: 4, heads_kv: 2, head_dim: 128 };
                 let mask = if causal { "causal" } else { "full" };
                 let name = format!("long_rows::{dtype:?}::sq{seqlen_q}_sk{seqlen_k}::{mask}").to_lowercase();
-                v.push((name, Case { shape, causal, softmax_scale: None, dtype, seed: (seqlen_q * 31 + seqlen_k) as u64 }));
+                v.push((
+                    name,
+                    Case { shape, causal, softmax_scale: None, dtype, seed: (seqlen_q * 31 + seqlen_k) as u64, window: Default::default() },
+                ));
             }
         }
     }

@@ -21,7 +21,8 @@ fn every_registered_kernel_is_an_entry() {
     for (target, arch, ptx) in MODULES {
         let names = entries(ptx);
         let bwd = BWD_VARIANTS.iter().filter(|v| v.arch() == *arch).map(|v| v.name);
-        let registered: Vec<&str> = FWD_VARIANTS.iter().filter(|v| v.arch() == *arch).map(|v| v.name).chain(bwd).collect();
+        let fwd = FWD_VARIANTS.iter().filter(|v| v.arch() == *arch).flat_map(|v| [v.name, v.window_name]);
+        let registered: Vec<&str> = fwd.chain(bwd).collect();
         for name in &registered {
             assert!(names.contains(name), "{target}: no entry {name} in the PTX");
         }
@@ -148,7 +149,9 @@ fn ptxas_no_spills_no_stack(ptxas: PathBuf) {
 fn ptxas_split_modules(ptxas: PathBuf) {
     let dir = std::env::temp_dir().join(format!("flashattn-ptx-split-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let fwd = FWD_VARIANTS.iter().map(|v| (v.family.name(), "fwd", v.name, v.arch()));
+    let fwd = FWD_VARIANTS
+        .iter()
+        .flat_map(|v| [(v.family.name(), "fwd", v.name, v.arch()), (v.family.name(), "fwd_window", v.window_name, v.arch())]);
     let bwd = BWD_VARIANTS.iter().map(|v| (v.family.name(), v.pass.name(), v.name, v.arch()));
     let mut seen = std::collections::HashSet::new();
     for (family, pass, name, arch) in fwd.chain(bwd).filter(|k| seen.insert((k.0, k.1))) {

@@ -1,7 +1,7 @@
 //! Properties of the f64 reference itself (CPU only), so the ground truth is trusted.
 
 use flashattn::reference::{attention_f64, naive_attention, reference, rel_l2};
-use flashattn::{Attention, AttnShape};
+use flashattn::{Attention, AttnShape, Window};
 use flashattn_tests::Rng;
 use proptest::prelude::*;
 
@@ -27,7 +27,7 @@ proptest! {
     fn probabilities_sum_to_one((s, causal, seed) in small_shape()) {
         let (q, k, _) = inputs(&s, seed);
         let v = vec![1.0; k.len()];
-        let opts = Attention { causal, softmax_scale: None };
+        let opts = Attention { causal, ..Default::default() };
         let r = attention_f64(&q, &k, &v, &s, &opts);
         for row in r.o.chunks(s.head_dim) {
             for &x in row {
@@ -40,7 +40,7 @@ proptest! {
     #[test]
     fn output_is_convex_combination((s, causal, seed) in small_shape()) {
         let (q, k, v) = inputs(&s, seed);
-        let r = attention_f64(&q, &k, &v, &s, &Attention { causal, softmax_scale: None });
+        let r = attention_f64(&q, &k, &v, &s, &Attention { causal, ..Default::default() });
         let d = s.head_dim;
         for b in 0..s.batch { for i in 0..s.seqlen_q { for h in 0..s.heads_q {
             let hk = h / (s.heads_q / s.heads_kv);
@@ -81,7 +81,7 @@ proptest! {
     #[test]
     fn linear_in_v((s, causal, seed) in small_shape(), c in -3.0f64..3.0) {
         let (q, k, v) = inputs(&s, seed);
-        let opts = Attention { causal, softmax_scale: None };
+        let opts = Attention { causal, ..Default::default() };
         let a = attention_f64(&q, &k, &v, &s, &opts);
         let vc: Vec<f64> = v.iter().map(|x| x * c).collect();
         let b = attention_f64(&q, &k, &vc, &s, &opts);
@@ -97,7 +97,7 @@ proptest! {
 fn causal_row0_equals_v_row0() {
     let s = shape(1, 9, 9, 2, 1, 16);
     let (q, k, v) = inputs(&s, 3);
-    let opts = Attention { causal: true, softmax_scale: Some(0.5) };
+    let opts = Attention { causal: true, softmax_scale: Some(0.5), ..Default::default() };
     let r = attention_f64(&q, &k, &v, &s, &opts);
     for h in 0..2 {
         let o = &r.o[h * 16..h * 16 + 16];
@@ -205,7 +205,7 @@ fn backward_matches_finite_differences() {
         let (q, k, v) = inputs(&s, 21);
         let mut r = Rng::new(22);
         let g: Vec<f64> = (0..q.len()).map(|_| r.normal()).collect();
-        let opts = Attention { causal, softmax_scale: Some(0.7) };
+        let opts = Attention { causal, softmax_scale: Some(0.7), ..Default::default() };
         let loss =
             |q: &[f64], k: &[f64], v: &[f64]| -> f64 { attention_f64(q, k, v, &s, &opts).o.iter().zip(&g).map(|(o, g)| o * g).sum() };
         let grads = attention_backward_f64(&q, &k, &v, &g, &s, &opts);
@@ -245,4 +245,28 @@ fn rel_l2_is_scale_free_and_never_passes_nan() {
     assert_eq!(rel_l2(&[1.0, 1.0], &[f64::NEG_INFINITY, 1.0]), f64::INFINITY);
     assert_eq!(rel_l2(&[f64::INFINITY, 1.0], &[f64::INFINITY, 1.0]), 0.0);
     assert_eq!(rel_l2(&[1e-300, 0.0], &[0.0, 0.0]), f64::INFINITY);
+}
+
+/// The window's rule, written out for one small shape (seqlen_q 4, seqlen_k 6: row i's
+/// diagonal is key i + 2): left 2, right 1; with causal masking the right side is 0; and
+/// the reference leaves exactly the hidden keys out (a hidden key's V changes nothing).
+#[test]
+fn sliding_window_visibility() {
+    let w = Window::new(Some(2), Some(1));
+    let rows = |attn: Attention| -> Vec<String> {
+        (0..4).map(|i| (0..6).map(|j| if attn.sees(i, j, 4, 6) { '1' } else { '.' }).collect()).collect()
+    };
+    let plain = Attention { window: w, ..Default::default() };
+    assert_eq!(rows(plain), ["1111..", ".1111.", "..1111", "...111"]);
+    assert_eq!(rows(Attention::causal().with_window(w)), ["111...", ".111..", "..111.", "...111"]);
+    assert_eq!(rows(Attention { window: Window::new(None, Some(0)), ..Default::default() }), rows(Attention::causal()));
+    let s = AttnShape { batch: 1, seqlen_q: 4, seqlen_k: 6, heads_q: 1, heads_kv: 1, head_dim: 2 };
+    let (q, k) = ((0..8).map(|x| x as f64 * 0.1).collect::<Vec<_>>(), (0..12).map(|x| (x as f64 * 0.37).sin()).collect::<Vec<_>>());
+    let v: Vec<f64> = (0..12).map(|x| x as f64).collect();
+    let base = attention_f64(&q, &k, &v, &s, &plain);
+    let mut v2 = v.clone();
+    v2[5 * 2] = 1e9; // key 5: hidden from rows 0 and 1 only
+    let moved = attention_f64(&q, &k, &v2, &s, &plain);
+    assert_eq!(base.o[..4], moved.o[..4]);
+    assert_ne!(base.o[4..6], moved.o[4..6]);
 }

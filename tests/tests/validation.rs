@@ -1,7 +1,7 @@
 //! Every input error is found before any launch and names the offending values (CPU only:
 //! validation does not depend on the backend, so the emulator stands in for the device).
 
-use flashattn::{Attention, BwdOptions, Error, FlashAttn, FwdOptions, FwdOutput, validate};
+use flashattn::{Attention, BwdOptions, Error, FlashAttn, FwdOptions, FwdOutput, Window, validate};
 
 fn err(q: &[usize], k: &[usize], v: &[usize], opts: Attention) -> Error {
     validate(q, k, v, &opts).expect_err("must be rejected")
@@ -683,4 +683,15 @@ fn pieces_of_one_buffer_in_one_call() {
     let mut bufs = FwdBuffers { o: op, lse: lse.view_mut(), o_lo: None };
     let e = fa.forward_into_views(&qp, &k, &v, &attn, &fopts, &mut bufs).expect_err("O over Q");
     assert!(matches!(e, Error::Overlap { output: "o", other: "q" }), "{e}");
+}
+
+#[test]
+fn backward_of_a_window_is_refused_before_launch() {
+    let fa = FlashAttn::emulator();
+    let x = fa.upload(&(0..2 * 4 * 8).map(|i| (i % 7) as f32 * 0.25).collect::<Vec<_>>(), &[1, 4, 2, 8]).unwrap();
+    let attn = Attention::causal().with_window(Window::new(Some(2), None));
+    let fwd = fa.forward(&x, &x, &x, &attn, &FwdOptions::default()).unwrap();
+    let e = fa.backward(&x, &x, &x, &fwd, &x, &BwdOptions::default()).expect_err("window backward");
+    assert!(matches!(e, Error::Unsupported { .. }), "{e}");
+    assert!(e.to_string().contains("Some(2)"), "{e}");
 }

@@ -39,7 +39,7 @@ pub use flashattn::Attention;
 /// by `softmax_scale` (usually `1 / sqrt(head_dim)`), causal or not (bottom-right aligned:
 /// query row i sees keys j <= i + seqlen_k - seqlen_q). O has `q`'s shape and dtype.
 pub fn flash_attn(q: &Tensor, k: &Tensor, v: &Tensor, softmax_scale: f32, causal: bool) -> Result<Tensor> {
-    flash_attn_with(q, k, v, Attention { causal, softmax_scale: Some(softmax_scale) })
+    flash_attn_with(q, k, v, Attention { causal, softmax_scale: Some(softmax_scale), ..Default::default() })
 }
 
 /// [`flash_attn`] with `flashattn`'s [`Attention`] (a scale of `None` is
