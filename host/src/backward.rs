@@ -56,16 +56,20 @@ pub struct BwdOutput<T> {
 /// f16 and bf16 up to head_dim 128, else SIMT).
 ///
 /// `saved`: the forward's O residual is at hand (the families that use it then run their
-/// [`BwdFamily::passes`] for it).
+/// [`BwdFamily::passes`] for it). `windowed`: the forward had a sliding window (every pass
+/// then needs its windowed entry, [`BwdVariant::entry`]; the atomic families have none: named,
+/// they are [`Error::Unsupported`]).
 pub fn select_bwd_variants(
     dtype: flashattn_kernels::dtype::DType,
     head_dim: usize,
     opts: &BwdOptions,
     archs: &[Arch],
     saved: bool,
+    windowed: bool,
 ) -> Result<Vec<&'static BwdVariant>> {
     let d = head_dim as u32;
     let get = |family: BwdFamily| family.passes(saved).iter().map(|&pass| bwd_variant(family, pass, dtype, d)).collect::<Option<Vec<_>>>();
+    let takes_window = |vs: &[&BwdVariant]| !windowed || vs.iter().all(|v| v.entry(true).is_some());
     match opts.kernel {
         Some(name) => {
             let family = BwdFamily::from_name(name)
@@ -73,12 +77,16 @@ pub fn select_bwd_variants(
             if opts.deterministic && !family.desc().deterministic {
                 return Err(Error::NotDeterministic { family: name.into() });
             }
-            get(family).ok_or_else(|| Error::NoVariant { family: name.into(), dtype: dtype.name(), head_dim })
+            let vs = get(family).ok_or_else(|| Error::NoVariant { family: name.into(), dtype: dtype.name(), head_dim })?;
+            if !takes_window(&vs) {
+                return Err(Error::Unsupported { what: "a sliding window in the backward family", value: name.into() });
+            }
+            Ok(vs)
         }
         None => BWD_FAMILIES
             .iter()
             .filter(|f| f.auto && (f.deterministic || !opts.deterministic) && archs.contains(&f.arch))
-            .find_map(|f| get(f.family))
+            .find_map(|f| get(f.family).filter(|vs| takes_window(vs)))
             .ok_or_else(|| Error::NoVariant { family: "any".into(), dtype: dtype.name(), head_dim }),
     }
 }
@@ -173,7 +181,7 @@ impl FlashAttn {
     /// Elements of the f32 workspace [`FlashAttn::backward_into_views`] needs for the
     /// backward of `fwd` with `opts` on this device.
     pub fn backward_workspace_len<T: Dtype>(&self, fwd: &Forward, opts: &BwdOptions) -> Result<usize> {
-        let passes = select_bwd_variants(T::DTYPE, fwd.shape.head_dim, opts, &self.archs(), fwd.residual)?;
+        let passes = select_bwd_variants(T::DTYPE, fwd.shape.head_dim, opts, &self.archs(), fwd.residual, !fwd.attention.window.is_none())?;
         let (stats, accum) = workspace_parts(&fwd.shape, passes.iter().any(|v| v.pass == Pass::Dkdvq));
         Ok(stats + accum)
     }
@@ -190,9 +198,6 @@ impl FlashAttn {
         opts: &BwdOptions,
     ) -> Result<()> {
         let attention = fwd.attention;
-        if !attention.window.is_none() {
-            return Err(Error::Unsupported { what: "the backward of a sliding-window forward", value: format!("{:?}", attention.window) });
-        }
         let shape = validate(inputs.q.shape(), inputs.k.shape(), inputs.v.shape(), &attention)?;
         if shape != fwd.shape {
             return Err(Error::NotForwardInput { tensor: "q" });
@@ -230,7 +235,8 @@ impl FlashAttn {
         }
         let bdo = bind!("d_o", d_o, &qs, align);
         let archs = self.archs();
-        let passes = select_bwd_variants(T::DTYPE, shape.head_dim, opts, &archs, bo_lo.is_some())?;
+        let windowed = !attention.window.is_none();
+        let passes = select_bwd_variants(T::DTYPE, shape.head_dim, opts, &archs, bo_lo.is_some(), windowed)?;
         if let Some(v) = passes.iter().find(|v| !archs.contains(&v.arch())) {
             return Err(Error::UnsupportedDevice { kernel: v.name, needs: v.arch(), device: self.device_name() });
         }
@@ -293,7 +299,11 @@ impl FlashAttn {
                     head_dim: shape.head_dim,
                 })?;
                 let grid = if v.pass.over_keys() { (sk.div_ceil(l.rows), hkv, b) } else { (sq.div_ceil(l.rows), hq, b) };
-                Ok(Launch { name: v.name, arch: v.arch(), grid, threads: l.threads, smem: l.smem_bytes as usize, emulate: v.emulate })
+                // The selection took only variants with an entry for this launch.
+                let (name, emulate) = v
+                    .entry(params.pb.windowed())
+                    .ok_or(Error::Unsupported { what: "a sliding window in the backward family", value: v.family.name().into() })?;
+                Ok(Launch { name, arch: v.arch(), grid, threads: l.threads, smem: l.smem_bytes as usize, emulate })
             })
             .collect::<Result<Vec<Launch<BwdParams>>>>()?;
         if atomic {

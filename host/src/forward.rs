@@ -67,6 +67,20 @@ impl AttnShape {
         let f = 4.0 * (self.batch * self.heads_q) as f64 * self.seqlen_q as f64 * self.seqlen_k as f64 * self.head_dim as f64;
         if causal { f / 2.0 } else { f }
     }
+    /// (query, key) pairs one head of one batch entry computes under `attn`'s mask (causal
+    /// and window), counted exactly.
+    pub fn visible_pairs(&self, attn: &Attention) -> f64 {
+        let cols = |i| attn.visible_cols(i, self.seqlen_q, self.seqlen_k);
+        (0..self.seqlen_q).map(|i| (cols(i).1 - cols(i).0) as f64).sum()
+    }
+    /// The forward's FLOPs under a sliding window: 4 head_dim per visible pair, per head and
+    /// batch entry; without a window the paper's count ([`AttnShape::fwd_flops`]).
+    pub fn window_fwd_flops(&self, attn: &Attention) -> f64 {
+        match attn.window.is_none() {
+            true => self.fwd_flops(attn.causal),
+            false => 4.0 * (self.batch * self.heads_q) as f64 * self.visible_pairs(attn) * self.head_dim as f64,
+        }
+    }
 }
 
 /// Largest batch and heads_q: the launch grid's y and z limits.

@@ -10,7 +10,7 @@ use flashattn::reference::{
     attention_backward_f64, backward_recompute_bound, naive_backward, naive_rows, reference_rows, rel_l2, tolerance,
 };
 use flashattn::{
-    Attention, AttnShape, BWD_FAMILIES, BwdOptions, BwdOutput, Dtype, Error, FWD_FAMILIES, FlashAttn, FwdOptions, FwdOutput, Tensor,
+    Attention, AttnShape, BWD_FAMILIES, BwdOptions, BwdOutput, Dtype, Error, FWD_FAMILIES, FlashAttn, FwdOptions, FwdOutput, Tensor, Window,
 };
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -19,11 +19,12 @@ use std::time::{Duration, Instant};
 const USAGE: &str = "\
 usage: flashattn [run] [--batch B] [--seqlen S] [--seqlen-k S] [--heads H] [--heads-kv H]
                        [--head-dim D] [--dtype f16|bf16|f32] [--causal] [--scale X]
-                       [--kernel NAME] [--iters N] [--emulator]
+                       [--window LEFT[,RIGHT]] [--kernel NAME] [--iters N] [--emulator]
                        [--backward|--fwdbwd [--deterministic] [--residual]]
        flashattn bench [--dtype f16|bf16|f32] [--head-dims 64,128] [--seqlens 512,1024,...]
                        [--hidden 2048] [--tokens 16384] [--causal on|off|both] [--kernel NAME]
-                       [--iters N] [--json] [--backward|--fwdbwd [--deterministic] [--residual]]
+                       [--window LEFT[,RIGHT]] [--iters N] [--json]
+                       [--backward|--fwdbwd [--deterministic] [--residual]]
 run:   one shape (GPU default: batch 8, seqlen 2048, 32 heads of 64, f16 -- the FA paper's
        hidden 2048 with 16k tokens; emulator default: batch 1, seqlen 128, 2 heads of 64),
        checked on sampled rows against the f64 reference, timed with CUDA events;
@@ -32,6 +33,9 @@ run:   one shape (GPU default: batch 8, seqlen 2048, 32 heads of 64, f16 -- the 
        backward's, or both); --fwdbwd also times the two together.
 bench: the FA paper's settings (hidden 2048, batch * seqlen = 16k; emulator default: seqlen
        128, hidden 128, 128 tokens), TFLOP/s per shape;
+       --window: a sliding window (keys i + sk - sq - LEFT ..= i + sk - sq + RIGHT; a side
+       -1 or left out: unbounded; with causal masking RIGHT is 0), TFLOP/s then counting the
+       visible (query, key) pairs exactly;
        --backward times dQ, dK, dV instead (--deterministic: only bitwise-deterministic
        kernels; --residual: after a forward that saves O's residual, so that D~ comes
        from the unrounded O, see FwdOptions::save_residual); --fwdbwd times the forward
@@ -50,6 +54,7 @@ struct Args {
     causal: bool,
     causal_mode: String,
     scale: Option<f32>,
+    window: Window,
     kernel: Option<&'static str>,
     iters: Option<usize>,
     emulator: bool,
@@ -87,6 +92,7 @@ fn parse() -> Result<Args, String> {
         causal: false,
         causal_mode: "both".into(),
         scale: None,
+        window: Window::default(),
         kernel: None,
         iters: None,
         emulator: false,
@@ -126,6 +132,21 @@ fn parse() -> Result<Args, String> {
             "--causal" if a.cmd == "run" => a.causal = true,
             "--causal" => a.causal_mode = val(&flag, it.next())?,
             "--scale" => a.scale = Some(val(&flag, it.next())?),
+            "--window" => {
+                let v: String = val(&flag, it.next())?;
+                let side = |x: &str| match x.trim().parse::<i64>() {
+                    Ok(-1) => Ok(None),
+                    Ok(n) if (0..=u32::MAX as i64).contains(&n) => Ok(Some(n as u32)),
+                    _ => Err(format!("--window: `{x}` is not -1 or a key count")),
+                };
+                let mut parts = v.split(',');
+                let left = side(parts.next().unwrap_or_default())?;
+                let right = parts.next().map_or(Ok(None), side)?;
+                if parts.next().is_some() {
+                    return Err(format!("--window: `{v}` is not LEFT[,RIGHT]"));
+                }
+                a.window = Window::new(left, right);
+            }
             "--kernel" => {
                 let k: String = val(&flag, it.next())?;
                 a.kernel = Some(fwd_names().chain(bwd_names()).find(|f| *f == k).ok_or_else(|| {
@@ -251,6 +272,19 @@ struct Plan {
     bwd_opts: BwdOptions,
     /// The forward saves O's residual (`--residual` and a forward kernel that writes it).
     saved: bool,
+    /// A sliding window: the kernels' windowed entries run.
+    windowed: bool,
+}
+
+impl Plan {
+    /// The forward's entry, as launched.
+    fn fwd_name(&self) -> &'static str {
+        self.fwd.entry(self.windowed).0
+    }
+    /// The backward's entries, as launched, joined by `sep`.
+    fn bwd_names(&self, sep: &str) -> String {
+        self.bwd.iter().map(|v| v.entry(self.windowed).map_or(v.name, |e| e.0)).collect::<Vec<_>>().join(sep)
+    }
 }
 
 /// Checks everything about a request that can be refused: the shape and options
@@ -276,13 +310,13 @@ fn plan<T: Dtype>(fa: &FlashAttn, s: &AttnShape, attn: &Attention, a: &Args) -> 
     let saved = fwd_opts.save_residual && fwd.family.desc().writes_residual;
     let bwd_opts = BwdOptions { kernel: bwd_kernel, deterministic: a.deterministic };
     let bwd = match a.backward {
-        true => flashattn::select_bwd_variants(T::DTYPE, s.head_dim, &bwd_opts, &archs, saved)?,
+        true => flashattn::select_bwd_variants(T::DTYPE, s.head_dim, &bwd_opts, &archs, saved, !attn.window.is_none())?,
         false => vec![],
     };
     for v in &bwd {
         runs(v.name, v.arch())?;
     }
-    Ok(Plan { fwd, fwd_opts, bwd, bwd_opts, saved })
+    Ok(Plan { fwd, fwd_opts, bwd, bwd_opts, saved, windowed: !attn.window.is_none() })
 }
 
 /// `f` of each item, on all cores, in the items' order. Once it has taken more than a few
@@ -324,19 +358,17 @@ fn par_map<I: Sync, R: Send>(items: &[I], what: &str, f: impl Fn(&I) -> R + Sync
 }
 
 /// Query row `(b, h, i)` as a problem of its own: that row of Q, and K, V of its KV head cut
-/// to the keys it sees (causal: columns up to i + seqlen_k - seqlen_q), not causal. The
-/// references compute the same thing, in the same order, as for the row of the whole problem
-/// (they leave masked keys out, or add their exact zeros), without converting all of K and V.
-fn row_problem<T: Dtype>(p: &Problem<T>, s: &AttnShape, causal: bool, (b, h, i): (usize, usize, usize)) -> (Problem<T>, AttnShape) {
+/// to the keys it sees (`Attention::visible_cols`: the causal mask and the window), unmasked.
+/// The references compute the same thing, in the same order, as for the row of the whole
+/// problem (they leave masked keys out, or add their exact zeros), without converting all of
+/// K and V.
+fn row_problem<T: Dtype>(p: &Problem<T>, s: &AttnShape, attn: &Attention, (b, h, i): (usize, usize, usize)) -> (Problem<T>, AttnShape) {
     let d = s.head_dim;
     let hk = h / (s.heads_q / s.heads_kv);
-    let visible = match causal {
-        true => (i as i64 + s.seqlen_k as i64 - s.seqlen_q as i64 + 1).clamp(0, s.seqlen_k as i64) as usize,
-        false => s.seqlen_k,
-    };
-    let keys = |x: &[T]| (0..visible).flat_map(|j| &x[((b * s.seqlen_k + j) * s.heads_kv + hk) * d..][..d]).copied().collect();
+    let (lo, hi) = attn.visible_cols(i, s.seqlen_q, s.seqlen_k);
+    let keys = |x: &[T]| (lo..hi).flat_map(|j| &x[((b * s.seqlen_k + j) * s.heads_kv + hk) * d..][..d]).copied().collect();
     let q = p.q[((b * s.seqlen_q + i) * s.heads_q + h) * d..][..d].to_vec();
-    let shape = AttnShape { batch: 1, seqlen_q: 1, seqlen_k: visible, heads_q: 1, heads_kv: 1, head_dim: d };
+    let shape = AttnShape { batch: 1, seqlen_q: 1, seqlen_k: hi - lo, heads_q: 1, heads_kv: 1, head_dim: d };
     (Problem { q, k: keys(&p.k), v: keys(&p.v) }, shape)
 }
 
@@ -358,17 +390,25 @@ fn run<T: Dtype>(fa: &FlashAttn, a: &Args) -> flashattn::Result<bool> {
         heads_kv: a.heads_kv.unwrap_or(heads),
         head_dim,
     };
-    let attn = Attention { causal: a.causal, softmax_scale: a.scale, ..Default::default() };
+    let attn = Attention { causal: a.causal, softmax_scale: a.scale, window: a.window };
     // The whole request is checked before anything about it is printed.
     let plan = plan::<T>(fa, &s, &attn, a)?;
     println!("device:  {}", fa.device_name());
     println!(
-        "problem: batch {} seqlen_q {} seqlen_k {} heads_q {} heads_kv {} head_dim {} {} causal={}",
-        s.batch, s.seqlen_q, s.seqlen_k, s.heads_q, s.heads_kv, s.head_dim, a.dtype, a.causal
+        "problem: batch {} seqlen_q {} seqlen_k {} heads_q {} heads_kv {} head_dim {} {} causal={}{}",
+        s.batch,
+        s.seqlen_q,
+        s.seqlen_k,
+        s.heads_q,
+        s.heads_kv,
+        s.head_dim,
+        a.dtype,
+        a.causal,
+        window_label(&a.window).map_or(String::new(), |w| format!(" window={w}"))
     );
-    println!("kernel:  {}", plan.fwd.name);
+    println!("kernel:  {}", plan.fwd_name());
     if a.backward {
-        let names = plan.bwd.iter().map(|v| v.name).collect::<Vec<_>>().join(" + ");
+        let names = plan.bwd_names(" + ");
         println!("backward: {names}{}", if plan.saved { " (from the forward's saved O residual)" } else { "" });
     }
 
@@ -387,7 +427,7 @@ fn run<T: Dtype>(fa: &FlashAttn, a: &Args) -> flashattn::Result<bool> {
     let lse_h = fa.download(out.lse())?;
     let mut ok = check_forward(&p, &s, &attn, &o_h, &lse_h);
 
-    let flops = s.fwd_flops(a.causal);
+    let flops = s.window_fwd_flops(&attn);
     println!("time:    {ms:.3} ms per forward ({iters} timed runs) = {:.2} TFLOP/s", flops / (ms * 1e-3) / 1e12);
     let tensors = (q.bytes() + k.bytes() + v.bytes() + out.o().bytes() + out.lse().bytes()) as f64;
     let scores = (s.batch * s.heads_q * s.seqlen_q * s.seqlen_k * std::mem::size_of::<T>()) as f64;
@@ -451,8 +491,8 @@ fn check_forward<T: Dtype>(p: &Problem<T>, s: &AttnShape, attn: &Attention, o_h:
     // Each row on its own (its query, the keys it sees): the references then need neither all
     // of K and V in f64 nor one core for every row.
     let checked = par_map(&rows, "forward check (f64 reference and naive attention per sampled row)", |&r| {
-        let (rp, rs) = row_problem(p, s, attn.causal, r);
-        let one = Attention { causal: false, ..*attn };
+        let (rp, rs) = row_problem(p, s, attn, r);
+        let one = Attention { causal: false, window: Window::default(), ..*attn };
         let exact = reference_rows(&rp.q, &rp.k, &rp.v, &rs, &one, &[(0, 0, 0)]).remove(0);
         let naive = naive_rows(&rp.q, &rp.k, &rp.v, &rs, &one, &[(0, 0, 0)]).remove(0);
         (exact, naive)
@@ -537,6 +577,12 @@ fn check_backward<T: Dtype>(p: &Problem<T>, d_o: &[T], s: &AttnShape, attn: &Att
     ok
 }
 
+/// The window as `LEFT,RIGHT` (-1: unbounded), `None` without one.
+fn window_label(w: &Window) -> Option<String> {
+    let side = |x: Option<u32>| x.map_or("-1".to_string(), |n| n.to_string());
+    (!w.is_none()).then(|| format!("{},{}", side(w.left), side(w.right)))
+}
+
 fn upload_problem<T: Dtype>(fa: &FlashAttn, s: &AttnShape) -> flashattn::Result<(Tensor<T>, Tensor<T>, Tensor<T>)> {
     let p = random_problem::<T>(s, 0xbe_7c4);
     Ok((fa.upload(&p.q, &s.q_shape())?, fa.upload(&p.k, &s.kv_shape())?, fa.upload(&p.v, &s.kv_shape())?))
@@ -567,7 +613,7 @@ fn bench<T: Dtype>(fa: &FlashAttn, a: &Args) -> flashattn::Result<bool> {
                     heads_kv: heads,
                     head_dim: d,
                 };
-                let attn = Attention { causal, softmax_scale: None, ..Default::default() };
+                let attn = Attention { causal, softmax_scale: None, window: a.window };
                 let plan = plan::<T>(fa, &s, &attn, a)?;
                 cases.push((s, attn, plan));
             }
@@ -576,12 +622,14 @@ fn bench<T: Dtype>(fa: &FlashAttn, a: &Args) -> flashattn::Result<bool> {
     if !a.json {
         println!("device: {}", fa.device_name());
         println!(
-            "{:<28} {:>5} {:>4} {:>6} {:>6} {:>4} {:>7} {:>10} {:>9}",
-            "kernel", "dtype", "d", "seqlen", "batch", "h", "causal", "ms", "TFLOP/s"
+            "{:<28} {:>5} {:>4} {:>6} {:>6} {:>4} {:>7} {:>10} {:>10} {:>9}",
+            "kernel", "dtype", "d", "seqlen", "batch", "h", "causal", "window", "ms", "TFLOP/s"
         );
     }
     for (s, attn, plan) in cases {
         let (d, seqlen, heads, causal) = (s.head_dim, s.seqlen_q, s.heads_q, attn.causal);
+        // FLOPs of the forward: the paper's count, or under a window the visible pairs'.
+        let fwd_flops = s.window_fwd_flops(&attn);
         let iters = a.iters.unwrap_or(10);
         let (q, k, v) = upload_problem::<T>(fa, &s)?;
         let (family, name, ms, flops) = if a.backward {
@@ -594,20 +642,20 @@ fn bench<T: Dtype>(fa: &FlashAttn, a: &Args) -> flashattn::Result<bool> {
                 dk: fa.full(T::nan(), &s.kv_shape())?,
                 dv: fa.full(T::nan(), &s.kv_shape())?,
             };
-            let names = plan.bwd.iter().map(|v| v.name).collect::<Vec<_>>().join("+");
+            let names = plan.bwd_names("+");
             let family = plan.bwd[plan.bwd.len() - 1].family.name().to_string();
             if a.fwdbwd {
                 // With --fwdbwd the forward too, each step (FLOPs 1 + 2.5 forwards).
                 let ms = fa.time_forward_backward(&q, &k, &v, &d_o, &attn, &plan.fwd_opts, &plan.bwd_opts, &mut grads, 2, iters)?;
-                (family, format!("{}+{names}", plan.fwd.name), ms, 3.5 * s.fwd_flops(causal))
+                (family, format!("{}+{names}", plan.fwd_name()), ms, 3.5 * fwd_flops)
             } else {
                 let ms = fa.time_backward(&q, &k, &v, &out, &d_o, &plan.bwd_opts, &mut grads, 2, iters)?;
-                (family, names, ms, 2.5 * s.fwd_flops(causal))
+                (family, names, ms, 2.5 * fwd_flops)
             }
         } else {
             let mut out = FwdOutput::from_buffers(fa.full(T::nan(), &s.q_shape())?, fa.full(f32::NAN, &s.lse_shape())?, None);
             let ms = fa.time_forward(&q, &k, &v, &attn, &plan.fwd_opts, &mut out, 2, iters)?;
-            (plan.fwd.family.name().to_string(), plan.fwd.name.to_string(), ms, s.fwd_flops(causal))
+            (plan.fwd.family.name().to_string(), plan.fwd_name().to_string(), ms, fwd_flops)
         };
         let tflops = flops / (ms * 1e-3) / 1e12;
         let pass = match (a.fwdbwd, a.backward) {
@@ -615,13 +663,16 @@ fn bench<T: Dtype>(fa: &FlashAttn, a: &Args) -> flashattn::Result<bool> {
             (_, true) => "bwd",
             _ => "fwd",
         };
+        let window = window_label(&attn.window);
         if a.json {
+            let w = window.as_ref().map_or("null".to_string(), |w| format!("\"{w}\""));
             println!(
-                "{{\"impl\":\"flashattn-rs/{family}\",\"pass\":\"{pass}\",\"kernel\":\"{name}\",\"dtype\":\"{}\",\"head_dim\":{d},\"seqlen\":{seqlen},\"batch\":{},\"heads\":{heads},\"causal\":{causal},\"ms\":{ms:.5},\"tflops\":{tflops:.3}}}",
+                "{{\"impl\":\"flashattn-rs/{family}\",\"pass\":\"{pass}\",\"kernel\":\"{name}\",\"dtype\":\"{}\",\"head_dim\":{d},\"seqlen\":{seqlen},\"batch\":{},\"heads\":{heads},\"causal\":{causal},\"window\":{w},\"ms\":{ms:.5},\"tflops\":{tflops:.3}}}",
                 a.dtype, s.batch
             );
         } else {
-            println!("{name:<28} {:>5} {d:>4} {seqlen:>6} {:>6} {heads:>4} {causal:>7} {ms:>10.3} {tflops:>9.2}", a.dtype, s.batch);
+            let w = window.unwrap_or_else(|| "-".into());
+            println!("{name:<28} {:>5} {d:>4} {seqlen:>6} {:>6} {heads:>4} {causal:>7} {w:>10} {ms:>10.3} {tflops:>9.2}", a.dtype, s.batch);
         }
     }
     Ok(true)

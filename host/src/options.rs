@@ -17,8 +17,9 @@ pub struct Attention {
     /// [`crate::MAX_SCALE`], of either sign; 0 is the limit scale -> 0+ (uniform weights over
     /// the visible keys).
     pub softmax_scale: Option<f32>,
-    /// Sliding window (local attention); [`Window::default`] is none. Forward only for now:
-    /// the backward of a windowed forward is refused ([`crate::Error::Unsupported`]).
+    /// Sliding window (local attention); [`Window::default`] is none. The backward takes it
+    /// on the `wgmma`, `mma` and `simt` families (the atomic ones refuse it,
+    /// [`crate::Error::Unsupported`]).
     pub window: Window,
 }
 
@@ -67,6 +68,15 @@ impl Attention {
         let diag = row as i64 + seqlen_k as i64 - seqlen_q as i64;
         let (col, right) = (col as i64, if self.causal { Some(0) } else { self.window.right });
         right.is_none_or(|r| col <= diag + r as i64) && self.window.left.is_none_or(|l| col >= diag - l as i64)
+    }
+    /// The key columns `lo..hi` query row `row` sees (empty: `lo >= hi`), the range
+    /// [`Attention::sees`] describes.
+    pub fn visible_cols(&self, row: usize, seqlen_q: usize, seqlen_k: usize) -> (usize, usize) {
+        let diag = row as i64 + seqlen_k as i64 - seqlen_q as i64;
+        let right = if self.causal { Some(0) } else { self.window.right };
+        let lo = self.window.left.map_or(0, |l| (diag - l as i64).clamp(0, seqlen_k as i64));
+        let hi = right.map_or(seqlen_k as i64, |r| (diag + r as i64 + 1).clamp(0, seqlen_k as i64));
+        (lo as usize, hi.max(lo) as usize)
     }
     /// The same attention with softmax scale `scale`.
     pub fn with_scale(self, scale: f32) -> Attention {

@@ -42,7 +42,7 @@ use crate::copy::{load_tile_chunks, load_tile_pair};
 use crate::dev::{self, Shared, block, global, math, thread, warp};
 use crate::dtype::MmaElement;
 use crate::frag::{pair_sum, store_rows, to_a};
-use crate::mask::Mask;
+use crate::mask::{Mask, Window, kv_tiles, q_tiles};
 use crate::nonfinite::{add_nonfinite, dkdv_tile_masked, finite_frag, row_at};
 use crate::params::BwdParams;
 use crate::smem::{LaneAddr, Layout};
@@ -140,6 +140,7 @@ pub unsafe fn dq<
     const QREG: bool,
     const STATS_ONLY: bool,
     const SPLIT: usize,
+    const WINDOW: bool,
 >(
     p: &BwdParams,
 ) {
@@ -148,7 +149,7 @@ pub unsafe fn dq<
         assert!(D == t.head_dim as usize && SPLIT == t.split as usize && DK * 16 * SPLIT == D && DN * 8 * SPLIT == D);
         assert!(BC == t.dq_bc as usize && NS * 8 == BC && QREG == t.dq_q_in_regs);
     }
-    unsafe { with_mask!(p, M => dq_masked::<T, M, D, DK, DN, BC, NS, QREG, STATS_ONLY, SPLIT>(p)) }
+    unsafe { with_window_mask!(p, WINDOW, M => dq_masked::<T, M, D, DK, DN, BC, NS, QREG, STATS_ONLY, SPLIT>(p)) }
 }
 
 #[inline(always)]
@@ -199,17 +200,21 @@ unsafe fn dq_masked<
     };
     let r0 = row0.min(sq) as u64;
 
+    // Key tiles first..end (a window's left edge first), masked from n_unmasked on; n_tiles
+    // of them.
     let row_end = (row0 + br as u32).min(sq);
-    let n_tiles = M::visible_cols(row_end, sq, sk).div_ceil(BC as u32) as usize;
-    let n_unmasked = ((M::unmasked_cols(row0, sq, sk) / BC as u32) as usize).min(n_tiles);
+    let (end, first, n_unmasked) = kv_tiles::<M>(&p.pb, row0, row_end, BC as u32);
+    let n_tiles = end - first;
 
     // Block: Q_i, dO_i and the first K, V tile in flight.
     unsafe {
         load::<T, D, BLOCK_ROWS, SPLIT>(q_s, q_g.add((r0 * p.q_strides.row) as usize), p.q_strides.row, sq - row0.min(sq), d);
         load::<T, D, BLOCK_ROWS, SPLIT>(do_s, do_g.add((r0 * p.do_strides.row) as usize), p.do_strides.row, sq - row0.min(sq), d);
         if n_tiles > 0 {
-            load::<T, D, BC, SPLIT>(k_s(0), k_g, p.k_strides.row, sk, d);
-            load::<T, D, BC, SPLIT>(v_s(0), v_g, p.v_strides.row, sk, d);
+            let c1 = (first * BC) as u32;
+            let (k1, v1) = (k_g.add((c1 as u64 * p.k_strides.row) as usize), v_g.add((c1 as u64 * p.v_strides.row) as usize));
+            load::<T, D, BC, SPLIT>(k_s(0), k1, p.k_strides.row, sk - c1, d);
+            load::<T, D, BC, SPLIT>(v_s(0), v1, p.v_strides.row, sk - c1, d);
         }
     }
     thread::cp_async_commit();
@@ -227,15 +232,15 @@ unsafe fn dq_masked<
     let b_addr = half_addr(LaneAddr::new::<D>(lane % 8 + 8 * (lane / 16), (lane / 8) % 2), hf, DK);
     // Lane quad: the rows' final statistics, also to the workspace.
     let publish = |rows: &[QuadRow; 2]| publish_stats(p, (b, h), row0 + (w * 16 + g) as u32, t == 0 && half_now::<SPLIT>() == 0, rows);
-    // Two passes over the key tiles, one pipeline: iteration `it` reads tile it % n_tiles.
-    // STATS_ONLY (the atomic backward's first kernel): pass 0 alone.
+    // Two passes over the key tiles, one pipeline: iteration `it` reads tile
+    // first + it % n_tiles. STATS_ONLY (the atomic backward's first kernel): pass 0 alone.
     let n_iter = if STATS_ONLY { n_tiles } else { 2 * n_tiles };
     for it in 0..n_iter {
-        let j = it % n_tiles;
+        let j = first + it % n_tiles;
         // Block: prefetch the next iteration's K, V into the other stage while this one is
         // computed.
         if it + 1 < n_iter {
-            let c1 = (((it + 1) % n_tiles) * BC) as u32;
+            let c1 = ((first + (it + 1) % n_tiles) * BC) as u32;
             unsafe {
                 let (kr, vr) = (p.k_strides.row, p.v_strides.row);
                 let src = [k_g.add((c1 as u64 * kr) as usize), v_g.add((c1 as u64 * vr) as usize)];
@@ -345,13 +350,15 @@ impl<T: MmaElement, const D: usize, const DK: usize, const QREG: bool, const SPL
         if SPLIT > 1 {
             pair_sum(self.x, &mut s, &mut dp);
         }
+        // The window's bounds fresh each tile (`Window::opaque`).
+        let win = Window::<M>::new(&p.pb).opaque();
         for (n, x) in s.iter_mut().enumerate() {
             for (e, x) in x.iter_mut().enumerate() {
                 *x *= factor;
                 if MASKED {
                     let row = self.row0 + (g + 8 * (e / 2)) as u32;
                     let col = c0 + (n * 8 + 2 * t + e % 2) as u32;
-                    if col >= p.pb.seqlen_k || M::hides(row, col, p.pb.seqlen_q, p.pb.seqlen_k) {
+                    if col >= p.pb.seqlen_k || win.hidden(row, col, p.pb.seqlen_q, p.pb.seqlen_k) {
                         *x = f32::NEG_INFINITY;
                     }
                 }
@@ -432,6 +439,7 @@ pub unsafe fn dkdv<
     const KVREG: bool,
     const DQ: bool,
     const SPLIT: usize,
+    const WINDOW: bool,
 >(
     p: &BwdParams,
 ) {
@@ -440,7 +448,7 @@ pub unsafe fn dkdv<
         assert!(D == t.head_dim as usize && SPLIT == t.split as usize && DK * 16 * SPLIT == D && DN * 8 * SPLIT == D);
         assert!(BR == t.kv_br as usize && NQ * 8 == BR && KVREG == t.kv_in_regs);
     }
-    unsafe { with_mask!(p, M => dkdv_masked::<T, M, D, DK, DN, BR, NQ, KVREG, DQ, SPLIT>(p)) }
+    unsafe { with_window_mask!(p, WINDOW, M => dkdv_masked::<T, M, D, DK, DN, BR, NQ, KVREG, DQ, SPLIT>(p)) }
 }
 
 #[inline(always)]
@@ -501,11 +509,17 @@ unsafe fn dkdv_masked<
         load::<T, D, BLOCK_ROWS, SPLIT>(v_s, v_g, p.v_strides.row, sk - first, d);
     }
 
-    // The query tiles that see any key of this block: from the first row that sees key j0
-    // (bottom-right causal: i >= j0 - (sk - sq)), for every query head of the group.
-    let i_first = M::first_visible_row(j0, sq, sk);
-    let qt_first = (i_first / BR as u32) as usize;
-    let n_qt = (sq.div_ceil(BR as u32) as usize).saturating_sub(qt_first);
+    // The query tiles that see any key of this block (`mask::q_tiles`; bottom-right causal:
+    // from row j0 - (sk - sq) on), for every query head of the group.
+    let (qt_first, n_qt) = match M::WINDOW {
+        true => q_tiles::<M>(&p.pb, j0, bc as u32, BR as u32),
+        // The same tiles, written out: through `q_tiles` ptxas numbered two registers the
+        // other way round and the atomic kernel at d = 64 (255 registers) spilled 8 bytes.
+        false => {
+            let qt_first = (M::first_visible_row(j0, sq, sk) / BR as u32) as usize;
+            (qt_first, (sq.div_ceil(BR as u32) as usize).saturating_sub(qt_first))
+        }
+    };
     let group = (p.pb.heads_q / p.pb.heads_kv) as usize;
     let n_iter = group * n_qt;
     // Iteration it: query head and first row of its tile.
@@ -584,7 +598,8 @@ unsafe fn dkdv_masked<
             b,
             h,
         };
-        // Masked tiles: the diagonal, the tile past seqlen_q, with DQ the block past seqlen_k.
+        // Masked tiles: a window's, the diagonal, the tile past seqlen_q, with DQ the block
+        // past seqlen_k.
         const { assert!(BLOCK_ROWS == 64) };
         let masked = dkdv_tile_masked::<M>(i0, BR as u32, j0, sq, sk, DQ);
         if masked {
@@ -714,7 +729,9 @@ impl<T: MmaElement, const D: usize, const DK: usize, const KVREG: bool, const SP
         }
 
         // P^T = exp2(S^T scale log2(e) - m) / l per query column (0 where masked or where the
-        // row sees no key); dS^T = P^T (dP^T - D) per query column, in place of dP^T.
+        // row sees no key); dS^T = P^T (dP^T - D) per query column, in place of dP^T. The
+        // window's bounds fresh each tile (`Window::opaque`).
+        let win = Window::<M>::new(&p.pb).opaque();
         for n in 0..NQ {
             let c = n * 8 + 2 * t;
             let stat = |i: usize| (self.m_row.ld(i), self.il_row.ld(i), self.d_row.ld(i));
@@ -724,7 +741,7 @@ impl<T: MmaElement, const D: usize, const DK: usize, const KVREG: bool, const SP
                 let key = self.key0 + (g + 8 * (e / 2)) as u32;
                 let query = self.i0 + (c + e % 2) as u32;
                 let hidden = MASKED
-                    && (query >= p.pb.seqlen_q || (DQ && key >= p.pb.seqlen_k) || M::hides(query, key, p.pb.seqlen_q, p.pb.seqlen_k));
+                    && (query >= p.pb.seqlen_q || (DQ && key >= p.pb.seqlen_k) || win.hidden(query, key, p.pb.seqlen_q, p.pb.seqlen_k));
                 // 0 where masked, whatever the row's statistics and dP hold.
                 let pe = if hidden { 0.0 } else { math::ex2(s[n][e] * factor - m) * inv_l };
                 s[n][e] = pe;
@@ -791,7 +808,7 @@ impl<T: MmaElement, const D: usize, const DK: usize, const KVREG: bool, const SP
                     BR,
                     p.pb.head_dim - c0,
                     |k| row_at(do_g, p.do_strides.row, sq - self.i0.min(sq), k),
-                    |h, k| !M::hides(self.i0 + k as u32, self.key0 + (g + 8 * h) as u32, sq, sk),
+                    |h, k| !Window::<M>::new(&p.pb).hidden(self.i0 + k as u32, self.key0 + (g + 8 * h) as u32, sq, sk),
                 )
             };
         }

@@ -19,7 +19,7 @@ use crate::block_info::BlockInfo;
 use crate::copy::{load_tile_f32, store_tile_f32};
 use crate::dev::{self, Shared, block, global, math, thread, warp};
 use crate::dtype::Element;
-use crate::mask::Mask;
+use crate::mask::{Mask, Window, kv_tiles, q_tiles};
 use crate::params::BwdParams;
 use crate::softmax::score_scale;
 use crate::tile::{Config, SimtKvTile, SimtTile};
@@ -101,14 +101,15 @@ impl RowStats {
     }
 }
 
-/// The dK/dV kernel, one tile shape; causal or not at run time. Reads D from the dQ kernel.
+/// The dK/dV kernel, one tile shape; causal or not at run time, WINDOW: the sliding-window
+/// entry (`mask::Windowed`). Reads D from the dQ kernel.
 ///
 /// # Safety
 /// `p` valid (host-checked); launch with `simt_kv_tile(d)`'s threads and shared memory.
 #[inline(always)]
-pub unsafe fn dkdv<T: Element, C: Config<Tile = SimtKvTile>, const RK: usize, const DCH: usize>(p: &BwdParams) {
+pub unsafe fn dkdv<T: Element, C: Config<Tile = SimtKvTile>, const RK: usize, const DCH: usize, const WINDOW: bool>(p: &BwdParams) {
     const { assert!(RK == C::TILE.keys_per_warp as usize && DCH == C::TILE.d_chunks as usize) };
-    unsafe { with_mask!(p, M => dkdv_masked::<T, C, M, RK, DCH>(p)) }
+    unsafe { with_window_mask!(p, WINDOW, M => dkdv_masked::<T, C, M, RK, DCH>(p)) }
 }
 
 #[inline(always)]
@@ -144,15 +145,19 @@ unsafe fn dkdv_masked<T: Element, C: Config<Tile = SimtKvTile>, M: Mask, const R
     let mut acc_dk = [[0f32; DCH]; RK];
     let mut acc_dv = [[0f32; DCH]; RK];
     let group = p.pb.heads_q / p.pb.heads_kv;
-    // Query rows that can see key j0 at all: i >= j0 - (sk - sq) under the causal mask.
-    let i_first = if M::hides(sq - 1, j0, sq, sk) { sq } else { (0..sq).find_first_visible::<M>(j0, sq, sk) };
+    let win = Window::<M>::new(&p.pb);
+    // The query tiles with rows that see a key of this block (`mask::q_tiles`).
+    let (qt_first, n_qt) = q_tiles::<M>(&p.pb, j0, bn, bm);
+    // (sq itself without a window: the bound computed from the tile count took the d = 64
+    // entry from 167 to 244 registers.)
+    let i_end = if M::WINDOW { ((qt_first + n_qt) as u32 * bm).min(sq) } else { sq };
     for g in 0..group {
         let h = hk * group + g;
         let (q_g, do_g) = unsafe {
             ((p.q as *const T).add(p.q_strides.offset(b, 0, h) as usize), (p.d_o as *const T).add(p.do_strides.offset(b, 0, h) as usize))
         };
-        let mut i0 = i_first / bm * bm;
-        while i0 < sq {
+        let mut i0 = qt_first as u32 * bm;
+        while i0 < i_end {
             // Block: Q_i, dO_i and the row statistics (m_i, 1/l_i, D_i - c_i, c_i) for query rows i0..i0+32.
             block::sync();
             unsafe {
@@ -182,7 +187,7 @@ unsafe fn dkdv_masked<T: Element, C: Config<Tile = SimtKvTile>, M: Mask, const R
                     dp += do_s.ld((lane * ds + c) as usize) * v_s.ld((jl * ds + c) as usize);
                 }
                 let j = j0 + jl;
-                let hidden = i >= sq || j >= sk || M::hides(i, j, sq, sk);
+                let hidden = i >= sq || j >= sk || win.hidden(i, j, sq, sk);
                 let pij = prob(s, score_scale(p.pb.scale), m_i, il_i, hidden);
                 p_s.st((jl * bm + lane) as usize, pij);
                 // dS_ij = P_ij ((dP_ij - c_i) - (D_i - c_i)), c_i the row's pivot (see `RowStats`);
@@ -206,7 +211,7 @@ unsafe fn dkdv_masked<T: Element, C: Config<Tile = SimtKvTile>, M: Mask, const R
                     // A hidden pair adds nothing (its Q and dO may hold anything): selects, not
                     // a `continue`, which stopped the unroll and sent the accumulators to local
                     // memory.
-                    let vis = i0 + l < sq && !M::hides(i0 + l, j0 + jl, sq, sk);
+                    let vis = i0 + l < sq && !win.hidden(i0 + l, j0 + jl, sq, sk);
                     let (pv, dsv) = (p_s.ld((jl * bm + l) as usize), ds_s.ld((jl * bm + l) as usize));
                     for ch in 0..DCH {
                         acc_dv[r][ch] += if vis { pv * do_row[ch] } else { 0.0 };
@@ -240,33 +245,17 @@ unsafe fn dkdv_masked<T: Element, C: Config<Tile = SimtKvTile>, M: Mask, const R
     }
 }
 
-/// The first query row that sees key `j` under mask `M` (`sq` if none).
-trait FirstVisible {
-    fn find_first_visible<M: Mask>(self, j: u32, sq: u32, sk: u32) -> u32;
-}
-
-impl FirstVisible for core::ops::Range<u32> {
-    #[inline(always)]
-    fn find_first_visible<M: Mask>(self, j: u32, sq: u32, sk: u32) -> u32 {
-        // Visibility grows with the row index (bottom-right causal), so bisect.
-        let (mut lo, mut hi) = (self.start, self.end);
-        while lo < hi {
-            let mid = lo + (hi - lo) / 2;
-            if M::hides(mid, j, sq, sk) { lo = mid + 1 } else { hi = mid }
-        }
-        lo
-    }
-}
-
-/// The dQ kernel, one tile shape (the forward's SIMT tile); causal or not at run time. Also
-/// writes D for the dK/dV kernel.
+/// The dQ kernel, one tile shape (the forward's SIMT tile); causal or not at run time, WINDOW:
+/// the sliding-window entry (`mask::Windowed`). Also writes D for the dK/dV kernel.
 ///
 /// # Safety
 /// `p` valid (host-checked); launch with `simt_dq_tile(d)`'s threads and `simt_dq_smem_bytes(d)`.
 #[inline(always)]
-pub unsafe fn dq<T: Element, C: Config<Tile = SimtTile>, const ROWS: usize, const DCH: usize, const SC: usize>(p: &BwdParams) {
+pub unsafe fn dq<T: Element, C: Config<Tile = SimtTile>, const ROWS: usize, const DCH: usize, const SC: usize, const WINDOW: bool>(
+    p: &BwdParams,
+) {
     const { assert!(ROWS == C::TILE.rows_per_warp as usize && DCH == C::TILE.d_chunks as usize && SC == C::TILE.s_cols as usize) };
-    unsafe { with_mask!(p, M => dq_masked::<T, C, M, ROWS, DCH, SC>(p)) }
+    unsafe { with_window_mask!(p, WINDOW, M => dq_masked::<T, C, M, ROWS, DCH, SC>(p)) }
 }
 
 #[inline(always)]
@@ -299,18 +288,21 @@ unsafe fn dq_masked<T: Element, C: Config<Tile = SimtTile>, M: Mask, const ROWS:
         load_tile_f32(do_s, d, (p.d_o as *const T).add(p.do_strides.offset(b, 0, h) as usize), p.do_strides.row, row0, br, sq, d);
     }
     let row_end = if row0 + br < sq { row0 + br } else { sq };
-    let n_tiles = M::visible_cols(row_end, sq, sk).div_ceil(bc);
+    // Key tiles first..n_tiles (`mask::kv_tiles`), every one masked.
+    let (n_tiles, first, _) = kv_tiles::<M>(&p.pb, row0, row_end, bc);
+    let (n_tiles, first) = (n_tiles as u32, first as u32);
+    let win = Window::<M>::new(&p.pb);
     let r_w = w * ROWS as u32;
     let ctx = DqTile::<T> { p, q_s, do_s, k_s, v_s, _t: core::marker::PhantomData, b, hk, bc, r_w, lane };
     let hidden = |i: usize, c: usize, c0: u32| {
         let (row, col) = (row0 + r_w + i as u32, c0 + lane + 32 * c as u32);
-        row >= sq || col >= sk || M::hides(row, col, sq, sk)
+        row >= sq || col >= sk || win.hidden(row, col, sq, sk)
     };
 
     // Pass 0: the row's softmax statistics m_i, l_i and D_i = sum_j P_ij dP_ij (as D_i - c_i
     // and the pivot c_i, see `RowStats`), from f32 scores and dP.
     let mut part = [RowStats::INIT; ROWS];
-    for jt in 0..n_tiles {
+    for jt in first..n_tiles {
         let (s, dp) = unsafe { ctx.scores::<ROWS, SC>(jt) };
         for i in 0..ROWS {
             for c in 0..SC {
@@ -343,7 +335,7 @@ unsafe fn dq_masked<T: Element, C: Config<Tile = SimtTile>, M: Mask, const ROWS:
 
     // Pass 1: dS_ij = P_ij ((dP_ij - c_i) - (D_i - c_i)), then dQ_i += sum_j dS_ij K_j (scale at the end).
     let mut acc_dq = [[0f32; DCH]; ROWS];
-    for jt in 0..n_tiles {
+    for jt in first..n_tiles {
         let c0 = jt * bc;
         let kv_len = if sk - c0 < bc { sk - c0 } else { bc };
         let (s, dp) = unsafe { ctx.scores::<ROWS, SC>(jt) };
@@ -369,7 +361,7 @@ unsafe fn dq_masked<T: Element, C: Config<Tile = SimtTile>, M: Mask, const ROWS:
             for i in 0..ROWS {
                 // A hidden pair adds nothing (its K may hold anything): selects, as in `dkdv`.
                 let row = row0 + r_w + i as u32;
-                let vis = row < sq && !M::hides(row, c0 + kk, sq, sk);
+                let vis = row < sq && !win.hidden(row, c0 + kk, sq, sk);
                 let dsv = ds_s.ld(((r_w + i as u32) * bc + kk) as usize);
                 for ch in 0..DCH {
                     acc_dq[i][ch] += if vis { dsv * k_row[ch] } else { 0.0 };

@@ -66,7 +66,7 @@ use crate::frag::{store_rows, to_a};
 
 use crate::block_info::BlockInfo;
 use crate::copy::{body_head_dim, by_element, load_tile_in, load_two};
-use crate::mask::Mask;
+use crate::mask::{Mask, Window, q_tiles};
 use crate::nonfinite::{clean_own_pair, dkdv_tile_masked, own_chunks_nonfinite, warp_fix_stored_dv, zero_own_nonfinite};
 use crate::params::BwdParams;
 use crate::smem::Sw;
@@ -100,6 +100,7 @@ pub unsafe fn dkdv<
     const NACC: usize,
     const PAD: bool,
     const DQ: bool,
+    const WINDOW: bool,
 >(
     p: &BwdParams,
 ) {
@@ -118,7 +119,7 @@ pub unsafe fn dkdv<
         thread::trap();
     }
     unsafe {
-        with_mask!(p, M => match !DQ && by_element(PAD, p.pb.head_dim) {
+        with_window_mask!(p, WINDOW, M => match !DQ && by_element(PAD, p.pb.head_dim) {
             false => dkdv_masked::<T, M, D, DN, BR, NQ, KQ, THREADS, NACC, PAD, DQ, false>(p),
             true => dkdv_masked::<T, M, D, DN, BR, NQ, KQ, THREADS, NACC, PAD, DQ, true>(p),
         })
@@ -168,9 +169,7 @@ unsafe fn dkdv_masked<
     // The query tiles that see any key of this block, for every query head of the group
     // (as bwd_mma::dkdv); set here, after K's copy was issued, where the kernel always
     // computed them.
-    let i_first = M::first_visible_row(kb.j0, kb.sq, kb.sk);
-    kb.qt_first = (i_first / BR as u32) as usize;
-    kb.n_qt = (kb.sq.div_ceil(BR as u32) as usize).saturating_sub(kb.qt_first);
+    (kb.qt_first, kb.n_qt) = q_tiles::<M>(&kb.p.pb, kb.j0, KEYS as u32, BR as u32);
     kb.group = (kb.p.pb.heads_q / kb.p.pb.heads_kv) as usize;
     let n_iter = kb.group * kb.n_qt;
 
@@ -197,8 +196,8 @@ unsafe fn dkdv_masked<
             thread::cp_async_wait::<0>();
         }
         let (h, i0) = kb.tile_of(it);
-        // Masked tiles: the diagonal, the tile past seqlen_q, with DQ the block past seqlen_k
-        // (`nonfinite::dkdv_tile_masked`).
+        // Masked tiles: a window's, the diagonal, the tile past seqlen_q, with DQ the block
+        // past seqlen_k (`nonfinite::dkdv_tile_masked`).
         const { assert!(KEYS == 64) };
         let masked = dkdv_tile_masked::<M>(i0, BR as u32, kb.j0, kb.sq, kb.sk, DQ);
         // This tile's copies (and K, V) landed, for every thread and for the async proxy; on
@@ -273,6 +272,7 @@ unsafe fn dkdv_masked<
                 ((kb.key0 as u64) << 32) | kb.j0 as u64,
                 ((kb.sq as u64) << 32) | kb.sk as u64,
                 shape,
+                Window::<M>::new(&p.pb).pack(),
             )
         };
     }
@@ -584,9 +584,11 @@ impl<
         }
         // `masked` is uniform and true on diagonal tiles only: one branch around the whole
         // mask (a branch per element became selects in every tile in the forward kernel).
+        // The window's bounds fresh each tile (`Window::opaque`).
+        let win = Window::<M>::new(&self.p.pb).opaque();
         let hidden = |n: usize, e: usize| {
             let (key, query) = (self.key0 + (self.g + 8 * (e / 2)) as u32, i0 + (n * 8 + 2 * self.t + e % 2) as u32);
-            (DQ && key >= self.sk) || query >= self.sq || M::hides(query, key, self.sq, self.sk)
+            (DQ && key >= self.sk) || query >= self.sq || win.hidden(query, key, self.sq, self.sk)
         };
         if masked {
             // -0.0 marks a masked pair for dS below (a visible P is +0.0 or more).
@@ -702,10 +704,11 @@ impl<
                 }
             }
             if masked {
+                let win = Window::<M>::new(&self.p.pb).opaque();
                 for (n, x) in x.iter_mut().enumerate() {
                     for (e, x) in x.iter_mut().enumerate() {
                         let (key, query) = (self.key0 + (self.g + 8 * (e / 2)) as u32, i0 + (n * 8 + 2 * self.t + e % 2) as u32);
-                        if (DQ && key >= self.sk) || query >= self.sq || M::hides(query, key, self.sq, self.sk) {
+                        if (DQ && key >= self.sk) || query >= self.sq || win.hidden(query, key, self.sq, self.sk) {
                             *x = -0.0;
                         }
                     }

@@ -6,7 +6,7 @@ use crate::copy::{body_head_dim, by_element, load_tile_in, load_two};
 use crate::dev::{self, Shared, block, global, math, thread, warp, warpgroup};
 use crate::dtype::MmaElement;
 use crate::frag::{store_rows, to_a};
-use crate::mask::Mask;
+use crate::mask::{Mask, Window, kv_tiles};
 use crate::nonfinite::{own_chunks_nonfinite, zero_own_nonfinite};
 use crate::params::BwdParams;
 use crate::smem::Sw;
@@ -54,6 +54,7 @@ pub unsafe fn dq<
     const DNW: usize,
     const PAD: bool,
     const MODE: u8,
+    const WINDOW: bool,
 >(
     p: &BwdParams,
 ) {
@@ -71,7 +72,7 @@ pub unsafe fn dq<
         thread::trap();
     }
     unsafe {
-        with_mask!(p, M => match MODE != DQ_STATS && by_element(PAD, p.pb.head_dim) {
+        with_window_mask!(p, WINDOW, M => match MODE != DQ_STATS && by_element(PAD, p.pb.head_dim) {
             false => dq_masked::<T, M, D, DN, BC, NS, KS, NSW, KSW, THREADS, DW, DNW, PAD, MODE, false>(p),
             true => dq_masked::<T, M, D, DN, BC, NS, KS, NSW, KSW, THREADS, DW, DNW, PAD, MODE, true>(p),
         })
@@ -112,12 +113,12 @@ unsafe fn dq_masked<
         thread::trap();
     }
     let mut qb = DqBlock::<T, M, D, DN, BC, NS, KS, NSW, KSW, THREADS, DW, DNW, PAD, MODE, EL>::new(p, d, saved);
-    let (n_tiles, n_unmasked) = (qb.n_tiles, qb.n_unmasked);
+    let (n_tiles, first, n_unmasked) = (qb.n_tiles, qb.first, qb.n_unmasked);
 
     // Block: Q_i, dO_i and the first K, V tile in flight.
     qb.load_q();
     if n_tiles > 0 {
-        qb.load_kv(0, 0);
+        qb.load_kv(first, 0);
     }
     thread::cp_async_commit();
 
@@ -139,13 +140,14 @@ unsafe fn dq_masked<
     // DQ_SAVED: how many key tiles are on the block's list of hot tiles (block-uniform).
     let mut n_hot = 0usize;
 
-    // One pass over the key tiles (DQ_SAVED: dQ, DQ_STATS: the statistics), double-buffered.
+    // One pass over the key tiles first.. (DQ_SAVED: dQ, DQ_STATS: the statistics),
+    // double-buffered.
     for it in 0..n_tiles {
-        let j = it;
+        let j = first + it;
         // Block: prefetch the next iteration's K, V into the other stage while this one is
         // computed.
         if it + 1 < n_tiles {
-            qb.load_kv(it + 1, (it + 1) % 2);
+            qb.load_kv(j + 1, (it + 1) % 2);
             thread::cp_async_commit();
             thread::cp_async_wait::<1>();
         } else {
@@ -166,7 +168,7 @@ unsafe fn dq_masked<
         // refills it.
         block::sync();
         if saved {
-            n_hot = qb.list_hot(it, n_hot);
+            n_hot = qb.list_hot(it, j, n_hot);
         }
     }
     if n_tiles == 0 {
@@ -258,8 +260,10 @@ struct DqBlock<
     do_g: *const T,
     k_g: *const T,
     v_g: *const T,
-    /// Key tiles the block's rows see, and those below `n_unmasked` no row's mask hides.
+    /// Key tiles the block's rows see: `n_tiles` from tile `first` on (a window's left edge),
+    /// and those below `n_unmasked` no row's mask hides.
     n_tiles: usize,
+    first: usize,
     n_unmasked: usize,
     /// scale log2(e), for exp2.
     factor: f32,
@@ -313,8 +317,8 @@ impl<
         };
 
         let row_end = (row0 + ROWS as u32).min(sq);
-        let n_tiles = M::visible_cols(row_end, sq, sk).div_ceil(BC as u32) as usize;
-        let n_unmasked = ((M::unmasked_cols(row0, sq, sk) / BC as u32) as usize).min(n_tiles);
+        let (end, first, n_unmasked) = kv_tiles::<M>(&p.pb, row0, row_end, BC as u32);
+        let n_tiles = end - first;
         let votes: Shared<u32> = ones.after(8 * split);
         let hot: Shared<u32> = votes.after(HOT_TILES);
         DqBlock {
@@ -346,6 +350,7 @@ impl<
             k_g,
             v_g,
             n_tiles,
+            first,
             n_unmasked,
             factor: 0.0,
             mask: PhantomData,
@@ -464,11 +469,11 @@ impl<
         fin
     }
 
-    /// Block (DQ_SAVED), after iteration `it`'s barrier: key tile `it` joins the list of hot
+    /// Block (DQ_SAVED), after iteration `it`'s barrier: its key tile `j` joins the list of hot
     /// tiles if a warp voted so (every thread reads the same votes; at most HOT_TILES are
     /// listed); returns the new length.
     #[inline(always)]
-    fn list_hot(&self, it: usize, n_hot: usize) -> usize {
+    fn list_hot(&self, it: usize, j: usize, n_hot: usize) -> usize {
         let at = 4 * self.split * (it % 2);
         let mut any = 0;
         for v in 0..4 * self.split {
@@ -478,7 +483,7 @@ impl<
             return n_hot;
         }
         if self.wg == 0 && self.w == 0 && self.lane == 0 {
-            self.hot.st(n_hot, it as u32);
+            self.hot.st(n_hot, j as u32);
         }
         n_hot + 1
     }
@@ -487,7 +492,8 @@ impl<
     /// only).
     #[inline(always)]
     fn mask(&self, s: &mut [[f32; 4]; NSW], j: usize, masked: bool, hidden: f32) {
-        mask_frag::<M, NSW>(s, (j * BC + self.key_w) as u32, self.row_w, (self.g, self.t), (self.sq, self.sk), masked, hidden)
+        let win = Window::<M>::new(&self.p.pb).opaque();
+        mask_frag::<M, NSW>(s, (j * BC + self.key_w) as u32, self.row_w, (self.g, self.t), (self.sq, self.sk), masked, hidden, win)
     }
 
     /// Block, after the copies of key tile `stage` landed: the barrier that makes them visible
@@ -740,7 +746,8 @@ impl<
                     *x = math::ex2(math::fma(*x, self.factor, -fin[e / 2].0));
                 }
             }
-            mask_frag::<M, NS>(&mut s, (j * BC) as u32, self.row_w, (self.g, self.t), (self.sq, self.sk), j >= self.n_unmasked, 0.0);
+            let win = Window::<M>::new(&self.p.pb).opaque();
+            mask_frag::<M, NS>(&mut s, (j * BC) as u32, self.row_w, (self.g, self.t), (self.sq, self.sk), j >= self.n_unmasked, 0.0, win);
             let mut pa: [[u32; 4]; KS] = core::array::from_fn(|ks| to_a::<T>(s[2 * ks], s[2 * ks + 1]));
             for f in pa.iter() {
                 for (e, w) in f.iter().enumerate() {

@@ -54,7 +54,7 @@ pub unsafe fn entry<
         assert!(NS * 8 == BC && DN * 8 == D && KS * 16 == BC);
     }
     unsafe {
-        with_fwd_mask!(p, WINDOW, M => match by_element(PAD, p.pb.head_dim) {
+        with_window_mask!(p, WINDOW, M => match by_element(PAD, p.pb.head_dim) {
             false => fwd::<T, C, M, D, WG, BC, NS, DN, KS, PAD, false>(p),
             true => fwd::<T, C, M, D, WG, BC, NS, DN, KS, PAD, true>(p),
         })

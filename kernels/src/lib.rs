@@ -37,8 +37,8 @@
 
 /// The one mask switch of every kernel entry: `$body` with `$m` the mask type the launch
 /// asks for (`mask::Causal` when `p.pb.causal != 0`, else `mask::NoMask`), chosen at run time.
-/// (No sliding window here: the forward's windowed entries take `mask::Windowed`
-/// ([`with_fwd_mask!`]), and the host refuses a window for the backward.)
+/// (No sliding window here: the windowed entries take `mask::Windowed`
+/// ([`with_window_mask!`]).)
 macro_rules! with_mask {
     ($p:expr, $m:ident => $body:expr) => {
         if $p.pb.causal != 0 {
@@ -51,9 +51,9 @@ macro_rules! with_mask {
     };
 }
 
-/// The forward kernels' mask switch: in an entry compiled for a sliding window (`$w`),
+/// Every kernel's mask switch: in an entry compiled for a sliding window (`$w`),
 /// `mask::Windowed` (causal or not: the window's bounds say); else [`with_mask!`]'s.
-macro_rules! with_fwd_mask {
+macro_rules! with_window_mask {
     ($p:expr, $w:expr, $m:ident => $body:expr) => {
         if $w {
             type $m = $crate::mask::Windowed;

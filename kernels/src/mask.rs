@@ -5,8 +5,9 @@
 //! A sliding window (FA2 >= 2.3: query row i sees key j iff
 //! i + sk - sq - left <= j <= i + sk - sq + right, each side unbounded when not given) is the
 //! mask [`Windowed`] with the bounds of [`Window`], read from the launch parameters; with
-//! causal masking the right bound is 0. The forward kernels take it (`with_fwd_mask!`); every
-//! tile of its key range is masked, the tiles outside it are never loaded.
+//! causal masking the right bound is 0. The windowed entries of every kernel take it
+//! (`with_window_mask!`); every tile of its key range is masked, the tiles outside it are never
+//! loaded ([`kv_tiles`] for the loops over keys, [`q_tiles`] for those over query rows).
 
 use crate::params::{NO_WINDOW, Problem};
 use core::marker::PhantomData;
@@ -202,6 +203,40 @@ impl<M: Mask> Window<M> {
         let last = row_end as i64 - 1 + sk as i64 - sq as i64 + self.right as i64;
         (last + 1).clamp(0, end as i64) as u32
     }
+
+    /// The first query row that sees any key from column `col0` on, with M's own bound (the
+    /// dK/dV loop's start): j <= i + sk - sq + right  <=>  i >= j - right + sq - sk.
+    #[inline(always)]
+    pub fn first_row(self, col0: u32, sq: u32, sk: u32) -> u32 {
+        let first = M::first_visible_row(col0, sq, sk);
+        if !M::WINDOW || self.right == NO_WINDOW {
+            return first;
+        }
+        (col0 as i64 - self.right as i64 + sq as i64 - sk as i64).clamp(first as i64, sq as i64) as u32
+    }
+
+    /// Query rows `..n` hold every row that sees a key below column `col_end` (the dK/dV
+    /// loop's end): j >= i + sk - sq - left  <=>  i <= j + left + sq - sk.
+    #[inline(always)]
+    pub fn end_row(self, col_end: u32, sq: u32, sk: u32) -> u32 {
+        if !M::WINDOW || self.left == NO_WINDOW || col_end == 0 {
+            return sq;
+        }
+        (col_end as i64 + self.left as i64 + sq as i64 - sk as i64).clamp(0, sq as i64) as u32
+    }
+}
+
+/// The query tiles (of `br` rows) a block of `keys` keys from `col0` runs, as (first, count):
+/// tiles `first..first + count` hold every query row that sees a key of the block (the dK/dV
+/// loop; with a window every tile is masked: [`crate::nonfinite::dkdv_tile_masked`]).
+#[inline(always)]
+pub fn q_tiles<M: Mask>(pb: &Problem, col0: u32, keys: u32, br: u32) -> (usize, usize) {
+    let (sq, sk, win) = (pb.seqlen_q, pb.seqlen_k, Window::<M>::new(pb));
+    let first = (win.first_row(col0, sq, sk) / br) as usize;
+    // The block's end only with a window (without, `col0 + keys` merged with the kernels' own
+    // and moved, and the atomic mma dK/dV kernel at d = 64 spilled 8 bytes).
+    let end_row = if M::WINDOW { win.end_row((col0 + keys).min(sk), sq, sk) } else { sq };
+    (first, (end_row.div_ceil(br) as usize).saturating_sub(first))
 }
 
 /// The key tiles (of `bc` keys) a block of query rows `row0..row_end` runs, as
@@ -222,7 +257,8 @@ mod tests {
     use std::format;
 
     /// For every shape, window and block of rows: the tiles `kv_tiles` runs hold every key a
-    /// row of the block sees, and the tiles it runs unmasked hide nothing (with the window's
+    /// row of the block sees (for every block of keys, the tiles `q_tiles` runs every row that
+    /// sees one of its keys), and the tiles it runs unmasked hide nothing (with the window's
     /// rule written out here: i + sk - sq - left <= j <= i + sk - sq + right, causal: j <=
     /// i + sk - sq).
     #[test]
@@ -283,6 +319,29 @@ mod tests {
                                     }
                                 }
                                 row0 = row_end;
+                            }
+                            // Key blocks of bc keys: the query tiles of br rows `q_tiles` runs
+                            // hold every row that sees a key of the block.
+                            let mut col0 = 0;
+                            while col0 < sk {
+                                let col_end = (col0 + bc).min(sk);
+                                let (first, count) = match (pb.windowed(), causal) {
+                                    (true, _) => q_tiles::<Windowed>(&pb, col0, bc, br),
+                                    (false, true) => q_tiles::<Causal>(&pb, col0, bc, br),
+                                    (false, false) => q_tiles::<NoMask>(&pb, col0, bc, br),
+                                };
+                                let end = first + count;
+                                assert!(end <= sq.div_ceil(br) as usize, "sq {sq} sk {sk} keys {col0}..{col_end}");
+                                for i in 0..sq {
+                                    for j in col0..col_end {
+                                        let tile = (i / br) as usize;
+                                        assert!(
+                                            !sees(i, j) || (first <= tile && tile < end),
+                                            "sq {sq} sk {sk} causal {causal} window {left:?} {right:?} keys {col0}..{col_end} br {br}: row {i} sees key {j} outside tiles {first}..{end}"
+                                        );
+                                    }
+                                }
+                                col0 = col_end;
                             }
                         }
                     }

@@ -260,14 +260,14 @@ pub(crate) unsafe fn warp_fix_stored_o<T: Element, M: Mask>(
 }
 
 /// Whether a dK/dV kernel's query tile from row `i0` (`br` rows) is masked for its block of
-/// 64 keys from `j0`, the tiles where the operands are cleaned: the causal diagonal (the
-/// tile's first row hides the block's last key), the tile past seqlen_q (its zero-filled
+/// 64 keys from `j0`, the tiles where the operands are cleaned: every tile of a sliding
+/// window, the causal diagonal (the tile's first row hides the block's last key), the tile past seqlen_q (its zero-filled
 /// rows' scores are NaN against an infinite key) and, with `dq` (the atomic dQ), every tile
 /// of a block past seqlen_k (its zero-filled keys' P is not 0 and can overflow: dS K_j must
 /// not see it). One definition for the kernels and [`warp_fix_stored_dv`], which must agree.
 #[inline(always)]
 pub(crate) fn dkdv_tile_masked<M: Mask>(i0: u32, br: u32, j0: u32, sq: u32, sk: u32, dq: bool) -> bool {
-    M::hides(i0, j0 + 63, sq, sk) || i0 + br > sq || (dq && j0 + 64 > sk)
+    M::WINDOW || M::hides(i0, j0 + 63, sq, sk) || i0 + br > sq || (dq && j0 + 64 > sk)
 }
 
 /// Warp, after a dK/dV kernel stored the dV rows of its 16 keys from `key0` and `warp::sync`:
@@ -279,7 +279,8 @@ pub(crate) fn dkdv_tile_masked<M: Mask>(i0: u32, br: u32, j0: u32, sq: u32, sk: 
 /// `d_o` at row 0 of the group's first query head, `do_strides` = row stride << 32 | head
 /// stride; `keys` = key0 << 32 | j0 (the block's first key, 64 keys a block); `seqlens` =
 /// seqlen_q << 32 | seqlen_k; `shape` = group << 48 | head_dim << 32 | BR << 16 | DQ (the
-/// query tile rows; DQ: every tile counts as masked when the block passes seqlen_k).
+/// query tile rows; DQ: every tile counts as masked when the block passes seqlen_k); `window`:
+/// mask M's window (`Window::pack`).
 ///
 /// # Safety
 /// The slices must be live and in bounds for those rows.
@@ -293,13 +294,15 @@ pub(crate) unsafe fn warp_fix_stored_dv<T: Element, M: Mask>(
     keys: u64,
     seqlens: u64,
     shape: u64,
+    window: u64,
 ) {
-    let (dv, d_o) = (dv as *mut T, d_o as *const T);
+    let (dv, d_o, win) = (dv as *mut T, d_o as *const T, Window::<M>::unpack(window));
     let (do_row, do_head) = (do_strides >> 32, do_strides & 0xffff_ffff);
     let (key0, j0) = ((keys >> 32) as u32, keys as u32);
     let (sq, sk) = ((seqlens >> 32) as u32, seqlens as u32);
     let (group, d, br, dq) = ((shape >> 48) as u32, (shape >> 32) as u32 & 0xffff, (shape >> 16) as u32 & 0xffff, shape & 1 != 0);
-    let first_tile = M::first_visible_row(j0, sq, sk) / br * br;
+    // The block's query tiles (`mask::q_tiles`).
+    let (first_tile, end) = (win.first_row(j0, sq, sk) / br * br, win.end_row((j0 + 64).min(sk), sq, sk));
     let mut e = warp::lane();
     while e < 16 * d {
         let (key, c) = (key0 + e / d, e % d);
@@ -307,11 +310,11 @@ pub(crate) unsafe fn warp_fix_stored_dv<T: Element, M: Mask>(
             let mut add = 0f32;
             for h in 0..group {
                 let mut i0 = first_tile;
-                while i0 < sq {
+                while i0 < end {
                     if dkdv_tile_masked::<M>(i0, br, j0, sq, sk, dq) {
                         let mut i = i0;
                         while i < (i0 + br).min(sq) {
-                            if !M::hides(i, key, sq, sk) {
+                            if !win.hidden(i, key, sq, sk) {
                                 let at = h as u64 * do_head + i as u64 * do_row + c as u64;
                                 let x = unsafe { global::load(d_o.add(at as usize)) }.to_f32();
                                 if !x.is_finite() {

@@ -515,6 +515,10 @@ impl Pass {
     pub fn over_keys(self) -> bool {
         matches!(self, Pass::Dkdv | Pass::Dkdvq)
     }
+    /// Whether its kernel applies the mask (else one entry serves every mask and window).
+    pub fn masks(self) -> bool {
+        !self.any_head_dim()
+    }
     /// Whether one kernel serves every head_dim of its family (no head-dim class).
     fn any_head_dim(self) -> bool {
         matches!(self, Pass::Prep | Pass::PrepResidual | Pass::DqConvert)
@@ -714,6 +718,11 @@ impl BwdFamily {
     pub fn passes(self, saved: bool) -> &'static [Pass] {
         self.desc().passes[saved as usize]
     }
+    /// Whether it takes a sliding window: every variant has an entry for one
+    /// ([`BwdVariant::entry`]; the atomic families have none).
+    pub fn takes_window(self) -> bool {
+        BWD_VARIANTS.iter().filter(|v| v.family == self).all(|v| v.entry(true).is_some())
+    }
 }
 
 #[cfg(not(target_arch = "nvptx64"))]
@@ -738,6 +747,11 @@ pub struct BwdVariant {
     pub class: u32,
     /// The same kernel body, for the emulator.
     pub emulate: unsafe fn(&BwdParams),
+    /// PTX entry name and emulator body of the same kernel with a sliding window
+    /// (`mask::Windowed`), for a pass that masks (`None`: no windowed kernel; for the passes
+    /// that take no mask, prep and dq_convert, the entry above serves a window).
+    pub window_name: Option<&'static str>,
+    pub emulate_window: Option<unsafe fn(&BwdParams)>,
 }
 
 #[cfg(not(target_arch = "nvptx64"))]
@@ -761,22 +775,39 @@ impl BwdVariant {
     pub fn head_dims(&self) -> (u32, u32) {
         head_dim_range(|d| self.serves(d))
     }
+    /// The entry name and emulator body for a launch with a sliding window (`windowed`) or
+    /// without; `None` where it has no windowed kernel.
+    pub fn entry(&self, windowed: bool) -> Option<(&'static str, unsafe fn(&BwdParams))> {
+        match (windowed, self.window_name, self.emulate_window) {
+            (true, Some(name), Some(body)) => Some((name, body)),
+            (true, ..) if self.pass.masks() => None,
+            _ => Some((self.name, self.emulate)),
+        }
+    }
     /// The `.maxnreg` its entry is loaded with, if any (the tile's, `wgmma_bwd_tile`).
     pub fn max_regs(&self) -> Option<u32> {
         self.family.desc().tiles.launch(self.pass, self.class)?.max_regs
     }
 }
 
-/// As `fwd_variants!`, for the backward kernels: `Family { entry_name => Pass:
-/// body_macro(dtype, class), ... }`.
+/// As `fwd_variants!`, for the backward kernels: `Family { entry_name[, window_entry_name]
+/// => Pass: body_macro(dtype, class), ... }` (a window entry where the pass masks and the
+/// family takes windows).
 macro_rules! bwd_variants {
-    ($( $family:ident @ $arch:ident { $( $name:ident => $pass:ident: $body:ident($dt:ty, $class:literal), )* } )*) => {
+    ($( $family:ident @ $arch:ident { $( $name:ident $(, $wname:ident)? => $pass:ident: $body:ident($dt:ty, $class:literal), )* } )*) => {
         $($(
             in_module!($arch,
             #[unsafe(no_mangle)]
             pub unsafe extern "ptx-kernel" fn $name(p: BwdParams) {
-                unsafe { $body!($dt, $class)(&p) }
+                unsafe { $body!($dt, $class, false)(&p) }
             });
+            $(
+            in_module!($arch,
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn $wname(p: BwdParams) {
+                unsafe { $body!($dt, $class, true)(&p) }
+            });
+            )?
         )*)*
         /// All backward variants.
         #[cfg(not(target_arch = "nvptx64"))]
@@ -787,32 +818,47 @@ macro_rules! bwd_variants {
                 pass: Pass::$pass,
                 dtype: <$dt as Element>::DTYPE,
                 class: $class,
-                emulate: $body!($dt, $class),
+                emulate: $body!($dt, $class, false),
+                window_name: window_entry!($($wname)?),
+                emulate_window: window_entry!($($wname => $body!($dt, $class, true))?),
             },
         )*)*];
     };
 }
 
+/// `Some` of a window entry's name (or of its body, `$name => $body`), `None` without one.
+macro_rules! window_entry {
+    () => {
+        None
+    };
+    ($name:ident) => {
+        Some(stringify!($name))
+    };
+    ($name:ident => $body:expr) => {
+        Some($body as unsafe fn(&BwdParams))
+    };
+}
+
 /// The SIMT dK/dV variant of a class: `simt_kv_tile(class)`.
 macro_rules! bwd_simt_kv {
-    ($ty:ty, $d:literal) => {{
+    ($ty:ty, $d:literal, $w:literal) => {{
         config!(C: SimtKvTile = simt_kv_tile($d));
-        crate::bwd_simt::dkdv::<$ty, C, { C::TILE.keys_per_warp as usize }, { C::TILE.d_chunks as usize }>
+        crate::bwd_simt::dkdv::<$ty, C, { C::TILE.keys_per_warp as usize }, { C::TILE.d_chunks as usize }, $w>
     }};
 }
 
 /// The SIMT dQ variant of a class: `simt_dq_tile(class)`.
 macro_rules! bwd_simt_q {
-    ($ty:ty, $d:literal) => {{
+    ($ty:ty, $d:literal, $w:literal) => {{
         config!(C: SimtTile = simt_dq_tile($d));
-        crate::bwd_simt::dq::<$ty, C, { C::TILE.rows_per_warp as usize }, { C::TILE.d_chunks as usize }, { C::TILE.s_cols as usize }>
+        crate::bwd_simt::dq::<$ty, C, { C::TILE.rows_per_warp as usize }, { C::TILE.d_chunks as usize }, { C::TILE.s_cols as usize }, $w>
     }};
 }
 
 /// The tensor-core dQ kernel of a class, `mma_bwd_tile(class)`; with `$stats`, its first pass
 /// alone (the atomic backward's statistics kernel).
 macro_rules! bwd_mma_q_with {
-    ($ty:ty, $d:literal, $stats:literal) => {{
+    ($ty:ty, $d:literal, $stats:literal, $w:literal) => {{
         config!(C: MmaBwdTile = tile_const!(MmaBwdTile, mma_bwd_tile($d)));
         crate::bwd_mma::dq::<
             $ty,
@@ -825,24 +871,25 @@ macro_rules! bwd_mma_q_with {
             { C::TILE.dq_q_in_regs },
             $stats,
             { C::TILE.split as usize },
+            $w,
         >
     }};
 }
 macro_rules! bwd_mma_q {
-    ($ty:ty, $d:literal) => {
-        bwd_mma_q_with!($ty, $d, false)
+    ($ty:ty, $d:literal, $w:literal) => {
+        bwd_mma_q_with!($ty, $d, false, $w)
     };
 }
 macro_rules! bwd_mma_stats {
-    ($ty:ty, $d:literal) => {
-        bwd_mma_q_with!($ty, $d, true)
+    ($ty:ty, $d:literal, $w:literal) => {
+        bwd_mma_q_with!($ty, $d, true, $w)
     };
 }
 
 /// The tensor-core dK/dV kernel of a class for a tile function; with `$dq`, it also adds dQ
 /// to the f32 accumulator with atomics (the atomic backward's main kernel).
 macro_rules! bwd_mma_kv_with {
-    ($ty:ty, $tile:ident, $d:literal, $dq:literal) => {{
+    ($ty:ty, $tile:ident, $d:literal, $dq:literal, $w:literal) => {{
         config!(C: MmaBwdTile = tile_const!(MmaBwdTile, $tile($d)));
         crate::bwd_mma::dkdv::<
             $ty,
@@ -855,24 +902,25 @@ macro_rules! bwd_mma_kv_with {
             { C::TILE.kv_in_regs },
             $dq,
             { C::TILE.split as usize },
+            $w,
         >
     }};
 }
 macro_rules! bwd_mma_kv {
-    ($ty:ty, $d:literal) => {
-        bwd_mma_kv_with!($ty, mma_bwd_tile, $d, false)
+    ($ty:ty, $d:literal, $w:literal) => {
+        bwd_mma_kv_with!($ty, mma_bwd_tile, $d, false, $w)
     };
 }
 macro_rules! bwd_mma_kvq {
-    ($ty:ty, $d:literal) => {
-        bwd_mma_kv_with!($ty, mma_bwd_tile_atomic, $d, true)
+    ($ty:ty, $d:literal, $w:literal) => {
+        bwd_mma_kv_with!($ty, mma_bwd_tile_atomic, $d, true, $w)
     };
 }
 
 /// The Hopper dK/dV kernel of a class, `wgmma_bwd_tile(class)`; with `$dq`, it also adds dQ
 /// to the f32 accumulator with atomics (the atomic backward's main kernel).
 macro_rules! bwd_wgmma_kv_with {
-    ($ty:ty, $d:literal, $dq:literal) => {{
+    ($ty:ty, $d:literal, $dq:literal, $w:literal) => {{
         config!(C: WgmmaBwdTile = tile_const!(WgmmaBwdTile, wgmma_bwd_tile($d)));
         crate::bwd_wgmma::dkdv::<
             $ty,
@@ -886,27 +934,28 @@ macro_rules! bwd_wgmma_kv_with {
             { 2 / C::TILE.split as usize },
             { C::TILE.padded },
             $dq,
+            $w,
         >
     }};
 }
 macro_rules! bwd_wgmma_kv {
-    ($ty:ty, $d:literal) => {
-        bwd_wgmma_kv_with!($ty, $d, false)
+    ($ty:ty, $d:literal, $w:literal) => {
+        bwd_wgmma_kv_with!($ty, $d, false, $w)
     };
 }
 macro_rules! bwd_wgmma_kvq {
-    ($ty:ty, $d:literal) => {
-        bwd_wgmma_kv_with!($ty, $d, true)
+    ($ty:ty, $d:literal, $w:literal) => {
+        bwd_wgmma_kv_with!($ty, $d, true, $w)
     };
 }
 
 /// The Hopper dQ kernel of a class, `wgmma_bwd_tile(class)`, with the passes of `$mode`
 /// (`bwd_wgmma_dq::DQ_SAVED`, `DQ_STATS`).
 macro_rules! bwd_wgmma_q_with {
-    ($ty:ty, $d:literal, $mode:ident) => {
-        bwd_wgmma_q_with!($ty, tile_const!(WgmmaBwdTile, wgmma_bwd_tile($d)), $mode)
+    ($ty:ty, $d:literal, $mode:ident, $w:literal) => {
+        bwd_wgmma_q_with!($ty, tile_const!(WgmmaBwdTile, wgmma_bwd_tile($d)), $mode, $w)
     };
-    ($ty:ty, $tile:expr, $mode:ident) => {{
+    ($ty:ty, $tile:expr, $mode:ident, $w:literal) => {{
         config!(C: WgmmaBwdTile = $tile);
         crate::bwd_wgmma_dq::dq::<
             $ty,
@@ -923,34 +972,35 @@ macro_rules! bwd_wgmma_q_with {
             { (C::TILE.head_dim / C::TILE.split) as usize / 8 },
             { C::TILE.padded },
             { crate::bwd_wgmma_dq::$mode },
+            $w,
         >
     }};
 }
 macro_rules! bwd_wgmma_dq_saved {
-    ($ty:ty, $d:literal) => {
-        bwd_wgmma_q_with!($ty, $d, DQ_SAVED)
+    ($ty:ty, $d:literal, $w:literal) => {
+        bwd_wgmma_q_with!($ty, $d, DQ_SAVED, $w)
     };
 }
 macro_rules! bwd_wgmma_stats {
-    ($ty:ty, $d:literal) => {
-        bwd_wgmma_q_with!($ty, tile_const!(WgmmaBwdTile, wgmma_bwd_tile_atomic($d)).stats_tile(), DQ_STATS)
+    ($ty:ty, $d:literal, $w:literal) => {
+        bwd_wgmma_q_with!($ty, tile_const!(WgmmaBwdTile, wgmma_bwd_tile_atomic($d)).stats_tile(), DQ_STATS, $w)
     };
 }
 
 /// The `prep` kernel (every head_dim of its family; the class is 0).
 macro_rules! bwd_prep {
-    ($ty:ty, $d:literal) => {
+    ($ty:ty, $d:literal, $w:literal) => {
         crate::bwd_prep::prep::<$ty, false>
     };
 }
 macro_rules! bwd_prep_residual {
-    ($ty:ty, $d:literal) => {
+    ($ty:ty, $d:literal, $w:literal) => {
         crate::bwd_prep::prep::<$ty, true>
     };
 }
 /// dQ's conversion from the f32 accumulator (every head_dim of its family; the class is 0).
 macro_rules! bwd_dq_convert {
-    ($ty:ty, $d:literal) => {
+    ($ty:ty, $d:literal, $w:literal) => {
         crate::bwd_convert::dq_convert::<$ty>
     };
 }
@@ -961,38 +1011,38 @@ bwd_variants! {
         flash_bwd_prep_bf16 => Prep: bwd_prep(Bf16, 0),
         flash_bwd_prep_residual_f16 => PrepResidual: bwd_prep_residual(F16, 0),
         flash_bwd_prep_residual_bf16 => PrepResidual: bwd_prep_residual(Bf16, 0),
-        flash_bwd_wgmma_dqs_f16_d64p => DqSaved: bwd_wgmma_dq_saved(F16, 56),
-        flash_bwd_wgmma_dqs_f16_d64 => DqSaved: bwd_wgmma_dq_saved(F16, 64),
-        flash_bwd_wgmma_dqs_f16_d128p => DqSaved: bwd_wgmma_dq_saved(F16, 120),
-        flash_bwd_wgmma_dqs_f16_d128 => DqSaved: bwd_wgmma_dq_saved(F16, 128),
-        flash_bwd_wgmma_dqs_bf16_d64p => DqSaved: bwd_wgmma_dq_saved(Bf16, 56),
-        flash_bwd_wgmma_dqs_bf16_d64 => DqSaved: bwd_wgmma_dq_saved(Bf16, 64),
-        flash_bwd_wgmma_dqs_bf16_d128p => DqSaved: bwd_wgmma_dq_saved(Bf16, 120),
-        flash_bwd_wgmma_dqs_bf16_d128 => DqSaved: bwd_wgmma_dq_saved(Bf16, 128),
-        flash_bwd_wgmma_dqs_f16_d192p => DqSaved: bwd_wgmma_dq_saved(F16, 184),
-        flash_bwd_wgmma_dqs_f16_d192 => DqSaved: bwd_wgmma_dq_saved(F16, 192),
-        flash_bwd_wgmma_dqs_f16_d256p => DqSaved: bwd_wgmma_dq_saved(F16, 248),
-        flash_bwd_wgmma_dqs_f16_d256 => DqSaved: bwd_wgmma_dq_saved(F16, 256),
-        flash_bwd_wgmma_dqs_bf16_d192p => DqSaved: bwd_wgmma_dq_saved(Bf16, 184),
-        flash_bwd_wgmma_dqs_bf16_d192 => DqSaved: bwd_wgmma_dq_saved(Bf16, 192),
-        flash_bwd_wgmma_dqs_bf16_d256p => DqSaved: bwd_wgmma_dq_saved(Bf16, 248),
-        flash_bwd_wgmma_dqs_bf16_d256 => DqSaved: bwd_wgmma_dq_saved(Bf16, 256),
-        flash_bwd_wgmma_dkdv_f16_d64p => Dkdv: bwd_wgmma_kv(F16, 56),
-        flash_bwd_wgmma_dkdv_f16_d64 => Dkdv: bwd_wgmma_kv(F16, 64),
-        flash_bwd_wgmma_dkdv_f16_d128p => Dkdv: bwd_wgmma_kv(F16, 120),
-        flash_bwd_wgmma_dkdv_f16_d128 => Dkdv: bwd_wgmma_kv(F16, 128),
-        flash_bwd_wgmma_dkdv_bf16_d64p => Dkdv: bwd_wgmma_kv(Bf16, 56),
-        flash_bwd_wgmma_dkdv_bf16_d64 => Dkdv: bwd_wgmma_kv(Bf16, 64),
-        flash_bwd_wgmma_dkdv_bf16_d128p => Dkdv: bwd_wgmma_kv(Bf16, 120),
-        flash_bwd_wgmma_dkdv_bf16_d128 => Dkdv: bwd_wgmma_kv(Bf16, 128),
-        flash_bwd_wgmma_dkdv_f16_d192p => Dkdv: bwd_wgmma_kv(F16, 184),
-        flash_bwd_wgmma_dkdv_f16_d192 => Dkdv: bwd_wgmma_kv(F16, 192),
-        flash_bwd_wgmma_dkdv_f16_d256p => Dkdv: bwd_wgmma_kv(F16, 248),
-        flash_bwd_wgmma_dkdv_f16_d256 => Dkdv: bwd_wgmma_kv(F16, 256),
-        flash_bwd_wgmma_dkdv_bf16_d192p => Dkdv: bwd_wgmma_kv(Bf16, 184),
-        flash_bwd_wgmma_dkdv_bf16_d192 => Dkdv: bwd_wgmma_kv(Bf16, 192),
-        flash_bwd_wgmma_dkdv_bf16_d256p => Dkdv: bwd_wgmma_kv(Bf16, 248),
-        flash_bwd_wgmma_dkdv_bf16_d256 => Dkdv: bwd_wgmma_kv(Bf16, 256),
+        flash_bwd_wgmma_dqs_f16_d64p, flash_bwd_wgmma_dqs_f16_d64p_window => DqSaved: bwd_wgmma_dq_saved(F16, 56),
+        flash_bwd_wgmma_dqs_f16_d64, flash_bwd_wgmma_dqs_f16_d64_window => DqSaved: bwd_wgmma_dq_saved(F16, 64),
+        flash_bwd_wgmma_dqs_f16_d128p, flash_bwd_wgmma_dqs_f16_d128p_window => DqSaved: bwd_wgmma_dq_saved(F16, 120),
+        flash_bwd_wgmma_dqs_f16_d128, flash_bwd_wgmma_dqs_f16_d128_window => DqSaved: bwd_wgmma_dq_saved(F16, 128),
+        flash_bwd_wgmma_dqs_bf16_d64p, flash_bwd_wgmma_dqs_bf16_d64p_window => DqSaved: bwd_wgmma_dq_saved(Bf16, 56),
+        flash_bwd_wgmma_dqs_bf16_d64, flash_bwd_wgmma_dqs_bf16_d64_window => DqSaved: bwd_wgmma_dq_saved(Bf16, 64),
+        flash_bwd_wgmma_dqs_bf16_d128p, flash_bwd_wgmma_dqs_bf16_d128p_window => DqSaved: bwd_wgmma_dq_saved(Bf16, 120),
+        flash_bwd_wgmma_dqs_bf16_d128, flash_bwd_wgmma_dqs_bf16_d128_window => DqSaved: bwd_wgmma_dq_saved(Bf16, 128),
+        flash_bwd_wgmma_dqs_f16_d192p, flash_bwd_wgmma_dqs_f16_d192p_window => DqSaved: bwd_wgmma_dq_saved(F16, 184),
+        flash_bwd_wgmma_dqs_f16_d192, flash_bwd_wgmma_dqs_f16_d192_window => DqSaved: bwd_wgmma_dq_saved(F16, 192),
+        flash_bwd_wgmma_dqs_f16_d256p, flash_bwd_wgmma_dqs_f16_d256p_window => DqSaved: bwd_wgmma_dq_saved(F16, 248),
+        flash_bwd_wgmma_dqs_f16_d256, flash_bwd_wgmma_dqs_f16_d256_window => DqSaved: bwd_wgmma_dq_saved(F16, 256),
+        flash_bwd_wgmma_dqs_bf16_d192p, flash_bwd_wgmma_dqs_bf16_d192p_window => DqSaved: bwd_wgmma_dq_saved(Bf16, 184),
+        flash_bwd_wgmma_dqs_bf16_d192, flash_bwd_wgmma_dqs_bf16_d192_window => DqSaved: bwd_wgmma_dq_saved(Bf16, 192),
+        flash_bwd_wgmma_dqs_bf16_d256p, flash_bwd_wgmma_dqs_bf16_d256p_window => DqSaved: bwd_wgmma_dq_saved(Bf16, 248),
+        flash_bwd_wgmma_dqs_bf16_d256, flash_bwd_wgmma_dqs_bf16_d256_window => DqSaved: bwd_wgmma_dq_saved(Bf16, 256),
+        flash_bwd_wgmma_dkdv_f16_d64p, flash_bwd_wgmma_dkdv_f16_d64p_window => Dkdv: bwd_wgmma_kv(F16, 56),
+        flash_bwd_wgmma_dkdv_f16_d64, flash_bwd_wgmma_dkdv_f16_d64_window => Dkdv: bwd_wgmma_kv(F16, 64),
+        flash_bwd_wgmma_dkdv_f16_d128p, flash_bwd_wgmma_dkdv_f16_d128p_window => Dkdv: bwd_wgmma_kv(F16, 120),
+        flash_bwd_wgmma_dkdv_f16_d128, flash_bwd_wgmma_dkdv_f16_d128_window => Dkdv: bwd_wgmma_kv(F16, 128),
+        flash_bwd_wgmma_dkdv_bf16_d64p, flash_bwd_wgmma_dkdv_bf16_d64p_window => Dkdv: bwd_wgmma_kv(Bf16, 56),
+        flash_bwd_wgmma_dkdv_bf16_d64, flash_bwd_wgmma_dkdv_bf16_d64_window => Dkdv: bwd_wgmma_kv(Bf16, 64),
+        flash_bwd_wgmma_dkdv_bf16_d128p, flash_bwd_wgmma_dkdv_bf16_d128p_window => Dkdv: bwd_wgmma_kv(Bf16, 120),
+        flash_bwd_wgmma_dkdv_bf16_d128, flash_bwd_wgmma_dkdv_bf16_d128_window => Dkdv: bwd_wgmma_kv(Bf16, 128),
+        flash_bwd_wgmma_dkdv_f16_d192p, flash_bwd_wgmma_dkdv_f16_d192p_window => Dkdv: bwd_wgmma_kv(F16, 184),
+        flash_bwd_wgmma_dkdv_f16_d192, flash_bwd_wgmma_dkdv_f16_d192_window => Dkdv: bwd_wgmma_kv(F16, 192),
+        flash_bwd_wgmma_dkdv_f16_d256p, flash_bwd_wgmma_dkdv_f16_d256p_window => Dkdv: bwd_wgmma_kv(F16, 248),
+        flash_bwd_wgmma_dkdv_f16_d256, flash_bwd_wgmma_dkdv_f16_d256_window => Dkdv: bwd_wgmma_kv(F16, 256),
+        flash_bwd_wgmma_dkdv_bf16_d192p, flash_bwd_wgmma_dkdv_bf16_d192p_window => Dkdv: bwd_wgmma_kv(Bf16, 184),
+        flash_bwd_wgmma_dkdv_bf16_d192, flash_bwd_wgmma_dkdv_bf16_d192_window => Dkdv: bwd_wgmma_kv(Bf16, 192),
+        flash_bwd_wgmma_dkdv_bf16_d256p, flash_bwd_wgmma_dkdv_bf16_d256p_window => Dkdv: bwd_wgmma_kv(Bf16, 248),
+        flash_bwd_wgmma_dkdv_bf16_d256, flash_bwd_wgmma_dkdv_bf16_d256_window => Dkdv: bwd_wgmma_kv(Bf16, 256),
     }
     WgmmaAtomic @ Sm90a {
         flash_bwd_wgmma_atomic_stats_f16_d64p => Stats: bwd_wgmma_stats(F16, 56),
@@ -1033,30 +1083,30 @@ bwd_variants! {
         flash_bwd_wgmma_atomic_convert_bf16 => DqConvert: bwd_dq_convert(Bf16, 0),
     }
     Mma @ Sm80 {
-        flash_bwd_mma_dq_f16_d32 => Dq: bwd_mma_q(F16, 32),
-        flash_bwd_mma_dq_f16_d64 => Dq: bwd_mma_q(F16, 64),
-        flash_bwd_mma_dq_f16_d96 => Dq: bwd_mma_q(F16, 96),
-        flash_bwd_mma_dq_f16_d128 => Dq: bwd_mma_q(F16, 128),
-        flash_bwd_mma_dq_f16_d192 => Dq: bwd_mma_q(F16, 192),
-        flash_bwd_mma_dq_f16_d256 => Dq: bwd_mma_q(F16, 256),
-        flash_bwd_mma_dq_bf16_d32 => Dq: bwd_mma_q(Bf16, 32),
-        flash_bwd_mma_dq_bf16_d64 => Dq: bwd_mma_q(Bf16, 64),
-        flash_bwd_mma_dq_bf16_d96 => Dq: bwd_mma_q(Bf16, 96),
-        flash_bwd_mma_dq_bf16_d128 => Dq: bwd_mma_q(Bf16, 128),
-        flash_bwd_mma_dq_bf16_d192 => Dq: bwd_mma_q(Bf16, 192),
-        flash_bwd_mma_dq_bf16_d256 => Dq: bwd_mma_q(Bf16, 256),
-        flash_bwd_mma_dkdv_f16_d32 => Dkdv: bwd_mma_kv(F16, 32),
-        flash_bwd_mma_dkdv_f16_d64 => Dkdv: bwd_mma_kv(F16, 64),
-        flash_bwd_mma_dkdv_f16_d96 => Dkdv: bwd_mma_kv(F16, 96),
-        flash_bwd_mma_dkdv_f16_d128 => Dkdv: bwd_mma_kv(F16, 128),
-        flash_bwd_mma_dkdv_f16_d192 => Dkdv: bwd_mma_kv(F16, 192),
-        flash_bwd_mma_dkdv_f16_d256 => Dkdv: bwd_mma_kv(F16, 256),
-        flash_bwd_mma_dkdv_bf16_d32 => Dkdv: bwd_mma_kv(Bf16, 32),
-        flash_bwd_mma_dkdv_bf16_d64 => Dkdv: bwd_mma_kv(Bf16, 64),
-        flash_bwd_mma_dkdv_bf16_d96 => Dkdv: bwd_mma_kv(Bf16, 96),
-        flash_bwd_mma_dkdv_bf16_d128 => Dkdv: bwd_mma_kv(Bf16, 128),
-        flash_bwd_mma_dkdv_bf16_d192 => Dkdv: bwd_mma_kv(Bf16, 192),
-        flash_bwd_mma_dkdv_bf16_d256 => Dkdv: bwd_mma_kv(Bf16, 256),
+        flash_bwd_mma_dq_f16_d32, flash_bwd_mma_dq_f16_d32_window => Dq: bwd_mma_q(F16, 32),
+        flash_bwd_mma_dq_f16_d64, flash_bwd_mma_dq_f16_d64_window => Dq: bwd_mma_q(F16, 64),
+        flash_bwd_mma_dq_f16_d96, flash_bwd_mma_dq_f16_d96_window => Dq: bwd_mma_q(F16, 96),
+        flash_bwd_mma_dq_f16_d128, flash_bwd_mma_dq_f16_d128_window => Dq: bwd_mma_q(F16, 128),
+        flash_bwd_mma_dq_f16_d192, flash_bwd_mma_dq_f16_d192_window => Dq: bwd_mma_q(F16, 192),
+        flash_bwd_mma_dq_f16_d256, flash_bwd_mma_dq_f16_d256_window => Dq: bwd_mma_q(F16, 256),
+        flash_bwd_mma_dq_bf16_d32, flash_bwd_mma_dq_bf16_d32_window => Dq: bwd_mma_q(Bf16, 32),
+        flash_bwd_mma_dq_bf16_d64, flash_bwd_mma_dq_bf16_d64_window => Dq: bwd_mma_q(Bf16, 64),
+        flash_bwd_mma_dq_bf16_d96, flash_bwd_mma_dq_bf16_d96_window => Dq: bwd_mma_q(Bf16, 96),
+        flash_bwd_mma_dq_bf16_d128, flash_bwd_mma_dq_bf16_d128_window => Dq: bwd_mma_q(Bf16, 128),
+        flash_bwd_mma_dq_bf16_d192, flash_bwd_mma_dq_bf16_d192_window => Dq: bwd_mma_q(Bf16, 192),
+        flash_bwd_mma_dq_bf16_d256, flash_bwd_mma_dq_bf16_d256_window => Dq: bwd_mma_q(Bf16, 256),
+        flash_bwd_mma_dkdv_f16_d32, flash_bwd_mma_dkdv_f16_d32_window => Dkdv: bwd_mma_kv(F16, 32),
+        flash_bwd_mma_dkdv_f16_d64, flash_bwd_mma_dkdv_f16_d64_window => Dkdv: bwd_mma_kv(F16, 64),
+        flash_bwd_mma_dkdv_f16_d96, flash_bwd_mma_dkdv_f16_d96_window => Dkdv: bwd_mma_kv(F16, 96),
+        flash_bwd_mma_dkdv_f16_d128, flash_bwd_mma_dkdv_f16_d128_window => Dkdv: bwd_mma_kv(F16, 128),
+        flash_bwd_mma_dkdv_f16_d192, flash_bwd_mma_dkdv_f16_d192_window => Dkdv: bwd_mma_kv(F16, 192),
+        flash_bwd_mma_dkdv_f16_d256, flash_bwd_mma_dkdv_f16_d256_window => Dkdv: bwd_mma_kv(F16, 256),
+        flash_bwd_mma_dkdv_bf16_d32, flash_bwd_mma_dkdv_bf16_d32_window => Dkdv: bwd_mma_kv(Bf16, 32),
+        flash_bwd_mma_dkdv_bf16_d64, flash_bwd_mma_dkdv_bf16_d64_window => Dkdv: bwd_mma_kv(Bf16, 64),
+        flash_bwd_mma_dkdv_bf16_d96, flash_bwd_mma_dkdv_bf16_d96_window => Dkdv: bwd_mma_kv(Bf16, 96),
+        flash_bwd_mma_dkdv_bf16_d128, flash_bwd_mma_dkdv_bf16_d128_window => Dkdv: bwd_mma_kv(Bf16, 128),
+        flash_bwd_mma_dkdv_bf16_d192, flash_bwd_mma_dkdv_bf16_d192_window => Dkdv: bwd_mma_kv(Bf16, 192),
+        flash_bwd_mma_dkdv_bf16_d256, flash_bwd_mma_dkdv_bf16_d256_window => Dkdv: bwd_mma_kv(Bf16, 256),
     }
     MmaAtomic @ Sm80 {
         flash_bwd_mma_atomic_stats_f16_d32 => Stats: bwd_mma_stats(F16, 32),
@@ -1079,24 +1129,24 @@ bwd_variants! {
         flash_bwd_mma_atomic_convert_bf16 => DqConvert: bwd_dq_convert(Bf16, 0),
     }
     Simt @ Sm80 {
-        flash_bwd_dkdv_f32_d64 => Dkdv: bwd_simt_kv(f32, 64),
-        flash_bwd_dkdv_f32_d128 => Dkdv: bwd_simt_kv(f32, 128),
-        flash_bwd_dkdv_f32_d256 => Dkdv: bwd_simt_kv(f32, 256),
-        flash_bwd_dkdv_f16_d64 => Dkdv: bwd_simt_kv(F16, 64),
-        flash_bwd_dkdv_f16_d128 => Dkdv: bwd_simt_kv(F16, 128),
-        flash_bwd_dkdv_f16_d256 => Dkdv: bwd_simt_kv(F16, 256),
-        flash_bwd_dkdv_bf16_d64 => Dkdv: bwd_simt_kv(Bf16, 64),
-        flash_bwd_dkdv_bf16_d128 => Dkdv: bwd_simt_kv(Bf16, 128),
-        flash_bwd_dkdv_bf16_d256 => Dkdv: bwd_simt_kv(Bf16, 256),
-        flash_bwd_dq_f32_d64 => Dq: bwd_simt_q(f32, 64),
-        flash_bwd_dq_f32_d128 => Dq: bwd_simt_q(f32, 128),
-        flash_bwd_dq_f32_d256 => Dq: bwd_simt_q(f32, 256),
-        flash_bwd_dq_f16_d64 => Dq: bwd_simt_q(F16, 64),
-        flash_bwd_dq_f16_d128 => Dq: bwd_simt_q(F16, 128),
-        flash_bwd_dq_f16_d256 => Dq: bwd_simt_q(F16, 256),
-        flash_bwd_dq_bf16_d64 => Dq: bwd_simt_q(Bf16, 64),
-        flash_bwd_dq_bf16_d128 => Dq: bwd_simt_q(Bf16, 128),
-        flash_bwd_dq_bf16_d256 => Dq: bwd_simt_q(Bf16, 256),
+        flash_bwd_dkdv_f32_d64, flash_bwd_dkdv_f32_d64_window => Dkdv: bwd_simt_kv(f32, 64),
+        flash_bwd_dkdv_f32_d128, flash_bwd_dkdv_f32_d128_window => Dkdv: bwd_simt_kv(f32, 128),
+        flash_bwd_dkdv_f32_d256, flash_bwd_dkdv_f32_d256_window => Dkdv: bwd_simt_kv(f32, 256),
+        flash_bwd_dkdv_f16_d64, flash_bwd_dkdv_f16_d64_window => Dkdv: bwd_simt_kv(F16, 64),
+        flash_bwd_dkdv_f16_d128, flash_bwd_dkdv_f16_d128_window => Dkdv: bwd_simt_kv(F16, 128),
+        flash_bwd_dkdv_f16_d256, flash_bwd_dkdv_f16_d256_window => Dkdv: bwd_simt_kv(F16, 256),
+        flash_bwd_dkdv_bf16_d64, flash_bwd_dkdv_bf16_d64_window => Dkdv: bwd_simt_kv(Bf16, 64),
+        flash_bwd_dkdv_bf16_d128, flash_bwd_dkdv_bf16_d128_window => Dkdv: bwd_simt_kv(Bf16, 128),
+        flash_bwd_dkdv_bf16_d256, flash_bwd_dkdv_bf16_d256_window => Dkdv: bwd_simt_kv(Bf16, 256),
+        flash_bwd_dq_f32_d64, flash_bwd_dq_f32_d64_window => Dq: bwd_simt_q(f32, 64),
+        flash_bwd_dq_f32_d128, flash_bwd_dq_f32_d128_window => Dq: bwd_simt_q(f32, 128),
+        flash_bwd_dq_f32_d256, flash_bwd_dq_f32_d256_window => Dq: bwd_simt_q(f32, 256),
+        flash_bwd_dq_f16_d64, flash_bwd_dq_f16_d64_window => Dq: bwd_simt_q(F16, 64),
+        flash_bwd_dq_f16_d128, flash_bwd_dq_f16_d128_window => Dq: bwd_simt_q(F16, 128),
+        flash_bwd_dq_f16_d256, flash_bwd_dq_f16_d256_window => Dq: bwd_simt_q(F16, 256),
+        flash_bwd_dq_bf16_d64, flash_bwd_dq_bf16_d64_window => Dq: bwd_simt_q(Bf16, 64),
+        flash_bwd_dq_bf16_d128, flash_bwd_dq_bf16_d128_window => Dq: bwd_simt_q(Bf16, 128),
+        flash_bwd_dq_bf16_d256, flash_bwd_dq_bf16_d256_window => Dq: bwd_simt_q(Bf16, 256),
     }
 }
 

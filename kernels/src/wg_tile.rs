@@ -4,7 +4,7 @@
 
 use crate::dev::{warp, warpgroup};
 use crate::dtype::MmaElement;
-use crate::mask::Mask;
+use crate::mask::{Mask, Window};
 
 /// Thread of a block of THREADS: (its warpgroup, its warp in the warpgroup, its lane); with
 /// one warpgroup the first is 0 and the second the warp index for the compiler too.
@@ -45,9 +45,10 @@ pub(crate) fn add_pk<T: MmaElement, const N: usize, const KS: usize>(acc: &mut [
 }
 
 /// Thread: `hidden` where its S fragment (rows row_w + g, + 8 of lane (g, t), N n-tiles of
-/// keys from c0) is hidden by the mask or by seqlen_k; one uniform branch (`masked`: true on
-/// the last tiles only).
+/// keys from c0) is hidden by the mask (with its window `win`) or by seqlen_k; one uniform
+/// branch (`masked`: true on the last tiles only, every tile of a window).
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn mask_frag<M: Mask, const N: usize>(
     s: &mut [[f32; 4]; N],
     c0: u32,
@@ -56,13 +57,14 @@ pub(crate) fn mask_frag<M: Mask, const N: usize>(
     (sq, sk): (u32, u32),
     masked: bool,
     hidden: f32,
+    win: Window<M>,
 ) {
     if masked {
         for (n, x) in s.iter_mut().enumerate() {
             for (e, x) in x.iter_mut().enumerate() {
                 let row = row_w + (g + 8 * (e / 2)) as u32;
                 let col = c0 + (n * 8 + 2 * t + e % 2) as u32;
-                if col >= sk || M::hides(row, col, sq, sk) {
+                if col >= sk || win.hidden(row, col, sq, sk) {
                     *x = hidden;
                 }
             }

@@ -26,6 +26,18 @@ pub enum Dt {
     Bf16,
 }
 
+impl Dt {
+    /// The case dtype of a kernel's element type.
+    pub fn of(d: flashattn::kernels::dtype::DType) -> Dt {
+        use flashattn::kernels::dtype::DType;
+        match d {
+            DType::F32 => Dt::F32,
+            DType::F16 => Dt::F16,
+            DType::Bf16 => Dt::Bf16,
+        }
+    }
+}
+
 /// One forward check: shape, options, and the seed of its random inputs.
 #[derive(Clone, Copy, Debug)]
 pub struct Case {
@@ -185,6 +197,24 @@ pub fn gpu_trials(
             );
             gpu.into_iter().map(|t| t.with_ignored_flag(true)).collect()
         }
+    }
+}
+
+/// Pushes `trial` (named `label`) for kernels of `arch`: reported ignored, loudly, on a device
+/// that cannot run them (`archs`: the device's, `None` for the emulator).
+pub fn push_for_arch(
+    trials: &mut Vec<libtest_mimic::Trial>,
+    archs: Option<&[flashattn::kernels::registry::Arch]>,
+    label: &str,
+    arch: flashattn::kernels::registry::Arch,
+    trial: libtest_mimic::Trial,
+) {
+    match archs {
+        Some(a) if !a.contains(&arch) => {
+            eprintln!("\n*** {label}: this device cannot run {arch:?} kernels: NOT RUN (reported as ignored) ***\n");
+            trials.push(trial.with_ignored_flag(true));
+        }
+        _ => trials.push(trial),
     }
 }
 

@@ -6,11 +6,10 @@
 //! (bitwise identical gradients on repeated runs), on the CPU emulator always and on the GPU
 //! when there is one (ignored, loudly, when not; failed when REQUIRE_GPU=1).
 
-use flashattn::kernels::dtype::DType;
 use flashattn::kernels::registry::{BWD_VARIANTS, BwdFamily, Pass};
-use flashattn::{AttnShape, FlashAttn};
+use flashattn::{AttnShape, FlashAttn, Window};
 use flashattn_tests::{
-    BackendKind, Case, Dt, case_strategy, check_backward, check_backward_with, env_usize, gpu_trials, nonfinite, shards,
+    BackendKind, Case, Dt, case_strategy, check_backward, check_backward_with, env_usize, gpu_trials, nonfinite, push_for_arch, shards,
 };
 use libtest_mimic::{Arguments, Failed, Trial};
 use proptest::strategy::Strategy;
@@ -26,9 +25,10 @@ fn shape(batch: usize, seqlen_q: usize, seqlen_k: usize, heads_q: usize, heads_k
 
 /// A case `family` serves: head_dim rounded up to a multiple of 8 for the families that
 /// take only those (`BwdFamilyDesc::aligned_only`; automatic selection takes every head_dim);
-/// no sliding window (its backward is not implemented yet: `Error::Unsupported`).
+/// no sliding window for those without one (`BwdFamily::takes_window`: the atomic families).
 fn for_family(family: Option<&str>, c: Case) -> Case {
-    let c = Case { window: Default::default(), ..c };
+    let windowless = family.and_then(BwdFamily::from_name).is_some_and(|f| !f.takes_window());
+    let c = if windowless { Case { window: Default::default(), ..c } } else { c };
     match family {
         Some(f) if BwdFamily::from_name(f).is_some_and(|f| f.desc().aligned_only) => {
             Case { shape: AttnShape { head_dim: c.shape.head_dim.next_multiple_of(8), ..c.shape }, ..c }
@@ -187,20 +187,19 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
     for (v, saved) in
         sets.filter(|&(v, saved)| lead(v.family, saved) == Some(v.pass) && (!saved || v.family.passes(true) != v.family.passes(false)))
     {
-        let dtype = match v.dtype {
-            DType::F32 => Dt::F32,
-            DType::F16 => Dt::F16,
-            DType::Bf16 => Dt::Bf16,
-        };
+        let dtype = Dt::of(v.dtype);
         // The largest head_dim the variant serves.
         let d = v.head_dims().1 as usize;
         let case = Case { shape: shape(1, 37, 70, 2, 1, d), causal: true, softmax_scale: None, dtype, seed: 0, window: Default::default() };
         let (family, name) = (v.family.name(), v.name);
+        // The sets with the residual apart (the same lead variant, other passes).
+        let tail = if saved { "_residual" } else { "" };
         let trial = mk(
-            format!("{tag}::variant::{name}"),
+            format!("{tag}::variant{tail}::{name}"),
             Box::new(move |fa| {
                 let opts = flashattn::BwdOptions { kernel: Some(family), ..Default::default() };
-                let got = flashattn::select_bwd_variants(v.dtype, d, &opts, &fa.archs(), saved).map_err(|e| Failed::from(e.to_string()))?;
+                let got = flashattn::select_bwd_variants(v.dtype, d, &opts, &fa.archs(), saved, false)
+                    .map_err(|e| Failed::from(e.to_string()))?;
                 let mine = got.iter().find(|g| g.pass == v.pass).map(|g| g.name);
                 if mine != Some(name) || got.iter().any(|g| g.family != v.family) {
                     let names = got.iter().map(|g| g.name).collect::<Vec<_>>().join(", ");
@@ -209,16 +208,28 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
                 check_backward_with(fa, &Case { seed: fresh_seed(), ..case }, false, Some(family), saved).map_err(Failed::from)
             }),
         );
-        match &archs {
-            Some(a) if !a.contains(&v.arch()) => {
-                eprintln!(
-                    "\n*** {tag}::variant::{name}: this device cannot run {:?} kernels: NOT RUN (reported as ignored) ***\n",
-                    v.arch()
-                );
-                trials.push(trial.with_ignored_flag(true));
-            }
-            _ => trials.push(trial),
+        push_for_arch(&mut trials, archs.as_deref(), &format!("{tag}::variant{tail}::{name}"), v.arch(), trial);
+        // Sliding windows, by the families that take them (the windowed entry of every pass):
+        // key blocks whose first query tiles are skipped, query blocks whose first key tile is,
+        // every tile masked, rows that see no key (seqlen_q > seqlen_k), causal and not.
+        if !v.family.takes_window() {
+            continue;
         }
+        let windows = [
+            (shape(1, 100, 150, 2, 1, d), true, Window { left: Some(30), right: None }),
+            (shape(1, 140, 90, 2, 1, d), false, Window { left: Some(3), right: Some(20) }),
+        ];
+        let trial = mk(
+            format!("{tag}::window{tail}::{name}"),
+            Box::new(move |fa| {
+                for (s, causal, window) in windows {
+                    let case = Case { shape: s, causal, softmax_scale: None, dtype, seed: fresh_seed(), window };
+                    check_backward_with(fa, &case, false, Some(family), saved).map_err(Failed::from)?;
+                }
+                Ok(())
+            }),
+        );
+        push_for_arch(&mut trials, archs.as_deref(), &format!("{tag}::window{tail}::{name}"), v.arch(), trial);
     }
     let edges = [
         ("single_query_single_key", shape(1, 1, 1, 1, 1, 8), false),

@@ -4,10 +4,11 @@
 //!
 //! `FLASHATTN_GPU_CASES` / `FLASHATTN_EMU_CASES` set the number of random cases (all dtypes).
 
-use flashattn::kernels::dtype::DType;
-use flashattn::kernels::registry::{Arch, FWD_VARIANTS};
+use flashattn::kernels::registry::FWD_VARIANTS;
 use flashattn::{AttnShape, FlashAttn, FwdOptions, Window};
-use flashattn_tests::{BackendKind, Case, Dt, case_strategy, check_case, check_case_with, env_usize, gpu_trials, nonfinite, shards};
+use flashattn_tests::{
+    BackendKind, Case, Dt, case_strategy, check_case, check_case_with, env_usize, gpu_trials, nonfinite, push_for_arch, shards,
+};
 use libtest_mimic::{Arguments, Failed, Trial};
 use proptest::strategy::Strategy;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
@@ -138,7 +139,7 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
     // without the variant's architecture (sm_90a kernels off Hopper) reports it ignored.
     let archs = fa.as_ref().map(|f| f.archs());
     for v in FWD_VARIANTS {
-        let dtype = dt(v.dtype);
+        let dtype = Dt::of(v.dtype);
         let d = v.head_dims().1 as usize;
         let case = Case { shape: shape(1, 37, 45, 2, 1, d), causal: true, softmax_scale: None, dtype, seed: 0, window: Default::default() };
         let (family, name) = (v.family.name(), v.name);
@@ -165,7 +166,7 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
         (shape(1, 90, 200, 2, 1, 0), false, Window { left: None, right: Some(5) }),
     ];
     for v in FWD_VARIANTS {
-        let dtype = dt(v.dtype);
+        let dtype = Dt::of(v.dtype);
         let d = v.head_dims().1 as usize;
         let (family, name) = (v.family.name(), v.name);
         let trial = mk(
@@ -192,7 +193,7 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
     ];
     for (name, s, causal, scale) in odd {
         for v in FWD_VARIANTS.iter().filter(|v| v.serves(s.head_dim as u32) && ["wgmma", "mma", "simt"].contains(&v.family.name())) {
-            let dtype = dt(v.dtype);
+            let dtype = Dt::of(v.dtype);
             let case = Case { shape: s, causal, softmax_scale: scale, dtype, seed: 0, window: Default::default() };
             let family = v.family.name();
             let trial = mk(
@@ -220,26 +221,6 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
 }
 
 /// The test dtype of a kernel dtype.
-fn dt(d: DType) -> Dt {
-    match d {
-        DType::F32 => Dt::F32,
-        DType::F16 => Dt::F16,
-        DType::Bf16 => Dt::Bf16,
-    }
-}
-
-/// Pushes `trial` (named `label`) for kernels of `arch`: reported ignored, loudly, on a device
-/// that cannot run them (`archs`: the device's, `None` for the emulator).
-fn push_for_arch(trials: &mut Vec<Trial>, archs: Option<&[Arch]>, label: &str, arch: Arch, trial: Trial) {
-    match archs {
-        Some(a) if !a.contains(&arch) => {
-            eprintln!("\n*** {label}: this device cannot run {arch:?} kernels: NOT RUN (reported as ignored) ***\n");
-            trials.push(trial.with_ignored_flag(true));
-        }
-        _ => trials.push(trial),
-    }
-}
-
 fn main() {
     let args = Arguments::from_args();
     let mut trials = trials_for(BackendKind::Emulator, Some(Arc::new(FlashAttn::emulator())), None);

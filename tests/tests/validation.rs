@@ -254,19 +254,19 @@ fn backward_selection_and_registry_match_tile_functions() {
         for dtype in [DType::F32, DType::F16, DType::Bf16] {
             // The mma families take head dims that are multiples of 8 (`BwdFamilyDesc::aligned_only`).
             let tc = dtype != DType::F32 && d.is_multiple_of(8);
-            let auto = flashattn::select_bwd_variants(dtype, d as usize, &BwdOptions::default(), &[Arch::Sm80], false)
+            let auto = flashattn::select_bwd_variants(dtype, d as usize, &BwdOptions::default(), &[Arch::Sm80], false, false)
                 .unwrap_or_else(|e| panic!("d={d}: {e}"));
             let want = if tc { "mma" } else { "simt" };
             assert!(auto.iter().all(|v| v.family.name() == want && v.serves(d)), "d={d} {dtype:?}: {}", auto[0].name);
             let det = BwdOptions { deterministic: true, ..Default::default() };
-            let auto_det =
-                flashattn::select_bwd_variants(dtype, d as usize, &det, &[Arch::Sm80], false).unwrap_or_else(|e| panic!("d={d}: {e}"));
+            let auto_det = flashattn::select_bwd_variants(dtype, d as usize, &det, &[Arch::Sm80], false, false)
+                .unwrap_or_else(|e| panic!("d={d}: {e}"));
             let want_det = if tc { "mma" } else { "simt" };
             assert!(auto_det.iter().all(|v| v.family.name() == want_det && v.serves(d)), "d={d} {dtype:?}: {}", auto_det[0].name);
             // Hopper: `prep` (m_i, 1 / l_i from the LSE, D~_i from O), the wgmma dQ kernel and
             // the dK/dV kernel, deterministic too.
             for opts in [BwdOptions::default(), det] {
-                let hop = flashattn::select_bwd_variants(dtype, d as usize, &opts, &[Arch::Sm80, Arch::Sm90a], false)
+                let hop = flashattn::select_bwd_variants(dtype, d as usize, &opts, &[Arch::Sm80, Arch::Sm90a], false, false)
                     .unwrap_or_else(|e| panic!("d={d}: {e}"));
                 let fams: Vec<_> = hop.iter().map(|v| (v.family.name(), v.pass.name(), v.arch())).collect();
                 if let Some(t) = wgmma_bwd_tile(d)
@@ -282,7 +282,7 @@ fn backward_selection_and_registry_match_tile_functions() {
                     assert_eq!(fl(hop[2], d), (WgmmaBwdTile::KEYS, t.threads(), t.dkdv_smem_bytes()));
                     // With the forward's O residual: D~_i from O + O_lo, then the same dQ and
                     // dK/dV kernels.
-                    let hs = flashattn::select_bwd_variants(dtype, d as usize, &opts, &[Arch::Sm80, Arch::Sm90a], true)
+                    let hs = flashattn::select_bwd_variants(dtype, d as usize, &opts, &[Arch::Sm80, Arch::Sm90a], true, false)
                         .unwrap_or_else(|e| panic!("d={d}: {e}"));
                     assert_eq!(
                         hs.iter().map(|v| (v.family.name(), v.pass.name())).collect::<Vec<_>>(),
@@ -298,7 +298,7 @@ fn backward_selection_and_registry_match_tile_functions() {
                         auto.iter().map(|v| v.family).collect::<Vec<_>>(),
                         "d={d} {dtype:?}"
                     );
-                    let hs = flashattn::select_bwd_variants(dtype, d as usize, &opts, &[Arch::Sm80, Arch::Sm90a], true)
+                    let hs = flashattn::select_bwd_variants(dtype, d as usize, &opts, &[Arch::Sm80, Arch::Sm90a], true, false)
                         .unwrap_or_else(|e| panic!("d={d}: {e}"));
                     assert_eq!(
                         hs.iter().map(|v| v.name).collect::<Vec<_>>(),
@@ -308,7 +308,7 @@ fn backward_selection_and_registry_match_tile_functions() {
                 }
             }
             let simt = BwdOptions { kernel: Some("simt"), ..Default::default() };
-            let s = flashattn::select_bwd_variants(dtype, d as usize, &simt, &[Arch::Sm80, Arch::Sm90a], false)
+            let s = flashattn::select_bwd_variants(dtype, d as usize, &simt, &[Arch::Sm80, Arch::Sm90a], false, false)
                 .unwrap_or_else(|e| panic!("d={d}: {e}"));
             assert!(s.iter().all(|v| v.family.name() == "simt"), "d={d}");
             // (Head dims that are not multiples of 8 select SIMT: `BwdFamilyDesc::aligned_only`.)
@@ -332,7 +332,7 @@ fn backward_selection_and_registry_match_tile_functions() {
                     ("dkdv", MmaBwdTile::ROWS, t.threads(), t.dkdv_smem_bytes())
                 );
                 let atomic = BwdOptions { kernel: Some("mma_atomic"), ..Default::default() };
-                let at = flashattn::select_bwd_variants(dtype, d as usize, &atomic, &[Arch::Sm80, Arch::Sm90a], false);
+                let at = flashattn::select_bwd_variants(dtype, d as usize, &atomic, &[Arch::Sm80, Arch::Sm90a], false, false);
                 // The atomic family stops at 128.
                 if d > 128 {
                     assert!(matches!(at, Err(flashattn::Error::NoVariant { .. })), "d={d}");
@@ -357,7 +357,7 @@ fn backward_selection_and_registry_match_tile_functions() {
     }
     // Naming the atomic family with `deterministic` is a typed error, before any launch.
     let bad = BwdOptions { kernel: Some("mma_atomic"), deterministic: true };
-    match flashattn::select_bwd_variants(DType::F16, 64, &bad, &[Arch::Sm80], false) {
+    match flashattn::select_bwd_variants(DType::F16, 64, &bad, &[Arch::Sm80], false, false) {
         Err(flashattn::Error::NotDeterministic { family }) => assert_eq!(family, "mma_atomic"),
         other => panic!("expected NotDeterministic, got {:?}", other.map(|v| v.len())),
     }
@@ -685,13 +685,20 @@ fn pieces_of_one_buffer_in_one_call() {
     assert!(matches!(e, Error::Overlap { output: "o", other: "q" }), "{e}");
 }
 
+/// A sliding window's backward runs where the family has windowed kernels (automatic
+/// selection); named, an atomic family (none) is refused before launch, by name.
 #[test]
-fn backward_of_a_window_is_refused_before_launch() {
+fn window_backward_in_an_atomic_family_is_refused_before_launch() {
     let fa = FlashAttn::emulator();
-    let x = fa.upload(&(0..2 * 4 * 8).map(|i| (i % 7) as f32 * 0.25).collect::<Vec<_>>(), &[1, 4, 2, 8]).unwrap();
+    let data: Vec<half::f16> = (0..2 * 4 * 8).map(|i| half::f16::from_f32((i % 7) as f32 * 0.25)).collect();
+    let x = fa.upload(&data, &[1, 4, 2, 8]).unwrap();
     let attn = Attention::causal().with_window(Window::new(Some(2), None));
     let fwd = fa.forward(&x, &x, &x, &attn, &FwdOptions::default()).unwrap();
-    let e = fa.backward(&x, &x, &x, &fwd, &x, &BwdOptions::default()).expect_err("window backward");
-    assert!(matches!(e, Error::Unsupported { .. }), "{e}");
-    assert!(e.to_string().contains("Some(2)"), "{e}");
+    for family in ["mma_atomic", "wgmma_atomic"] {
+        let opts = BwdOptions { kernel: Some(family), ..Default::default() };
+        let e = fa.backward(&x, &x, &x, &fwd, &x, &opts).expect_err(family);
+        assert!(matches!(e, Error::Unsupported { .. }), "{e}");
+        assert!(e.to_string().contains(family), "{e}");
+    }
+    fa.backward(&x, &x, &x, &fwd, &x, &BwdOptions::default()).expect("automatic selection takes the window");
 }
