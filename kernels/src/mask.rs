@@ -167,14 +167,16 @@ impl<M: Mask> Window<M> {
     }
 
     /// Whether the window hides key `col` (below seqlen_k) from query row `row` (M's own
-    /// mask aside).
+    /// mask aside): the key's distance from the row's diagonal outside [-left, right] (no
+    /// clamps: fewer registers than [`Window::cols`]; the d = 64 mma dK/dV windowed entry
+    /// spilled 4 bytes on sm_90 through `cols`).
     #[inline(always)]
     pub fn hides(self, row: u32, col: u32, sq: u32, sk: u32) -> bool {
         if !M::WINDOW {
             return false;
         }
-        let (lo, hi) = self.cols(row, sq, sk);
-        col < lo || col >= hi
+        let off = col as i64 - (row as i64 + sk as i64 - sq as i64);
+        (self.left != NO_WINDOW && off < -(self.left as i64)) || (self.right != NO_WINDOW && off > self.right as i64)
     }
 
     /// Whether mask M or the window hides key `col` from query row `row`.

@@ -20,7 +20,7 @@ type PtxasCheck = fn(PathBuf);
 fn every_registered_kernel_is_an_entry() {
     for (target, arch, ptx) in MODULES {
         let names = entries(ptx);
-        let bwd = BWD_VARIANTS.iter().filter(|v| v.arch() == *arch).map(|v| v.name);
+        let bwd = BWD_VARIANTS.iter().filter(|v| v.arch() == *arch).flat_map(|v| [Some(v.name), v.window_name]).flatten();
         let fwd = FWD_VARIANTS.iter().filter(|v| v.arch() == *arch).flat_map(|v| [v.name, v.window_name]);
         let registered: Vec<&str> = fwd.chain(bwd).collect();
         for name in &registered {
@@ -45,9 +45,11 @@ fn loaded_modules_carry_the_register_caps() {
         let mut added = 0;
         for v in BWD_VARIANTS.iter().filter(|v| v.arch() == *arch) {
             if let Some(regs) = v.max_regs() {
-                let one = entry_module(loaded(*arch), v.name).unwrap_or_else(|| panic!("{target}: {} not split", v.name));
-                assert!(one.contains(&format!(")\n.maxnreg {regs}\n{{\n")), "{target} {}: no .maxnreg {regs}", v.name);
-                added += format!(".maxnreg {regs}\n").len();
+                for name in [Some(v.name), v.window_name].into_iter().flatten() {
+                    let one = entry_module(loaded(*arch), name).unwrap_or_else(|| panic!("{target}: {name} not split"));
+                    assert!(one.contains(&format!(")\n.maxnreg {regs}\n{{\n")), "{target} {name}: no .maxnreg {regs}");
+                    added += format!(".maxnreg {regs}\n").len();
+                }
             }
         }
         assert_eq!(loaded(*arch).len(), ptx.len() + added, "{target}: the loaded module differs by more than its caps");
