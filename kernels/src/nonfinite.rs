@@ -261,10 +261,11 @@ pub(crate) unsafe fn warp_fix_stored_o<T: Element, M: Mask>(
 
 /// Whether a dK/dV kernel's query tile from row `i0` (`br` rows) is masked for its block of
 /// 64 keys from `j0`, the tiles where the operands are cleaned: every tile of a sliding
-/// window, the causal diagonal (the tile's first row hides the block's last key), the tile past seqlen_q (its zero-filled
-/// rows' scores are NaN against an infinite key) and, with `dq` (the atomic dQ), every tile
-/// of a block past seqlen_k (its zero-filled keys' P is not 0 and can overflow: dS K_j must
-/// not see it). One definition for the kernels and [`warp_fix_stored_dv`], which must agree.
+/// window, the causal diagonal (the tile's first row hides the block's last key), the tile
+/// past seqlen_q (its zero-filled rows' scores are NaN against an infinite key) and, with
+/// `dq` (the atomic dQ), every tile of a block past seqlen_k (its zero-filled keys' P is not
+/// 0 and can overflow: dS K_j must not see it). One definition for the kernels and
+/// [`warp_fix_stored_dv`], which must agree.
 #[inline(always)]
 pub(crate) fn dkdv_tile_masked<M: Mask>(i0: u32, br: u32, j0: u32, sq: u32, sk: u32, dq: bool) -> bool {
     M::WINDOW || M::hides(i0, j0 + 63, sq, sk) || i0 + br > sq || (dq && j0 + 64 > sk)
