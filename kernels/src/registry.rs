@@ -732,6 +732,10 @@ impl core::fmt::Display for BwdFamily {
     }
 }
 
+/// A backward kernel's PTX entry name and its body for the emulator.
+#[cfg(not(target_arch = "nvptx64"))]
+pub type BwdEntry = (&'static str, unsafe fn(&BwdParams));
+
 /// A backward kernel variant, as the host launches it.
 #[cfg(not(target_arch = "nvptx64"))]
 #[derive(Clone, Copy, Debug)]
@@ -777,7 +781,7 @@ impl BwdVariant {
     }
     /// The entry name and emulator body for a launch with a sliding window (`windowed`) or
     /// without; `None` where it has no windowed kernel.
-    pub fn entry(&self, windowed: bool) -> Option<(&'static str, unsafe fn(&BwdParams))> {
+    pub fn entry(&self, windowed: bool) -> Option<BwdEntry> {
         match (windowed, self.window_name, self.emulate_window) {
             (true, Some(name), Some(body)) => Some((name, body)),
             (true, ..) if self.pass.masks() => None,
