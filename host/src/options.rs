@@ -69,7 +69,7 @@ impl Attention {
         let (col, right) = (col as i64, if self.causal { Some(0) } else { self.window.right });
         right.is_none_or(|r| col <= diag + r as i64) && self.window.left.is_none_or(|l| col >= diag - l as i64)
     }
-    /// The key columns `lo..hi` query row `row` sees (empty: `lo >= hi`), the range
+    /// The key columns `lo..hi` query row `row` sees (`lo == hi`: none), the range
     /// [`Attention::sees`] describes.
     pub fn visible_cols(&self, row: usize, seqlen_q: usize, seqlen_k: usize) -> (usize, usize) {
         let diag = row as i64 + seqlen_k as i64 - seqlen_q as i64;
