@@ -57,8 +57,8 @@ pub struct BwdOutput<T> {
 ///
 /// `saved`: the forward's O residual is at hand (the families that use it then run their
 /// [`BwdFamily::passes`] for it). `windowed`: the forward had a sliding window (every pass
-/// then needs its windowed entry, [`BwdVariant::entry`]; the atomic families have none: named,
-/// they are [`Error::Unsupported`]).
+/// then needs its windowed entry: [`BwdFamily::takes_window`]; the atomic families have none:
+/// named, they are [`Error::Unsupported`]).
 pub fn select_bwd_variants(
     dtype: flashattn_kernels::dtype::DType,
     head_dim: usize,
@@ -69,7 +69,6 @@ pub fn select_bwd_variants(
 ) -> Result<Vec<&'static BwdVariant>> {
     let d = head_dim as u32;
     let get = |family: BwdFamily| family.passes(saved).iter().map(|&pass| bwd_variant(family, pass, dtype, d)).collect::<Option<Vec<_>>>();
-    let takes_window = |vs: &[&BwdVariant]| !windowed || vs.iter().all(|v| v.entry(true).is_some());
     match opts.kernel {
         Some(name) => {
             let family = BwdFamily::from_name(name)
@@ -78,7 +77,7 @@ pub fn select_bwd_variants(
                 return Err(Error::NotDeterministic { family: name.into() });
             }
             let vs = get(family).ok_or_else(|| Error::NoVariant { family: name.into(), dtype: dtype.name(), head_dim })?;
-            if !takes_window(&vs) {
+            if windowed && !family.takes_window() {
                 return Err(Error::Unsupported { what: "a sliding window in the backward family", value: name.into() });
             }
             Ok(vs)
@@ -86,7 +85,8 @@ pub fn select_bwd_variants(
         None => BWD_FAMILIES
             .iter()
             .filter(|f| f.auto && (f.deterministic || !opts.deterministic) && archs.contains(&f.arch))
-            .find_map(|f| get(f.family).filter(|vs| takes_window(vs)))
+            .filter(|f| !windowed || f.family.takes_window())
+            .find_map(|f| get(f.family))
             .ok_or_else(|| Error::NoVariant { family: "any".into(), dtype: dtype.name(), head_dim }),
     }
 }
@@ -301,7 +301,7 @@ impl FlashAttn {
                 let grid = if v.pass.over_keys() { (sk.div_ceil(l.rows), hkv, b) } else { (sq.div_ceil(l.rows), hq, b) };
                 // The selection took only variants with an entry for this launch.
                 let (name, emulate) = v
-                    .entry(params.pb.windowed())
+                    .entry(windowed)
                     .ok_or(Error::Unsupported { what: "a sliding window in the backward family", value: v.family.name().into() })?;
                 Ok(Launch { name, arch: v.arch(), grid, threads: l.threads, smem: l.smem_bytes as usize, emulate })
             })

@@ -70,8 +70,7 @@ impl AttnShape {
     /// (query, key) pairs one head of one batch entry computes under `attn`'s mask (causal
     /// and window), counted exactly.
     pub fn visible_pairs(&self, attn: &Attention) -> f64 {
-        let cols = |i| attn.visible_cols(i, self.seqlen_q, self.seqlen_k);
-        (0..self.seqlen_q).map(|i| (cols(i).1 - cols(i).0) as f64).sum()
+        (0..self.seqlen_q).map(|i| attn.visible_cols(i, self.seqlen_q, self.seqlen_k)).map(|(lo, hi)| (hi - lo) as f64).sum()
     }
     /// The forward's FLOPs under a sliding window: 4 head_dim per visible pair, per head and
     /// batch entry; without a window the paper's count ([`AttnShape::fwd_flops`]).

@@ -142,19 +142,6 @@ impl<M: Mask> Window<M> {
         Window { left: (w >> 32) as u32, right: w as u32, _mask: PhantomData }
     }
 
-    /// The key columns `lo..hi` the window shows query row `row` (M's own mask aside),
-    /// clamped to `0..=sk`: two u32 per row, the cheapest form to keep in registers.
-    #[inline(always)]
-    pub fn cols(self, row: u32, sq: u32, sk: u32) -> (u32, u32) {
-        if !M::WINDOW {
-            return (0, sk);
-        }
-        let diag = row as i64 + sk as i64 - sq as i64;
-        let lo = if self.left == NO_WINDOW { 0 } else { (diag - self.left as i64).clamp(0, sk as i64) as u32 };
-        let hi = if self.right == NO_WINDOW { sk } else { (diag + self.right as i64 + 1).clamp(0, sk as i64) as u32 };
-        (lo, hi)
-    }
-
     /// The same bounds through an opaque move: LLVM can neither hoist what is computed from
     /// them out of a loop nor keep it live across one (at head_dim 192 the Hopper forward's
     /// per-row bounds, hoisted out of the KV loop, spilled).
@@ -168,8 +155,8 @@ impl<M: Mask> Window<M> {
 
     /// Whether the window hides key `col` (below seqlen_k) from query row `row` (M's own
     /// mask aside): the key's distance from the row's diagonal outside [-left, right] (no
-    /// clamps: fewer registers than [`Window::cols`]; the d = 64 mma dK/dV windowed entry
-    /// spilled 4 bytes on sm_90 through `cols`).
+    /// clamped column bounds: with them the d = 64 mma dK/dV windowed entry spilled 4 bytes
+    /// on sm_90).
     #[inline(always)]
     pub fn hides(self, row: u32, col: u32, sq: u32, sk: u32) -> bool {
         if !M::WINDOW {
