@@ -601,7 +601,7 @@ unsafe fn dkdv_masked<
         // Masked tiles: a window's, the diagonal, the tile past seqlen_q, with DQ the block
         // past seqlen_k.
         const { assert!(BLOCK_ROWS == 64) };
-        let masked = dkdv_tile_masked::<M>(i0, BR as u32, j0, sq, sk, DQ);
+        let masked = dkdv_tile_masked::<M>(i0, BR as u32, j0, sq, sk, DQ, Window::<M>::new(&p.pb).opaque());
         if masked {
             ctx.step::<M, true, DN, BR, NQ, DQ>(&mut acc_dk, &mut acc_dv);
         } else {

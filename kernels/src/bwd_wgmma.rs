@@ -199,7 +199,7 @@ unsafe fn dkdv_masked<
         // Masked tiles: a window's, the diagonal, the tile past seqlen_q, with DQ the block
         // past seqlen_k (`nonfinite::dkdv_tile_masked`).
         const { assert!(KEYS == 64) };
-        let masked = dkdv_tile_masked::<M>(i0, BR as u32, kb.j0, kb.sq, kb.sk, DQ);
+        let masked = dkdv_tile_masked::<M>(i0, BR as u32, kb.j0, kb.sq, kb.sk, DQ, Window::<M>::new(&kb.p.pb).opaque());
         // This tile's copies (and K, V) landed, for every thread and for the async proxy; on
         // masked tiles Q's and dO's NaNs and infinities replaced by 0 first, and with DQ at
         // the first tile the block votes on K's (`nonfinite`).

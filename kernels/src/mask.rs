@@ -217,7 +217,8 @@ impl<M: Mask> Window<M> {
 
 /// The query tiles (of `br` rows) a block of `keys` keys from `col0` runs, as (first, count):
 /// tiles `first..first + count` hold every query row that sees a key of the block (the dK/dV
-/// loop; with a window every tile is masked: [`crate::nonfinite::dkdv_tile_masked`]).
+/// loop; with a window the tiles that cross its edges are masked:
+/// [`crate::nonfinite::dkdv_tile_masked`]).
 #[inline(always)]
 pub fn q_tiles<M: Mask>(pb: &Problem, col0: u32, keys: u32, br: u32) -> (usize, usize) {
     let (sq, sk, win) = (pb.seqlen_q, pb.seqlen_k, Window::<M>::new(pb));
@@ -238,6 +239,25 @@ pub fn kv_tiles<M: Mask>(pb: &Problem, row0: u32, row_end: u32, bc: u32) -> (usi
     let first = (win.first_col(row0, sq, sk) / bc) as usize;
     let n_unmasked = ((M::unmasked_cols(row0, sq, sk) / bc) as usize).min(n_tiles).max(first);
     (n_tiles, first, n_unmasked)
+}
+
+/// The key tiles (of `bc` keys) that every row of `row0..row_end` sees whole, as a range
+/// `from..to` within [`kv_tiles`]' `first..end`: the tiles a kernel can run unmasked. Without
+/// a window, `first..n_unmasked` of [`kv_tiles`]; with one, the tiles between the window's
+/// left edge for the block's last row and its right edge (or the causal diagonal) for its
+/// first row: lo(row_end - 1) <= c0 and c0 + bc <= hi(row0).
+#[inline(always)]
+pub fn kv_unmasked<M: Mask>(pb: &Problem, row0: u32, row_end: u32, bc: u32) -> (usize, usize) {
+    let (n_tiles, first, n_unmasked) = kv_tiles::<M>(pb, row0, row_end, bc);
+    if !M::WINDOW || row_end <= row0 {
+        return (first, n_unmasked);
+    }
+    let (sq, sk, win) = (pb.seqlen_q, pb.seqlen_k, Window::<M>::new(pb));
+    let lo_max = win.cols(row_end - 1, sq, sk).0;
+    let hi_min = win.cols(row0, sq, sk).1;
+    let from = (lo_max.div_ceil(bc) as usize).clamp(first, n_tiles.max(first));
+    let to = ((hi_min / bc) as usize).clamp(from, n_tiles.max(from));
+    (from, to)
 }
 
 #[cfg(test)]
@@ -291,6 +311,27 @@ mod tests {
                                 let ctx =
                                     || format!("sq {sq} sk {sk} causal {causal} window {left:?} {right:?} rows {row0}..{row_end} bc {bc}");
                                 assert!(first <= unmasked && unmasked <= n.max(first), "{}: {first} {unmasked} {n}", ctx());
+                                let (from, to) = match (pb.windowed(), causal) {
+                                    (true, _) => kv_unmasked::<Windowed>(&pb, row0, row_end, bc),
+                                    (false, true) => kv_unmasked::<Causal>(&pb, row0, row_end, bc),
+                                    (false, false) => kv_unmasked::<NoMask>(&pb, row0, row_end, bc),
+                                };
+                                assert!(first <= from && from <= to && to <= n.max(first), "{}: unmasked {from}..{to}", ctx());
+                                for i in row0..row_end {
+                                    for j in 0..sk {
+                                        let tile = (j / bc) as usize;
+                                        if tile >= from && tile < to {
+                                            assert!(sees(i, j), "{}: kv_unmasked tile {tile} hides key {j} from row {i}", ctx());
+                                        }
+                                    }
+                                }
+                                // And no tile is left masked that could run unmasked: each
+                                // other tile has a pair the block cannot see, or ends past sk.
+                                for tile in (first..n).filter(|&t| t < from || t >= to) {
+                                    let cols = tile as u32 * bc..(tile as u32 + 1) * bc;
+                                    let needs_mask = cols.clone().any(|j| j >= sk || (row0..row_end).any(|i| !sees(i, j)));
+                                    assert!(needs_mask, "{}: tile {tile} is whole to every row but masked ({from}..{to})", ctx());
+                                }
                                 for i in row0..row_end {
                                     for j in 0..sk {
                                         assert_eq!(!hidden(i, j), sees(i, j), "{}: row {i} key {j}", ctx());

@@ -260,15 +260,23 @@ pub(crate) unsafe fn warp_fix_stored_o<T: Element, M: Mask>(
 }
 
 /// Whether a dK/dV kernel's query tile from row `i0` (`br` rows) is masked for its block of
-/// 64 keys from `j0`, the tiles where the operands are cleaned: every tile of a sliding
-/// window, the causal diagonal (the tile's first row hides the block's last key), the tile
+/// 64 keys from `j0`, the tiles where the operands are cleaned: a window's tiles that cross
+/// one of its edges (`win`: some row of the tile does not see some key of the block), the
+/// causal diagonal (the tile's first row hides the block's last key), the tile
 /// past seqlen_q (its zero-filled rows' scores are NaN against an infinite key) and, with
 /// `dq` (the atomic dQ), every tile of a block past seqlen_k (its zero-filled keys' P is not
 /// 0 and can overflow: dS K_j must not see it). One definition for the kernels and
 /// [`warp_fix_stored_dv`], which must agree.
 #[inline(always)]
-pub(crate) fn dkdv_tile_masked<M: Mask>(i0: u32, br: u32, j0: u32, sq: u32, sk: u32, dq: bool) -> bool {
-    M::WINDOW || M::hides(i0, j0 + 63, sq, sk) || i0 + br > sq || (dq && j0 + 64 > sk)
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn dkdv_tile_masked<M: Mask>(i0: u32, br: u32, j0: u32, sq: u32, sk: u32, dq: bool, win: Window<M>) -> bool {
+    // A window's rows see columns lo(i)..hi(i), both growing with i: the tile sees the whole
+    // block iff its last row's lo and its first row's hi enclose it.
+    let edge = match M::WINDOW {
+        true => win.cols(i0 + br - 1, sq, sk).0 > j0 || win.cols(i0, sq, sk).1 < j0 + 64,
+        false => M::hides(i0, j0 + 63, sq, sk),
+    };
+    edge || i0 + br > sq || (dq && j0 + 64 > sk)
 }
 
 /// Warp, after a dK/dV kernel stored the dV rows of its 16 keys from `key0` and `warp::sync`:
@@ -312,7 +320,7 @@ pub(crate) unsafe fn warp_fix_stored_dv<T: Element, M: Mask>(
             for h in 0..group {
                 let mut i0 = first_tile;
                 while i0 < end {
-                    if dkdv_tile_masked::<M>(i0, br, j0, sq, sk, dq) {
+                    if dkdv_tile_masked::<M>(i0, br, j0, sq, sk, dq, win) {
                         let mut i = i0;
                         while i < (i0 + br).min(sq) {
                             if !win.hidden(i, key, sq, sk) {
@@ -358,6 +366,47 @@ mod tests {
                 assert_eq!(folded & FLAG_BITS != 0, want);
             }
         }
+    }
+
+    /// A dK/dV tile left unmasked under a window has every (row, key) pair of its rows and
+    /// the block's keys below seqlen_k visible, for many shapes, windows and tiles; and
+    /// interior tiles exist (the mask is not every tile).
+    #[test]
+    fn window_dkdv_tiles_masked_where_an_edge_crosses() {
+        use crate::mask::Windowed;
+        use crate::params::{NO_WINDOW, Problem};
+        let mut unmasked = 0;
+        for (sq, sk) in [(64, 64), (300, 300), (200, 450), (450, 200), (1000, 1000)] {
+            for (left, right) in [(Some(0), Some(0)), (Some(100), Some(0)), (Some(300), Some(40)), (None, Some(10)), (Some(70), None)] {
+                let pb = Problem {
+                    seqlen_q: sq,
+                    seqlen_k: sk,
+                    window_left: left.unwrap_or(NO_WINDOW),
+                    window_right: right.unwrap_or(NO_WINDOW),
+                    ..Problem::default()
+                };
+                let win = Window::<Windowed>::new(&pb);
+                for br in [32u32, 64] {
+                    let mut j0 = 0;
+                    while j0 < sk {
+                        let mut i0 = 0;
+                        while i0 < sq {
+                            if !dkdv_tile_masked::<Windowed>(i0, br, j0, sq, sk, false, win) {
+                                unmasked += 1;
+                                for i in i0..i0 + br {
+                                    for j in j0..(j0 + 64).min(sk) {
+                                        assert!(!win.hidden(i, j, sq, sk), "sq {sq} sk {sk} {left:?} {right:?}: row {i} key {j}");
+                                    }
+                                }
+                            }
+                            i0 += br;
+                        }
+                        j0 += 64;
+                    }
+                }
+            }
+        }
+        assert!(unmasked > 100, "{unmasked} unmasked tiles");
     }
 
     #[test]
