@@ -42,7 +42,7 @@ use crate::copy::{load_tile_chunks, load_tile_pair};
 use crate::dev::{self, Shared, block, global, math, thread, warp};
 use crate::dtype::MmaElement;
 use crate::frag::{pair_sum, store_rows, to_a};
-use crate::mask::{Mask, Window, kv_tiles, q_tiles};
+use crate::mask::{Mask, Window, kv_tiles, kv_unmasked, q_tiles};
 use crate::nonfinite::{add_nonfinite, dkdv_tile_masked, finite_frag, row_at};
 use crate::params::BwdParams;
 use crate::smem::{LaneAddr, Layout};
@@ -200,10 +200,14 @@ unsafe fn dq_masked<
     };
     let r0 = row0.min(sq) as u64;
 
-    // Key tiles first..end (a window's left edge first), masked from n_unmasked on; n_tiles
-    // of them.
+    // Key tiles first..end (a window's left edge first), masked from n_unmasked on (with a
+    // window, outside from..n_unmasked: `mask::kv_unmasked`); n_tiles of them.
     let row_end = (row0 + br as u32).min(sq);
     let (end, first, n_unmasked) = kv_tiles::<M>(&p.pb, row0, row_end, BC as u32);
+    let (from, n_unmasked) = match M::WINDOW {
+        true => kv_unmasked::<M>(&p.pb, row0, row_end, BC as u32),
+        false => (first, n_unmasked),
+    };
     let n_tiles = end - first;
 
     // Block: Q_i, dO_i and the first K, V tile in flight.
@@ -278,7 +282,7 @@ unsafe fn dq_masked<
             g,
             t,
         };
-        match (STATS_ONLY || it < n_tiles, j < n_unmasked) {
+        match (STATS_ONLY || it < n_tiles, j < n_unmasked && !(M::WINDOW && j < from)) {
             (true, true) => ctx.stats::<M, false, BC, NS>(j, &mut rows),
             (true, false) => ctx.stats::<M, true, BC, NS>(j, &mut rows),
             (false, true) => ctx.step::<M, false, DN, BC, NS>(j, &fin, &mut acc_dq),

@@ -6,7 +6,7 @@ use crate::copy::{body_head_dim, by_element, load_tile_in, load_two};
 use crate::dev::{self, Shared, block, global, math, thread, warp, warpgroup};
 use crate::dtype::MmaElement;
 use crate::frag::{store_rows, to_a};
-use crate::mask::{Mask, Window, kv_tiles};
+use crate::mask::{Mask, Window, kv_tiles, kv_unmasked};
 use crate::nonfinite::{own_chunks_nonfinite, zero_own_nonfinite};
 use crate::params::BwdParams;
 use crate::smem::Sw;
@@ -113,7 +113,7 @@ unsafe fn dq_masked<
         thread::trap();
     }
     let mut qb = DqBlock::<T, M, D, DN, BC, NS, KS, NSW, KSW, THREADS, DW, DNW, PAD, MODE, EL>::new(p, d, saved);
-    let (n_tiles, first, n_unmasked) = (qb.n_tiles, qb.first, qb.n_unmasked);
+    let (n_tiles, first) = (qb.n_tiles, qb.first);
 
     // Block: Q_i, dO_i and the first K, V tile in flight.
     qb.load_q();
@@ -155,7 +155,7 @@ unsafe fn dq_masked<
         }
         // This tile's copies landed, for every thread and for the async proxy; on masked tiles
         // the block votes on whether K holds a NaN or an infinity (`nonfinite`).
-        let masked = j >= n_unmasked;
+        let masked = qb.tile_masked(j);
         let bad_k = qb.clean_k_vote(it % 2, masked && !stats_only);
         let (s, dp) = qb.scores(j, it % 2, masked);
         qb.clean_k(it % 2, bad_k);
@@ -261,9 +261,11 @@ struct DqBlock<
     k_g: *const T,
     v_g: *const T,
     /// Key tiles the block's rows see: `n_tiles` from tile `first` on (a window's left edge),
-    /// and those below `n_unmasked` no row's mask hides.
+    /// and those below `n_unmasked` no row's mask hides; with a window, those of
+    /// `from..n_unmasked` (`mask::kv_unmasked`: [`tile_masked`](Self::tile_masked)).
     n_tiles: usize,
     first: usize,
+    from: usize,
     n_unmasked: usize,
     /// scale log2(e), for exp2.
     factor: f32,
@@ -318,6 +320,10 @@ impl<
 
         let row_end = (row0 + ROWS as u32).min(sq);
         let (end, first, n_unmasked) = kv_tiles::<M>(&p.pb, row0, row_end, BC as u32);
+        let (from, n_unmasked) = match M::WINDOW {
+            true => kv_unmasked::<M>(&p.pb, row0, row_end, BC as u32),
+            false => (first, n_unmasked),
+        };
         let n_tiles = end - first;
         let votes: Shared<u32> = ones.after(8 * split);
         let hot: Shared<u32> = votes.after(HOT_TILES);
@@ -351,6 +357,7 @@ impl<
             v_g,
             n_tiles,
             first,
+            from,
             n_unmasked,
             factor: 0.0,
             mask: PhantomData,
@@ -467,6 +474,16 @@ impl<
             }
         }
         fin
+    }
+
+    /// Whether key tile `j` needs the mask (some row of the block does not see some key of
+    /// it, or it reaches past seqlen_k).
+    #[inline(always)]
+    fn tile_masked(&self, j: usize) -> bool {
+        match M::WINDOW {
+            true => j < self.from || j >= self.n_unmasked,
+            false => j >= self.n_unmasked,
+        }
     }
 
     /// Block (DQ_SAVED), after iteration `it`'s barrier: its key tile `j` joins the list of hot
@@ -730,7 +747,7 @@ impl<
             };
             thread::cp_async_commit();
             thread::cp_async_wait::<0>();
-            let bad_k = self.clean_k_vote(0, j >= self.n_unmasked);
+            let bad_k = self.clean_k_vote(0, self.tile_masked(j));
             // Warpgroup: S = Q K_j^T, then thread: P to 16-bit A fragments.
             let mut s = [[0f32; 4]; NS];
             warpgroup::fence_operands(&mut s);
@@ -747,7 +764,7 @@ impl<
                 }
             }
             let win = Window::<M>::new(&self.p.pb).opaque();
-            mask_frag::<M, NS>(&mut s, (j * BC) as u32, self.row_w, (self.g, self.t), (self.sq, self.sk), j >= self.n_unmasked, 0.0, win);
+            mask_frag::<M, NS>(&mut s, (j * BC) as u32, self.row_w, (self.g, self.t), (self.sq, self.sk), self.tile_masked(j), 0.0, win);
             let mut pa: [[u32; 4]; KS] = core::array::from_fn(|ks| to_a::<T>(s[2 * ks], s[2 * ks + 1]));
             for f in pa.iter() {
                 for (e, w) in f.iter().enumerate() {

@@ -15,7 +15,7 @@ use crate::copy::{body_head_dim, by_element, load_tile_in, negate_own_chunks, st
 use crate::dev::{self, Shared, block, thread, warp};
 use crate::dtype::MmaElement;
 use crate::epilogue::{quad_store_lse, warp_stage_o};
-use crate::mask::{Mask, Window, kv_tiles};
+use crate::mask::{Mask, Window, kv_tiles, kv_unmasked};
 use crate::nonfinite::{own_chunks_nonfinite, warp_fix_stored_o, zero_own_nonfinite};
 use crate::params::FwdParams;
 use crate::smem::{LaneAddr, Layout};
@@ -192,9 +192,14 @@ unsafe fn fwd<
     let k_g = unsafe { (p.k as *const T).add(p.k_strides.offset(b, 0, h_kv) as usize) };
     let v_g = unsafe { (p.v as *const T).add(p.v_strides.offset(b, 0, h_kv) as usize) };
 
-    // Key tiles first..n_tiles (a window's left edge first), masked from n_unmasked on.
+    // Key tiles first..n_tiles (a window's left edge first), masked from n_unmasked on;
+    // with a window, masked outside from..n_unmasked (`mask::kv_unmasked`).
     let row_end = (row0 + br as u32).min(sq);
     let (n_tiles, first, n_unmasked) = kv_tiles::<M>(&p.pb, row0, row_end, BC as u32);
+    let (from, n_unmasked) = match M::WINDOW {
+        true => kv_unmasked::<M>(&p.pb, row0, row_end, BC as u32),
+        false => (first, n_unmasked),
+    };
 
     // Prologue: Q and the first K, V tile in flight.
     unsafe {
@@ -239,7 +244,7 @@ unsafe fn fwd<
         }
         // Masked tiles: this thread's chunks of V_j with their NaNs and infinities set to 0,
         // and the block told whether there were any (`nonfinite`).
-        let masked = j >= n_unmasked;
+        let masked = (M::WINDOW && j < from) || j >= n_unmasked;
         let bad_v = clean_v_vote::<T, D, BC>(v_s(j % 2), masked);
         if QREG && j == first {
             load_q_frag::<T, D, DK, MT>(q_s, q_addr, w, &mut q_frag);
@@ -317,8 +322,12 @@ fn fix_stored_o<T: MmaElement, M: Mask, const MT: usize, const BC: usize>(
     let BlockInfo { blk: q_blk, h, b } = BlockInfo::rows_per_head::<M>(sq.div_ceil(br as u32));
     let (h, b) = (thread::opaque(h as u64) as u32, thread::opaque(b as u64) as u32);
     let row0 = q_blk * br as u32;
-    let (n_tiles, _, n_unmasked) = kv_tiles::<M>(&p.pb, row0, (row0 + br as u32).min(sq), BC as u32);
-    let (n_tiles, c0) = (n_tiles as u32, (n_unmasked * BC) as u32);
+    let (n_tiles, first, n_unmasked) = kv_tiles::<M>(&p.pb, row0, (row0 + br as u32).min(sq), BC as u32);
+    // The masked tiles' keys, with a window all of them (its unmasked tiles among them
+    // change nothing: their V's NaNs and infinities are in O already, and adding one twice
+    // leaves O's NaN or infinity as it was).
+    let c0 = if M::WINDOW { first * BC } else { n_unmasked * BC };
+    let (n_tiles, c0) = (n_tiles as u32, c0 as u32);
     let v0 = p.v + 2 * p.v_strides.offset(b, 0, h / (p.pb.heads_q / p.pb.heads_kv));
     let o_g = p.o + 2 * p.o_strides.offset(b, 0, h);
     let lse_g = p.lse + 4 * p.lse_row(b, h);

@@ -16,7 +16,7 @@ use crate::copy::{body_head_dim, by_element, load_tile_in, negate_own_chunks};
 use crate::dev::{self, Shared, block, thread, warp, warpgroup};
 use crate::dtype::MmaElement;
 use crate::epilogue::{quad_store_lse, warp_stage_o, warp_store_staged};
-use crate::mask::{Mask, Window, kv_tiles};
+use crate::mask::{Mask, Window, kv_tiles, kv_unmasked};
 use crate::nonfinite::{add_nonfinite, own_chunks_nonfinite, row_at, zero_own_nonfinite};
 use crate::params::FwdParams;
 use crate::smem::Sw;
@@ -120,9 +120,15 @@ unsafe fn fwd<
     let k_g = unsafe { (p.k as *const T).add(p.k_strides.offset(b, 0, h_kv) as usize) };
     let v_g = unsafe { (p.v as *const T).add(p.v_strides.offset(b, 0, h_kv) as usize) };
 
-    // Key tiles first..n_tiles (a window's left edge first), masked from n_unmasked on.
+    // Key tiles first..n_tiles (a window's left edge first), masked from n_unmasked on;
+    // with a window, masked outside from..to, the tiles every row sees whole.
     let row_end = (row0 + br as u32).min(sq);
     let (n_tiles, first, n_unmasked) = kv_tiles::<M>(&p.pb, row0, row_end, BC as u32);
+    let (from, to) = kv_unmasked::<M>(&p.pb, row0, row_end, BC as u32);
+    let tile_masked = |j: usize| match M::WINDOW {
+        true => j < from || j >= to,
+        false => j >= n_unmasked,
+    };
     let tiles = Tiles::<T, D, WG, BC, PAD> { p, smem, q_s: smem.slice(0, br * D), br, q_g, k_g, v_g, d, sq, sk, row0 };
 
     // Copy groups: G_0 = {Q, K_0}, then G_j = {K_j, V_(j-1)} for j >= 1 (K_n does not
@@ -153,7 +159,6 @@ unsafe fn fwd<
     let f = Fwd::<T, M, D, WG, BC, NS, DN, KS, PAD> {
         tiles,
         n_tiles: &n_tiles,
-        n_unmasked: &n_unmasked,
         row_w: row0 + (wg * 64 + w * 16) as u32,
         q_off: wg * 64 * 64,
         r_warp: wg * 64 + w * 16,
@@ -173,25 +178,34 @@ unsafe fn fwd<
         warpgroup::fence();
         f.issue_s(first % 2, &mut acc_s);
         warpgroup::wait::<0, NS>(&mut acc_s);
-        let alpha = f.softmax(first, n_unmasked == first, &mut acc_s, &mut rows);
+        let alpha = f.softmax(first, tile_masked(first), &mut acc_s, &mut rows);
         f.rescale_and_pack(alpha, &acc_s, &mut acc_o, &mut pa);
-    }
-    // The unmasked iterations, then the masked ones (the causal diagonal, the seqlen_k edge).
-    // `masked` is a literal at each call, so the unmasked iterations carry no mask code.
-    let split = n_unmasked.clamp(first + 1, n_tiles.max(first + 1));
-    for j in first + 1..split {
-        f.step(j, false, &mut acc_s, &mut acc_o, &mut pa, &mut rows);
     }
     // Whether a masked tile's V held a NaN or an infinity (zeroed for the product, added back
     // after the loop).
     let mut bad_v = false;
+    // The unmasked iterations, then the masked ones (the causal diagonal, the seqlen_k edge);
+    // a window's masked tiles left of its unmasked ones first. `masked` is a literal at each
+    // call, so the unmasked iterations carry no mask code; the second flag is whether V_(j-1)
+    // is a masked tile's.
+    let (lead, split) = match M::WINDOW {
+        true => (from.clamp(first + 1, n_tiles.max(first + 1)), to.clamp(first + 1, n_tiles.max(first + 1))),
+        false => (first + 1, n_unmasked.clamp(first + 1, n_tiles.max(first + 1))),
+    };
+    let split = split.max(lead);
+    for j in first + 1..lead {
+        bad_v |= f.step(j, true, true, &mut acc_s, &mut acc_o, &mut pa, &mut rows);
+    }
+    for j in lead..split {
+        bad_v |= f.step(j, false, M::WINDOW && tile_masked(j - 1), &mut acc_s, &mut acc_o, &mut pa, &mut rows);
+    }
     for j in split..n_tiles {
-        bad_v |= f.step(j, true, &mut acc_s, &mut acc_o, &mut pa, &mut rows);
+        bad_v |= f.step(j, true, tile_masked(j - 1), &mut acc_s, &mut acc_o, &mut pa, &mut rows);
     }
     if n_tiles > first {
         // O += P_(n-1) V_(n-1).
         thread::cp_async_wait::<0>();
-        bad_v |= tiles.sync_v((n_tiles - 1) % 2, n_tiles > n_unmasked);
+        bad_v |= tiles.sync_v((n_tiles - 1) % 2, tile_masked(n_tiles - 1));
         warpgroup::fence_operands(&mut acc_o);
         warpgroup::fence_fragments(&mut pa);
         warpgroup::fence();
@@ -207,7 +221,10 @@ unsafe fn fwd<
     // wgmma read (all complete).
 
     if bad_v {
-        f.add_masked_nonfinite(&mut acc_o);
+        match M::WINDOW {
+            true => f.add_masked_nonfinite(&mut acc_o, first, (from, to)),
+            false => f.add_masked_nonfinite(&mut acc_o, n_unmasked, (0, 0)),
+        }
     }
     f.epilogue(&acc_o, &rows);
 }
@@ -358,11 +375,10 @@ struct Fwd<
     const PAD: bool,
 > {
     tiles: Tiles<'a, T, D, WG, BC, PAD>,
-    /// Key tiles any row of the block sees, and how many of them (the first) are unmasked.
-    /// By reference, as the closures that this struct replaced captured them: read from
-    /// values, LLVM narrows them differently (other PTX).
+    /// Key tiles any row of the block sees (the end of the loop). By reference, as the
+    /// closures that this struct replaced captured it: read from a value, LLVM narrows it
+    /// differently (other PTX).
     n_tiles: &'a usize,
-    n_unmasked: &'a usize,
     /// First query row of this warp; its warpgroup's 64 rows of Q (element offset); the
     /// warp's first row in the tile.
     row_w: u32,
@@ -469,12 +485,15 @@ impl<
     /// Block (wgmma by warpgroup): iteration j >= 1 of the KV loop: S_j = Q K_j, O +=
     /// P_(j-1) V_(j-1) with O first rescaled by tile j - 1's alpha, then tile j's softmax and
     /// P_j; `masked` is a literal at each call, so the unmasked iterations carry no mask code.
-    /// Returns whether V_(j-1) held a NaN or an infinity (masked tiles only).
+    /// With `v_masked` (tile j - 1 is masked) returns whether V_(j-1) held a NaN or an
+    /// infinity.
     #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
     fn step(
         &self,
         j: usize,
         masked: bool,
+        v_masked: bool,
         acc_s: &mut [[f32; 4]; NS],
         acc_o: &mut [[f32; 4]; DN],
         pa: &mut [[u32; 4]; KS],
@@ -491,7 +510,7 @@ impl<
         // G_j (K_j, V_(j-1)) landed, for every thread and for the async proxy (V_(j-1) checked
         // for NaNs and infinities if it is a masked tile).
         thread::cp_async_wait::<1>();
-        let bad_v = self.tiles.sync_v((j - 1) % 2, masked && j > *self.n_unmasked);
+        let bad_v = self.tiles.sync_v((j - 1) % 2, v_masked);
         // S_j = Q K_j, then O += P_(j-1) V_(j-1), then the softmax of tile j (FA3's
         // intra-warpgroup order; ptxas still waits for P V before the softmax, so the overlap
         // comes from the other blocks on the SM: see `tile::wgmma_tile`).
@@ -517,21 +536,23 @@ impl<
         bad_v
     }
 
-    /// Thread: the zeroed values of the masked tiles' V, back into the outputs of the rows
-    /// that see their keys (`nonfinite`).
+    /// Thread: the zeroed values of the masked tiles' V (tiles from `masked0` to the end
+    /// but for the unmasked ones of `hole`), back into the outputs of the rows that see their
+    /// keys (`nonfinite`).
     #[inline(always)]
-    fn add_masked_nonfinite(&self, acc_o: &mut [[f32; 4]; DN]) {
+    fn add_masked_nonfinite(&self, acc_o: &mut [[f32; 4]; DN], masked0: usize, hole: (usize, usize)) {
         let (p, sq, sk, g) = (self.tiles.p, self.tiles.sq, self.tiles.sk, self.g);
-        let c0 = (*self.n_unmasked * BC) as u32;
+        let c0 = (masked0 * BC) as u32;
+        let hole = (hole.0.saturating_sub(masked0) * BC, hole.1.saturating_sub(masked0) * BC);
         let v0 = unsafe { self.tiles.v_g.add((c0 as u64 * p.v_strides.row) as usize) };
         let r = self.row_w + g as u32;
         // SAFETY: rows below sk - c0 of V's slice.
         unsafe {
             add_nonfinite::<T, DN>(
                 acc_o,
-                (*self.n_tiles - *self.n_unmasked) * BC,
+                (*self.n_tiles - masked0) * BC,
                 self.tiles.d,
-                |k| row_at(v0, p.v_strides.row, sk - c0, k),
+                |k| if hole.0 <= k && k < hole.1 { None } else { row_at(v0, p.v_strides.row, sk - c0, k) },
                 |h, k| !Window::<M>::new(&p.pb).hidden(r + 8 * h as u32, c0 + k as u32, sq, sk),
             )
         };

@@ -6,8 +6,11 @@
 //! i + sk - sq - left <= j <= i + sk - sq + right, each side unbounded when not given) is the
 //! mask [`Windowed`] with the bounds of [`Window`], read from the launch parameters; with
 //! causal masking the right bound is 0. The windowed entries of every kernel take it
-//! (`with_window_mask!`); every tile of its key range is masked, the tiles outside it are never
-//! loaded ([`kv_tiles`] for the loops over keys, [`q_tiles`] for those over query rows).
+//! (`with_window_mask!`); the tiles outside its key range are never loaded ([`kv_tiles`] for
+//! the loops over keys, [`q_tiles`] for those over query rows), the tiles every row of a block
+//! sees whole run unmasked on the tensor-core paths ([`kv_unmasked`], and
+//! `nonfinite::dkdv_tile_masked` for the dK/dV loops), the others masked (every window tile
+//! on the SIMT path).
 
 use crate::params::{NO_WINDOW, Problem};
 use core::marker::PhantomData;
@@ -166,6 +169,20 @@ impl<M: Mask> Window<M> {
         (self.left != NO_WINDOW && off < -(self.left as i64)) || (self.right != NO_WINDOW && off > self.right as i64)
     }
 
+    /// Whether the window shows every key of `col0..=col_last` to every query row of
+    /// `row0..=row_last` (M's own mask and seqlen_k aside): the pair farthest left of the
+    /// diagonal (last row, first key) and the one farthest right (first row, last key) both
+    /// inside [-left, right].
+    #[inline(always)]
+    pub fn shows_block(self, row0: u32, row_last: u32, col0: u32, col_last: u32, sq: u32, sk: u32) -> bool {
+        if !M::WINDOW {
+            return true;
+        }
+        let diag = sk as i64 - sq as i64;
+        let (off_min, off_max) = (col0 as i64 - (row_last as i64 + diag), col_last as i64 - (row0 as i64 + diag));
+        (self.left == NO_WINDOW || off_min >= -(self.left as i64)) && (self.right == NO_WINDOW || off_max <= self.right as i64)
+    }
+
     /// Whether mask M or the window hides key `col` from query row `row`.
     #[inline(always)]
     pub fn hidden(self, row: u32, col: u32, sq: u32, sk: u32) -> bool {
@@ -217,8 +234,7 @@ impl<M: Mask> Window<M> {
 
 /// The query tiles (of `br` rows) a block of `keys` keys from `col0` runs, as (first, count):
 /// tiles `first..first + count` hold every query row that sees a key of the block (the dK/dV
-/// loop; with a window the tiles that cross its edges are masked:
-/// [`crate::nonfinite::dkdv_tile_masked`]).
+/// loop; which of them are masked: `nonfinite::dkdv_tile_masked`).
 #[inline(always)]
 pub fn q_tiles<M: Mask>(pb: &Problem, col0: u32, keys: u32, br: u32) -> (usize, usize) {
     let (sq, sk, win) = (pb.seqlen_q, pb.seqlen_k, Window::<M>::new(pb));
@@ -231,7 +247,8 @@ pub fn q_tiles<M: Mask>(pb: &Problem, col0: u32, keys: u32, br: u32) -> (usize, 
 
 /// The key tiles (of `bc` keys) a block of query rows `row0..row_end` runs, as
 /// (end, first, first masked): tiles `first..end` hold every key its rows see (from a
-/// window's left edge), and from the third on they need the mask (every tile of a window).
+/// window's left edge), and from the third on they need the mask (with a window, every tile:
+/// [`kv_unmasked`] has those a kernel can run unmasked).
 #[inline(always)]
 pub fn kv_tiles<M: Mask>(pb: &Problem, row0: u32, row_end: u32, bc: u32) -> (usize, usize, usize) {
     let (sq, sk, win) = (pb.seqlen_q, pb.seqlen_k, Window::<M>::new(pb));
@@ -252,11 +269,20 @@ pub fn kv_unmasked<M: Mask>(pb: &Problem, row0: u32, row_end: u32, bc: u32) -> (
     if !M::WINDOW || row_end <= row0 {
         return (first, n_unmasked);
     }
-    let (sq, sk, win) = (pb.seqlen_q, pb.seqlen_k, Window::<M>::new(pb));
-    let lo_max = win.cols(row_end - 1, sq, sk).0;
-    let hi_min = win.cols(row0, sq, sk).1;
-    let from = (lo_max.div_ceil(bc) as usize).clamp(first, n_tiles.max(first));
-    let to = ((hi_min / bc) as usize).clamp(from, n_tiles.max(from));
+    let (sq, sk, win) = (pb.seqlen_q as i64, pb.seqlen_k as i64, Window::<M>::new(pb));
+    // Keys lo.. are inside the left edge for the block's last row (and so for all of its
+    // rows), keys ..hi inside the right edge for its first row, and below seqlen_k.
+    let diag = sk - sq;
+    let lo = match win.left {
+        NO_WINDOW => 0,
+        left => (row_end as i64 - 1 + diag - left as i64).max(0),
+    };
+    let hi = match win.right {
+        NO_WINDOW => sk,
+        right => (row0 as i64 + diag + right as i64 + 1).clamp(0, sk),
+    };
+    let from = ((lo as u64).div_ceil(bc as u64) as usize).clamp(first, n_tiles.max(first));
+    let to = ((hi as u64 / bc as u64) as usize).clamp(from, n_tiles.max(from));
     (from, to)
 }
 

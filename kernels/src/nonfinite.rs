@@ -270,10 +270,8 @@ pub(crate) unsafe fn warp_fix_stored_o<T: Element, M: Mask>(
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn dkdv_tile_masked<M: Mask>(i0: u32, br: u32, j0: u32, sq: u32, sk: u32, dq: bool, win: Window<M>) -> bool {
-    // A window's rows see columns lo(i)..hi(i), both growing with i: the tile sees the whole
-    // block iff its last row's lo and its first row's hi enclose it.
     let edge = match M::WINDOW {
-        true => win.cols(i0 + br - 1, sq, sk).0 > j0 || win.cols(i0, sq, sk).1 < j0 + 64,
+        true => !win.shows_block(i0, i0 + br - 1, j0, j0 + 63, sq, sk),
         false => M::hides(i0, j0 + 63, sq, sk),
     };
     edge || i0 + br > sq || (dq && j0 + 64 > sk)

@@ -246,6 +246,49 @@ pub fn window_strategy(max_seqlen: usize) -> impl proptest::strategy::Strategy<V
     prop_oneof![1 => Just(Window::NONE), 1 => (side(), side()).prop_map(|(left, right)| Window { left, right })]
 }
 
+/// Sliding windows over sequences of several hundred keys, for the per-variant GPU trials:
+/// wide enough that for every tile size a block of query rows has key tiles its window's left
+/// edge crosses (masked), then tiles every row sees whole (unmasked), then tiles its right
+/// edge or the causal diagonal crosses (masked); causal and not, seqlen_q above and below
+/// seqlen_k. head_dim 0: the variant's.
+pub const WIDE_WINDOWS: [(AttnShape, bool, Window); 2] = [
+    (
+        AttnShape { batch: 1, seqlen_q: 640, seqlen_k: 700, heads_q: 2, heads_kv: 1, head_dim: 0 },
+        true,
+        Window { left: Some(500), right: None },
+    ),
+    (
+        AttnShape { batch: 1, seqlen_q: 600, seqlen_k: 520, heads_q: 2, heads_kv: 1, head_dim: 0 },
+        false,
+        Window { left: Some(200), right: Some(150) },
+    ),
+];
+
+/// NaN and infinities for [`WIDE_WINDOWS`] at head_dim `d`: sets of values in K and V at keys
+/// spread over the sequence (left of most rows' windows, inside them, right of them); with
+/// `backward` also in Q and dO.
+pub fn wide_window_plants(d: usize, backward: bool) -> Vec<Vec<nonfinite::Plant>> {
+    use nonfinite::{Input, Plant};
+    // Element (row, head 0, column 3 mod d) of a [1, rows, heads, d] input with 1 KV head
+    // (K, V) or 2 query heads (Q, dO).
+    let kv = |key: u64| key * d as u64 + 3 % d as u64;
+    let q = |row: u64| row * 2 * d as u64 + 5 % d as u64;
+    let mut sets = vec![
+        vec![Plant { input: Input::V, at: kv(40), value: f64::NAN }, Plant { input: Input::V, at: kv(300), value: f64::INFINITY }],
+        vec![
+            Plant { input: Input::K, at: kv(450), value: f64::NEG_INFINITY },
+            Plant { input: Input::V, at: kv(150), value: f64::NEG_INFINITY },
+        ],
+    ];
+    if backward {
+        sets.push(vec![
+            Plant { input: Input::Q, at: q(350), value: f64::NAN },
+            Plant { input: Input::DO, at: q(500), value: f64::INFINITY },
+        ]);
+    }
+    sets
+}
+
 /// A proptest strategy for forward cases whose problem size (b * hq * sq * sk * d) stays
 /// under `budget`, so the f64 reference stays cheap; head_dim up to 8 `max_d_units`.
 pub fn case_strategy(

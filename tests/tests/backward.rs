@@ -9,7 +9,8 @@
 use flashattn::kernels::registry::{BWD_VARIANTS, BwdFamily, Pass};
 use flashattn::{AttnShape, FlashAttn, Window};
 use flashattn_tests::{
-    BackendKind, Case, Dt, case_strategy, check_backward, check_backward_with, env_usize, gpu_trials, nonfinite, push_for_arch, shards,
+    BackendKind, Case, Dt, WIDE_WINDOWS, case_strategy, check_backward, check_backward_with, env_usize, gpu_trials, nonfinite,
+    push_for_arch, shards, wide_window_plants,
 };
 use libtest_mimic::{Arguments, Failed, Trial};
 use proptest::strategy::Strategy;
@@ -230,6 +231,27 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
             }),
         );
         push_for_arch(&mut trials, archs.as_deref(), &format!("{tag}::window{tail}::{name}"), v.arch(), trial);
+        // On the GPU, windows with tiles that run unmasked between masked ones, in both loops
+        // (`flashattn_tests::WIDE_WINDOWS`), then with NaN and infinities planted on both
+        // sides of them and in them.
+        if kind != BackendKind::Gpu {
+            continue;
+        }
+        let trial = mk(
+            format!("{tag}::window_wide{tail}::{name}"),
+            Box::new(move |fa| {
+                for (s, causal, window) in WIDE_WINDOWS {
+                    let case =
+                        Case { shape: AttnShape { head_dim: d, ..s }, causal, softmax_scale: None, dtype, seed: fresh_seed(), window };
+                    check_backward_with(fa, &case, false, Some(family), saved).map_err(Failed::from)?;
+                    for plants in wide_window_plants(d, true) {
+                        nonfinite::check_backward(fa, &case, &plants, Some(family), saved).map_err(Failed::from)?;
+                    }
+                }
+                Ok(())
+            }),
+        );
+        push_for_arch(&mut trials, archs.as_deref(), &format!("{tag}::window_wide{tail}::{name}"), v.arch(), trial);
     }
     let edges = [
         ("single_query_single_key", shape(1, 1, 1, 1, 1, 8), false),

@@ -7,7 +7,8 @@
 use flashattn::kernels::registry::FWD_VARIANTS;
 use flashattn::{AttnShape, FlashAttn, FwdOptions, Window};
 use flashattn_tests::{
-    BackendKind, Case, Dt, case_strategy, check_case, check_case_with, env_usize, gpu_trials, nonfinite, push_for_arch, shards,
+    BackendKind, Case, Dt, WIDE_WINDOWS, case_strategy, check_case, check_case_with, env_usize, gpu_trials, nonfinite, push_for_arch,
+    shards, wide_window_plants,
 };
 use libtest_mimic::{Arguments, Failed, Trial};
 use proptest::strategy::Strategy;
@@ -181,6 +182,28 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
             }),
         );
         push_for_arch(&mut trials, archs.as_deref(), &format!("{tag}::window::{name}"), v.arch(), trial);
+        // On the GPU, windows wide enough that a block's key tiles run masked left of the
+        // tiles every row sees whole (which run unmasked) and right of them, for every tile
+        // size; then with NaN and infinities planted in K and V on both sides of those tiles
+        // and in them (each one's rule checked element by element).
+        if kind != BackendKind::Gpu {
+            continue;
+        }
+        let trial = mk(
+            format!("{tag}::window_wide::{name}"),
+            Box::new(move |fa| {
+                for (s, causal, window) in WIDE_WINDOWS {
+                    let case =
+                        Case { shape: AttnShape { head_dim: d, ..s }, causal, softmax_scale: None, dtype, seed: fresh_seed(), window };
+                    check_case_with(fa, &case, Some(family)).map_err(Failed::from)?;
+                    for plants in wide_window_plants(d, false) {
+                        nonfinite::check_forward(fa, &case, &plants, Some(family)).map_err(Failed::from)?;
+                    }
+                }
+                Ok(())
+            }),
+        );
+        push_for_arch(&mut trials, archs.as_deref(), &format!("{tag}::window_wide::{name}"), v.arch(), trial);
     }
     // head_dims that are not multiples of 8 (rows not 16-byte aligned: element-wise loads and
     // stores), by every family with a variant for them.
