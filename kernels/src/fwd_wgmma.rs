@@ -22,6 +22,7 @@ use crate::params::FwdParams;
 use crate::smem::Sw;
 use crate::softmax::{Domain, RowState, normalize};
 use crate::tile::{Config, WgmmaTile};
+use crate::wg_tile::mask_frag;
 use core::marker::PhantomData;
 
 /// Entry body for one tile `C` (`tile::wgmma_tile`). Its const parameters are the tile's
@@ -439,19 +440,11 @@ impl<
         let c0 = (j * BC) as u32;
         // The window's bounds fresh each tile (`Window::opaque`).
         let win = Window::<M>::new(&self.tiles.p.pb).opaque();
+        mask_frag::<M, NS>(acc_s, c0, self.row_w, (g, t), (sq, sk), masked, f32::NEG_INFINITY, win);
         let mut s = [[[0f32; 2]; NS]; 2];
         for (n, a) in acc_s.iter().enumerate() {
             for e in 0..4 {
-                let half = e / 2;
-                let mut x = a[e];
-                if masked {
-                    let row = self.row_w + (g + 8 * half) as u32;
-                    let col = c0 + (n * 8 + 2 * t + e % 2) as u32;
-                    if col >= sk || win.hidden(row, col, sq, sk) {
-                        x = f32::NEG_INFINITY;
-                    }
-                }
-                s[half][n][e % 2] = x;
+                s[e / 2][n][e % 2] = a[e];
             }
         }
         let mut alpha = [1f32; 2];

@@ -46,7 +46,9 @@ pub(crate) fn add_pk<T: MmaElement, const N: usize, const KS: usize>(acc: &mut [
 
 /// Thread: `hidden` where its S fragment (rows row_w + g, + 8 of lane (g, t), N n-tiles of
 /// keys from c0) is hidden by the mask (with its window `win`) or by seqlen_k; one uniform
-/// branch (`masked`: true on the last tiles only, every tile of a window).
+/// branch (`masked`: true on the tiles a mask's edge or seqlen_k crosses). Each row's
+/// visible keys are one range (`Window::first_col`, `end_col`), taken as offsets from the
+/// lane's first column once per row: two compares an element.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn mask_frag<M: Mask, const N: usize>(
@@ -60,13 +62,68 @@ pub(crate) fn mask_frag<M: Mask, const N: usize>(
     win: Window<M>,
 ) {
     if masked {
-        for (n, x) in s.iter_mut().enumerate() {
-            for (e, x) in x.iter_mut().enumerate() {
-                let row = row_w + (g + 8 * (e / 2)) as u32;
-                let col = c0 + (n * 8 + 2 * t + e % 2) as u32;
-                if col >= sk || win.hidden(row, col, sq, sk) {
-                    *x = hidden;
+        for half in 0..2 {
+            let row = row_w + (g + 8 * half) as u32;
+            let base = c0 as i64 + 2 * t as i64;
+            // Keys lo..hi of the row, from the lane's column 0 of n-tile 0 (clamped just
+            // outside the fragment's 8N columns: i32 compares).
+            let span = 8 * N as i64 + 1;
+            let lo = (win.first_col(row, sq, sk) as i64 - base).clamp(-1, span) as i32;
+            let hi = (win.end_col(row + 1, sq, sk) as i64 - base).clamp(-1, span) as i32;
+            for (n, x) in s.iter_mut().enumerate() {
+                for e in 0..2 {
+                    let k = (n * 8 + e) as i32;
+                    if k < lo || k >= hi {
+                        x[2 * half + e] = hidden;
+                    }
                 }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mask::{Causal, NoMask, Windowed};
+    use crate::params::{NO_WINDOW, Problem};
+
+    /// `mask_frag` hides exactly the elements `Window::hidden` or seqlen_k hide, for every
+    /// lane, masks with and without a window, and tiles across both edges and past seqlen_k.
+    #[test]
+    fn mask_frag_hides_what_the_mask_hides() {
+        fn check<M: Mask>(pb: &Problem) {
+            let (sq, sk, win) = (pb.seqlen_q, pb.seqlen_k, Window::<M>::new(pb));
+            for row_w in (0..sq).step_by(16) {
+                for c0 in (0..sk + 8).step_by(24) {
+                    for lane in 0..32 {
+                        let (g, t) = (lane / 4, lane % 4);
+                        let mut s = [[1f32; 4]; 4];
+                        mask_frag::<M, 4>(&mut s, c0, row_w, (g, t), (sq, sk), true, -7.0, win);
+                        for (n, x) in s.iter().enumerate() {
+                            for (e, x) in x.iter().enumerate() {
+                                let (row, col) = (row_w + (g + 8 * (e / 2)) as u32, c0 + (n * 8 + 2 * t + e % 2) as u32);
+                                let hidden = col >= sk || win.hidden(row, col, sq, sk);
+                                assert_eq!(*x == -7.0, hidden, "sq {sq} sk {sk} row {row} col {col}");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        for (sq, sk) in [(40, 90), (90, 40), (64, 64)] {
+            let pb = |left, right, causal| Problem {
+                seqlen_q: sq,
+                seqlen_k: sk,
+                causal,
+                window_left: left,
+                window_right: right,
+                ..Problem::default()
+            };
+            check::<NoMask>(&pb(NO_WINDOW, NO_WINDOW, 0));
+            check::<Causal>(&pb(NO_WINDOW, NO_WINDOW, 1));
+            for (left, right) in [(0, 0), (13, NO_WINDOW), (NO_WINDOW, 7), (30, 2), (5, 0)] {
+                check::<Windowed>(&pb(left, right, 0));
             }
         }
     }
