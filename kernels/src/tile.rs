@@ -444,6 +444,9 @@ impl WgmmaTile {
 ///   392 / 439.
 /// - Two warpgroups, Bc = 128 ([`wgmma_tile_wg2`], one block per SM): d=128 337 / 384
 ///   against 375 / 406, d=64 244 / 279 against 310 / 326 (before the masked/unmasked split).
+/// - D = 256, two warpgroups, Bc = 32 (`wgmma_tile_wg2`'s launch, 244 registers, 128 KB, one
+///   block per SM): bf16 s = 512 causal 182 TFLOP/s against 190, s = 16k 415-422 against
+///   403-405 (the short causal rows lose, the long ones gain 3-5%).
 /// - D = 192 / 256 with Bc = 64: one block per SM (248-255 registers, 120 / 160 KB).
 /// - The O_lo epilogue's staging addresses kept live: Bc = 32 spilled 56 bytes (D = 192)
 ///   and 296-304 (D = 256).
