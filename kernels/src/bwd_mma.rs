@@ -602,8 +602,8 @@ unsafe fn dkdv_masked<
             b,
             h,
         };
-        // Masked tiles: a window's, the diagonal, the tile past seqlen_q, with DQ the block
-        // past seqlen_k.
+        // Masked tiles: those a window's edge crosses, the diagonal, the tile past seqlen_q,
+        // with DQ the block past seqlen_k.
         const { assert!(BLOCK_ROWS == 64) };
         let masked = dkdv_tile_masked::<M>(i0, BR as u32, j0, sq, sk, DQ, Window::<M>::new(&p.pb).opaque());
         if masked {

@@ -196,8 +196,8 @@ unsafe fn dkdv_masked<
             thread::cp_async_wait::<0>();
         }
         let (h, i0) = kb.tile_of(it);
-        // Masked tiles: a window's, the diagonal, the tile past seqlen_q, with DQ the block
-        // past seqlen_k (`nonfinite::dkdv_tile_masked`).
+        // Masked tiles: those a window's edge crosses, the diagonal, the tile past seqlen_q,
+        // with DQ the block past seqlen_k (`nonfinite::dkdv_tile_masked`).
         const { assert!(KEYS == 64) };
         let masked = dkdv_tile_masked::<M>(i0, BR as u32, kb.j0, kb.sq, kb.sk, DQ, Window::<M>::new(&kb.p.pb).opaque());
         // This tile's copies (and K, V) landed, for every thread and for the async proxy; on

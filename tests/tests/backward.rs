@@ -212,7 +212,8 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
         push_for_arch(&mut trials, archs.as_deref(), &format!("{tag}::variant{tail}::{name}"), v.arch(), trial);
         // Sliding windows, by the families that take them (the windowed entry of every pass):
         // key blocks whose first query tiles are skipped, query blocks whose first key tile is,
-        // every tile masked, rows that see no key (seqlen_q > seqlen_k), causal and not.
+        // the tiles its edges cross masked, rows that see no key (seqlen_q > seqlen_k), causal and
+        // not.
         if !v.family.takes_window() {
             continue;
         }
