@@ -32,7 +32,14 @@ fn bench_backward(c: &mut Criterion) {
                 // The family must run here (sm_90a kernels on compute capability 9.0 only); the
                 // forward is the automatic one (backward-only families are no forward family).
                 let archs = fa.archs();
-                match flashattn::select_bwd_variants(flashattn::kernels::dtype::DType::F16, d, &opts, &archs, false, false) {
+                match flashattn::select_bwd_variants(
+                    flashattn::kernels::dtype::DType::F16,
+                    d,
+                    &opts,
+                    &archs,
+                    false,
+                    flashattn::Entry::Plain,
+                ) {
                     Ok(vs) if vs.iter().all(|v| archs.contains(&v.arch())) => {}
                     Ok(_) => {
                         eprintln!("skipping {family}: this device cannot run its kernels");

@@ -33,11 +33,12 @@
 use crate::device::{FlashAttn, Launch, Tensor};
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
-use crate::forward::{AttnShape, Forward, FwdOutput, check_no_overlap, validate};
+use crate::forward::{AttnShape, Forward, FwdOutput, check_no_overlap, offset_views, validate, validate_varlen};
 use crate::options::BwdOptions;
+use crate::varlen::SeqLens;
 use crate::view::{AsView, Binds, View, ViewMut, check, row_align};
-use flashattn_kernels::params::BwdParams;
-use flashattn_kernels::registry::{Arch, BWD_FAMILIES, BwdFamily, BwdVariant, Pass, bwd_variant};
+use flashattn_kernels::params::{BwdParams, Strides, Varlen};
+use flashattn_kernels::registry::{Arch, BWD_FAMILIES, BwdFamily, BwdVariant, Entry, Pass, bwd_variant};
 
 /// What the backward pass returns, in the layouts of Q, K and V.
 #[derive(Debug)]
@@ -56,16 +57,16 @@ pub struct BwdOutput<T> {
 /// f16 and bf16 up to head_dim 128, else SIMT).
 ///
 /// `saved`: the forward's O residual is at hand (the families that use it then run their
-/// [`BwdFamily::passes`] for it). `windowed`: the forward had a sliding window (every pass
-/// then needs its windowed entry: [`BwdFamily::takes_window`]; the atomic families have none:
-/// named, they are [`Error::Unsupported`]).
+/// [`BwdFamily::passes`] for it). `entry`: the forward's (a sliding window, a variable-length
+/// batch: every pass then needs a kernel for it, [`BwdFamily::takes`]; the atomic families
+/// have none: named, they are [`Error::Unsupported`]).
 pub fn select_bwd_variants(
     dtype: flashattn_kernels::dtype::DType,
     head_dim: usize,
     opts: &BwdOptions,
     archs: &[Arch],
     saved: bool,
-    windowed: bool,
+    entry: Entry,
 ) -> Result<Vec<&'static BwdVariant>> {
     let d = head_dim as u32;
     let get = |family: BwdFamily| family.passes(saved).iter().map(|&pass| bwd_variant(family, pass, dtype, d)).collect::<Option<Vec<_>>>();
@@ -77,15 +78,19 @@ pub fn select_bwd_variants(
                 return Err(Error::NotDeterministic { family: name.into() });
             }
             let vs = get(family).ok_or_else(|| Error::NoVariant { family: name.into(), dtype: dtype.name(), head_dim })?;
-            if windowed && !family.takes_window() {
-                return Err(Error::Unsupported { what: "a sliding window in the backward family", value: name.into() });
+            if !family.takes(entry) {
+                let what = match entry {
+                    Entry::Varlen => "a variable-length batch in the backward family",
+                    _ => "a sliding window in the backward family",
+                };
+                return Err(Error::Unsupported { what, value: name.into() });
             }
             Ok(vs)
         }
         None => BWD_FAMILIES
             .iter()
             .filter(|f| f.auto && (f.deterministic || !opts.deterministic) && archs.contains(&f.arch))
-            .filter(|f| !windowed || f.family.takes_window())
+            .filter(|f| f.family.takes(entry))
             .find_map(|f| get(f.family))
             .ok_or_else(|| Error::NoVariant { family: "any".into(), dtype: dtype.name(), head_dim }),
     }
@@ -116,13 +121,22 @@ pub struct BwdBuffers<'a, T> {
     pub workspace: ViewMut<'a, f32>,
 }
 
-/// Workspace layout: the row statistics f32 [4][batch, heads_q, seqlen_q], then (the atomic
-/// families) the dQ accumulator f32 [batch, heads_q, seqlen_q, head_dim] from a 16-byte
-/// boundary.
-fn workspace_parts(shape: &AttnShape, atomic: bool) -> (usize, usize) {
-    let rows = shape.batch * shape.heads_q * shape.seqlen_q;
+/// Workspace layout: the row statistics f32 [4][batch, heads_q, seqlen_q] (a variable-length
+/// batch's [4][heads_q, total_q]), then (the atomic families) the dQ accumulator f32 [batch,
+/// heads_q, seqlen_q, head_dim] from a 16-byte boundary.
+fn workspace_parts(shape: &AttnShape, seqs: Option<&SeqLens>, atomic: bool) -> (usize, usize) {
+    let rows = shape.heads_q * seqs.map_or(shape.batch * shape.seqlen_q, |s| s.total_q());
     let stats = (4 * rows).next_multiple_of(4);
     (stats, if atomic { rows * shape.head_dim } else { 0 })
+}
+
+/// The statistics' strides in the workspace (`BwdParams::stats_strides`, `stats_plane`).
+fn stats_layout(shape: &AttnShape, seqs: Option<&SeqLens>) -> (Strides, u64) {
+    let (hq, sq) = (shape.heads_q as u64, shape.seqlen_q as u64);
+    match seqs {
+        None => (Strides { batch: hq * sq, row: 1, head: sq }, shape.batch as u64 * hq * sq),
+        Some(s) => (Strides { batch: 0, row: 1, head: s.total_q() as u64 }, hq * s.total_q() as u64),
+    }
 }
 
 impl FlashAttn {
@@ -140,9 +154,8 @@ impl FlashAttn {
         opts: &BwdOptions,
     ) -> Result<BwdOutput<T>> {
         let record = fwd.record().ok_or(Error::NoForward)?;
-        let shape = record.shape;
-        let mut out =
-            BwdOutput { dq: self.alloc(&shape.q_shape())?, dk: self.alloc(&shape.kv_shape())?, dv: self.alloc(&shape.kv_shape())? };
+        let (qs, kvs, _) = record.shape.shapes(record.seqs.as_ref());
+        let mut out = BwdOutput { dq: self.alloc(&qs)?, dk: self.alloc(&kvs)?, dv: self.alloc(&kvs)? };
         self.backward_into(q, k, v, fwd, d_o, opts, &mut out)?;
         Ok(out)
     }
@@ -181,8 +194,9 @@ impl FlashAttn {
     /// Elements of the f32 workspace [`FlashAttn::backward_into_views`] needs for the
     /// backward of `fwd` with `opts` on this device.
     pub fn backward_workspace_len<T: Dtype>(&self, fwd: &Forward, opts: &BwdOptions) -> Result<usize> {
-        let passes = select_bwd_variants(T::DTYPE, fwd.shape.head_dim, opts, &self.archs(), fwd.residual, !fwd.attention.window.is_none())?;
-        let (stats, accum) = workspace_parts(&fwd.shape, passes.iter().any(|v| v.pass == Pass::Dkdvq));
+        let entry = Entry::of(!fwd.attention.window.is_none(), fwd.seqs.is_some());
+        let passes = select_bwd_variants(T::DTYPE, fwd.shape.head_dim, opts, &self.archs(), fwd.residual, entry)?;
+        let (stats, accum) = workspace_parts(&fwd.shape, fwd.seqs.as_ref(), passes.iter().any(|v| v.pass == Pass::Dkdvq));
         Ok(stats + accum)
     }
 
@@ -198,11 +212,20 @@ impl FlashAttn {
         opts: &BwdOptions,
     ) -> Result<()> {
         let attention = fwd.attention;
-        let shape = validate(inputs.q.shape(), inputs.k.shape(), inputs.v.shape(), &attention)?;
+        let seqs = fwd.seqs.as_ref();
+        let shape = match seqs {
+            None => validate(inputs.q.shape(), inputs.k.shape(), inputs.v.shape(), &attention)?,
+            Some(s) => validate_varlen(inputs.q.shape(), inputs.k.shape(), inputs.v.shape(), s, &attention)?,
+        };
         if shape != fwd.shape {
             return Err(Error::NotForwardInput { tensor: "q" });
         }
-        let (qs, kvs, ls) = (shape.q_shape(), shape.kv_shape(), shape.lse_shape());
+        if seqs.is_some_and(|s| s.has_seqused_k()) {
+            // The keys past seqused_k would need dK = dV = 0 written: not yet.
+            return Err(Error::Unsupported { what: "the backward of a variable-length batch with seqused_k", value: "seqused_k".into() });
+        }
+        let (qs, kvs, ls) = shape.shapes(seqs);
+        let offset_views = seqs.map(offset_views);
         let align = row_align(shape.head_dim, std::mem::size_of::<T>());
         let BwdInputs { q, k, v, o, lse, o_lo, d_o } = inputs;
         let BwdBuffers { dq, dk, dv, workspace } = out;
@@ -235,13 +258,13 @@ impl FlashAttn {
         }
         let bdo = bind!("d_o", d_o, &qs, align);
         let archs = self.archs();
-        let windowed = !attention.window.is_none();
-        let passes = select_bwd_variants(T::DTYPE, shape.head_dim, opts, &archs, bo_lo.is_some(), windowed)?;
+        let entry = Entry::of(!attention.window.is_none(), seqs.is_some());
+        let passes = select_bwd_variants(T::DTYPE, shape.head_dim, opts, &archs, bo_lo.is_some(), entry)?;
         if let Some(v) = passes.iter().find(|v| !archs.contains(&v.arch())) {
             return Err(Error::UnsupportedDevice { kernel: v.name, needs: v.arch(), device: self.device_name() });
         }
         let atomic = passes.iter().any(|v| v.pass == Pass::Dkdvq);
-        let (n_stats, n_accum) = workspace_parts(&shape, atomic);
+        let (n_stats, n_accum) = workspace_parts(&shape, seqs, atomic);
         let bdq = self.bind_mut(&mut binds, "dq", dq)?;
         let (bdk, bdv) = (self.bind_mut(&mut binds, "dk", dk)?, self.bind_mut(&mut binds, "dv", dv)?);
         check(&bdq, &qs, align, true)?;
@@ -256,6 +279,11 @@ impl FlashAttn {
             &[&bdq, &bdk, &bdv, &bws],
             &[&bq, &bk, &bv, &bo, &blse, &bdo].into_iter().chain(bo_lo.as_ref()).collect::<Vec<_>>(),
         )?;
+        let offsets = match (&offset_views, seqs) {
+            (Some(views), Some(seqs)) => Some(self.bind_offsets(&mut binds, views, seqs)?),
+            _ => None,
+        };
+        let (stats_strides, stats_plane) = stats_layout(&shape, seqs);
 
         let d = shape.head_dim as u32;
         let stats = bws.addr();
@@ -282,10 +310,17 @@ impl FlashAttn {
             dk_strides: bdk.strides4(),
             dv_strides: bdv.strides4(),
             lse_strides: blse.lse_strides(),
-            pb: shape.problem(&attention),
+            stats_strides,
+            stats_plane,
+            varlen: offsets.as_ref().map_or(Varlen::default(), |o| o.params),
+            pb: shape.problem(&attention, seqs.is_some()),
         };
-        let regions: Vec<_> =
-            [&bq, &bk, &bv, &bo, &bdo, &blse, &bdq, &bdk, &bdv, &bws].into_iter().chain(bo_lo.as_ref()).map(|b| b.region()).collect();
+        let regions: Vec<_> = [&bq, &bk, &bv, &bo, &bdo, &blse, &bdq, &bdk, &bdv, &bws]
+            .into_iter()
+            .chain(bo_lo.as_ref())
+            .chain(offsets.iter().flat_map(|o| o.bound.iter()))
+            .map(|b| b.region())
+            .collect();
         // Query-side passes over query tiles of each query head; dK/dV over key tiles of each
         // KV head.
         let (sq, sk) = (shape.seqlen_q as u32, shape.seqlen_k as u32);
@@ -300,9 +335,10 @@ impl FlashAttn {
                 })?;
                 let grid = if v.pass.over_keys() { (sk.div_ceil(l.rows), hkv, b) } else { (sq.div_ceil(l.rows), hq, b) };
                 // The selection took only variants with an entry for this launch.
-                let (name, emulate) = v
-                    .entry(windowed)
-                    .ok_or(Error::Unsupported { what: "a sliding window in the backward family", value: v.family.name().into() })?;
+                let (name, emulate) = v.entry(entry).ok_or(Error::Unsupported {
+                    what: "a sliding window or a variable-length batch in the backward family",
+                    value: v.family.name().into(),
+                })?;
                 Ok(Launch { name, arch: v.arch(), grid, threads: l.threads, smem: l.smem_bytes as usize, emulate })
             })
             .collect::<Result<Vec<Launch<BwdParams>>>>()?;

@@ -207,6 +207,11 @@ impl FlashAttn {
 
     /// Copies `data` to the device as a tensor of `shape` (row-major, last dimension contiguous).
     pub fn upload<T: Dtype>(&self, data: &[T], shape: &[usize]) -> Result<Tensor<T>> {
+        self.upload_plain(data, shape)
+    }
+
+    /// [`FlashAttn::upload`] for any plain element type (the offsets of a variable-length batch).
+    pub(crate) fn upload_plain<T: cudarc::driver::DeviceRepr + Copy>(&self, data: &[T], shape: &[usize]) -> Result<Tensor<T>> {
         let n: usize = shape.iter().product();
         if data.len() != n {
             return Err(Error::HostLength { expected: n, got: data.len() });

@@ -236,6 +236,17 @@ pub enum Error {
         /// The value given.
         value: String,
     },
+    /// A variable-length batch's offsets or lengths are inconsistent (`crate::SeqLens`).
+    SeqLens {
+        /// Which list (`cu_seqlens_q`, `cu_seqlens_k`, `seqused_k`).
+        what: &'static str,
+        /// The entry at fault.
+        index: usize,
+        /// Its value.
+        value: u64,
+        /// What it must be.
+        why: String,
+    },
     /// The launch needs more shared memory per block than the device allows.
     SharedMemory {
         /// The kernel.
@@ -320,6 +331,7 @@ impl std::fmt::Display for Error {
                 write!(f, "backward kernel family `{family}` is not bitwise deterministic (atomic adds), but deterministic was requested")
             }
             Error::Unsupported { what, value } => write!(f, "{what} is not implemented yet (given {value})"),
+            Error::SeqLens { what, index, value, why } => write!(f, "{what}[{index}] is {value}: {why}"),
             Error::SharedMemory { kernel, needed, available } => {
                 write!(f, "kernel {kernel} needs {needed} bytes of shared memory per block; the device allows {available}")
             }

@@ -4,9 +4,10 @@ use crate::device::{FlashAttn, Launch, Tensor};
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
 use crate::options::{Attention, FwdOptions};
-use crate::view::{AsView, Binds, Bound, ViewId, ViewMut, check, overlap, row_align};
-use flashattn_kernels::params::{FwdParams, NO_WINDOW, Problem, Strides};
-use flashattn_kernels::registry::{Arch, FWD_FAMILIES, FwdFamily, FwdVariant, fwd_variant};
+use crate::varlen::SeqLens;
+use crate::view::{AsView, Binds, Bound, View, ViewId, ViewMut, check, overlap, row_align};
+use flashattn_kernels::params::{FwdParams, NO_WINDOW, Problem, Strides, Varlen};
+use flashattn_kernels::registry::{Arch, Entry, FWD_FAMILIES, FwdFamily, FwdVariant, fwd_variant};
 
 /// The problem's dimensions, as validated from Q and K.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,8 +42,10 @@ impl AttnShape {
         Strides::contiguous(self.seqlen_k as u64, self.heads_kv as u64, self.head_dim as u64)
     }
     /// The problem as the kernels read it (`params::Problem`): these sizes (validated to fit
-    /// u32), `attention`'s scale (its default from the true head_dim) and mask.
-    pub fn problem(&self, attention: &Attention) -> Problem {
+    /// u32), `attention`'s scale (its default from the true head_dim) and mask. `varlen`:
+    /// for the kernels' variable-length entries (`mask::Windowed` whatever the window), where
+    /// causal masking is the window's right side 0.
+    pub fn problem(&self, attention: &Attention, varlen: bool) -> Problem {
         Problem {
             batch: self.batch as u32,
             heads_q: self.heads_q as u32,
@@ -55,11 +58,24 @@ impl AttnShape {
             // A bound past every sequence (u32::MAX included) is no bound; with causal
             // masking the right side is 0 (the masks' intersection).
             window_left: attention.window.left.unwrap_or(NO_WINDOW),
-            window_right: match attention.window.is_none() {
+            window_right: match attention.window.is_none() && !varlen {
                 true => NO_WINDOW,
                 false if attention.causal => 0,
                 false => attention.window.right.unwrap_or(NO_WINDOW),
             },
+        }
+    }
+    /// Shapes of Q (and O, dO, dQ), K (V, dK, dV) and LSE: [batch, seqlen, heads, head_dim]
+    /// and [batch, heads_q, seqlen_q], or a variable-length batch's packed [total, heads,
+    /// head_dim] and [heads_q, total_q].
+    pub fn shapes(&self, seqs: Option<&SeqLens>) -> (Vec<usize>, Vec<usize>, Vec<usize>) {
+        match seqs {
+            None => (self.q_shape().to_vec(), self.kv_shape().to_vec(), self.lse_shape().to_vec()),
+            Some(s) => (
+                s.q_shape(self.heads_q, self.head_dim).to_vec(),
+                s.kv_shape(self.heads_kv, self.head_dim).to_vec(),
+                s.lse_shape(self.heads_q).to_vec(),
+            ),
         }
     }
     /// FLOPs of the forward pass: 4 * b * h * sq * sk * d, halved when causal (the FA papers' count).
@@ -144,6 +160,26 @@ pub fn validate(q: &[usize], k: &[usize], v: &[usize], attention: &Attention) ->
     Ok(shape)
 }
 
+/// Checks a variable-length batch's packed Q [total_q, heads_q, head_dim], K and V [total_k,
+/// heads_kv, head_dim] against its sequences `seqs`, and the options; returns the problem's
+/// dimensions with the longest sequences as seqlen_q and seqlen_k (the grid's).
+pub fn validate_varlen(q: &[usize], k: &[usize], v: &[usize], seqs: &SeqLens, attention: &Attention) -> Result<AttnShape> {
+    for (tensor, s) in [("q", q), ("k", k), ("v", v)] {
+        if s.len() != 3 {
+            return Err(Error::Rank { tensor, shape: s.to_vec(), expected: 3 });
+        }
+    }
+    for (tensor, s, rows) in [("q", q, seqs.total_q()), ("k", k, seqs.total_k()), ("v", v, seqs.total_k())] {
+        if s[0] != rows {
+            return Err(Error::InputShape { tensor, expected: vec![rows, s[1], s[2]], got: s.to_vec() });
+        }
+    }
+    // The rest as for a batch of equal lengths, the longest ones.
+    let (b, mq, mk) = (seqs.batch(), seqs.max_seqlen_q(), seqs.max_seqlen_k());
+    let shape = validate(&[b, mq.max(1), q[1], q[2]], &[b, mk.max(1), k[1], k[2]], &[b, mk.max(1), v[1], v[2]], attention)?;
+    Ok(AttnShape { seqlen_q: mq, seqlen_k: mk, ..shape })
+}
+
 /// What the forward pass returns, and what its backward needs: O, LSE, O's residual when
 /// it was saved, and a record of the forward that wrote them (its attention, its inputs).
 /// [`FlashAttn::backward`] takes the attention from here, so it is always the forward's.
@@ -165,6 +201,8 @@ pub struct Forward {
     pub(crate) outputs: [Option<ViewId>; 3],
     /// Whether it wrote O's residual.
     pub(crate) residual: bool,
+    /// A variable-length batch's sequences.
+    pub(crate) seqs: Option<SeqLens>,
 }
 
 impl Forward {
@@ -179,6 +217,10 @@ impl Forward {
     /// Whether it wrote O's residual (O_lo).
     pub fn residual(&self) -> bool {
         self.residual
+    }
+    /// The sequences of a variable-length batch (`None` for equal lengths).
+    pub fn seqlens(&self) -> Option<&SeqLens> {
+        self.seqs.as_ref()
     }
 }
 
@@ -249,17 +291,34 @@ pub fn select_variant(
     opts: &FwdOptions,
     archs: &[Arch],
 ) -> Result<&'static FwdVariant> {
+    select_variant_for(dtype, head_dim, opts, archs, Entry::Plain)
+}
+
+/// As [`select_variant`], for a launch that takes entry `entry` (a sliding window, a
+/// variable-length batch): automatic selection skips the variants without it; a named
+/// family's variant without it is [`Error::Unsupported`].
+pub fn select_variant_for(
+    dtype: flashattn_kernels::dtype::DType,
+    head_dim: usize,
+    opts: &FwdOptions,
+    archs: &[Arch],
+    entry: Entry,
+) -> Result<&'static FwdVariant> {
     let d = head_dim as u32;
     match opts.kernel {
         Some(name) => {
             let family = FwdFamily::from_name(name)
                 .ok_or_else(|| Error::UnknownKernel { name: name.into(), available: FWD_FAMILIES.iter().map(|f| f.name).collect() })?;
-            fwd_variant(family, dtype, d).ok_or_else(|| Error::NoVariant { family: name.into(), dtype: dtype.name(), head_dim })
+            let v = fwd_variant(family, dtype, d).ok_or_else(|| Error::NoVariant { family: name.into(), dtype: dtype.name(), head_dim })?;
+            match v.entry(entry) {
+                Some(_) => Ok(v),
+                None => Err(Error::Unsupported { what: "a variable-length batch in the forward variant", value: v.name.into() }),
+            }
         }
         None => FWD_FAMILIES
             .iter()
             .filter(|f| f.auto && archs.contains(&f.arch))
-            .find_map(|f| fwd_variant(f.family, dtype, d))
+            .find_map(|f| fwd_variant(f.family, dtype, d).filter(|v| v.entry(entry).is_some()))
             .ok_or_else(|| Error::NoVariant { family: "any".into(), dtype: dtype.name(), head_dim }),
     }
 }
@@ -267,9 +326,15 @@ pub fn select_variant(
 impl FlashAttn {
     /// The variant [`select_variant`] picks for this device; a named one this device cannot
     /// run (an sm_90a kernel off compute capability 9.0) is [`Error::UnsupportedDevice`].
-    fn fwd_variant_for(&self, dtype: flashattn_kernels::dtype::DType, head_dim: usize, opts: &FwdOptions) -> Result<&'static FwdVariant> {
+    fn fwd_variant_for(
+        &self,
+        dtype: flashattn_kernels::dtype::DType,
+        head_dim: usize,
+        opts: &FwdOptions,
+        entry: Entry,
+    ) -> Result<&'static FwdVariant> {
         let archs = self.archs();
-        let variant = select_variant(dtype, head_dim, opts, &archs)?;
+        let variant = select_variant_for(dtype, head_dim, opts, &archs, entry)?;
         if !archs.contains(&variant.arch()) {
             return Err(Error::UnsupportedDevice { kernel: variant.name, needs: variant.arch(), device: self.device_name() });
         }
@@ -287,16 +352,51 @@ impl FlashAttn {
         attention: &Attention,
         opts: &FwdOptions,
     ) -> Result<FwdOutput<T>> {
-        let shape = validate(q.as_view().shape(), k.as_view().shape(), v.as_view().shape(), attention)?;
-        let variant = self.fwd_variant_for(T::DTYPE, shape.head_dim, opts)?;
-        let o = self.alloc::<T>(&shape.q_shape())?;
-        let lse = self.alloc::<f32>(&shape.lse_shape())?;
+        self.forward_alloc(q, k, v, None, attention, opts)
+    }
+
+    /// Attention forward over a variable-length batch (`seqs`, from [`FlashAttn::seqlens`]):
+    /// Q packed as [total_q, heads_q, head_dim], K and V as [total_k, heads_kv, head_dim]; O
+    /// is packed as Q, LSE is [heads_q, total_q]. Each sequence attends to its own keys,
+    /// masks aligned to its own lengths (any [`crate::Window`], causal or not), on the
+    /// kernels' variable-length entries; the output records `seqs` for [`FlashAttn::backward`].
+    pub fn forward_varlen<T: Dtype>(
+        &self,
+        q: &impl AsView<T>,
+        k: &impl AsView<T>,
+        v: &impl AsView<T>,
+        seqs: &SeqLens,
+        attention: &Attention,
+        opts: &FwdOptions,
+    ) -> Result<FwdOutput<T>> {
+        self.forward_alloc(q, k, v, Some(seqs), attention, opts)
+    }
+
+    /// [`FlashAttn::forward`] or [`FlashAttn::forward_varlen`]: allocates the outputs, runs.
+    fn forward_alloc<T: Dtype>(
+        &self,
+        q: &impl AsView<T>,
+        k: &impl AsView<T>,
+        v: &impl AsView<T>,
+        seqs: Option<&SeqLens>,
+        attention: &Attention,
+        opts: &FwdOptions,
+    ) -> Result<FwdOutput<T>> {
+        let (qv, kv, vv) = (q.as_view(), k.as_view(), v.as_view());
+        let shape = match seqs {
+            None => validate(qv.shape(), kv.shape(), vv.shape(), attention)?,
+            Some(s) => validate_varlen(qv.shape(), kv.shape(), vv.shape(), s, attention)?,
+        };
+        let variant = self.fwd_variant_for(T::DTYPE, shape.head_dim, opts, Entry::of(!attention.window.is_none(), seqs.is_some()))?;
+        let (qs, _, ls) = shape.shapes(seqs);
+        let o = self.alloc::<T>(&qs)?;
+        let lse = self.alloc::<f32>(&ls)?;
         let o_lo = match opts.save_residual && variant.family.desc().writes_residual {
-            true => Some(self.alloc::<T>(&shape.q_shape())?),
+            true => Some(self.alloc::<T>(&qs)?),
             false => None,
         };
         let mut out = FwdOutput::from_buffers(o, lse, o_lo);
-        self.forward_into(q, k, v, attention, opts, &mut out)?;
+        self.forward_into_seqs(q, k, v, seqs, attention, opts, &mut out)?;
         Ok(out)
     }
 
@@ -312,11 +412,41 @@ impl FlashAttn {
         opts: &FwdOptions,
         out: &mut FwdOutput<T>,
     ) -> Result<()> {
+        self.forward_into_seqs(q, k, v, None, attention, opts, out)
+    }
+
+    /// As [`FlashAttn::forward_varlen`], writing into the buffers of `out`: O packed as Q,
+    /// LSE [heads_q, total_q] (and O_lo as [`FlashAttn::forward_into`] says).
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_varlen_into<T: Dtype>(
+        &self,
+        q: &impl AsView<T>,
+        k: &impl AsView<T>,
+        v: &impl AsView<T>,
+        seqs: &SeqLens,
+        attention: &Attention,
+        opts: &FwdOptions,
+        out: &mut FwdOutput<T>,
+    ) -> Result<()> {
+        self.forward_into_seqs(q, k, v, Some(seqs), attention, opts, out)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn forward_into_seqs<T: Dtype>(
+        &self,
+        q: &impl AsView<T>,
+        k: &impl AsView<T>,
+        v: &impl AsView<T>,
+        seqs: Option<&SeqLens>,
+        attention: &Attention,
+        opts: &FwdOptions,
+        out: &mut FwdOutput<T>,
+    ) -> Result<()> {
         let prev = out.written.take();
         let FwdOutput { o, lse, o_lo, .. } = out;
         let mut bufs = FwdBuffers { o: o.view_mut(), lse: lse.view_mut(), o_lo: o_lo.as_mut().map(|t| t.view_mut()) };
         let mut launched = false;
-        match self.forward_views(q, k, v, attention, opts, &mut bufs, &mut launched) {
+        match self.forward_views(q, k, v, seqs, attention, opts, &mut bufs, &mut launched) {
             Ok(record) => out.written = Some(record),
             Err(e) => {
                 if !launched {
@@ -340,7 +470,7 @@ impl FlashAttn {
         opts: &FwdOptions,
         out: &mut FwdBuffers<'_, T>,
     ) -> Result<Forward> {
-        self.forward_views(q, k, v, attention, opts, out, &mut false)
+        self.forward_views(q, k, v, None, attention, opts, out, &mut false)
     }
 
     /// The forward: every check, then the launch (`launched` set when the buffers may change).
@@ -350,20 +480,25 @@ impl FlashAttn {
         q: &impl AsView<T>,
         k: &impl AsView<T>,
         v: &impl AsView<T>,
+        seqs: Option<&SeqLens>,
         attention: &Attention,
         opts: &FwdOptions,
         out: &mut FwdBuffers<'_, T>,
         launched: &mut bool,
     ) -> Result<Forward> {
         let (q, k, v) = (q.as_view(), k.as_view(), v.as_view());
-        let shape = validate(q.shape(), k.shape(), v.shape(), attention)?;
-        let variant = self.fwd_variant_for(T::DTYPE, shape.head_dim, opts)?;
+        let shape = match seqs {
+            None => validate(q.shape(), k.shape(), v.shape(), attention)?,
+            Some(s) => validate_varlen(q.shape(), k.shape(), v.shape(), s, attention)?,
+        };
+        let variant = self.fwd_variant_for(T::DTYPE, shape.head_dim, opts, Entry::of(!attention.window.is_none(), seqs.is_some()))?;
         let residual = opts.save_residual && variant.family.desc().writes_residual;
         if residual && out.o_lo.is_none() {
             return Err(Error::MissingOutput { tensor: "o_lo", why: "save_residual is set and the selected forward kernel writes it" });
         }
-        let (qs, kvs, ls) = (shape.q_shape(), shape.kv_shape(), shape.lse_shape());
+        let (qs, kvs, ls) = shape.shapes(seqs);
         let align = row_align(shape.head_dim, std::mem::size_of::<T>());
+        let offset_views = seqs.map(offset_views);
         let FwdBuffers { o, lse, o_lo } = out;
         let o_lo = o_lo.as_mut().filter(|_| residual);
         // Each memory bound once for the call, mutably where an output writes it; the binds
@@ -391,6 +526,10 @@ impl FlashAttn {
         };
         let outputs: Vec<&Bound<'_>> = [Some(&bo), Some(&blse), bo_lo.as_ref()].into_iter().flatten().collect();
         check_no_overlap(&outputs, &[&bq, &bk, &bv])?;
+        let offsets = match (&offset_views, seqs) {
+            (Some(views), Some(seqs)) => Some(self.bind_offsets(&mut binds, views, seqs)?),
+            _ => None,
+        };
 
         let l = variant.launch(shape.head_dim as u32).ok_or_else(|| Error::NoVariant {
             family: variant.family.name().into(),
@@ -409,11 +548,20 @@ impl FlashAttn {
             v_strides: bv.strides4(),
             o_strides: bo.strides4(),
             lse_strides: blse.lse_strides(),
-            pb: shape.problem(attention),
+            varlen: offsets.as_ref().map_or(Varlen::default(), |o| o.params),
+            pb: shape.problem(attention, seqs.is_some()),
         };
-        let regions: Vec<_> = [&bq, &bk, &bv, &bo, &blse].into_iter().chain(bo_lo.as_ref()).map(|b| b.region()).collect();
-        // The variant's entry with a sliding window, or without (`FwdVariant::window_name`).
-        let (name, emulate) = variant.entry(params.pb.windowed());
+        let regions: Vec<_> = [&bq, &bk, &bv, &bo, &blse]
+            .into_iter()
+            .chain(bo_lo.as_ref())
+            .chain(offsets.iter().flat_map(|o| o.bound.iter()))
+            .map(|b| b.region())
+            .collect();
+        // The variant's entry for a sliding window, a variable-length batch, or neither.
+        let (name, emulate) = variant.entry(Entry::of(params.pb.windowed(), seqs.is_some())).ok_or_else(|| Error::Unsupported {
+            what: "a variable-length batch in the forward family",
+            value: variant.family.name().into(),
+        })?;
         let launch = Launch {
             name,
             arch: variant.arch(),
@@ -432,6 +580,7 @@ impl FlashAttn {
             inputs: [bq.id(), bk.id(), bv.id()],
             outputs: [Some(bo.id()), Some(blse.id()), bo_lo.as_ref().map(|b| b.id())],
             residual,
+            seqs: seqs.cloned(),
         })
     }
 }
@@ -446,4 +595,41 @@ pub(crate) fn check_no_overlap(outputs: &[&Bound<'_>], inputs: &[&Bound<'_>]) ->
         }
     }
     Ok(())
+}
+
+/// Views of a variable-length batch's device offsets (cu_seqlens_q, cu_seqlens_k, seqused_k).
+pub(crate) fn offset_views(seqs: &SeqLens) -> (View<'_, u32>, View<'_, u32>, Option<View<'_, u32>>) {
+    let (q, k, u) = seqs.tensors();
+    (q.view(), k.view(), u.map(|t| t.view()))
+}
+
+/// A variable-length batch's offsets, bound for one call: the kernels' `params::Varlen` and
+/// the bound memories (for the emulator's regions).
+pub(crate) struct BoundOffsets<'s> {
+    pub(crate) params: Varlen,
+    pub(crate) bound: Vec<Bound<'s>>,
+}
+
+impl FlashAttn {
+    /// Binds the offsets' views (read only) for a call of `seqs`' batch.
+    pub(crate) fn bind_offsets<'s>(
+        &'s self,
+        binds: &mut Binds<'s>,
+        (q, k, u): &'s (View<'_, u32>, View<'_, u32>, Option<View<'_, u32>>),
+        seqs: &SeqLens,
+    ) -> Result<BoundOffsets<'s>> {
+        let (bq, bk) = (self.bind(binds, "cu_seqlens_q", q)?, self.bind(binds, "cu_seqlens_k", k)?);
+        let bu = match u {
+            Some(u) => Some(self.bind(binds, "seqused_k", u)?),
+            None => None,
+        };
+        let params = Varlen {
+            cu_q: bq.addr(),
+            cu_k: bk.addr(),
+            used_k: bu.as_ref().map_or(0, |b| b.addr()),
+            total_q: seqs.total_q() as u32,
+            total_k: seqs.total_k() as u32,
+        };
+        Ok(BoundOffsets { params, bound: [Some(bq), Some(bk), bu].into_iter().flatten().collect() })
+    }
 }

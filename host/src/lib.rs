@@ -36,6 +36,7 @@ pub mod reference;
 #[doc(hidden)]
 pub mod rng;
 mod timing;
+mod varlen;
 mod view;
 
 pub use backward::{BwdBuffers, BwdInputs, BwdOutput, select_bwd_variants};
@@ -45,7 +46,11 @@ pub use device::{FlashAttn, Tensor, driver_present};
 pub use dtype::Dtype;
 pub use error::{Error, Result};
 pub use flashattn_kernels as kernels;
-pub use flashattn_kernels::registry::{Arch, BWD_FAMILIES, BwdFamily, FWD_FAMILIES, FwdFamily, Pass};
-pub use forward::{AttnShape, Forward, FwdBuffers, FwdOutput, MAX_GRID_YZ, MAX_SCALE, MAX_SEQLEN, select_variant, validate};
+pub use flashattn_kernels::registry::{Arch, BWD_FAMILIES, BwdFamily, Entry, FWD_FAMILIES, FwdFamily, Pass};
+pub use forward::{
+    AttnShape, Forward, FwdBuffers, FwdOutput, MAX_GRID_YZ, MAX_SCALE, MAX_SEQLEN, select_variant, select_variant_for, validate,
+    validate_varlen,
+};
 pub use options::{Attention, BwdOptions, FwdOptions, Window};
+pub use varlen::SeqLens;
 pub use view::{AsView, View, ViewMut, contiguous_strides};

@@ -5,7 +5,7 @@
 //! `flashattn bench [options]` times the FA paper's settings. Without a GPU, `run` falls back
 //! to the CPU emulator at a small shape.
 
-use flashattn::kernels::registry::{BwdVariant, FwdVariant};
+use flashattn::kernels::registry::{BwdVariant, Entry, FwdVariant};
 use flashattn::reference::{
     attention_backward_f64, backward_recompute_bound, naive_backward, naive_rows, reference_rows, rel_l2, tolerance,
 };
@@ -23,7 +23,7 @@ usage: flashattn [run] [--batch B] [--seqlen S] [--seqlen-k S] [--heads H] [--he
                        [--backward|--fwdbwd [--deterministic] [--residual]]
        flashattn bench [--dtype f16|bf16|f32] [--head-dims 64,128] [--seqlens 512,1024,...]
                        [--hidden 2048] [--tokens 16384] [--causal on|off|both] [--kernel NAME]
-                       [--window LEFT[,RIGHT]] [--iters N] [--json]
+                       [--window LEFT[,RIGHT]] [--varlen MEAN] [--iters N] [--json]
                        [--backward|--fwdbwd [--deterministic] [--residual]]
 run:   one shape (GPU default: batch 8, seqlen 2048, 32 heads of 64, f16 -- the FA paper's
        hidden 2048 with 16k tokens; emulator default: batch 1, seqlen 128, 2 heads of 64),
@@ -36,6 +36,9 @@ bench: the FA paper's settings (hidden 2048, batch * seqlen = 16k; emulator defa
        --window: a sliding window (keys i + sk - sq - LEFT ..= i + sk - sq + RIGHT; a side
        -1 or left out: unbounded; with causal masking RIGHT is 0), TFLOP/s then counting the
        visible (query, key) pairs exactly;
+       --varlen MEAN: a variable-length batch of --tokens tokens in sequences of random
+       lengths (uniform 1..2 MEAN - 1, a fixed seed), next to the fixed-length batch of
+       sequences of MEAN; TFLOP/s counting the pairs each sequence computes;
        --backward times dQ, dK, dV instead (--deterministic: only bitwise-deterministic
        kernels; --residual: after a forward that saves O's residual, so that D~ comes
        from the unrounded O, see FwdOptions::save_residual); --fwdbwd times the forward
@@ -64,6 +67,8 @@ struct Args {
     hidden: Option<usize>,
     tokens: Option<usize>,
     json: bool,
+    /// `bench --varlen MEAN`: the mean sequence length of a variable-length batch.
+    varlen: Option<usize>,
     backward: bool,
     fwdbwd: bool,
     deterministic: bool,
@@ -101,6 +106,7 @@ fn parse() -> Result<Args, String> {
         hidden: None,
         tokens: None,
         json: false,
+        varlen: None,
         backward: false,
         fwdbwd: false,
         deterministic: false,
@@ -164,6 +170,7 @@ fn parse() -> Result<Args, String> {
             "--hidden" => a.hidden = Some(val(&flag, it.next())?),
             "--tokens" => a.tokens = Some(val(&flag, it.next())?),
             "--json" => a.json = true,
+            "--varlen" => a.varlen = Some(val(&flag, it.next())?),
             "--backward" => a.backward = true,
             "--fwdbwd" => {
                 a.backward = true;
@@ -183,6 +190,9 @@ fn parse() -> Result<Args, String> {
         && !fwd_names().any(|f| f == k)
     {
         return Err(format!("--kernel: `{k}` is a backward kernel family (no forward of that name): add --backward"));
+    }
+    if a.varlen.is_some_and(|m| m == 0) || (a.varlen.is_some() && (a.cmd != "bench" || a.fwdbwd)) {
+        return Err("--varlen MEAN: bench only, MEAN at least 1, with or without --backward (not --fwdbwd)".into());
     }
     if !["on", "off", "both"].contains(&a.causal_mode.as_str()) {
         return Err(format!("--causal: `{}` is not one of on, off, both", a.causal_mode));
@@ -272,18 +282,18 @@ struct Plan {
     bwd_opts: BwdOptions,
     /// The forward saves O's residual (`--residual` and a forward kernel that writes it).
     saved: bool,
-    /// A sliding window: the kernels' windowed entries run.
-    windowed: bool,
+    /// Which of the kernels' entries run (a sliding window: the windowed ones).
+    entry: Entry,
 }
 
 impl Plan {
     /// The forward's entry, as launched.
     fn fwd_name(&self) -> &'static str {
-        self.fwd.entry(self.windowed).0
+        self.fwd.entry(self.entry).map_or(self.fwd.name, |e| e.0)
     }
     /// The backward's entries, as launched, joined by `sep`.
     fn bwd_names(&self, sep: &str) -> String {
-        self.bwd.iter().map(|v| v.entry(self.windowed).map_or(v.name, |e| e.0)).collect::<Vec<_>>().join(sep)
+        self.bwd.iter().map(|v| v.entry(self.entry).map_or(v.name, |e| e.0)).collect::<Vec<_>>().join(sep)
     }
 }
 
@@ -310,13 +320,13 @@ fn plan<T: Dtype>(fa: &FlashAttn, s: &AttnShape, attn: &Attention, a: &Args) -> 
     let saved = fwd_opts.save_residual && fwd.family.desc().writes_residual;
     let bwd_opts = BwdOptions { kernel: bwd_kernel, deterministic: a.deterministic };
     let bwd = match a.backward {
-        true => flashattn::select_bwd_variants(T::DTYPE, s.head_dim, &bwd_opts, &archs, saved, !attn.window.is_none())?,
+        true => flashattn::select_bwd_variants(T::DTYPE, s.head_dim, &bwd_opts, &archs, saved, Entry::of(!attn.window.is_none(), false))?,
         false => vec![],
     };
     for v in &bwd {
         runs(v.name, v.arch())?;
     }
-    Ok(Plan { fwd, fwd_opts, bwd, bwd_opts, saved, windowed: !attn.window.is_none() })
+    Ok(Plan { fwd, fwd_opts, bwd, bwd_opts, saved, entry: Entry::of(!attn.window.is_none(), false) })
 }
 
 /// `f` of each item, on all cores, in the items' order. Once it has taken more than a few
@@ -589,6 +599,9 @@ fn upload_problem<T: Dtype>(fa: &FlashAttn, s: &AttnShape) -> flashattn::Result<
 }
 
 fn bench<T: Dtype>(fa: &FlashAttn, a: &Args) -> flashattn::Result<bool> {
+    if let Some(mean) = a.varlen {
+        return bench_varlen::<T>(fa, a, mean);
+    }
     let causals: &[bool] = match a.causal_mode.as_str() {
         "on" => &[true],
         "off" => &[false],
@@ -673,6 +686,116 @@ fn bench<T: Dtype>(fa: &FlashAttn, a: &Args) -> flashattn::Result<bool> {
         } else {
             let w = window.unwrap_or_else(|| "-".into());
             println!("{name:<28} {:>5} {d:>4} {seqlen:>6} {:>6} {heads:>4} {causal:>7} {w:>10} {ms:>10.3} {tflops:>9.2}", a.dtype, s.batch);
+        }
+    }
+    Ok(true)
+}
+
+/// Sequence lengths of a variable-length batch of `tokens` tokens: uniform in 1..=2 mean - 1
+/// (the last cut to fit), from a fixed seed.
+fn varlen_lengths(tokens: usize, mean: usize) -> Vec<usize> {
+    let mut rng = flashattn::rng::Rng::new(0x7a11e9);
+    let (mut lens, mut total) = (vec![], 0);
+    while total < tokens {
+        let l = (1 + rng.next_u64() % (2 * mean as u64 - 1)) as usize;
+        lens.push(l.min(tokens - total));
+        total += lens[lens.len() - 1];
+    }
+    lens
+}
+
+/// `bench --varlen MEAN`: per head_dim and mask, a variable-length batch of random lengths of
+/// mean MEAN (self-attention: keys as queries) and the fixed-length batch of MEAN, each
+/// forward (or with --backward backward) timed; TFLOP/s count the pairs each sequence
+/// computes (4 d per pair and head, x2.5 backward), the ratio is varlen over fixed.
+fn bench_varlen<T: Dtype>(fa: &FlashAttn, a: &Args, mean: usize) -> flashattn::Result<bool> {
+    let causals: &[bool] = match a.causal_mode.as_str() {
+        "on" => &[true],
+        "off" => &[false],
+        _ => &[false, true],
+    };
+    let hidden = a.hidden.unwrap_or(if fa.is_emulator() { 128 } else { 2048 });
+    let tokens = a.tokens.unwrap_or(if fa.is_emulator() { 256 } else { 16384 });
+    let lens = varlen_lengths(tokens, mean);
+    let mut cu = vec![0u32];
+    for &l in &lens {
+        cu.push(cu[cu.len() - 1] + l as u32);
+    }
+    let seqs = fa.seqlens(&cu, &cu, None)?;
+    let iters = a.iters.unwrap_or(10);
+    if !a.json {
+        println!(
+            "device: {}; {} sequences, {tokens} tokens, lengths {}..={} (mean {mean})",
+            fa.device_name(),
+            lens.len(),
+            lens.iter().min().unwrap_or(&0),
+            lens.iter().max().unwrap_or(&0)
+        );
+        println!(
+            "{:<8} {:>5} {:>4} {:>7} {:>10} {:>10} {:>10} {:>10} {:>6}",
+            "pass", "dtype", "d", "causal", "varlen ms", "TFLOP/s", "fixed ms", "TFLOP/s", "ratio"
+        );
+    }
+    for &d in &a.head_dims {
+        for &causal in causals {
+            let heads = (hidden / d.max(1)).max(1);
+            let attn = Attention { causal, softmax_scale: None, window: a.window };
+            // Fixed length: the batch of MEAN (timed as `bench` times it).
+            let fixed =
+                AttnShape { batch: (tokens / mean).max(1), seqlen_q: mean, seqlen_k: mean, heads_q: heads, heads_kv: heads, head_dim: d };
+            let plan = plan::<T>(fa, &fixed, &attn, a)?;
+            let (q, k, v) = upload_problem::<T>(fa, &fixed)?;
+            // Varlen: packed [tokens, heads, d].
+            let packed = [tokens, heads, d];
+            let (vq, vk, vv) = (
+                fa.upload(&random_tensor::<T>(0x71, tokens * heads * d), &packed)?,
+                fa.upload(&random_tensor::<T>(0x72, tokens * heads * d), &packed)?,
+                fa.upload(&random_tensor::<T>(0x73, tokens * heads * d), &packed)?,
+            );
+            let pairs: f64 = lens
+                .iter()
+                .map(|&l| AttnShape { batch: 1, seqlen_q: l, seqlen_k: l, heads_q: 1, heads_kv: 1, head_dim: d }.visible_pairs(&attn))
+                .sum();
+            let fixed_pairs = fixed.batch as f64 * fixed.visible_pairs(&attn);
+            let per_pair = 4.0 * heads as f64 * d as f64 * if a.backward { 2.5 } else { 1.0 };
+            let (ms_v, ms_f) = if a.backward {
+                let d_o = fa.upload(&random_tensor::<T>(0xd0, q.len()), &fixed.q_shape())?;
+                let out = fa.forward(&q, &k, &v, &attn, &plan.fwd_opts)?;
+                let mut g = BwdOutput {
+                    dq: fa.full(T::nan(), &fixed.q_shape())?,
+                    dk: fa.full(T::nan(), &fixed.kv_shape())?,
+                    dv: fa.full(T::nan(), &fixed.kv_shape())?,
+                };
+                let ms_f = fa.time_backward(&q, &k, &v, &out, &d_o, &plan.bwd_opts, &mut g, 2, iters)?;
+                let vd_o = fa.upload(&random_tensor::<T>(0xd1, tokens * heads * d), &packed)?;
+                let vout = fa.forward_varlen(&vq, &vk, &vv, &seqs, &attn, &plan.fwd_opts)?;
+                let mut vg =
+                    BwdOutput { dq: fa.full(T::nan(), &packed)?, dk: fa.full(T::nan(), &packed)?, dv: fa.full(T::nan(), &packed)? };
+                (fa.time_backward(&vq, &vk, &vv, &vout, &vd_o, &plan.bwd_opts, &mut vg, 2, iters)?, ms_f)
+            } else {
+                let mut out = FwdOutput::from_buffers(fa.full(T::nan(), &fixed.q_shape())?, fa.full(f32::NAN, &fixed.lse_shape())?, None);
+                let ms_f = fa.time_forward(&q, &k, &v, &attn, &plan.fwd_opts, &mut out, 2, iters)?;
+                let mut vout = FwdOutput::from_buffers(fa.full(T::nan(), &packed)?, fa.full(f32::NAN, &[heads, tokens])?, None);
+                (fa.time_forward_varlen(&vq, &vk, &vv, &seqs, &attn, &plan.fwd_opts, &mut vout, 2, iters)?, ms_f)
+            };
+            let tf_v = pairs * per_pair / (ms_v * 1e-3) / 1e12;
+            let tf_f = fixed_pairs * per_pair / (ms_f * 1e-3) / 1e12;
+            let pass = if a.backward { "bwd" } else { "fwd" };
+            if a.json {
+                println!(
+                    "{{\"impl\":\"flashattn-rs\",\"pass\":\"{pass}\",\"dtype\":\"{}\",\"head_dim\":{d},\"heads\":{heads},\"causal\":{causal},\"tokens\":{tokens},\"mean\":{mean},\"sequences\":{},\"lengths\":{:?},\"varlen_ms\":{ms_v:.5},\"varlen_tflops\":{tf_v:.3},\"fixed_ms\":{ms_f:.5},\"fixed_tflops\":{tf_f:.3},\"ratio\":{:.3}}}",
+                    a.dtype,
+                    lens.len(),
+                    lens,
+                    tf_v / tf_f
+                );
+            } else {
+                println!(
+                    "{pass:<8} {:>5} {d:>4} {causal:>7} {ms_v:>10.3} {tf_v:>10.2} {ms_f:>10.3} {tf_f:>10.2} {:>6.3}",
+                    a.dtype,
+                    tf_v / tf_f
+                );
+            }
         }
     }
     Ok(true)

@@ -25,6 +25,24 @@ impl FlashAttn {
         self.time_calls(warmup, iters, || self.forward_into(q, k, v, attention, opts, out))
     }
 
+    /// As [`FlashAttn::time_forward`], for a variable-length batch `seqs`
+    /// ([`FlashAttn::forward_varlen_into`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn time_forward_varlen<T: Dtype>(
+        &self,
+        q: &Tensor<T>,
+        k: &Tensor<T>,
+        v: &Tensor<T>,
+        seqs: &crate::SeqLens,
+        attention: &Attention,
+        opts: &FwdOptions,
+        out: &mut crate::FwdOutput<T>,
+        warmup: usize,
+        iters: usize,
+    ) -> Result<f64> {
+        self.time_calls(warmup, iters, || self.forward_varlen_into(q, k, v, seqs, attention, opts, out))
+    }
+
     /// Mean milliseconds per backward pass (its launches, and the allocation of its
     /// statistics workspace) from the forward's output `fwd` (with its O residual if it has
     /// one) over `iters` passes, after `warmup` passes.

@@ -431,15 +431,23 @@ impl Bound<'_> {
     pub(crate) fn id(&self) -> ViewId {
         ViewId { addr: self.base, layout: self.layout.clone() }
     }
-    /// The kernels' element strides (batch, row, head) of a [batch, seq, heads, d] view.
+    /// The kernels' element strides (batch, row, head) of a [batch, seq, heads, d] view, or
+    /// of a variable-length batch's packed [total, heads, d] one (batch 0).
     pub(crate) fn strides4(&self) -> flashattn_kernels::params::Strides {
         let s = &self.layout.strides;
-        flashattn_kernels::params::Strides { batch: s[0] as u64, row: s[1] as u64, head: s[2] as u64 }
+        match s.len() {
+            3 => flashattn_kernels::params::Strides { batch: 0, row: s[0] as u64, head: s[1] as u64 },
+            _ => flashattn_kernels::params::Strides { batch: s[0] as u64, row: s[1] as u64, head: s[2] as u64 },
+        }
     }
-    /// The kernels' strides of LSE's [batch, heads, seq] view: (batch, 1, head).
+    /// The kernels' strides of LSE's [batch, heads, seq] view: (batch, 1, head); of a
+    /// variable-length batch's packed [heads, total_q]: (0, 1, head).
     pub(crate) fn lse_strides(&self) -> flashattn_kernels::params::Strides {
         let s = &self.layout.strides;
-        flashattn_kernels::params::Strides { batch: s[0] as u64, row: 1, head: s[1] as u64 }
+        match s.len() {
+            2 => flashattn_kernels::params::Strides { batch: 0, row: 1, head: s[0] as u64 },
+            _ => flashattn_kernels::params::Strides { batch: s[0] as u64, row: 1, head: s[1] as u64 },
+        }
     }
     pub(crate) fn region(&self) -> flashattn_kernels::dev::emu::GlobalRegion {
         flashattn_kernels::dev::emu::GlobalRegion { start: self.addr() as usize, len: self.span(), writable: self.writable }

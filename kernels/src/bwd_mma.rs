@@ -140,7 +140,7 @@ pub unsafe fn dq<
     const QREG: bool,
     const STATS_ONLY: bool,
     const SPLIT: usize,
-    const WINDOW: bool,
+    const ENTRY: u8,
 >(
     p: &BwdParams,
 ) {
@@ -149,7 +149,11 @@ pub unsafe fn dq<
         assert!(D == t.head_dim as usize && SPLIT == t.split as usize && DK * 16 * SPLIT == D && DN * 8 * SPLIT == D);
         assert!(BC == t.dq_bc as usize && NS * 8 == BC && QREG == t.dq_q_in_regs);
     }
-    unsafe { with_window_mask!(p, WINDOW, M => dq_masked::<T, M, D, DK, DN, BC, NS, QREG, STATS_ONLY, SPLIT>(p)) }
+    // The statistics' index is `stat_at_equal_lengths`: no variable-length entry.
+    const { assert!(ENTRY != crate::ENTRY_VARLEN) };
+    unsafe {
+        with_window_mask!(p: T, QueryRows / MmaBwdTile::ROWS, ENTRY, M => dq_masked::<T, M, D, DK, DN, BC, NS, QREG, STATS_ONLY, SPLIT>(p))
+    }
 }
 
 #[inline(always)]
@@ -443,7 +447,7 @@ pub unsafe fn dkdv<
     const KVREG: bool,
     const DQ: bool,
     const SPLIT: usize,
-    const WINDOW: bool,
+    const ENTRY: u8,
 >(
     p: &BwdParams,
 ) {
@@ -452,7 +456,9 @@ pub unsafe fn dkdv<
         assert!(D == t.head_dim as usize && SPLIT == t.split as usize && DK * 16 * SPLIT == D && DN * 8 * SPLIT == D);
         assert!(BR == t.kv_br as usize && NQ * 8 == BR && KVREG == t.kv_in_regs);
     }
-    unsafe { with_window_mask!(p, WINDOW, M => dkdv_masked::<T, M, D, DK, DN, BR, NQ, KVREG, DQ, SPLIT>(p)) }
+    // The statistics' index is `stat_at_equal_lengths`: no variable-length entry.
+    const { assert!(ENTRY != crate::ENTRY_VARLEN) };
+    unsafe { with_window_mask!(p: T, Keys / MmaBwdTile::ROWS, ENTRY, M => dkdv_masked::<T, M, D, DK, DN, BR, NQ, KVREG, DQ, SPLIT>(p)) }
 }
 
 #[inline(always)]
@@ -543,7 +549,7 @@ unsafe fn dkdv_masked<
             let r = i0 + tid as u32;
             let valid = r < sq;
             let ld = |k: usize, dflt: f32| {
-                if valid { unsafe { global::load((p.stats as *const f32).add(p.stat_at(k, b, h, r))) } } else { dflt }
+                if valid { unsafe { global::load((p.stats as *const f32).add(p.stat_at_equal_lengths(k, b, h, r))) } } else { dflt }
             };
             m_s(stage).st(tid, ld(0, f32::INFINITY));
             il_s(stage).st(tid, ld(1, 0.0));
@@ -660,9 +666,9 @@ fn publish_stats(p: &BwdParams, (b, h): (u32, u32), r0: u32, write: bool, rows: 
         if write && r < p.pb.seqlen_q {
             let st = p.stats as *mut f32;
             unsafe {
-                global::store(st.add(p.stat_at(0, b, h, r)), f.0);
-                global::store(st.add(p.stat_at(1, b, h, r)), f.1);
-                global::store(st.add(p.stat_at(2, b, h, r)), f.2);
+                global::store(st.add(p.stat_at_equal_lengths(0, b, h, r)), f.0);
+                global::store(st.add(p.stat_at_equal_lengths(1, b, h, r)), f.1);
+                global::store(st.add(p.stat_at_equal_lengths(2, b, h, r)), f.2);
             }
         }
     }

@@ -18,6 +18,7 @@
 use crate::dev::{block, global, warp};
 use crate::dtype::MmaElement;
 use crate::params::BwdParams;
+use crate::varlen::{self, Over};
 use core::f32::consts::LOG2_E;
 
 /// Query rows per block.
@@ -30,6 +31,11 @@ pub const PREP_ROWS: usize = 16;
 /// threads.
 #[inline(always)]
 pub unsafe fn prep<T: MmaElement, const RESIDUAL: bool>(p: &BwdParams) {
+    // One entry for every launch: a variable-length batch's sequence, if it is one.
+    let Some(p) = (unsafe { varlen::resolve::<T, _>(p, Over::QueryRows, PREP_ROWS as u32) }) else {
+        return;
+    };
+    let p = &p;
     let (blk, h, b) = block::idx();
     let (sq, d) = (p.pb.seqlen_q, p.pb.head_dim);
     let (w, lane, warps) = (warp::id(), warp::lane(), block::dim() / 32);

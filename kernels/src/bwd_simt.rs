@@ -101,15 +101,15 @@ impl RowStats {
     }
 }
 
-/// The dK/dV kernel, one tile shape; causal or not at run time, WINDOW: the sliding-window
-/// entry (`mask::Windowed`). Reads D from the dQ kernel.
+/// The dK/dV kernel, one tile shape; causal or not at run time, ENTRY: which entry (plain,
+/// window, variable-length: `with_window_mask!`). Reads D from the dQ kernel.
 ///
 /// # Safety
 /// `p` valid (host-checked); launch with `simt_kv_tile(d)`'s threads and shared memory.
 #[inline(always)]
-pub unsafe fn dkdv<T: Element, C: Config<Tile = SimtKvTile>, const RK: usize, const DCH: usize, const WINDOW: bool>(p: &BwdParams) {
+pub unsafe fn dkdv<T: Element, C: Config<Tile = SimtKvTile>, const RK: usize, const DCH: usize, const ENTRY: u8>(p: &BwdParams) {
     const { assert!(RK == C::TILE.keys_per_warp as usize && DCH == C::TILE.d_chunks as usize) };
-    unsafe { with_window_mask!(p, WINDOW, M => dkdv_masked::<T, C, M, RK, DCH>(p)) }
+    unsafe { with_window_mask!(p: T, Keys / C::TILE.bn(), ENTRY, M => dkdv_masked::<T, C, M, RK, DCH>(p)) }
 }
 
 #[inline(always)]
@@ -245,17 +245,17 @@ unsafe fn dkdv_masked<T: Element, C: Config<Tile = SimtKvTile>, M: Mask, const R
     }
 }
 
-/// The dQ kernel, one tile shape (the forward's SIMT tile); causal or not at run time, WINDOW:
-/// the sliding-window entry (`mask::Windowed`). Also writes D for the dK/dV kernel.
+/// The dQ kernel, one tile shape (the forward's SIMT tile); causal or not at run time, ENTRY:
+/// which entry (plain, window, variable-length: `with_window_mask!`). Also writes D for the dK/dV kernel.
 ///
 /// # Safety
 /// `p` valid (host-checked); launch with `simt_dq_tile(d)`'s threads and `simt_dq_smem_bytes(d)`.
 #[inline(always)]
-pub unsafe fn dq<T: Element, C: Config<Tile = SimtTile>, const ROWS: usize, const DCH: usize, const SC: usize, const WINDOW: bool>(
+pub unsafe fn dq<T: Element, C: Config<Tile = SimtTile>, const ROWS: usize, const DCH: usize, const SC: usize, const ENTRY: u8>(
     p: &BwdParams,
 ) {
     const { assert!(ROWS == C::TILE.rows_per_warp as usize && DCH == C::TILE.d_chunks as usize && SC == C::TILE.s_cols as usize) };
-    unsafe { with_window_mask!(p, WINDOW, M => dq_masked::<T, C, M, ROWS, DCH, SC>(p)) }
+    unsafe { with_window_mask!(p: T, QueryRows / C::TILE.br(), ENTRY, M => dq_masked::<T, C, M, ROWS, DCH, SC>(p)) }
 }
 
 #[inline(always)]

@@ -100,7 +100,7 @@ pub unsafe fn dkdv<
     const NACC: usize,
     const PAD: bool,
     const DQ: bool,
-    const WINDOW: bool,
+    const ENTRY: u8,
 >(
     p: &BwdParams,
 ) {
@@ -119,7 +119,7 @@ pub unsafe fn dkdv<
         thread::trap();
     }
     unsafe {
-        with_window_mask!(p, WINDOW, M => match !DQ && by_element(PAD, p.pb.head_dim) {
+        with_window_mask!(p: T, Keys / WgmmaBwdTile::KEYS, ENTRY, M => match !DQ && by_element(PAD, p.pb.head_dim) {
             false => dkdv_masked::<T, M, D, DN, BR, NQ, KQ, THREADS, NACC, PAD, DQ, false>(p),
             true => dkdv_masked::<T, M, D, DN, BR, NQ, KQ, THREADS, NACC, PAD, DQ, true>(p),
         })
@@ -491,9 +491,8 @@ impl<
             // The row's address (as `stat_at`) rebuilt here from an `opaque` batch index: its
             // loop-invariant part, hoisted, was the one value ptxas spilled at `.maxnreg 168`
             // (d=64).
-            let bh = thread::opaque(b as u64) * p.pb.heads_q as u64 + h as u64;
-            let row = bh * p.pb.seqlen_q as u64 + r as u64;
-            let n = p.stat_at(1, 0, 0, 0);
+            let row = p.stats_strides.offset(thread::opaque(b as u64) as u32, r, h);
+            let n = p.stats_plane as usize;
             let st = (p.stats as *const f32).wrapping_add(row as usize);
             if !split {
                 let ld = |k: usize, dflt: f32| if valid { unsafe { global::load(st.add(k * n)) } } else { dflt };

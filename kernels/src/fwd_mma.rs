@@ -27,8 +27,8 @@ use core::marker::PhantomData;
 /// and the counts derived from them, checked against it at compile time (see `tile::Config`):
 /// D = head_dim, DK = D / 16 (k-steps of Q K^T), DN = D / 8 (n-tiles of O), MT = m_tiles,
 /// BC = bc, NS = BC / 8 (n-tiles of S), QREG = q_in_regs, PAD = padded (head_dim may be less
-/// than D), FUSED = fused_exp. Causal or not is chosen at run time; WINDOW: the
-/// sliding-window entry (`mask::Windowed`).
+/// than D), FUSED = fused_exp. Causal or not is chosen at run time; ENTRY: which entry
+/// (`crate::ENTRY_PLAIN`, `ENTRY_WINDOW`, `ENTRY_VARLEN`, `with_window_mask!`).
 ///
 /// # Safety
 /// `p` valid (host-checked), `p.pb.head_dim == D`, 128 threads and the tile's
@@ -46,7 +46,7 @@ pub unsafe fn entry<
     const QREG: bool,
     const PAD: bool,
     const FUSED: bool,
-    const WINDOW: bool,
+    const ENTRY: u8,
 >(
     p: &FwdParams,
 ) {
@@ -56,7 +56,7 @@ pub unsafe fn entry<
         assert!(BC == t.bc as usize && NS * 8 == BC && QREG == t.q_in_regs && PAD == t.padded && FUSED == t.fused_exp);
     }
     unsafe {
-        with_window_mask!(p, WINDOW, M => match by_element(PAD, p.pb.head_dim) {
+        with_window_mask!(p: T, QueryRows / C::TILE.br(), ENTRY, M => match by_element(PAD, p.pb.head_dim) {
             false => fwd::<T, C, M, D, DK, DN, MT, BC, NS, QREG, PAD, FUSED, false>(p),
             true => fwd::<T, C, M, D, DK, DN, MT, BC, NS, QREG, PAD, FUSED, true>(p),
         })

@@ -13,18 +13,18 @@ use crate::params::FwdParams;
 use crate::softmax::{Domain, Natural, RowState, normalize};
 use crate::tile::{Config, SimtTile};
 
-/// Entry body for one tile shape; causal or not is chosen at run time, and WINDOW makes it
-/// the sliding-window entry (`mask::Windowed`).
+/// Entry body for one tile shape; causal or not is chosen at run time; ENTRY: which entry
+/// (plain, window, variable-length: `with_window_mask!`).
 ///
 /// # Safety
 /// `p` must describe valid device buffers, checked by the host; the launch must use
 /// `tile.threads()` threads and `tile.smem_bytes(head_dim)` bytes of dynamic shared memory.
 #[inline(always)]
-pub unsafe fn entry<T: Element, C: Config<Tile = SimtTile>, const ROWS: usize, const DCH: usize, const SC: usize, const WINDOW: bool>(
+pub unsafe fn entry<T: Element, C: Config<Tile = SimtTile>, const ROWS: usize, const DCH: usize, const SC: usize, const ENTRY: u8>(
     p: &FwdParams,
 ) {
     const { assert!(ROWS == C::TILE.rows_per_warp as usize && DCH == C::TILE.d_chunks as usize && SC == C::TILE.s_cols as usize) };
-    unsafe { with_window_mask!(p, WINDOW, M => fwd::<T, C, M, ROWS, DCH, SC>(p)) }
+    unsafe { with_window_mask!(p: T, QueryRows / C::TILE.br(), ENTRY, M => fwd::<T, C, M, ROWS, DCH, SC>(p)) }
 }
 
 #[inline(always)]

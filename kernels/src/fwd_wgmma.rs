@@ -28,8 +28,8 @@ use core::marker::PhantomData;
 /// Entry body for one tile `C` (`tile::wgmma_tile`). Its const parameters are the tile's
 /// fields and the counts derived from them, checked against it at compile time (see
 /// `tile::Config`): D = head_dim, WG = warpgroups, BC = bc, NS = BC / 8 (n-tiles of S),
-/// DN = D / 8 (n-tiles of O), KS = BC / 16 (k-steps of P V), PAD = padded; WINDOW: the
-/// sliding-window entry (`mask::Windowed`).
+/// DN = D / 8 (n-tiles of O), KS = BC / 16 (k-steps of P V), PAD = padded; ENTRY: which
+/// entry (plain, window, variable-length: `with_window_mask!`).
 ///
 /// # Safety
 /// `p` valid (host-checked), `p.pb.head_dim <= D`, 128 WG threads and the tile's
@@ -45,7 +45,7 @@ pub unsafe fn entry<
     const DN: usize,
     const KS: usize,
     const PAD: bool,
-    const WINDOW: bool,
+    const ENTRY: u8,
 >(
     p: &FwdParams,
 ) {
@@ -55,7 +55,7 @@ pub unsafe fn entry<
         assert!(NS * 8 == BC && DN * 8 == D && KS * 16 == BC);
     }
     unsafe {
-        with_window_mask!(p, WINDOW, M => match by_element(PAD, p.pb.head_dim) {
+        with_window_mask!(p: T, QueryRows / C::TILE.br(), ENTRY, M => match by_element(PAD, p.pb.head_dim) {
             false => fwd::<T, C, M, D, WG, BC, NS, DN, KS, PAD, false>(p),
             true => fwd::<T, C, M, D, WG, BC, NS, DN, KS, PAD, true>(p),
         })

@@ -51,15 +51,33 @@ macro_rules! with_mask {
     };
 }
 
-/// Every kernel's mask switch: in an entry compiled for a sliding window (`$w`),
-/// `mask::Windowed` (causal or not: the window's bounds say); else [`with_mask!`]'s.
+/// A kernel entry for launches of equal lengths without a window (`mask::NoMask`,
+/// `mask::Causal`): the `ENTRY` parameter of every kernel's entry function.
+pub const ENTRY_PLAIN: u8 = 0;
+/// A kernel entry for a sliding window (`mask::Windowed`).
+pub const ENTRY_WINDOW: u8 = 1;
+/// A kernel entry for a variable-length batch (`varlen`; `mask::Windowed`, any window).
+pub const ENTRY_VARLEN: u8 = 2;
+
+/// Every kernel's mask switch, by the entry `$e` it is compiled for: `mask::Windowed` in the
+/// window and variable-length entries (causal or not: the window's bounds say), with `$p`
+/// narrowed to the block's sequence in the latter (`varlen::resolve`: the block's tiles are
+/// `$rows` rows of `varlen::Over::$over`, elements `$t`; a block past its sequence's end
+/// returns); else [`with_mask!`]'s.
 macro_rules! with_window_mask {
-    ($p:expr, $w:expr, $m:ident => $body:expr) => {
-        if $w {
+    ($p:ident: $t:ty, $over:ident / $rows:expr, $e:expr, $m:ident => $body:expr) => {
+        if $e == $crate::ENTRY_PLAIN {
+            with_mask!($p, $m => $body)
+        } else if $e == $crate::ENTRY_WINDOW {
             type $m = $crate::mask::Windowed;
             $body
         } else {
-            with_mask!($p, $m => $body)
+            type $m = $crate::mask::Windowed;
+            let Some(seq) = $crate::varlen::resolve::<$t, _>($p, $crate::varlen::Over::$over, $rows) else {
+                return;
+            };
+            let $p = &seq;
+            $body
         }
     };
 }
@@ -89,4 +107,5 @@ pub mod registry;
 mod smem;
 pub mod softmax;
 pub mod tile;
+pub mod varlen;
 mod wg_tile;

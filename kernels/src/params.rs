@@ -30,6 +30,27 @@ impl Strides {
     }
 }
 
+/// A variable-length batch (FA2's varlen layout): Q, O, dO, dQ packed as [total_q, heads_q,
+/// head_dim], K, V, dK, dV as [total_k, heads_kv, head_dim], LSE as [heads_q, total_q], the
+/// row statistics as [4][heads_q, total_q]; every batch stride 0. Sequence b holds packed rows
+/// `cu_q[b]..cu_q[b + 1]` and keys `cu_k[b]..cu_k[b + 1]` (of which it uses the first
+/// `used_k[b]` when given); `Problem::seqlen_q`, `seqlen_k` are the longest sequence's (the
+/// grid's). The offsets live in device memory, where the host cannot check them: the kernels
+/// clamp them into the packed tensors (`varlen::Seq`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Varlen {
+    /// u32 [batch + 1] query offsets; 0: not a variable-length batch.
+    pub cu_q: u64,
+    /// u32 [batch + 1] key offsets.
+    pub cu_k: u64,
+    /// u32 [batch] keys used of each sequence's slot (FA2's `seqused_k`); 0: all of them.
+    pub used_k: u64,
+    /// Rows of the packed Q and of the packed K.
+    pub total_q: u32,
+    pub total_k: u32,
+}
+
 /// The attention problem, as both passes' kernels read it: sizes, scale and mask. The last
 /// part of [`FwdParams`] and [`BwdParams`] (4-byte fields after their 8-byte ones: the same
 /// layout as fields of their own). The masks to come (softcap, ...) join it here.
@@ -110,6 +131,8 @@ pub struct FwdParams {
     pub v_strides: Strides,
     pub o_strides: Strides,
     pub lse_strides: Strides,
+    /// A variable-length batch's sequences (all 0 for one of equal lengths).
+    pub varlen: Varlen,
     /// Sizes, scale and mask.
     pub pb: Problem,
 }
@@ -159,6 +182,12 @@ pub struct BwdParams {
     pub dk_strides: Strides,
     pub dv_strides: Strides,
     pub lse_strides: Strides,
+    /// Element strides of each statistic's [batch, heads_q, seqlen_q] in `stats` (`row` 1,
+    /// and taken as 1), and `stats_plane` elements from one statistic to the next.
+    pub stats_strides: Strides,
+    pub stats_plane: u64,
+    /// A variable-length batch's sequences, the forward's (all 0 for one of equal lengths).
+    pub varlen: Varlen,
     /// Sizes, scale and mask (the forward's).
     pub pb: Problem,
 }
@@ -173,6 +202,15 @@ impl BwdParams {
     /// log2 domain, 1: 1 / l_i, 2: D_i; 3: the SIMT kernels' pivot c_i).
     #[inline(always)]
     pub fn stat_at(&self, k: usize, b: u32, h: u32, r: u32) -> usize {
+        let st = &self.stats_strides;
+        (k as u64 * self.stats_plane + b as u64 * st.batch + h as u64 * st.head) as usize + r as usize
+    }
+    /// [`BwdParams::stat_at`] for a batch of equal lengths, from the problem's sizes (the
+    /// same index: the host lays the statistics out contiguously): for the kernels without a
+    /// variable-length entry (`bwd_mma`), where it takes fewer registers (with the strides,
+    /// the d = 128 dQ kernel spilled 60 / 100 bytes on sm_90).
+    #[inline(always)]
+    pub fn stat_at_equal_lengths(&self, k: usize, b: u32, h: u32, r: u32) -> usize {
         let pb = &self.pb;
         let n = pb.batch as usize * pb.heads_q as usize * pb.seqlen_q as usize;
         k * n + (b as usize * pb.heads_q as usize + h as usize) * pb.seqlen_q as usize + r as usize

@@ -231,16 +231,51 @@ pub struct FwdVariant {
     pub emulate: unsafe fn(&FwdParams),
     /// The windowed entry's body, for the emulator.
     pub emulate_window: unsafe fn(&FwdParams),
+    /// PTX entry name and emulator body of the same kernel for a variable-length batch
+    /// (`varlen`, with `mask::Windowed`: any window, causal or not); the families chosen
+    /// automatically have one.
+    pub varlen_name: Option<&'static str>,
+    pub emulate_varlen: Option<unsafe fn(&FwdParams)>,
+}
+
+/// Which of a variant's entries a launch takes: each is a kernel of its own, so that what
+/// one needs adds no registers to the others.
+#[cfg(not(target_arch = "nvptx64"))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Entry {
+    /// Equal lengths, no window: `mask::NoMask` or `mask::Causal` (`crate::ENTRY_PLAIN`).
+    Plain,
+    /// A sliding window: `mask::Windowed` (`crate::ENTRY_WINDOW`).
+    Window,
+    /// A variable-length batch, with or without a window (`crate::ENTRY_VARLEN`).
+    Varlen,
 }
 
 #[cfg(not(target_arch = "nvptx64"))]
+impl Entry {
+    /// The entry for a launch with a sliding window (`windowed`), a variable-length batch
+    /// (`varlen`), both or neither.
+    pub fn of(windowed: bool, varlen: bool) -> Entry {
+        match (varlen, windowed) {
+            (true, _) => Entry::Varlen,
+            (false, true) => Entry::Window,
+            (false, false) => Entry::Plain,
+        }
+    }
+}
+
+/// A forward entry: its PTX name and its emulator body.
+#[cfg(not(target_arch = "nvptx64"))]
+pub type FwdEntry = (&'static str, unsafe fn(&FwdParams));
+
+#[cfg(not(target_arch = "nvptx64"))]
 impl FwdVariant {
-    /// The entry name and emulator body of the kernel for a launch with a sliding window
-    /// (`windowed`) or without.
-    pub fn entry(&self, windowed: bool) -> (&'static str, unsafe fn(&FwdParams)) {
-        match windowed {
-            true => (self.window_name, self.emulate_window),
-            false => (self.name, self.emulate),
+    /// The entry name and emulator body of entry `e` (`None`: the variant has no such entry).
+    pub fn entry(&self, e: Entry) -> Option<FwdEntry> {
+        match e {
+            Entry::Plain => Some((self.name, self.emulate)),
+            Entry::Window => Some((self.window_name, self.emulate_window)),
+            Entry::Varlen => self.varlen_name.zip(self.emulate_varlen),
         }
     }
     /// Whether this variant serves `head_dim`.
@@ -269,21 +304,52 @@ fn head_dim_range(serves: impl Fn(u32) -> bool) -> (u32, u32) {
     lo.zip(hi).unwrap_or((0, 0))
 }
 
-/// Emits two entry points (without and with a sliding window) and one registry row per
-/// line, family by family: `Family { entry_name, window_entry_name => body_macro(dtype, class), ... }`.
+/// `Some` of an optional entry's name (or of its body for params `$p`, `$p: $name =>
+/// $body`), `None` without one.
+macro_rules! opt_entry {
+    () => {
+        None
+    };
+    ($name:ident) => {
+        Some(stringify!($name))
+    };
+    ($p:ty: $name:ident => $body:expr) => {
+        Some($body as unsafe fn(&$p))
+    };
+}
+
+/// The SIMT dK/dV variant of a class: `simt_kv_tile(class)`.
+macro_rules! bwd_simt_kv {
+    ($ty:ty, $d:literal, $w:literal) => {{
+        config!(C: SimtKvTile = simt_kv_tile($d));
+        crate::bwd_simt::dkdv::<$ty, C, { C::TILE.keys_per_warp as usize }, { C::TILE.d_chunks as usize }, $w>
+    }};
+}
+
+/// Emits two entry points (without and with a sliding window; a third for a variable-length
+/// batch where one is named) and one registry row per
+/// line, family by family: `Family { entry_name, window_entry_name [/ varlen_entry_name] =>
+/// body_macro(dtype, class), ... }` (and a variable-length entry where one is named).
 macro_rules! fwd_variants {
-    ($( $family:ident @ $arch:ident { $( $name:ident, $wname:ident => $body:ident($dt:ty, $class:literal), )* } )*) => {
+    ($( $family:ident @ $arch:ident { $( $name:ident, $wname:ident $(/ $vname:ident)? => $body:ident($dt:ty, $class:literal), )* } )*) => {
         $($(
             in_module!($arch,
             #[unsafe(no_mangle)]
             pub unsafe extern "ptx-kernel" fn $name(p: FwdParams) {
-                unsafe { $body!($dt, $class, false)(&p) }
+                unsafe { $body!($dt, $class, 0)(&p) }
             });
             in_module!($arch,
             #[unsafe(no_mangle)]
             pub unsafe extern "ptx-kernel" fn $wname(p: FwdParams) {
-                unsafe { $body!($dt, $class, true)(&p) }
+                unsafe { $body!($dt, $class, 1)(&p) }
             });
+            $(
+            in_module!($arch,
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn $vname(p: FwdParams) {
+                unsafe { $body!($dt, $class, 2)(&p) }
+            });
+            )?
         )*)*
         /// All forward variants.
         #[cfg(not(target_arch = "nvptx64"))]
@@ -294,8 +360,10 @@ macro_rules! fwd_variants {
                 family: FwdFamily::$family,
                 dtype: <$dt as Element>::DTYPE,
                 class: $class,
-                emulate: $body!($dt, $class, false),
-                emulate_window: $body!($dt, $class, true),
+                emulate: $body!($dt, $class, 0),
+                emulate_window: $body!($dt, $class, 1),
+                varlen_name: opt_entry!($($vname)?),
+                emulate_varlen: opt_entry!($(FwdParams: $vname => $body!($dt, $class, 2))?),
             },
         )*)*];
     };
@@ -388,11 +456,11 @@ macro_rules! fwd_wgmma_with {
     }};
 }
 macro_rules! fwd_wgmma {
-    ($ty:ty, $d:literal, false) => {
-        fwd_wgmma_with!($ty, wgmma_tile, $d, false)
+    ($ty:ty, $d:literal, 0) => {
+        fwd_wgmma_with!($ty, wgmma_tile, $d, 0)
     };
-    ($ty:ty, $d:literal, true) => {
-        fwd_wgmma_with!($ty, wgmma_window_tile, $d, true)
+    ($ty:ty, $d:literal, $e:literal) => {
+        fwd_wgmma_with!($ty, wgmma_window_tile, $d, $e)
     };
 }
 macro_rules! fwd_wgmma_wg2 {
@@ -403,51 +471,51 @@ macro_rules! fwd_wgmma_wg2 {
 
 fwd_variants! {
     Wgmma @ Sm90a {
-        flash_fwd_wgmma_f16_d64p, flash_fwd_wgmma_f16_d64p_window => fwd_wgmma(F16, 56),
-        flash_fwd_wgmma_f16_d64, flash_fwd_wgmma_f16_d64_window => fwd_wgmma(F16, 64),
-        flash_fwd_wgmma_f16_d128p, flash_fwd_wgmma_f16_d128p_window => fwd_wgmma(F16, 120),
-        flash_fwd_wgmma_f16_d128, flash_fwd_wgmma_f16_d128_window => fwd_wgmma(F16, 128),
-        flash_fwd_wgmma_f16_d192p, flash_fwd_wgmma_f16_d192p_window => fwd_wgmma(F16, 184),
-        flash_fwd_wgmma_f16_d192, flash_fwd_wgmma_f16_d192_window => fwd_wgmma(F16, 192),
+        flash_fwd_wgmma_f16_d64p, flash_fwd_wgmma_f16_d64p_window / flash_fwd_wgmma_f16_d64p_varlen => fwd_wgmma(F16, 56),
+        flash_fwd_wgmma_f16_d64, flash_fwd_wgmma_f16_d64_window / flash_fwd_wgmma_f16_d64_varlen => fwd_wgmma(F16, 64),
+        flash_fwd_wgmma_f16_d128p, flash_fwd_wgmma_f16_d128p_window / flash_fwd_wgmma_f16_d128p_varlen => fwd_wgmma(F16, 120),
+        flash_fwd_wgmma_f16_d128, flash_fwd_wgmma_f16_d128_window / flash_fwd_wgmma_f16_d128_varlen => fwd_wgmma(F16, 128),
+        flash_fwd_wgmma_f16_d192p, flash_fwd_wgmma_f16_d192p_window / flash_fwd_wgmma_f16_d192p_varlen => fwd_wgmma(F16, 184),
+        flash_fwd_wgmma_f16_d192, flash_fwd_wgmma_f16_d192_window / flash_fwd_wgmma_f16_d192_varlen => fwd_wgmma(F16, 192),
         flash_fwd_wgmma_f16_d256p, flash_fwd_wgmma_f16_d256p_window => fwd_wgmma(F16, 248),
-        flash_fwd_wgmma_f16_d256, flash_fwd_wgmma_f16_d256_window => fwd_wgmma(F16, 256),
-        flash_fwd_wgmma_bf16_d64p, flash_fwd_wgmma_bf16_d64p_window => fwd_wgmma(Bf16, 56),
-        flash_fwd_wgmma_bf16_d64, flash_fwd_wgmma_bf16_d64_window => fwd_wgmma(Bf16, 64),
-        flash_fwd_wgmma_bf16_d128p, flash_fwd_wgmma_bf16_d128p_window => fwd_wgmma(Bf16, 120),
-        flash_fwd_wgmma_bf16_d128, flash_fwd_wgmma_bf16_d128_window => fwd_wgmma(Bf16, 128),
-        flash_fwd_wgmma_bf16_d192p, flash_fwd_wgmma_bf16_d192p_window => fwd_wgmma(Bf16, 184),
-        flash_fwd_wgmma_bf16_d192, flash_fwd_wgmma_bf16_d192_window => fwd_wgmma(Bf16, 192),
+        flash_fwd_wgmma_f16_d256, flash_fwd_wgmma_f16_d256_window / flash_fwd_wgmma_f16_d256_varlen => fwd_wgmma(F16, 256),
+        flash_fwd_wgmma_bf16_d64p, flash_fwd_wgmma_bf16_d64p_window / flash_fwd_wgmma_bf16_d64p_varlen => fwd_wgmma(Bf16, 56),
+        flash_fwd_wgmma_bf16_d64, flash_fwd_wgmma_bf16_d64_window / flash_fwd_wgmma_bf16_d64_varlen => fwd_wgmma(Bf16, 64),
+        flash_fwd_wgmma_bf16_d128p, flash_fwd_wgmma_bf16_d128p_window / flash_fwd_wgmma_bf16_d128p_varlen => fwd_wgmma(Bf16, 120),
+        flash_fwd_wgmma_bf16_d128, flash_fwd_wgmma_bf16_d128_window / flash_fwd_wgmma_bf16_d128_varlen => fwd_wgmma(Bf16, 128),
+        flash_fwd_wgmma_bf16_d192p, flash_fwd_wgmma_bf16_d192p_window / flash_fwd_wgmma_bf16_d192p_varlen => fwd_wgmma(Bf16, 184),
+        flash_fwd_wgmma_bf16_d192, flash_fwd_wgmma_bf16_d192_window / flash_fwd_wgmma_bf16_d192_varlen => fwd_wgmma(Bf16, 192),
         flash_fwd_wgmma_bf16_d256p, flash_fwd_wgmma_bf16_d256p_window => fwd_wgmma(Bf16, 248),
-        flash_fwd_wgmma_bf16_d256, flash_fwd_wgmma_bf16_d256_window => fwd_wgmma(Bf16, 256),
+        flash_fwd_wgmma_bf16_d256, flash_fwd_wgmma_bf16_d256_window / flash_fwd_wgmma_bf16_d256_varlen => fwd_wgmma(Bf16, 256),
     }
     Mma @ Sm80 {
-        flash_fwd_mma_f16_d32, flash_fwd_mma_f16_d32_window => fwd_mma(F16, 32),
-        flash_fwd_mma_f16_d64p, flash_fwd_mma_f16_d64p_window => fwd_mma(F16, 56),
-        flash_fwd_mma_f16_d64, flash_fwd_mma_f16_d64_window => fwd_mma(F16, 64),
-        flash_fwd_mma_f16_d96, flash_fwd_mma_f16_d96_window => fwd_mma(F16, 96),
-        flash_fwd_mma_f16_d128p, flash_fwd_mma_f16_d128p_window => fwd_mma(F16, 120),
+        flash_fwd_mma_f16_d32, flash_fwd_mma_f16_d32_window / flash_fwd_mma_f16_d32_varlen => fwd_mma(F16, 32),
+        flash_fwd_mma_f16_d64p, flash_fwd_mma_f16_d64p_window / flash_fwd_mma_f16_d64p_varlen => fwd_mma(F16, 56),
+        flash_fwd_mma_f16_d64, flash_fwd_mma_f16_d64_window / flash_fwd_mma_f16_d64_varlen => fwd_mma(F16, 64),
+        flash_fwd_mma_f16_d96, flash_fwd_mma_f16_d96_window / flash_fwd_mma_f16_d96_varlen => fwd_mma(F16, 96),
+        flash_fwd_mma_f16_d128p, flash_fwd_mma_f16_d128p_window / flash_fwd_mma_f16_d128p_varlen => fwd_mma(F16, 120),
         flash_fwd_mma_f16_d128, flash_fwd_mma_f16_d128_window => fwd_mma(F16, 128),
-        flash_fwd_mma_f16_d192, flash_fwd_mma_f16_d192_window => fwd_mma(F16, 192),
-        flash_fwd_mma_f16_d256, flash_fwd_mma_f16_d256_window => fwd_mma(F16, 256),
-        flash_fwd_mma_bf16_d32, flash_fwd_mma_bf16_d32_window => fwd_mma(Bf16, 32),
-        flash_fwd_mma_bf16_d64p, flash_fwd_mma_bf16_d64p_window => fwd_mma(Bf16, 56),
-        flash_fwd_mma_bf16_d64, flash_fwd_mma_bf16_d64_window => fwd_mma(Bf16, 64),
-        flash_fwd_mma_bf16_d96, flash_fwd_mma_bf16_d96_window => fwd_mma(Bf16, 96),
-        flash_fwd_mma_bf16_d128p, flash_fwd_mma_bf16_d128p_window => fwd_mma(Bf16, 120),
+        flash_fwd_mma_f16_d192, flash_fwd_mma_f16_d192_window / flash_fwd_mma_f16_d192_varlen => fwd_mma(F16, 192),
+        flash_fwd_mma_f16_d256, flash_fwd_mma_f16_d256_window / flash_fwd_mma_f16_d256_varlen => fwd_mma(F16, 256),
+        flash_fwd_mma_bf16_d32, flash_fwd_mma_bf16_d32_window / flash_fwd_mma_bf16_d32_varlen => fwd_mma(Bf16, 32),
+        flash_fwd_mma_bf16_d64p, flash_fwd_mma_bf16_d64p_window / flash_fwd_mma_bf16_d64p_varlen => fwd_mma(Bf16, 56),
+        flash_fwd_mma_bf16_d64, flash_fwd_mma_bf16_d64_window / flash_fwd_mma_bf16_d64_varlen => fwd_mma(Bf16, 64),
+        flash_fwd_mma_bf16_d96, flash_fwd_mma_bf16_d96_window / flash_fwd_mma_bf16_d96_varlen => fwd_mma(Bf16, 96),
+        flash_fwd_mma_bf16_d128p, flash_fwd_mma_bf16_d128p_window / flash_fwd_mma_bf16_d128p_varlen => fwd_mma(Bf16, 120),
         flash_fwd_mma_bf16_d128, flash_fwd_mma_bf16_d128_window => fwd_mma(Bf16, 128),
-        flash_fwd_mma_bf16_d192, flash_fwd_mma_bf16_d192_window => fwd_mma(Bf16, 192),
-        flash_fwd_mma_bf16_d256, flash_fwd_mma_bf16_d256_window => fwd_mma(Bf16, 256),
+        flash_fwd_mma_bf16_d192, flash_fwd_mma_bf16_d192_window / flash_fwd_mma_bf16_d192_varlen => fwd_mma(Bf16, 192),
+        flash_fwd_mma_bf16_d256, flash_fwd_mma_bf16_d256_window / flash_fwd_mma_bf16_d256_varlen => fwd_mma(Bf16, 256),
     }
     Simt @ Sm80 {
-        flash_fwd_simt_f32_d64, flash_fwd_simt_f32_d64_window => fwd_simt(f32, 64),
-        flash_fwd_simt_f32_d128, flash_fwd_simt_f32_d128_window => fwd_simt(f32, 128),
-        flash_fwd_simt_f32_d256, flash_fwd_simt_f32_d256_window => fwd_simt(f32, 256),
-        flash_fwd_simt_f16_d64, flash_fwd_simt_f16_d64_window => fwd_simt(F16, 64),
-        flash_fwd_simt_f16_d128, flash_fwd_simt_f16_d128_window => fwd_simt(F16, 128),
-        flash_fwd_simt_f16_d256, flash_fwd_simt_f16_d256_window => fwd_simt(F16, 256),
-        flash_fwd_simt_bf16_d64, flash_fwd_simt_bf16_d64_window => fwd_simt(Bf16, 64),
-        flash_fwd_simt_bf16_d128, flash_fwd_simt_bf16_d128_window => fwd_simt(Bf16, 128),
-        flash_fwd_simt_bf16_d256, flash_fwd_simt_bf16_d256_window => fwd_simt(Bf16, 256),
+        flash_fwd_simt_f32_d64, flash_fwd_simt_f32_d64_window / flash_fwd_simt_f32_d64_varlen => fwd_simt(f32, 64),
+        flash_fwd_simt_f32_d128, flash_fwd_simt_f32_d128_window / flash_fwd_simt_f32_d128_varlen => fwd_simt(f32, 128),
+        flash_fwd_simt_f32_d256, flash_fwd_simt_f32_d256_window / flash_fwd_simt_f32_d256_varlen => fwd_simt(f32, 256),
+        flash_fwd_simt_f16_d64, flash_fwd_simt_f16_d64_window / flash_fwd_simt_f16_d64_varlen => fwd_simt(F16, 64),
+        flash_fwd_simt_f16_d128, flash_fwd_simt_f16_d128_window / flash_fwd_simt_f16_d128_varlen => fwd_simt(F16, 128),
+        flash_fwd_simt_f16_d256, flash_fwd_simt_f16_d256_window / flash_fwd_simt_f16_d256_varlen => fwd_simt(F16, 256),
+        flash_fwd_simt_bf16_d64, flash_fwd_simt_bf16_d64_window / flash_fwd_simt_bf16_d64_varlen => fwd_simt(Bf16, 64),
+        flash_fwd_simt_bf16_d128, flash_fwd_simt_bf16_d128_window / flash_fwd_simt_bf16_d128_varlen => fwd_simt(Bf16, 128),
+        flash_fwd_simt_bf16_d256, flash_fwd_simt_bf16_d256_window / flash_fwd_simt_bf16_d256_varlen => fwd_simt(Bf16, 256),
     }
     MmaBr64 @ Sm80 {
         flash_fwd_mma_br64_f16_d64, flash_fwd_mma_br64_f16_d64_window => fwd_mma_br64(F16, 64),
@@ -718,10 +786,10 @@ impl BwdFamily {
     pub fn passes(self, saved: bool) -> &'static [Pass] {
         self.desc().passes[saved as usize]
     }
-    /// Whether it takes a sliding window: every variant has an entry for one
-    /// ([`BwdVariant::entry`]; the atomic families have none).
-    pub fn takes_window(self) -> bool {
-        BWD_VARIANTS.iter().filter(|v| v.family == self).all(|v| v.entry(true).is_some())
+    /// Whether it takes entry `e` (a sliding window, a variable-length batch): every
+    /// variant has a kernel for it ([`BwdVariant::entry`]; the atomic families have none).
+    pub fn takes(self, e: Entry) -> bool {
+        BWD_VARIANTS.iter().filter(|v| v.family == self).all(|v| v.entry(e).is_some())
     }
 }
 
@@ -756,6 +824,10 @@ pub struct BwdVariant {
     /// that take no mask, prep and dq_convert, the entry above serves a window).
     pub window_name: Option<&'static str>,
     pub emulate_window: Option<unsafe fn(&BwdParams)>,
+    /// The same for a variable-length batch (`varlen`, `mask::Windowed`); for prep, the
+    /// entry above.
+    pub varlen_name: Option<&'static str>,
+    pub emulate_varlen: Option<unsafe fn(&BwdParams)>,
 }
 
 #[cfg(not(target_arch = "nvptx64"))]
@@ -779,13 +851,19 @@ impl BwdVariant {
     pub fn head_dims(&self) -> (u32, u32) {
         head_dim_range(|d| self.serves(d))
     }
-    /// The entry name and emulator body for a launch with a sliding window (`windowed`) or
-    /// without; `None` where it has no windowed kernel.
-    pub fn entry(&self, windowed: bool) -> Option<BwdEntry> {
-        match (windowed, self.window_name, self.emulate_window) {
-            (true, Some(name), Some(body)) => Some((name, body)),
-            (true, ..) if self.pass.masks() => None,
-            _ => Some((self.name, self.emulate)),
+    /// The entry name and emulator body of entry `e`; `None` where it has no such kernel
+    /// (the passes that take no mask, prep and dq_convert, serve every entry with one; prep
+    /// narrows to a variable-length batch's sequence at run time).
+    pub fn entry(&self, e: Entry) -> Option<BwdEntry> {
+        let (name, body) = match e {
+            Entry::Plain => (Some(self.name), Some(self.emulate)),
+            Entry::Window => (self.window_name, self.emulate_window),
+            Entry::Varlen => (self.varlen_name, self.emulate_varlen),
+        };
+        match name.zip(body) {
+            Some(entry) => Some(entry),
+            None if self.pass.masks() || (e == Entry::Varlen && self.pass == Pass::DqConvert) => None,
+            None => Some((self.name, self.emulate)),
         }
     }
     /// The `.maxnreg` its entry is loaded with, if any (the tile's, `wgmma_bwd_tile`).
@@ -794,22 +872,29 @@ impl BwdVariant {
     }
 }
 
-/// As `fwd_variants!`, for the backward kernels: `Family { entry_name[, window_entry_name]
+/// As `fwd_variants!`, for the backward kernels: `Family { entry_name[, window_entry_name][ / varlen_entry_name]
 /// => Pass: body_macro(dtype, class), ... }` (a window entry where the pass masks and the
 /// family takes windows).
 macro_rules! bwd_variants {
-    ($( $family:ident @ $arch:ident { $( $name:ident $(, $wname:ident)? => $pass:ident: $body:ident($dt:ty, $class:literal), )* } )*) => {
+    ($( $family:ident @ $arch:ident { $( $name:ident $(, $wname:ident)? $(/ $vname:ident)? => $pass:ident: $body:ident($dt:ty, $class:literal), )* } )*) => {
         $($(
             in_module!($arch,
             #[unsafe(no_mangle)]
             pub unsafe extern "ptx-kernel" fn $name(p: BwdParams) {
-                unsafe { $body!($dt, $class, false)(&p) }
+                unsafe { $body!($dt, $class, 0)(&p) }
             });
             $(
             in_module!($arch,
             #[unsafe(no_mangle)]
             pub unsafe extern "ptx-kernel" fn $wname(p: BwdParams) {
-                unsafe { $body!($dt, $class, true)(&p) }
+                unsafe { $body!($dt, $class, 1)(&p) }
+            });
+            )?
+            $(
+            in_module!($arch,
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn $vname(p: BwdParams) {
+                unsafe { $body!($dt, $class, 2)(&p) }
             });
             )?
         )*)*
@@ -822,33 +907,14 @@ macro_rules! bwd_variants {
                 pass: Pass::$pass,
                 dtype: <$dt as Element>::DTYPE,
                 class: $class,
-                emulate: $body!($dt, $class, false),
-                window_name: window_entry!($($wname)?),
-                emulate_window: window_entry!($($wname => $body!($dt, $class, true))?),
+                emulate: $body!($dt, $class, 0),
+                window_name: opt_entry!($($wname)?),
+                emulate_window: opt_entry!($(BwdParams: $wname => $body!($dt, $class, 1))?),
+                varlen_name: opt_entry!($($vname)?),
+                emulate_varlen: opt_entry!($(BwdParams: $vname => $body!($dt, $class, 2))?),
             },
         )*)*];
     };
-}
-
-/// `Some` of a window entry's name (or of its body, `$name => $body`), `None` without one.
-macro_rules! window_entry {
-    () => {
-        None
-    };
-    ($name:ident) => {
-        Some(stringify!($name))
-    };
-    ($name:ident => $body:expr) => {
-        Some($body as unsafe fn(&BwdParams))
-    };
-}
-
-/// The SIMT dK/dV variant of a class: `simt_kv_tile(class)`.
-macro_rules! bwd_simt_kv {
-    ($ty:ty, $d:literal, $w:literal) => {{
-        config!(C: SimtKvTile = simt_kv_tile($d));
-        crate::bwd_simt::dkdv::<$ty, C, { C::TILE.keys_per_warp as usize }, { C::TILE.d_chunks as usize }, $w>
-    }};
 }
 
 /// The SIMT dQ variant of a class: `simt_dq_tile(class)`.
@@ -1015,38 +1081,38 @@ bwd_variants! {
         flash_bwd_prep_bf16 => Prep: bwd_prep(Bf16, 0),
         flash_bwd_prep_residual_f16 => PrepResidual: bwd_prep_residual(F16, 0),
         flash_bwd_prep_residual_bf16 => PrepResidual: bwd_prep_residual(Bf16, 0),
-        flash_bwd_wgmma_dqs_f16_d64p, flash_bwd_wgmma_dqs_f16_d64p_window => DqSaved: bwd_wgmma_dq_saved(F16, 56),
-        flash_bwd_wgmma_dqs_f16_d64, flash_bwd_wgmma_dqs_f16_d64_window => DqSaved: bwd_wgmma_dq_saved(F16, 64),
-        flash_bwd_wgmma_dqs_f16_d128p, flash_bwd_wgmma_dqs_f16_d128p_window => DqSaved: bwd_wgmma_dq_saved(F16, 120),
-        flash_bwd_wgmma_dqs_f16_d128, flash_bwd_wgmma_dqs_f16_d128_window => DqSaved: bwd_wgmma_dq_saved(F16, 128),
-        flash_bwd_wgmma_dqs_bf16_d64p, flash_bwd_wgmma_dqs_bf16_d64p_window => DqSaved: bwd_wgmma_dq_saved(Bf16, 56),
-        flash_bwd_wgmma_dqs_bf16_d64, flash_bwd_wgmma_dqs_bf16_d64_window => DqSaved: bwd_wgmma_dq_saved(Bf16, 64),
-        flash_bwd_wgmma_dqs_bf16_d128p, flash_bwd_wgmma_dqs_bf16_d128p_window => DqSaved: bwd_wgmma_dq_saved(Bf16, 120),
-        flash_bwd_wgmma_dqs_bf16_d128, flash_bwd_wgmma_dqs_bf16_d128_window => DqSaved: bwd_wgmma_dq_saved(Bf16, 128),
-        flash_bwd_wgmma_dqs_f16_d192p, flash_bwd_wgmma_dqs_f16_d192p_window => DqSaved: bwd_wgmma_dq_saved(F16, 184),
-        flash_bwd_wgmma_dqs_f16_d192, flash_bwd_wgmma_dqs_f16_d192_window => DqSaved: bwd_wgmma_dq_saved(F16, 192),
-        flash_bwd_wgmma_dqs_f16_d256p, flash_bwd_wgmma_dqs_f16_d256p_window => DqSaved: bwd_wgmma_dq_saved(F16, 248),
-        flash_bwd_wgmma_dqs_f16_d256, flash_bwd_wgmma_dqs_f16_d256_window => DqSaved: bwd_wgmma_dq_saved(F16, 256),
-        flash_bwd_wgmma_dqs_bf16_d192p, flash_bwd_wgmma_dqs_bf16_d192p_window => DqSaved: bwd_wgmma_dq_saved(Bf16, 184),
-        flash_bwd_wgmma_dqs_bf16_d192, flash_bwd_wgmma_dqs_bf16_d192_window => DqSaved: bwd_wgmma_dq_saved(Bf16, 192),
-        flash_bwd_wgmma_dqs_bf16_d256p, flash_bwd_wgmma_dqs_bf16_d256p_window => DqSaved: bwd_wgmma_dq_saved(Bf16, 248),
-        flash_bwd_wgmma_dqs_bf16_d256, flash_bwd_wgmma_dqs_bf16_d256_window => DqSaved: bwd_wgmma_dq_saved(Bf16, 256),
-        flash_bwd_wgmma_dkdv_f16_d64p, flash_bwd_wgmma_dkdv_f16_d64p_window => Dkdv: bwd_wgmma_kv(F16, 56),
-        flash_bwd_wgmma_dkdv_f16_d64, flash_bwd_wgmma_dkdv_f16_d64_window => Dkdv: bwd_wgmma_kv(F16, 64),
-        flash_bwd_wgmma_dkdv_f16_d128p, flash_bwd_wgmma_dkdv_f16_d128p_window => Dkdv: bwd_wgmma_kv(F16, 120),
-        flash_bwd_wgmma_dkdv_f16_d128, flash_bwd_wgmma_dkdv_f16_d128_window => Dkdv: bwd_wgmma_kv(F16, 128),
-        flash_bwd_wgmma_dkdv_bf16_d64p, flash_bwd_wgmma_dkdv_bf16_d64p_window => Dkdv: bwd_wgmma_kv(Bf16, 56),
-        flash_bwd_wgmma_dkdv_bf16_d64, flash_bwd_wgmma_dkdv_bf16_d64_window => Dkdv: bwd_wgmma_kv(Bf16, 64),
-        flash_bwd_wgmma_dkdv_bf16_d128p, flash_bwd_wgmma_dkdv_bf16_d128p_window => Dkdv: bwd_wgmma_kv(Bf16, 120),
-        flash_bwd_wgmma_dkdv_bf16_d128, flash_bwd_wgmma_dkdv_bf16_d128_window => Dkdv: bwd_wgmma_kv(Bf16, 128),
-        flash_bwd_wgmma_dkdv_f16_d192p, flash_bwd_wgmma_dkdv_f16_d192p_window => Dkdv: bwd_wgmma_kv(F16, 184),
-        flash_bwd_wgmma_dkdv_f16_d192, flash_bwd_wgmma_dkdv_f16_d192_window => Dkdv: bwd_wgmma_kv(F16, 192),
-        flash_bwd_wgmma_dkdv_f16_d256p, flash_bwd_wgmma_dkdv_f16_d256p_window => Dkdv: bwd_wgmma_kv(F16, 248),
-        flash_bwd_wgmma_dkdv_f16_d256, flash_bwd_wgmma_dkdv_f16_d256_window => Dkdv: bwd_wgmma_kv(F16, 256),
-        flash_bwd_wgmma_dkdv_bf16_d192p, flash_bwd_wgmma_dkdv_bf16_d192p_window => Dkdv: bwd_wgmma_kv(Bf16, 184),
-        flash_bwd_wgmma_dkdv_bf16_d192, flash_bwd_wgmma_dkdv_bf16_d192_window => Dkdv: bwd_wgmma_kv(Bf16, 192),
-        flash_bwd_wgmma_dkdv_bf16_d256p, flash_bwd_wgmma_dkdv_bf16_d256p_window => Dkdv: bwd_wgmma_kv(Bf16, 248),
-        flash_bwd_wgmma_dkdv_bf16_d256, flash_bwd_wgmma_dkdv_bf16_d256_window => Dkdv: bwd_wgmma_kv(Bf16, 256),
+        flash_bwd_wgmma_dqs_f16_d64p, flash_bwd_wgmma_dqs_f16_d64p_window / flash_bwd_wgmma_dqs_f16_d64p_varlen => DqSaved: bwd_wgmma_dq_saved(F16, 56),
+        flash_bwd_wgmma_dqs_f16_d64, flash_bwd_wgmma_dqs_f16_d64_window / flash_bwd_wgmma_dqs_f16_d64_varlen => DqSaved: bwd_wgmma_dq_saved(F16, 64),
+        flash_bwd_wgmma_dqs_f16_d128p, flash_bwd_wgmma_dqs_f16_d128p_window / flash_bwd_wgmma_dqs_f16_d128p_varlen => DqSaved: bwd_wgmma_dq_saved(F16, 120),
+        flash_bwd_wgmma_dqs_f16_d128, flash_bwd_wgmma_dqs_f16_d128_window / flash_bwd_wgmma_dqs_f16_d128_varlen => DqSaved: bwd_wgmma_dq_saved(F16, 128),
+        flash_bwd_wgmma_dqs_bf16_d64p, flash_bwd_wgmma_dqs_bf16_d64p_window / flash_bwd_wgmma_dqs_bf16_d64p_varlen => DqSaved: bwd_wgmma_dq_saved(Bf16, 56),
+        flash_bwd_wgmma_dqs_bf16_d64, flash_bwd_wgmma_dqs_bf16_d64_window / flash_bwd_wgmma_dqs_bf16_d64_varlen => DqSaved: bwd_wgmma_dq_saved(Bf16, 64),
+        flash_bwd_wgmma_dqs_bf16_d128p, flash_bwd_wgmma_dqs_bf16_d128p_window / flash_bwd_wgmma_dqs_bf16_d128p_varlen => DqSaved: bwd_wgmma_dq_saved(Bf16, 120),
+        flash_bwd_wgmma_dqs_bf16_d128, flash_bwd_wgmma_dqs_bf16_d128_window / flash_bwd_wgmma_dqs_bf16_d128_varlen => DqSaved: bwd_wgmma_dq_saved(Bf16, 128),
+        flash_bwd_wgmma_dqs_f16_d192p, flash_bwd_wgmma_dqs_f16_d192p_window / flash_bwd_wgmma_dqs_f16_d192p_varlen => DqSaved: bwd_wgmma_dq_saved(F16, 184),
+        flash_bwd_wgmma_dqs_f16_d192, flash_bwd_wgmma_dqs_f16_d192_window / flash_bwd_wgmma_dqs_f16_d192_varlen => DqSaved: bwd_wgmma_dq_saved(F16, 192),
+        flash_bwd_wgmma_dqs_f16_d256p, flash_bwd_wgmma_dqs_f16_d256p_window / flash_bwd_wgmma_dqs_f16_d256p_varlen => DqSaved: bwd_wgmma_dq_saved(F16, 248),
+        flash_bwd_wgmma_dqs_f16_d256, flash_bwd_wgmma_dqs_f16_d256_window / flash_bwd_wgmma_dqs_f16_d256_varlen => DqSaved: bwd_wgmma_dq_saved(F16, 256),
+        flash_bwd_wgmma_dqs_bf16_d192p, flash_bwd_wgmma_dqs_bf16_d192p_window / flash_bwd_wgmma_dqs_bf16_d192p_varlen => DqSaved: bwd_wgmma_dq_saved(Bf16, 184),
+        flash_bwd_wgmma_dqs_bf16_d192, flash_bwd_wgmma_dqs_bf16_d192_window / flash_bwd_wgmma_dqs_bf16_d192_varlen => DqSaved: bwd_wgmma_dq_saved(Bf16, 192),
+        flash_bwd_wgmma_dqs_bf16_d256p, flash_bwd_wgmma_dqs_bf16_d256p_window / flash_bwd_wgmma_dqs_bf16_d256p_varlen => DqSaved: bwd_wgmma_dq_saved(Bf16, 248),
+        flash_bwd_wgmma_dqs_bf16_d256, flash_bwd_wgmma_dqs_bf16_d256_window / flash_bwd_wgmma_dqs_bf16_d256_varlen => DqSaved: bwd_wgmma_dq_saved(Bf16, 256),
+        flash_bwd_wgmma_dkdv_f16_d64p, flash_bwd_wgmma_dkdv_f16_d64p_window / flash_bwd_wgmma_dkdv_f16_d64p_varlen => Dkdv: bwd_wgmma_kv(F16, 56),
+        flash_bwd_wgmma_dkdv_f16_d64, flash_bwd_wgmma_dkdv_f16_d64_window / flash_bwd_wgmma_dkdv_f16_d64_varlen => Dkdv: bwd_wgmma_kv(F16, 64),
+        flash_bwd_wgmma_dkdv_f16_d128p, flash_bwd_wgmma_dkdv_f16_d128p_window / flash_bwd_wgmma_dkdv_f16_d128p_varlen => Dkdv: bwd_wgmma_kv(F16, 120),
+        flash_bwd_wgmma_dkdv_f16_d128, flash_bwd_wgmma_dkdv_f16_d128_window / flash_bwd_wgmma_dkdv_f16_d128_varlen => Dkdv: bwd_wgmma_kv(F16, 128),
+        flash_bwd_wgmma_dkdv_bf16_d64p, flash_bwd_wgmma_dkdv_bf16_d64p_window / flash_bwd_wgmma_dkdv_bf16_d64p_varlen => Dkdv: bwd_wgmma_kv(Bf16, 56),
+        flash_bwd_wgmma_dkdv_bf16_d64, flash_bwd_wgmma_dkdv_bf16_d64_window / flash_bwd_wgmma_dkdv_bf16_d64_varlen => Dkdv: bwd_wgmma_kv(Bf16, 64),
+        flash_bwd_wgmma_dkdv_bf16_d128p, flash_bwd_wgmma_dkdv_bf16_d128p_window / flash_bwd_wgmma_dkdv_bf16_d128p_varlen => Dkdv: bwd_wgmma_kv(Bf16, 120),
+        flash_bwd_wgmma_dkdv_bf16_d128, flash_bwd_wgmma_dkdv_bf16_d128_window / flash_bwd_wgmma_dkdv_bf16_d128_varlen => Dkdv: bwd_wgmma_kv(Bf16, 128),
+        flash_bwd_wgmma_dkdv_f16_d192p, flash_bwd_wgmma_dkdv_f16_d192p_window / flash_bwd_wgmma_dkdv_f16_d192p_varlen => Dkdv: bwd_wgmma_kv(F16, 184),
+        flash_bwd_wgmma_dkdv_f16_d192, flash_bwd_wgmma_dkdv_f16_d192_window / flash_bwd_wgmma_dkdv_f16_d192_varlen => Dkdv: bwd_wgmma_kv(F16, 192),
+        flash_bwd_wgmma_dkdv_f16_d256p, flash_bwd_wgmma_dkdv_f16_d256p_window / flash_bwd_wgmma_dkdv_f16_d256p_varlen => Dkdv: bwd_wgmma_kv(F16, 248),
+        flash_bwd_wgmma_dkdv_f16_d256, flash_bwd_wgmma_dkdv_f16_d256_window / flash_bwd_wgmma_dkdv_f16_d256_varlen => Dkdv: bwd_wgmma_kv(F16, 256),
+        flash_bwd_wgmma_dkdv_bf16_d192p, flash_bwd_wgmma_dkdv_bf16_d192p_window / flash_bwd_wgmma_dkdv_bf16_d192p_varlen => Dkdv: bwd_wgmma_kv(Bf16, 184),
+        flash_bwd_wgmma_dkdv_bf16_d192, flash_bwd_wgmma_dkdv_bf16_d192_window / flash_bwd_wgmma_dkdv_bf16_d192_varlen => Dkdv: bwd_wgmma_kv(Bf16, 192),
+        flash_bwd_wgmma_dkdv_bf16_d256p, flash_bwd_wgmma_dkdv_bf16_d256p_window / flash_bwd_wgmma_dkdv_bf16_d256p_varlen => Dkdv: bwd_wgmma_kv(Bf16, 248),
+        flash_bwd_wgmma_dkdv_bf16_d256, flash_bwd_wgmma_dkdv_bf16_d256_window / flash_bwd_wgmma_dkdv_bf16_d256_varlen => Dkdv: bwd_wgmma_kv(Bf16, 256),
     }
     WgmmaAtomic @ Sm90a {
         flash_bwd_wgmma_atomic_stats_f16_d64p => Stats: bwd_wgmma_stats(F16, 56),
@@ -1133,24 +1199,24 @@ bwd_variants! {
         flash_bwd_mma_atomic_convert_bf16 => DqConvert: bwd_dq_convert(Bf16, 0),
     }
     Simt @ Sm80 {
-        flash_bwd_dkdv_f32_d64, flash_bwd_dkdv_f32_d64_window => Dkdv: bwd_simt_kv(f32, 64),
-        flash_bwd_dkdv_f32_d128, flash_bwd_dkdv_f32_d128_window => Dkdv: bwd_simt_kv(f32, 128),
-        flash_bwd_dkdv_f32_d256, flash_bwd_dkdv_f32_d256_window => Dkdv: bwd_simt_kv(f32, 256),
-        flash_bwd_dkdv_f16_d64, flash_bwd_dkdv_f16_d64_window => Dkdv: bwd_simt_kv(F16, 64),
-        flash_bwd_dkdv_f16_d128, flash_bwd_dkdv_f16_d128_window => Dkdv: bwd_simt_kv(F16, 128),
-        flash_bwd_dkdv_f16_d256, flash_bwd_dkdv_f16_d256_window => Dkdv: bwd_simt_kv(F16, 256),
-        flash_bwd_dkdv_bf16_d64, flash_bwd_dkdv_bf16_d64_window => Dkdv: bwd_simt_kv(Bf16, 64),
-        flash_bwd_dkdv_bf16_d128, flash_bwd_dkdv_bf16_d128_window => Dkdv: bwd_simt_kv(Bf16, 128),
-        flash_bwd_dkdv_bf16_d256, flash_bwd_dkdv_bf16_d256_window => Dkdv: bwd_simt_kv(Bf16, 256),
-        flash_bwd_dq_f32_d64, flash_bwd_dq_f32_d64_window => Dq: bwd_simt_q(f32, 64),
-        flash_bwd_dq_f32_d128, flash_bwd_dq_f32_d128_window => Dq: bwd_simt_q(f32, 128),
-        flash_bwd_dq_f32_d256, flash_bwd_dq_f32_d256_window => Dq: bwd_simt_q(f32, 256),
-        flash_bwd_dq_f16_d64, flash_bwd_dq_f16_d64_window => Dq: bwd_simt_q(F16, 64),
-        flash_bwd_dq_f16_d128, flash_bwd_dq_f16_d128_window => Dq: bwd_simt_q(F16, 128),
-        flash_bwd_dq_f16_d256, flash_bwd_dq_f16_d256_window => Dq: bwd_simt_q(F16, 256),
-        flash_bwd_dq_bf16_d64, flash_bwd_dq_bf16_d64_window => Dq: bwd_simt_q(Bf16, 64),
-        flash_bwd_dq_bf16_d128, flash_bwd_dq_bf16_d128_window => Dq: bwd_simt_q(Bf16, 128),
-        flash_bwd_dq_bf16_d256, flash_bwd_dq_bf16_d256_window => Dq: bwd_simt_q(Bf16, 256),
+        flash_bwd_dkdv_f32_d64, flash_bwd_dkdv_f32_d64_window / flash_bwd_dkdv_f32_d64_varlen => Dkdv: bwd_simt_kv(f32, 64),
+        flash_bwd_dkdv_f32_d128, flash_bwd_dkdv_f32_d128_window / flash_bwd_dkdv_f32_d128_varlen => Dkdv: bwd_simt_kv(f32, 128),
+        flash_bwd_dkdv_f32_d256, flash_bwd_dkdv_f32_d256_window / flash_bwd_dkdv_f32_d256_varlen => Dkdv: bwd_simt_kv(f32, 256),
+        flash_bwd_dkdv_f16_d64, flash_bwd_dkdv_f16_d64_window / flash_bwd_dkdv_f16_d64_varlen => Dkdv: bwd_simt_kv(F16, 64),
+        flash_bwd_dkdv_f16_d128, flash_bwd_dkdv_f16_d128_window / flash_bwd_dkdv_f16_d128_varlen => Dkdv: bwd_simt_kv(F16, 128),
+        flash_bwd_dkdv_f16_d256, flash_bwd_dkdv_f16_d256_window / flash_bwd_dkdv_f16_d256_varlen => Dkdv: bwd_simt_kv(F16, 256),
+        flash_bwd_dkdv_bf16_d64, flash_bwd_dkdv_bf16_d64_window / flash_bwd_dkdv_bf16_d64_varlen => Dkdv: bwd_simt_kv(Bf16, 64),
+        flash_bwd_dkdv_bf16_d128, flash_bwd_dkdv_bf16_d128_window / flash_bwd_dkdv_bf16_d128_varlen => Dkdv: bwd_simt_kv(Bf16, 128),
+        flash_bwd_dkdv_bf16_d256, flash_bwd_dkdv_bf16_d256_window / flash_bwd_dkdv_bf16_d256_varlen => Dkdv: bwd_simt_kv(Bf16, 256),
+        flash_bwd_dq_f32_d64, flash_bwd_dq_f32_d64_window / flash_bwd_dq_f32_d64_varlen => Dq: bwd_simt_q(f32, 64),
+        flash_bwd_dq_f32_d128, flash_bwd_dq_f32_d128_window / flash_bwd_dq_f32_d128_varlen => Dq: bwd_simt_q(f32, 128),
+        flash_bwd_dq_f32_d256, flash_bwd_dq_f32_d256_window / flash_bwd_dq_f32_d256_varlen => Dq: bwd_simt_q(f32, 256),
+        flash_bwd_dq_f16_d64, flash_bwd_dq_f16_d64_window / flash_bwd_dq_f16_d64_varlen => Dq: bwd_simt_q(F16, 64),
+        flash_bwd_dq_f16_d128, flash_bwd_dq_f16_d128_window / flash_bwd_dq_f16_d128_varlen => Dq: bwd_simt_q(F16, 128),
+        flash_bwd_dq_f16_d256, flash_bwd_dq_f16_d256_window / flash_bwd_dq_f16_d256_varlen => Dq: bwd_simt_q(F16, 256),
+        flash_bwd_dq_bf16_d64, flash_bwd_dq_bf16_d64_window / flash_bwd_dq_bf16_d64_varlen => Dq: bwd_simt_q(Bf16, 64),
+        flash_bwd_dq_bf16_d128, flash_bwd_dq_bf16_d128_window / flash_bwd_dq_bf16_d128_varlen => Dq: bwd_simt_q(Bf16, 128),
+        flash_bwd_dq_bf16_d256, flash_bwd_dq_bf16_d256_window / flash_bwd_dq_bf16_d256_varlen => Dq: bwd_simt_q(Bf16, 256),
     }
 }
 

@@ -606,3 +606,21 @@ pub(crate) const fn exchange_floats(split: usize, cols: usize) -> usize {
 /// Capacity of the Hopper dQ kernel's list of hot key tiles (`bwd_wgmma`, in shared memory):
 /// a row has fewer than 8 keys with P > 1/8 (its `HOT_P`), so a 64-row block at most 512.
 pub const HOT_TILES: usize = 512;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The Hopper forward's window (and variable-length) entries launch as its plain entry does
+    /// (the host derives the launch from `wgmma_tile`): the same rows and threads, and shared
+    /// memory within the launch's.
+    #[test]
+    fn wgmma_entry_tiles_fit_the_plain_launch() {
+        for d in 1..=256 {
+            let plain = wgmma_tile(d).unwrap();
+            let t = wgmma_window_tile(d).unwrap();
+            assert_eq!((t.br(), t.threads(), t.head_dim), (plain.br(), plain.threads(), plain.head_dim), "d={d}");
+            assert!(t.smem_bytes() <= plain.smem_bytes() && t.bc.is_multiple_of(16), "d={d}");
+        }
+    }
+}

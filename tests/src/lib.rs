@@ -8,6 +8,7 @@ use std::fmt;
 
 pub mod nonfinite;
 pub mod strided;
+pub mod varlen;
 
 pub use flashattn::rng::Rng;
 

@@ -6,7 +6,7 @@
 //! (bitwise identical gradients on repeated runs), on the CPU emulator always and on the GPU
 //! when there is one (ignored, loudly, when not; failed when REQUIRE_GPU=1).
 
-use flashattn::kernels::registry::{BWD_VARIANTS, BwdFamily, Pass};
+use flashattn::kernels::registry::{BWD_VARIANTS, BwdFamily, Entry, Pass};
 use flashattn::{AttnShape, FlashAttn, Window};
 use flashattn_tests::{
     BackendKind, Case, Dt, WIDE_WINDOWS, case_strategy, check_backward, check_backward_with, env_usize, gpu_trials, nonfinite,
@@ -26,9 +26,9 @@ fn shape(batch: usize, seqlen_q: usize, seqlen_k: usize, heads_q: usize, heads_k
 
 /// A case `family` serves: head_dim rounded up to a multiple of 8 for the families that
 /// take only those (`BwdFamilyDesc::aligned_only`; automatic selection takes every head_dim);
-/// no sliding window for those without one (`BwdFamily::takes_window`: the atomic families).
+/// no sliding window for those without one (`BwdFamily::takes`: the atomic families).
 fn for_family(family: Option<&str>, c: Case) -> Case {
-    let windowless = family.and_then(BwdFamily::from_name).is_some_and(|f| !f.takes_window());
+    let windowless = family.and_then(BwdFamily::from_name).is_some_and(|f| !f.takes(Entry::Window));
     let c = if windowless { Case { window: Default::default(), ..c } } else { c };
     match family {
         Some(f) if BwdFamily::from_name(f).is_some_and(|f| f.desc().aligned_only) => {
@@ -199,7 +199,7 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
             format!("{tag}::variant{tail}::{name}"),
             Box::new(move |fa| {
                 let opts = flashattn::BwdOptions { kernel: Some(family), ..Default::default() };
-                let got = flashattn::select_bwd_variants(v.dtype, d, &opts, &fa.archs(), saved, false)
+                let got = flashattn::select_bwd_variants(v.dtype, d, &opts, &fa.archs(), saved, Entry::Plain)
                     .map_err(|e| Failed::from(e.to_string()))?;
                 let mine = got.iter().find(|g| g.pass == v.pass).map(|g| g.name);
                 if mine != Some(name) || got.iter().any(|g| g.family != v.family) {
@@ -214,7 +214,7 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
         // key blocks whose first query tiles are skipped, query blocks whose first key tile is,
         // the tiles its edges cross masked, rows that see no key (seqlen_q > seqlen_k), causal and
         // not.
-        if !v.family.takes_window() {
+        if !v.family.takes(Entry::Window) {
             continue;
         }
         let windows = [

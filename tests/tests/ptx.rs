@@ -20,8 +20,9 @@ type PtxasCheck = fn(PathBuf);
 fn every_registered_kernel_is_an_entry() {
     for (target, arch, ptx) in MODULES {
         let names = entries(ptx);
-        let bwd = BWD_VARIANTS.iter().filter(|v| v.arch() == *arch).flat_map(|v| [Some(v.name), v.window_name]).flatten();
-        let fwd = FWD_VARIANTS.iter().filter(|v| v.arch() == *arch).flat_map(|v| [v.name, v.window_name]);
+        let bwd = BWD_VARIANTS.iter().filter(|v| v.arch() == *arch).flat_map(|v| [Some(v.name), v.window_name, v.varlen_name]).flatten();
+        let fwd =
+            FWD_VARIANTS.iter().filter(|v| v.arch() == *arch).flat_map(|v| [Some(v.name), Some(v.window_name), v.varlen_name]).flatten();
         let registered: Vec<&str> = fwd.chain(bwd).collect();
         for name in &registered {
             assert!(names.contains(name), "{target}: no entry {name} in the PTX");
@@ -45,7 +46,7 @@ fn loaded_modules_carry_the_register_caps() {
         let mut added = 0;
         for v in BWD_VARIANTS.iter().filter(|v| v.arch() == *arch) {
             if let Some(regs) = v.max_regs() {
-                for name in [Some(v.name), v.window_name].into_iter().flatten() {
+                for name in [Some(v.name), v.window_name, v.varlen_name].into_iter().flatten() {
                     let one = entry_module(loaded(*arch), name).unwrap_or_else(|| panic!("{target}: {name} not split"));
                     assert!(one.contains(&format!(")\n.maxnreg {regs}\n{{\n")), "{target} {name}: no .maxnreg {regs}");
                     added += format!(".maxnreg {regs}\n").len();
@@ -153,7 +154,11 @@ fn ptxas_split_modules(ptxas: PathBuf) {
     std::fs::create_dir_all(&dir).unwrap();
     let fwd = FWD_VARIANTS
         .iter()
-        .flat_map(|v| [(v.family.name(), "fwd", v.name, v.arch()), (v.family.name(), "fwd_window", v.window_name, v.arch())]);
+        .flat_map(|v| {
+            let varlen = v.varlen_name.map(|n| (v.family.name(), "fwd_varlen", n, v.arch()));
+            [Some((v.family.name(), "fwd", v.name, v.arch())), Some((v.family.name(), "fwd_window", v.window_name, v.arch())), varlen]
+        })
+        .flatten();
     let bwd = BWD_VARIANTS.iter().map(|v| (v.family.name(), v.pass.name(), v.name, v.arch()));
     let mut seen = std::collections::HashSet::new();
     for (family, pass, name, arch) in fwd.chain(bwd).filter(|k| seen.insert((k.0, k.1))) {

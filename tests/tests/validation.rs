@@ -1,7 +1,7 @@
 //! Every input error is found before any launch and names the offending values (CPU only:
 //! validation does not depend on the backend, so the emulator stands in for the device).
 
-use flashattn::{Attention, BwdOptions, Error, FlashAttn, FwdOptions, FwdOutput, Window, validate};
+use flashattn::{Attention, BwdOptions, Entry, Error, FlashAttn, FwdOptions, FwdOutput, Window, validate};
 
 fn err(q: &[usize], k: &[usize], v: &[usize], opts: Attention) -> Error {
     validate(q, k, v, &opts).expect_err("must be rejected")
@@ -254,19 +254,19 @@ fn backward_selection_and_registry_match_tile_functions() {
         for dtype in [DType::F32, DType::F16, DType::Bf16] {
             // The mma families take head dims that are multiples of 8 (`BwdFamilyDesc::aligned_only`).
             let tc = dtype != DType::F32 && d.is_multiple_of(8);
-            let auto = flashattn::select_bwd_variants(dtype, d as usize, &BwdOptions::default(), &[Arch::Sm80], false, false)
+            let auto = flashattn::select_bwd_variants(dtype, d as usize, &BwdOptions::default(), &[Arch::Sm80], false, Entry::Plain)
                 .unwrap_or_else(|e| panic!("d={d}: {e}"));
             let want = if tc { "mma" } else { "simt" };
             assert!(auto.iter().all(|v| v.family.name() == want && v.serves(d)), "d={d} {dtype:?}: {}", auto[0].name);
             let det = BwdOptions { deterministic: true, ..Default::default() };
-            let auto_det = flashattn::select_bwd_variants(dtype, d as usize, &det, &[Arch::Sm80], false, false)
+            let auto_det = flashattn::select_bwd_variants(dtype, d as usize, &det, &[Arch::Sm80], false, Entry::Plain)
                 .unwrap_or_else(|e| panic!("d={d}: {e}"));
             let want_det = if tc { "mma" } else { "simt" };
             assert!(auto_det.iter().all(|v| v.family.name() == want_det && v.serves(d)), "d={d} {dtype:?}: {}", auto_det[0].name);
             // Hopper: `prep` (m_i, 1 / l_i from the LSE, D~_i from O), the wgmma dQ kernel and
             // the dK/dV kernel, deterministic too.
             for opts in [BwdOptions::default(), det] {
-                let hop = flashattn::select_bwd_variants(dtype, d as usize, &opts, &[Arch::Sm80, Arch::Sm90a], false, false)
+                let hop = flashattn::select_bwd_variants(dtype, d as usize, &opts, &[Arch::Sm80, Arch::Sm90a], false, Entry::Plain)
                     .unwrap_or_else(|e| panic!("d={d}: {e}"));
                 let fams: Vec<_> = hop.iter().map(|v| (v.family.name(), v.pass.name(), v.arch())).collect();
                 if let Some(t) = wgmma_bwd_tile(d)
@@ -282,7 +282,7 @@ fn backward_selection_and_registry_match_tile_functions() {
                     assert_eq!(fl(hop[2], d), (WgmmaBwdTile::KEYS, t.threads(), t.dkdv_smem_bytes()));
                     // With the forward's O residual: D~_i from O + O_lo, then the same dQ and
                     // dK/dV kernels.
-                    let hs = flashattn::select_bwd_variants(dtype, d as usize, &opts, &[Arch::Sm80, Arch::Sm90a], true, false)
+                    let hs = flashattn::select_bwd_variants(dtype, d as usize, &opts, &[Arch::Sm80, Arch::Sm90a], true, Entry::Plain)
                         .unwrap_or_else(|e| panic!("d={d}: {e}"));
                     assert_eq!(
                         hs.iter().map(|v| (v.family.name(), v.pass.name())).collect::<Vec<_>>(),
@@ -298,7 +298,7 @@ fn backward_selection_and_registry_match_tile_functions() {
                         auto.iter().map(|v| v.family).collect::<Vec<_>>(),
                         "d={d} {dtype:?}"
                     );
-                    let hs = flashattn::select_bwd_variants(dtype, d as usize, &opts, &[Arch::Sm80, Arch::Sm90a], true, false)
+                    let hs = flashattn::select_bwd_variants(dtype, d as usize, &opts, &[Arch::Sm80, Arch::Sm90a], true, Entry::Plain)
                         .unwrap_or_else(|e| panic!("d={d}: {e}"));
                     assert_eq!(
                         hs.iter().map(|v| v.name).collect::<Vec<_>>(),
@@ -308,7 +308,7 @@ fn backward_selection_and_registry_match_tile_functions() {
                 }
             }
             let simt = BwdOptions { kernel: Some("simt"), ..Default::default() };
-            let s = flashattn::select_bwd_variants(dtype, d as usize, &simt, &[Arch::Sm80, Arch::Sm90a], false, false)
+            let s = flashattn::select_bwd_variants(dtype, d as usize, &simt, &[Arch::Sm80, Arch::Sm90a], false, Entry::Plain)
                 .unwrap_or_else(|e| panic!("d={d}: {e}"));
             assert!(s.iter().all(|v| v.family.name() == "simt"), "d={d}");
             // (Head dims that are not multiples of 8 select SIMT: `BwdFamilyDesc::aligned_only`.)
@@ -332,7 +332,7 @@ fn backward_selection_and_registry_match_tile_functions() {
                     ("dkdv", MmaBwdTile::ROWS, t.threads(), t.dkdv_smem_bytes())
                 );
                 let atomic = BwdOptions { kernel: Some("mma_atomic"), ..Default::default() };
-                let at = flashattn::select_bwd_variants(dtype, d as usize, &atomic, &[Arch::Sm80, Arch::Sm90a], false, false);
+                let at = flashattn::select_bwd_variants(dtype, d as usize, &atomic, &[Arch::Sm80, Arch::Sm90a], false, Entry::Plain);
                 // The atomic family stops at 128.
                 if d > 128 {
                     assert!(matches!(at, Err(flashattn::Error::NoVariant { .. })), "d={d}");
@@ -357,7 +357,7 @@ fn backward_selection_and_registry_match_tile_functions() {
     }
     // Naming the atomic family with `deterministic` is a typed error, before any launch.
     let bad = BwdOptions { kernel: Some("mma_atomic"), deterministic: true };
-    match flashattn::select_bwd_variants(DType::F16, 64, &bad, &[Arch::Sm80], false, false) {
+    match flashattn::select_bwd_variants(DType::F16, 64, &bad, &[Arch::Sm80], false, Entry::Plain) {
         Err(flashattn::Error::NotDeterministic { family }) => assert_eq!(family, "mma_atomic"),
         other => panic!("expected NotDeterministic, got {:?}", other.map(|v| v.len())),
     }

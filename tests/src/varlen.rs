@@ -1,0 +1,198 @@
+//! Variable-length batches against the f64 reference: each sequence of a packed batch is
+//! checked as a batch of one of its own lengths (`check_outputs`, `check_grads`: the same
+//! bars, fully masked rows, unwritten elements), with the outputs poisoned before the launch.
+
+use crate::{Case, Dt, Rng, check_grads, check_outputs, scale_strategy, window_strategy};
+use flashattn::{AttnShape, BwdOptions, BwdOutput, Dtype, FlashAttn, FwdOptions, FwdOutput, SeqLens, Window};
+use proptest::prelude::*;
+use std::fmt;
+
+/// One variable-length check: the sequences' lengths (queries, keys), the heads, the options.
+#[derive(Clone, Debug)]
+pub struct VarCase {
+    pub lens_q: Vec<usize>,
+    pub lens_k: Vec<usize>,
+    pub heads_q: usize,
+    pub heads_kv: usize,
+    pub head_dim: usize,
+    pub causal: bool,
+    pub softmax_scale: Option<f32>,
+    pub window: Window,
+    pub dtype: Dt,
+    pub seed: u64,
+}
+
+impl fmt::Display for VarCase {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{:?} varlen q={:?} k={:?} hq={} hkv={} d={} causal={} scale={:?} window=({:?}, {:?}) seed={}",
+            self.dtype,
+            self.lens_q,
+            self.lens_k,
+            self.heads_q,
+            self.heads_kv,
+            self.head_dim,
+            self.causal,
+            self.softmax_scale,
+            self.window.left,
+            self.window.right,
+            self.seed
+        )
+    }
+}
+
+impl VarCase {
+    /// Offsets of `lens` (from 0).
+    fn offsets(lens: &[usize]) -> Vec<u32> {
+        let mut cu = vec![0u32];
+        for &l in lens {
+            cu.push(cu[cu.len() - 1] + l as u32);
+        }
+        cu
+    }
+    /// Sequence b as a fixed-length case of batch 1.
+    fn seq_case(&self, b: usize) -> Case {
+        let shape = AttnShape {
+            batch: 1,
+            seqlen_q: self.lens_q[b],
+            seqlen_k: self.lens_k[b],
+            heads_q: self.heads_q,
+            heads_kv: self.heads_kv,
+            head_dim: self.head_dim,
+        };
+        Case { shape, causal: self.causal, softmax_scale: self.softmax_scale, dtype: self.dtype, seed: self.seed, window: self.window }
+    }
+}
+
+/// Random variable-length cases: 1..=`max_batch` sequences of 0..=`max_len` queries and keys
+/// (lengths 0 and 1 drawn often; keys equal to queries half the time), head_dim up to 8
+/// `d_units`, a multiple of 8 or (unless `aligned`) not, GQA up to `max_group`:1, every scale
+/// and window ([`scale_strategy`], [`window_strategy`]), causal and not.
+pub fn varlen_strategy(
+    max_batch: usize,
+    max_len: usize,
+    d_units: usize,
+    max_group: usize,
+    aligned: bool,
+) -> impl Strategy<Value = VarCase> {
+    let len = prop_oneof![1 => Just(0usize), 1 => Just(1usize), 4 => 0..=max_len];
+    let seqs = prop::collection::vec((len.clone(), len, any::<bool>()), 1..=max_batch);
+    let dims = (1..=d_units, any::<bool>()).prop_map(move |(u, odd)| if odd && u > 1 && !aligned { 8 * u - 3 } else { 8 * u });
+    (seqs, dims, 1..=2usize, 1..=max_group, any::<bool>(), scale_strategy(), window_strategy(max_len), any::<u64>()).prop_map(
+        |(seqs, head_dim, heads_kv, group, causal, softmax_scale, window, seed)| {
+            let mut lens_q: Vec<usize> = seqs.iter().map(|s| s.0).collect();
+            let mut lens_k: Vec<usize> = seqs.iter().map(|s| if s.2 { s.0 } else { s.1 }).collect();
+            // A batch holds at least one query row and one key.
+            if lens_q.iter().sum::<usize>() == 0 {
+                lens_q[0] = 1;
+            }
+            if lens_k.iter().sum::<usize>() == 0 {
+                lens_k[0] = 1;
+            }
+            VarCase { lens_q, lens_k, heads_q: heads_kv * group, heads_kv, head_dim, causal, softmax_scale, window, dtype: Dt::F16, seed }
+        },
+    )
+}
+
+/// Runs `case` forward (and with `backward` backward) by kernel family `family` (`None`: the
+/// automatic choice) and checks every sequence against the f64 reference.
+pub fn check_varlen(fa: &FlashAttn, case: &VarCase, family: Option<&'static str>, backward: bool) -> Result<(), String> {
+    let r = match case.dtype {
+        Dt::F32 => check_typed::<f32>(fa, case, family, backward),
+        Dt::F16 => check_typed::<half::f16>(fa, case, family, backward),
+        Dt::Bf16 => check_typed::<half::bf16>(fa, case, family, backward),
+    };
+    r.map_err(|e| format!("[{}] {e}", family.unwrap_or("auto")))
+}
+
+fn check_typed<T: Dtype>(fa: &FlashAttn, case: &VarCase, family: Option<&'static str>, backward: bool) -> Result<(), String> {
+    let (hq, hkv, d) = (case.heads_q, case.heads_kv, case.head_dim);
+    let (cu_q, cu_k) = (VarCase::offsets(&case.lens_q), VarCase::offsets(&case.lens_k));
+    let (tq, tk) = (*cu_q.last().unwrap() as usize, *cu_k.last().unwrap() as usize);
+    let e = |e: flashattn::Error| format!("{case}: {e}");
+    let seqs: SeqLens = fa.seqlens(&cu_q, &cu_k, None).map_err(e)?;
+    let mut rng = Rng::new(case.seed);
+    let (q, k, v, d_o): (Vec<T>, Vec<T>, Vec<T>, Vec<T>) =
+        (rng.tensor(tq * hq * d), rng.tensor(tk * hkv * d), rng.tensor(tk * hkv * d), rng.tensor(tq * hq * d));
+    let (qs, kvs) = ([tq, hq, d], [tk, hkv, d]);
+    let (qd, kd, vd, dod) = (
+        fa.upload(&q, &qs).map_err(e)?,
+        fa.upload(&k, &kvs).map_err(e)?,
+        fa.upload(&v, &kvs).map_err(e)?,
+        fa.upload(&d_o, &qs).map_err(e)?,
+    );
+    let attn = case.seq_case(0).attention();
+    let fwd_opts = FwdOptions { kernel: family, ..Default::default() };
+    let mut out = FwdOutput::from_buffers(fa.full(T::nan(), &qs).map_err(e)?, fa.full(f32::NAN, &[hq, tq]).map_err(e)?, None);
+    fa.forward_varlen_into(&qd, &kd, &vd, &seqs, &attn, &fwd_opts, &mut out).map_err(e)?;
+    let o: Vec<f64> = fa.download(out.o()).map_err(e)?.iter().map(|x| x.to_f64()).collect();
+    let lse: Vec<f64> = fa.download(out.lse()).map_err(e)?.iter().map(|&x| x as f64).collect();
+    let grads = match backward {
+        true => {
+            let opts = BwdOptions { kernel: family, deterministic: false };
+            let mut g = BwdOutput {
+                dq: fa.full(T::nan(), &qs).map_err(e)?,
+                dk: fa.full(T::nan(), &kvs).map_err(e)?,
+                dv: fa.full(T::nan(), &kvs).map_err(e)?,
+            };
+            fa.backward_into(&qd, &kd, &vd, &out, &dod, &opts, &mut g).map_err(e)?;
+            let w = |t: &flashattn::Tensor<T>| -> Result<Vec<f64>, String> {
+                Ok(fa.download(t).map_err(e)?.iter().map(|x| x.to_f64()).collect())
+            };
+            Some([w(&g.dq)?, w(&g.dk)?, w(&g.dv)?])
+        }
+        false => None,
+    };
+    for b in 0..case.lens_q.len() {
+        let c = case.seq_case(b);
+        let (q0, q1, k0, k1) = (cu_q[b] as usize, cu_q[b + 1] as usize, cu_k[b] as usize, cu_k[b + 1] as usize);
+        let (qr, kr) = (q0 * hq * d..q1 * hq * d, k0 * hkv * d..k1 * hkv * d);
+        let in_seq = |r: Result<(), String>| r.map_err(|m| format!("{case}: sequence {b}: {m}"));
+        if q1 > q0 {
+            // LSE [heads_q, total_q]: the sequence's rows of each head, as [1, heads_q, sq].
+            let lse_b: Vec<f64> = (0..hq).flat_map(|h| lse[h * tq + q0..h * tq + q1].iter().copied()).collect();
+            in_seq(check_outputs(&c, &q[qr.clone()], &k[kr.clone()], &v[kr.clone()], &o[qr.clone()], &lse_b).map(|_| ()))?;
+        }
+        let Some(g) = &grads else { continue };
+        if q1 == q0 {
+            // No query sees the sequence's keys: dK = dV = 0, written.
+            if let Some(x) = g[1][kr.clone()].iter().chain(&g[2][kr.clone()]).find(|x| **x != 0.0) {
+                return Err(format!("{case}: sequence {b} has no queries, but its dK or dV holds {x}"));
+            }
+            continue;
+        }
+        let got = [g[0][qr.clone()].to_vec(), g[1][kr.clone()].to_vec(), g[2][kr.clone()].to_vec()];
+        in_seq(check_grads(&c, &q[qr.clone()], &k[kr.clone()], &v[kr.clone()], &d_o[qr], &got))?;
+    }
+    Ok(())
+}
+
+/// Offsets only a device holds, made wrong on purpose: decreasing, past the packed tensors,
+/// past the grid's maxima, `seqused_k` past the slot. The kernels must stay inside the
+/// tensors (on the emulator every access is checked: one outside fails the launch), and the
+/// call must succeed. With `backward`, the backward too (without `seqused_k`).
+pub fn check_bad_offsets<T: Dtype>(fa: &FlashAttn, family: Option<&'static str>, head_dim: usize, backward: bool) -> Result<(), String> {
+    let (tq, tk, hq, hkv, d) = (60usize, 40usize, 2usize, 1usize, head_dim);
+    let cu_q = [0u32, 50, 20, 1000, u32::MAX, 7, 60];
+    let cu_k = [5u32, 3, 100_000, 7, 9, 0, u32::MAX];
+    let used = [1000u32, 0, 5, u32::MAX, 2, 17];
+    let mut rng = Rng::new(7);
+    let (q, k, v): (Vec<T>, Vec<T>, Vec<T>) = (rng.tensor(tq * hq * d), rng.tensor(tk * hkv * d), rng.tensor(tk * hkv * d));
+    let e = |e: flashattn::Error| format!("bad offsets [{}] d={d}: {e}", family.unwrap_or("auto"));
+    let (qs, kvs) = ([tq, hq, d], [tk, hkv, d]);
+    let (qd, kd, vd, dod) =
+        (fa.upload(&q, &qs).map_err(e)?, fa.upload(&k, &kvs).map_err(e)?, fa.upload(&v, &kvs).map_err(e)?, fa.upload(&q, &qs).map_err(e)?);
+    for (used_k, causal, window) in
+        [(Some(&used[..]), false, Window::NONE), (None, true, Window::NONE), (None, false, Window { left: Some(3), right: Some(9) })]
+    {
+        let seqs = fa.seqlens_unchecked(&cu_q, &cu_k, used_k, [tq, tk, 32, 48]).map_err(e)?;
+        let attn = flashattn::Attention { causal, softmax_scale: None, window };
+        let out = fa.forward_varlen(&qd, &kd, &vd, &seqs, &attn, &FwdOptions { kernel: family, ..Default::default() }).map_err(e)?;
+        if backward && used_k.is_none() {
+            fa.backward(&qd, &kd, &vd, &out, &dod, &BwdOptions { kernel: family, deterministic: false }).map_err(e)?;
+        }
+        fa.synchronize().map_err(e)?;
+    }
+    Ok(())
+}

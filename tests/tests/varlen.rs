@@ -1,0 +1,151 @@
+//! Variable-length batches (packed sequences, `cu_seqlens`) against the f64 reference, forward
+//! and backward, by every family with general entries, each sequence checked as a batch of
+//! one; and offsets made wrong on purpose, which must never take a kernel outside the
+//! tensors. On the CPU emulator (always) and on the GPU (when there is one; ignored, loudly,
+//! when not; failed when REQUIRE_GPU=1).
+//!
+//! `FLASHATTN_GPU_VARLEN_CASES` / `FLASHATTN_EMU_VARLEN_CASES` set the number of random cases.
+
+use flashattn::FlashAttn;
+use flashattn::kernels::registry::Arch;
+use flashattn_tests::varlen::{VarCase, check_bad_offsets, check_varlen, varlen_strategy};
+use flashattn_tests::{BackendKind, Dt, env_usize, gpu_trials, push_for_arch, shards};
+use libtest_mimic::{Arguments, Failed, Trial};
+use proptest::strategy::Strategy;
+use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use std::sync::Arc;
+
+/// A trial's body, given the backend it runs on.
+type TrialBody = Box<dyn FnOnce(&FlashAttn) -> Result<(), Failed> + Send>;
+
+/// The families with variable-length entries: their dtypes, PTX module, and whether their
+/// backward takes a variable-length batch (`mma`'s dK/dV kernels spill with one: forward
+/// only, `registry`).
+const FAMILIES: [(&str, &[Dt], Arch, bool); 3] = [
+    ("wgmma", &[Dt::F16, Dt::Bf16], Arch::Sm90a, true),
+    ("mma", &[Dt::F16, Dt::Bf16], Arch::Sm80, false),
+    ("simt", &[Dt::F32, Dt::F16, Dt::Bf16], Arch::Sm80, true),
+];
+
+/// Whether `family` has a variable-length forward entry for this dtype and head_dim (the
+/// variants whose entry would spill have none).
+fn has_varlen(family: &str, dtype: Dt, head_dim: usize) -> bool {
+    use flashattn::kernels::dtype::DType;
+    let dt = match dtype {
+        Dt::F32 => DType::F32,
+        Dt::F16 => DType::F16,
+        Dt::Bf16 => DType::Bf16,
+    };
+    let fam = flashattn::FwdFamily::from_name(family).expect("a forward family");
+    flashattn::kernels::registry::fwd_variant(fam, dt, head_dim as u32).is_some_and(|v| v.varlen_name.is_some())
+}
+
+fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option<String>) -> Vec<Trial> {
+    let tag = match kind {
+        BackendKind::Gpu => "gpu",
+        BackendKind::Emulator => "emulator",
+    };
+    let archs = fa.as_ref().map(|f| f.archs());
+    let mut trials = Vec::new();
+    let mk = |name: String, f: TrialBody| {
+        let fa = fa.clone();
+        let unavailable = unavailable.clone();
+        Trial::test(name, move || match (fa, unavailable) {
+            (Some(fa), _) => f(&fa),
+            (None, Some(why)) => Err(format!("REQUIRE_GPU=1 but no GPU: {why}").into()),
+            (None, None) => Err("no backend".into()),
+        })
+    };
+    // Random batches over the whole option space, forward and backward, each family by name.
+    let (total, size) = match kind {
+        BackendKind::Gpu => (env_usize("FLASHATTN_GPU_VARLEN_CASES", 1500), 50),
+        BackendKind::Emulator => (env_usize("FLASHATTN_EMU_VARLEN_CASES", 24), 4),
+    };
+    let (max_batch, max_len, d_units, group) = match kind {
+        BackendKind::Gpu => (8, 300, 32, 4),
+        BackendKind::Emulator => (4, 40, 16, 2),
+    };
+    let per = shards(total / FAMILIES.len(), size);
+    for (family, dtypes, arch, backward) in FAMILIES {
+        for (i, &cases) in per.iter().enumerate() {
+            let dtype = dtypes[i % dtypes.len()];
+            let name = format!("{tag}::props::{family}::{dtype:?}::{i:03}").to_lowercase();
+            let trial = mk(
+                name.clone(),
+                Box::new(move |fa| {
+                    let mut runner = TestRunner::new(Config { cases: cases as u32, failure_persistence: None, ..Config::default() });
+                    let strategy = varlen_strategy(max_batch, max_len, d_units, group, false)
+                        .prop_map(move |c| VarCase { dtype, ..c })
+                        .prop_filter("a variant with a variable-length entry", move |c| has_varlen(family, dtype, c.head_dim));
+                    runner
+                        .run(&strategy, |c| check_varlen(fa, &c, Some(family), backward).map_err(TestCaseError::fail))
+                        .map_err(|e| Failed::from(format!("{e}")))
+                }),
+            );
+            push_for_arch(&mut trials, archs.as_deref(), &name, arch, trial);
+        }
+    }
+    // Every tile of each family: a fixed batch (lengths 0, 1, ragged, GQA, causal with more
+    // queries than keys) at the largest head_dim of each of its variants.
+    for v in flashattn::kernels::registry::FWD_VARIANTS.iter().filter(|v| v.varlen_name.is_some()) {
+        let (family, arch, dtype) = (v.family.name(), v.arch(), Dt::of(v.dtype));
+        // The largest head_dim of the variant; the backward where the family takes one.
+        let d = v.head_dims().1 as usize;
+        let backward = FAMILIES.iter().any(|f| f.0 == family && f.3);
+        let name = format!("{tag}::variant::{}", v.varlen_name.unwrap_or(v.name));
+        let trial = mk(
+            name.clone(),
+            Box::new(move |fa| {
+                for causal in [false, true] {
+                    let case = VarCase {
+                        lens_q: vec![37, 0, 1, 70, 9],
+                        lens_k: vec![37, 5, 1, 45, 0],
+                        heads_q: 4,
+                        heads_kv: 2,
+                        head_dim: d,
+                        causal,
+                        softmax_scale: None,
+                        window: flashattn::Window::NONE,
+                        dtype,
+                        seed: fresh_seed(),
+                    };
+                    check_varlen(fa, &case, Some(family), backward).map_err(Failed::from)?;
+                }
+                Ok(())
+            }),
+        );
+        push_for_arch(&mut trials, archs.as_deref(), &name, arch, trial);
+    }
+    // Offsets made wrong on purpose (only a device holds them): no access outside the
+    // tensors, forward and backward, every family, padded and whole head dims.
+    for (family, dtypes, arch, backward) in FAMILIES {
+        for d in [64usize, 120] {
+            let dtype = dtypes[0];
+            let name = format!("{tag}::bad_offsets::{family}::d{d}");
+            let trial = mk(
+                name.clone(),
+                Box::new(move |fa| {
+                    let r = match dtype {
+                        Dt::F32 => check_bad_offsets::<f32>(fa, Some(family), d, backward),
+                        Dt::F16 => check_bad_offsets::<half::f16>(fa, Some(family), d, backward),
+                        Dt::Bf16 => check_bad_offsets::<half::bf16>(fa, Some(family), d, backward),
+                    };
+                    r.map_err(Failed::from)
+                }),
+            );
+            push_for_arch(&mut trials, archs.as_deref(), &name, arch, trial);
+        }
+    }
+    trials
+}
+
+fn fresh_seed() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
+}
+
+fn main() {
+    let args = Arguments::from_args();
+    let mut trials = trials_for(BackendKind::Emulator, Some(Arc::new(FlashAttn::emulator())), None);
+    trials.extend(gpu_trials("GPU varlen tests", |fa, why| trials_for(BackendKind::Gpu, fa, why)));
+    libtest_mimic::run(&args, trials).exit();
+}
