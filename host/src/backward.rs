@@ -58,8 +58,8 @@ pub struct BwdOutput<T> {
 ///
 /// `saved`: the forward's O residual is at hand (the families that use it then run their
 /// [`BwdFamily::passes`] for it). `entry`: the forward's (a sliding window, a variable-length
-/// batch: every pass then needs a kernel for it, [`BwdFamily::takes`]; the atomic families
-/// have none: named, they are [`Error::Unsupported`]).
+/// batch: every pass at this head_dim then needs a kernel for it, [`BwdVariant::entry`]; the
+/// atomic families have none: named, they are [`Error::Unsupported`]).
 pub fn select_bwd_variants(
     dtype: flashattn_kernels::dtype::DType,
     head_dim: usize,
@@ -78,7 +78,7 @@ pub fn select_bwd_variants(
                 return Err(Error::NotDeterministic { family: name.into() });
             }
             let vs = get(family).ok_or_else(|| Error::NoVariant { family: name.into(), dtype: dtype.name(), head_dim })?;
-            if !family.takes(entry) {
+            if !vs.iter().all(|v| v.entry(entry).is_some()) {
                 let what = match entry {
                     Entry::Varlen => "a variable-length batch in the backward family",
                     _ => "a sliding window in the backward family",
@@ -90,8 +90,7 @@ pub fn select_bwd_variants(
         None => BWD_FAMILIES
             .iter()
             .filter(|f| f.auto && (f.deterministic || !opts.deterministic) && archs.contains(&f.arch))
-            .filter(|f| f.family.takes(entry))
-            .find_map(|f| get(f.family))
+            .find_map(|f| get(f.family).filter(|vs| vs.iter().all(|v| v.entry(entry).is_some())))
             .ok_or_else(|| Error::NoVariant { family: "any".into(), dtype: dtype.name(), head_dim }),
     }
 }
@@ -220,10 +219,16 @@ impl FlashAttn {
         if shape != fwd.shape {
             return Err(Error::NotForwardInput { tensor: "q" });
         }
-        if seqs.is_some_and(|s| s.has_seqused_k()) {
-            // The keys past seqused_k would need dK = dV = 0 written: not yet.
-            return Err(Error::Unsupported { what: "the backward of a variable-length batch with seqused_k", value: "seqused_k".into() });
-        }
+        // The keys past each sequence's seqused_k: dK = dV = 0, written here (the kernels see
+        // only the used keys); the host must know where they are.
+        let unused_keys = match seqs.map(|s| s.unused_keys()) {
+            Some(None) => {
+                let what = "the backward of a batch with seqused_k on the device (its unused keys' dK and dV need the offsets on the host)";
+                return Err(Error::Unsupported { what, value: "seqlens_on_device".into() });
+            }
+            Some(Some(r)) => r,
+            None => Vec::new(),
+        };
         let (qs, kvs, ls) = shape.shapes(seqs);
         let offset_views = seqs.map(offset_views);
         let align = row_align(shape.head_dim, std::mem::size_of::<T>());
@@ -345,6 +350,11 @@ impl FlashAttn {
         if atomic {
             // The atomic path's dQ accumulator starts at zero.
             self.memset_zero(dq_accum, 4 * n_accum)?;
+        }
+        for (rows, b) in unused_keys.iter().flat_map(|r| [(r, &bdk), (r, &bdv)]) {
+            for (addr, pitch, width, height) in b.row_blocks(rows.clone()) {
+                self.memset_zero_2d(addr, pitch, width, height)?;
+            }
         }
         // SAFETY: every view was checked above against the memory it is in, and the workspace
         // holds the statistics and the accumulator.

@@ -258,6 +258,24 @@ impl FlashAttn {
         }
     }
 
+    /// Zeroes `height` rows of `width` bytes, `pitch` bytes apart, from device (or emulator
+    /// host) address `addr`, queued on the stream.
+    pub(crate) fn memset_zero_2d(&self, addr: u64, pitch: usize, width: usize, height: usize) -> Result<()> {
+        match &self.backend {
+            // SAFETY: the caller checked that the rows are inside memory the call may write.
+            Backend::Cuda(c) => cuda("zeroing unused keys' gradients", unsafe {
+                cudarc::driver::sys::cuMemsetD2D8Async(addr, pitch, 0, width, height, c.stream.cu_stream()).result()
+            }),
+            Backend::Emulator => {
+                for r in 0..height {
+                    // SAFETY: as above; host memory on the emulator.
+                    unsafe { std::ptr::write_bytes((addr + (r * pitch) as u64) as *mut u8, 0, width) };
+                }
+                Ok(())
+            }
+        }
+    }
+
     /// Copies a tensor back to the host (waits for the work that writes it).
     pub fn download<T: Dtype>(&self, t: &Tensor<T>) -> Result<Vec<T>> {
         self.check_owner(t, "tensor")?;
@@ -411,6 +429,11 @@ impl FlashAttn {
     /// Takes ownership of the caller's cudarc buffer as a contiguous tensor of `shape`
     /// (it must hold exactly that many elements, in this instance's context).
     pub fn tensor_from_cuda<T: Dtype>(&self, slice: CudaSlice<T>, shape: &[usize]) -> Result<Tensor<T>> {
+        self.tensor_from_cuda_plain(slice, shape)
+    }
+
+    /// [`FlashAttn::tensor_from_cuda`] for any plain element type (offsets: u32).
+    pub(crate) fn tensor_from_cuda_plain<T>(&self, slice: CudaSlice<T>, shape: &[usize]) -> Result<Tensor<T>> {
         let Backend::Cuda(c) = &self.backend else { return Err(Error::WrongDevice { tensor: "tensor" }) };
         if !Arc::ptr_eq(slice.context(), &c.ctx) {
             return Err(Error::WrongDevice { tensor: "tensor" });
@@ -428,6 +451,7 @@ impl FlashAttn {
 pub(crate) trait KernelParams: Copy + Sync {}
 impl KernelParams for flashattn_kernels::params::FwdParams {}
 impl KernelParams for flashattn_kernels::params::BwdParams {}
+impl KernelParams for flashattn_kernels::params::MergeParams {}
 
 #[repr(transparent)]
 struct ParamsArg<P>(P);
@@ -472,7 +496,8 @@ impl FlashAttn {
         match &self.backend {
             Backend::Cuda(c) => {
                 let arg = ParamsArg(params);
-                for l in launches {
+                // A grid of no blocks (a variable-length batch's keys all unused) has nothing to do.
+                for l in launches.iter().filter(|l| l.grid.0 * l.grid.1 * l.grid.2 > 0) {
                     let f = c.function(l.name, l.arch, l.smem)?;
                     let cfg = LaunchConfig { grid_dim: l.grid, block_dim: (l.threads, 1, 1), shared_mem_bytes: l.smem as u32 };
                     let mut builder = c.stream.launch_builder(&f);
@@ -483,7 +508,7 @@ impl FlashAttn {
                 Ok(())
             }
             Backend::Emulator => {
-                for l in launches {
+                for l in launches.iter().filter(|l| l.grid.0 * l.grid.1 * l.grid.2 > 0) {
                     let cfg = emu::LaunchConfig { grid: l.grid, block_threads: l.threads, dynamic_shared_bytes: l.smem };
                     let body = l.emulate;
                     // SAFETY: the caller's contract; the emulator also checks every access.

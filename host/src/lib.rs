@@ -29,6 +29,7 @@ mod device;
 mod dtype;
 mod error;
 mod forward;
+mod merge;
 mod options;
 #[doc(hidden)]
 pub mod ptx;
@@ -52,5 +53,5 @@ pub use forward::{
     validate_varlen,
 };
 pub use options::{Attention, BwdOptions, FwdOptions, Window};
-pub use varlen::SeqLens;
+pub use varlen::{SeqLenDims, SeqLens};
 pub use view::{AsView, View, ViewMut, contiguous_strides};

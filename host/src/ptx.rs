@@ -90,9 +90,9 @@ pub fn loaded(arch: flashattn_kernels::registry::Arch) -> &'static str {
         let mut ptx = module(arch).to_string();
         for v in BWD_VARIANTS.iter().filter(|v| v.arch() == arch) {
             if let Some(regs) = v.max_regs() {
-                // A registered variant is always an entry, and so is its windowed twin
-                // (tests/tests/ptx.rs); the twin takes the same cap.
-                for name in [Some(v.name), v.window_name].into_iter().flatten() {
+                // A registered variant is always an entry, and so are its windowed and
+                // variable-length twins (tests/tests/ptx.rs); the twins take the same cap.
+                for name in [Some(v.name), v.window_name, v.varlen_name].into_iter().flatten() {
                     ptx = with_maxnreg(&ptx, name, regs).unwrap_or(ptx);
                 }
             }

@@ -8,6 +8,7 @@
 use crate::device::{FlashAttn, Tensor};
 use crate::error::{Error, Result};
 use crate::forward::{MAX_GRID_YZ, MAX_SEQLEN};
+use cudarc::driver::CudaSlice;
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -21,12 +22,24 @@ struct Inner {
     cu_k: Tensor<u32>,
     used_k: Option<Tensor<u32>>,
     batch: usize,
-    max_q: usize,
-    max_k: usize,
-    total_q: usize,
-    total_k: usize,
+    dims: SeqLenDims,
     /// The offsets as checked on the host (`None`: given unchecked, as a device would hold them).
     host: Option<HostSeqLens>,
+}
+
+/// The sizes of a variable-length batch whose offsets the host cannot read
+/// ([`FlashAttn::seqlens_on_device`]): the packed tensors' rows, and the longest sequences (the
+/// grid's size: longer ones are cut there).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SeqLenDims {
+    /// Rows of the packed Q (`cu_seqlens_q`'s last offset).
+    pub total_q: usize,
+    /// Rows of the packed K and V (`cu_seqlens_k`'s last offset).
+    pub total_k: usize,
+    /// The longest query sequence.
+    pub max_seqlen_q: usize,
+    /// The longest key sequence (keys used, with `seqused_k`).
+    pub max_seqlen_k: usize,
 }
 
 /// A variable-length batch's offsets on the host.
@@ -49,10 +62,10 @@ impl std::fmt::Debug for SeqLens {
         let i = &self.0;
         f.debug_struct("SeqLens")
             .field("batch", &i.batch)
-            .field("total_q", &i.total_q)
-            .field("total_k", &i.total_k)
-            .field("max_seqlen_q", &i.max_q)
-            .field("max_seqlen_k", &i.max_k)
+            .field("total_q", &i.dims.total_q)
+            .field("total_k", &i.dims.total_k)
+            .field("max_seqlen_q", &i.dims.max_seqlen_q)
+            .field("max_seqlen_k", &i.dims.max_seqlen_k)
             .field("seqused_k", &i.used_k.is_some())
             .field("checked", &i.host.is_some())
             .finish()
@@ -66,19 +79,19 @@ impl SeqLens {
     }
     /// Rows of the packed Q (and O, dO, dQ).
     pub fn total_q(&self) -> usize {
-        self.0.total_q
+        self.0.dims.total_q
     }
     /// Rows of the packed K (and V, dK, dV).
     pub fn total_k(&self) -> usize {
-        self.0.total_k
+        self.0.dims.total_k
     }
     /// The longest query sequence.
     pub fn max_seqlen_q(&self) -> usize {
-        self.0.max_q
+        self.0.dims.max_seqlen_q
     }
     /// The longest key sequence (keys used, with `seqused_k`).
     pub fn max_seqlen_k(&self) -> usize {
-        self.0.max_k
+        self.0.dims.max_seqlen_k
     }
     /// Whether `seqused_k` was given.
     pub fn has_seqused_k(&self) -> bool {
@@ -95,17 +108,27 @@ impl SeqLens {
         let used = h.used_k.as_ref().map_or(k1 - k0, |u| u[b] as usize);
         Some((q0..q1, k0..k0 + used))
     }
+    /// The packed keys no sequence uses (each slot's keys past its `seqused_k`), where the
+    /// backward writes dK = dV = 0 (the kernels see only the used keys): empty without
+    /// `seqused_k`; `None` for offsets the host has not seen ([`FlashAttn::seqlens_on_device`]).
+    pub(crate) fn unused_keys(&self) -> Option<Vec<Range<usize>>> {
+        let Some(used) = self.0.host.as_ref().map(|h| &h.used_k) else {
+            return self.0.used_k.is_none().then(Vec::new);
+        };
+        let (cu_k, used) = (&self.0.host.as_ref()?.cu_k, used.as_deref().unwrap_or(&[]));
+        Some((0..used.len()).map(|b| (cu_k[b] + used[b]) as usize..cu_k[b + 1] as usize).filter(|r| !r.is_empty()).collect())
+    }
     /// Q's shape for `heads` heads of `head_dim`: [total_q, heads, head_dim].
     pub fn q_shape(&self, heads: usize, head_dim: usize) -> [usize; 3] {
-        [self.0.total_q, heads, head_dim]
+        [self.0.dims.total_q, heads, head_dim]
     }
     /// K's shape: [total_k, heads, head_dim].
     pub fn kv_shape(&self, heads: usize, head_dim: usize) -> [usize; 3] {
-        [self.0.total_k, heads, head_dim]
+        [self.0.dims.total_k, heads, head_dim]
     }
     /// LSE's shape: [heads_q, total_q].
     pub fn lse_shape(&self, heads_q: usize) -> [usize; 2] {
-        [heads_q, self.0.total_q]
+        [heads_q, self.0.dims.total_q]
     }
     /// The device offsets: cu_seqlens_q, cu_seqlens_k, seqused_k.
     pub(crate) fn tensors(&self) -> (&Tensor<u32>, &Tensor<u32>, Option<&Tensor<u32>>) {
@@ -171,33 +194,51 @@ impl FlashAttn {
         let max_k = (0..batch).map(|b| seqused_k.map_or(slot(b), |u| u[b] as usize)).max().unwrap_or(0);
         let host = HostSeqLens { cu_q: cu_seqlens_q.to_vec(), cu_k: cu_seqlens_k.to_vec(), used_k: seqused_k.map(<[u32]>::to_vec) };
         let (total_q, total_k) = (cu_seqlens_q[batch] as usize, cu_seqlens_k[batch] as usize);
-        self.seqlens_inner(cu_seqlens_q, cu_seqlens_k, seqused_k, [batch, total_q, total_k, max_q, max_k], Some(host))
+        let dims = SeqLenDims { total_q, total_k, max_seqlen_q: max_q, max_seqlen_k: max_k };
+        self.seqlens_inner(cu_seqlens_q, cu_seqlens_k, seqused_k, batch, dims, Some(host))
     }
 
-    /// Offsets taken as a device would hold them: not checked against each other, only
-    /// counted (batch + 1 of each, `batch` of `seqused_k`). The kernels clamp each sequence
-    /// into the packed tensors of `total_q` and `total_k` rows and the grid of `max_q` and
-    /// `max_k` (whatever the offsets say, no access leaves the tensors; rows of no sequence
-    /// are not written). For tests of exactly that.
+    /// A variable-length batch whose offsets are already on the device (a serving engine's,
+    /// written by its own kernels): `cu_seqlens_q`, `cu_seqlens_k` (`batch + 1` each) and
+    /// optionally `seqused_k` (`batch`), cudarc buffers of this instance's context, used in
+    /// the order of its stream (make them on it, or order them before it). The host cannot
+    /// read them, so only their counts and `dims` are checked here: the kernels clamp each
+    /// sequence into the packed tensors of `dims.total_q` and `dims.total_k` rows and its
+    /// lengths to `dims.max_seqlen_q` and `dims.max_seqlen_k`, so that offsets that break
+    /// [`FlashAttn::seqlens`]'s rules never take an access outside the tensors (what such a
+    /// batch computes is then unspecified; rows of no sequence are not written).
+    pub fn seqlens_on_device(
+        &self,
+        cu_seqlens_q: CudaSlice<u32>,
+        cu_seqlens_k: CudaSlice<u32>,
+        seqused_k: Option<CudaSlice<u32>>,
+        dims: SeqLenDims,
+    ) -> Result<SeqLens> {
+        let counts = [cu_seqlens_q.len(), cu_seqlens_k.len(), seqused_k.as_ref().map_or(0, |u| u.len())];
+        let batch = check_counts(counts, seqused_k.is_some(), &dims)?;
+        let wrap = |what, s: CudaSlice<u32>| {
+            let n = s.len();
+            self.tensor_from_cuda_plain(s, &[n]).map_err(|_| Error::WrongDevice { tensor: what })
+        };
+        let (cu_q, cu_k) = (wrap("cu_seqlens_q", cu_seqlens_q)?, wrap("cu_seqlens_k", cu_seqlens_k)?);
+        let used_k = seqused_k.map(|u| wrap("seqused_k", u)).transpose()?;
+        Ok(SeqLens(Arc::new(Inner { cu_q, cu_k, used_k, batch, dims, host: None })))
+    }
+
+    /// As [`FlashAttn::seqlens_on_device`], from the host: offsets taken as a device would
+    /// hold them, not checked against each other (for tests of exactly that, on the emulator
+    /// too).
     #[doc(hidden)]
     pub fn seqlens_unchecked(
         &self,
         cu_seqlens_q: &[u32],
         cu_seqlens_k: &[u32],
         seqused_k: Option<&[u32]>,
-        [total_q, total_k, max_q, max_k]: [usize; 4],
+        dims: SeqLenDims,
     ) -> Result<SeqLens> {
-        let batch = cu_seqlens_q.len().saturating_sub(1);
-        if batch == 0 || cu_seqlens_k.len() != batch + 1 || seqused_k.is_some_and(|u| u.len() != batch) {
-            return Err(Error::ShapeMismatch { what: "offsets of q and k", left: cu_seqlens_q.len(), right: cu_seqlens_k.len() });
-        }
-        for (what, value, max) in [("batch", batch, MAX_GRID_YZ), ("max_seqlen_q", max_q, MAX_SEQLEN), ("max_seqlen_k", max_k, MAX_SEQLEN)]
-        {
-            if value > max || value == 0 {
-                return Err(Error::TooLarge { what, value, max });
-            }
-        }
-        self.seqlens_inner(cu_seqlens_q, cu_seqlens_k, seqused_k, [batch, total_q, total_k, max_q, max_k], None)
+        let counts = [cu_seqlens_q.len(), cu_seqlens_k.len(), seqused_k.map_or(0, |u| u.len())];
+        let batch = check_counts(counts, seqused_k.is_some(), &dims)?;
+        self.seqlens_inner(cu_seqlens_q, cu_seqlens_k, seqused_k, batch, dims, None)
     }
 
     fn seqlens_inner(
@@ -205,13 +246,54 @@ impl FlashAttn {
         cu_q: &[u32],
         cu_k: &[u32],
         used_k: Option<&[u32]>,
-        [batch, total_q, total_k, max_q, max_k]: [usize; 5],
+        batch: usize,
+        dims: SeqLenDims,
         host: Option<HostSeqLens>,
     ) -> Result<SeqLens> {
         let up = |v: &[u32]| self.upload_plain(v, &[v.len()]);
         let used_k = used_k.map(up).transpose()?;
-        Ok(SeqLens(Arc::new(Inner { cu_q: up(cu_q)?, cu_k: up(cu_k)?, used_k, batch, max_q, max_k, total_q, total_k, host })))
+        Ok(SeqLens(Arc::new(Inner { cu_q: up(cu_q)?, cu_k: up(cu_k)?, used_k, batch, dims, host })))
     }
+}
+
+/// The counts of offsets given as a device holds them (`batch + 1` of `cu_seqlens_q` and of
+/// `cu_seqlens_k`, `batch` of `seqused_k` when given) and their `dims`: the batch.
+fn check_counts([nq, nk, nu]: [usize; 3], has_used: bool, dims: &SeqLenDims) -> Result<usize> {
+    let batch = nq.saturating_sub(1);
+    if nq < 2 {
+        return Err(Error::SeqLens {
+            what: "cu_seqlens_q",
+            index: nq,
+            value: 0,
+            why: "a batch of b sequences needs b + 1 offsets, b >= 1".into(),
+        });
+    }
+    if nk != nq {
+        return Err(Error::ShapeMismatch { what: "lengths of cu_seqlens_q and cu_seqlens_k", left: nq, right: nk });
+    }
+    if has_used && nu != batch {
+        return Err(Error::ShapeMismatch { what: "sequences of seqused_k and cu_seqlens_k", left: nu, right: batch });
+    }
+    let d = dims;
+    for (what, value, max) in [
+        ("batch", batch, MAX_GRID_YZ),
+        ("max_seqlen_q", d.max_seqlen_q, MAX_SEQLEN),
+        ("max_seqlen_k", d.max_seqlen_k, MAX_SEQLEN),
+        ("total_q", d.total_q, u32::MAX as usize),
+        ("total_k", d.total_k, u32::MAX as usize),
+    ] {
+        if value > max {
+            return Err(Error::TooLarge { what, value, max });
+        }
+    }
+    for (what, value) in
+        [("max_seqlen_q", d.max_seqlen_q), ("max_seqlen_k", d.max_seqlen_k), ("total_q", d.total_q), ("total_k", d.total_k)]
+    {
+        if value == 0 {
+            return Err(Error::SeqLens { what, index: 0, value: 0, why: "the batch must hold at least one row and one key".into() });
+        }
+    }
+    Ok(batch)
 }
 
 #[cfg(test)]
@@ -233,5 +315,16 @@ mod tests {
         assert!(err(&[0, 3], &[0, 2, 4], None).contains("lengths of cu_seqlens_q and cu_seqlens_k"));
         assert!(err(&[0, 3, 4], &[0, 2, 4], Some(&[2, 3])).contains("seqused_k[1] is 3"));
         assert!(err(&[0, 3, 4], &[0, 2, 4], Some(&[2])).contains("seqused_k"));
+        // Offsets as a device holds them: only their counts and the sizes are checked.
+        let dims = SeqLenDims { total_q: 10, total_k: 6, max_seqlen_q: 7, max_seqlen_k: 4 };
+        let unchecked = |q: &[u32], k: &[u32], u: Option<&[u32]>, d| fa.seqlens_unchecked(q, k, u, d);
+        let s = unchecked(&[9, 0, 99], &[0, 7, 1], Some(&[5, 5]), dims).unwrap();
+        assert_eq!((s.batch(), s.total_q(), s.max_seqlen_k(), s.seq(0)), (2, 10, 4, None));
+        let uerr = |q: &[u32], k: &[u32], u: Option<&[u32]>, d| unchecked(q, k, u, d).unwrap_err().to_string();
+        assert!(uerr(&[0], &[0], None, dims).contains("b + 1 offsets"));
+        assert!(uerr(&[0, 1], &[0, 1, 2], None, dims).contains("lengths of cu_seqlens_q and cu_seqlens_k"));
+        assert!(uerr(&[0, 1], &[0, 1], Some(&[1, 1]), dims).contains("seqused_k"));
+        assert!(uerr(&[0, 1], &[0, 1], None, SeqLenDims { max_seqlen_q: MAX_SEQLEN + 1, ..dims }).contains("max_seqlen_q"));
+        assert!(uerr(&[0, 1], &[0, 1], None, SeqLenDims { total_k: 0, ..dims }).contains("total_k"));
     }
 }

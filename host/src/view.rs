@@ -449,6 +449,18 @@ impl Bound<'_> {
             _ => flashattn_kernels::params::Strides { batch: s[0] as u64, row: 1, head: s[1] as u64 },
         }
     }
+    /// Rows `rows` of a [rows, heads, head_dim] view (head_dim contiguous) as 2-D blocks
+    /// (address, pitch, width in bytes, height): one when its heads are contiguous in a row,
+    /// else one per head.
+    pub(crate) fn row_blocks(&self, rows: std::ops::Range<usize>) -> Vec<(u64, usize, usize, usize)> {
+        let (sh, st, e) = (&self.layout.shape, &self.layout.strides, self.elem);
+        let (heads, d) = (sh[1], sh[2]);
+        let start = self.addr() + (rows.start * st[0] * e) as u64;
+        match heads == 1 || st[1] == d {
+            true => vec![(start, st[0] * e, heads * d * e, rows.len())],
+            false => (0..heads).map(|h| (start + (h * st[1] * e) as u64, st[0] * e, d * e, rows.len())).collect(),
+        }
+    }
     pub(crate) fn region(&self) -> flashattn_kernels::dev::emu::GlobalRegion {
         flashattn_kernels::dev::emu::GlobalRegion { start: self.addr() as usize, len: self.span(), writable: self.writable }
     }

@@ -101,6 +101,7 @@ pub mod fwd_mma;
 pub mod fwd_simt;
 pub mod fwd_wgmma;
 pub mod mask;
+pub mod merge;
 pub mod nonfinite;
 pub mod params;
 pub mod registry;

@@ -216,3 +216,28 @@ impl BwdParams {
         k * n + (b as usize * pb.heads_q as usize + h as usize) * pb.seqlen_q as usize + r as usize
     }
 }
+
+/// The merge of partial results by their LSE (`merge`): parts O_s [splits, batch, seqlen,
+/// heads, head_dim] and LSE_s [splits, batch, heads, seqlen] (f32), into O (the output dtype,
+/// [batch, seqlen, heads, head_dim]) and LSE (f32, [batch, heads, seqlen]). LSE strides as
+/// [`Strides`] says for LSE (`row` 1).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MergeParams {
+    pub o_parts: u64,
+    pub lse_parts: u64,
+    pub o: u64,
+    pub lse: u64,
+    /// Elements from one part to the next, in `o_parts` and in `lse_parts`.
+    pub o_parts_split: u64,
+    pub lse_parts_split: u64,
+    pub o_parts_strides: Strides,
+    pub lse_parts_strides: Strides,
+    pub o_strides: Strides,
+    pub lse_strides: Strides,
+    pub splits: u32,
+    pub batch: u32,
+    pub seqlen: u32,
+    pub heads: u32,
+    pub head_dim: u32,
+}

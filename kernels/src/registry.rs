@@ -15,7 +15,7 @@
 use crate::dtype::{Bf16, F16};
 #[cfg(not(target_arch = "nvptx64"))]
 use crate::dtype::{DType, Element};
-use crate::params::{BwdParams, FwdParams};
+use crate::params::{BwdParams, FwdParams, MergeParams};
 use crate::tile::{
     Config, MmaBwdTile, MmaTile, SimtKvTile, SimtTile, WgmmaBwdTile, WgmmaTile, mma_bwd_tile, mma_bwd_tile_atomic, mma_tile, mma_tile_br64,
     mma_tile_unfused, simt_dq_smem_bytes, simt_dq_tile, simt_kv_tile, simt_tile, wgmma_bwd_tile, wgmma_bwd_tile_atomic, wgmma_tile,
@@ -1097,14 +1097,17 @@ bwd_variants! {
         flash_bwd_wgmma_dqs_bf16_d192, flash_bwd_wgmma_dqs_bf16_d192_window / flash_bwd_wgmma_dqs_bf16_d192_varlen => DqSaved: bwd_wgmma_dq_saved(Bf16, 192),
         flash_bwd_wgmma_dqs_bf16_d256p, flash_bwd_wgmma_dqs_bf16_d256p_window / flash_bwd_wgmma_dqs_bf16_d256p_varlen => DqSaved: bwd_wgmma_dq_saved(Bf16, 248),
         flash_bwd_wgmma_dqs_bf16_d256, flash_bwd_wgmma_dqs_bf16_d256_window / flash_bwd_wgmma_dqs_bf16_d256_varlen => DqSaved: bwd_wgmma_dq_saved(Bf16, 256),
+        // No variable-length dK/dV entry at d = 128: narrowed, it takes all 255 registers and
+        // spilled 12-16 bytes in a build from another checkout path (ptxas 13.0 moves there by
+        // symbol names alone); head_dim 65..128 goes to `simt` for a variable-length backward.
         flash_bwd_wgmma_dkdv_f16_d64p, flash_bwd_wgmma_dkdv_f16_d64p_window / flash_bwd_wgmma_dkdv_f16_d64p_varlen => Dkdv: bwd_wgmma_kv(F16, 56),
         flash_bwd_wgmma_dkdv_f16_d64, flash_bwd_wgmma_dkdv_f16_d64_window / flash_bwd_wgmma_dkdv_f16_d64_varlen => Dkdv: bwd_wgmma_kv(F16, 64),
-        flash_bwd_wgmma_dkdv_f16_d128p, flash_bwd_wgmma_dkdv_f16_d128p_window / flash_bwd_wgmma_dkdv_f16_d128p_varlen => Dkdv: bwd_wgmma_kv(F16, 120),
-        flash_bwd_wgmma_dkdv_f16_d128, flash_bwd_wgmma_dkdv_f16_d128_window / flash_bwd_wgmma_dkdv_f16_d128_varlen => Dkdv: bwd_wgmma_kv(F16, 128),
+        flash_bwd_wgmma_dkdv_f16_d128p, flash_bwd_wgmma_dkdv_f16_d128p_window => Dkdv: bwd_wgmma_kv(F16, 120),
+        flash_bwd_wgmma_dkdv_f16_d128, flash_bwd_wgmma_dkdv_f16_d128_window => Dkdv: bwd_wgmma_kv(F16, 128),
         flash_bwd_wgmma_dkdv_bf16_d64p, flash_bwd_wgmma_dkdv_bf16_d64p_window / flash_bwd_wgmma_dkdv_bf16_d64p_varlen => Dkdv: bwd_wgmma_kv(Bf16, 56),
         flash_bwd_wgmma_dkdv_bf16_d64, flash_bwd_wgmma_dkdv_bf16_d64_window / flash_bwd_wgmma_dkdv_bf16_d64_varlen => Dkdv: bwd_wgmma_kv(Bf16, 64),
-        flash_bwd_wgmma_dkdv_bf16_d128p, flash_bwd_wgmma_dkdv_bf16_d128p_window / flash_bwd_wgmma_dkdv_bf16_d128p_varlen => Dkdv: bwd_wgmma_kv(Bf16, 120),
-        flash_bwd_wgmma_dkdv_bf16_d128, flash_bwd_wgmma_dkdv_bf16_d128_window / flash_bwd_wgmma_dkdv_bf16_d128_varlen => Dkdv: bwd_wgmma_kv(Bf16, 128),
+        flash_bwd_wgmma_dkdv_bf16_d128p, flash_bwd_wgmma_dkdv_bf16_d128p_window => Dkdv: bwd_wgmma_kv(Bf16, 120),
+        flash_bwd_wgmma_dkdv_bf16_d128, flash_bwd_wgmma_dkdv_bf16_d128_window => Dkdv: bwd_wgmma_kv(Bf16, 128),
         flash_bwd_wgmma_dkdv_f16_d192p, flash_bwd_wgmma_dkdv_f16_d192p_window / flash_bwd_wgmma_dkdv_f16_d192p_varlen => Dkdv: bwd_wgmma_kv(F16, 184),
         flash_bwd_wgmma_dkdv_f16_d192, flash_bwd_wgmma_dkdv_f16_d192_window / flash_bwd_wgmma_dkdv_f16_d192_varlen => Dkdv: bwd_wgmma_kv(F16, 192),
         flash_bwd_wgmma_dkdv_f16_d256p, flash_bwd_wgmma_dkdv_f16_d256p_window / flash_bwd_wgmma_dkdv_f16_d256p_varlen => Dkdv: bwd_wgmma_kv(F16, 248),
@@ -1224,4 +1227,45 @@ bwd_variants! {
 #[cfg(not(target_arch = "nvptx64"))]
 pub fn bwd_variant(family: BwdFamily, pass: Pass, dtype: DType, head_dim: u32) -> Option<&'static BwdVariant> {
     BWD_VARIANTS.iter().find(|v| v.family == family && v.pass == pass && v.dtype == dtype && v.serves(head_dim))
+}
+
+/// The merge of partial results by their LSE (`merge`), one entry per output dtype, in the
+/// portable module.
+#[cfg(not(target_arch = "nvptx64"))]
+#[derive(Clone, Copy, Debug)]
+pub struct MergeVariant {
+    pub name: &'static str,
+    pub dtype: DType,
+    /// Its body, for the emulator.
+    pub emulate: unsafe fn(&MergeParams),
+}
+
+/// `entry_name => dtype` for each merge entry.
+macro_rules! merge_variants {
+    ($( $name:ident => $dt:ty, )*) => {
+        $(
+            in_module!(Sm80,
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn $name(p: MergeParams) {
+                unsafe { crate::merge::merge::<$dt>(&p) }
+            });
+        )*
+        /// Every merge entry.
+        #[cfg(not(target_arch = "nvptx64"))]
+        pub const MERGE_VARIANTS: &[MergeVariant] = &[$(
+            MergeVariant { name: stringify!($name), dtype: <$dt as Element>::DTYPE, emulate: crate::merge::merge::<$dt> },
+        )*];
+    };
+}
+
+merge_variants! {
+    flash_merge_f32 => f32,
+    flash_merge_f16 => F16,
+    flash_merge_bf16 => Bf16,
+}
+
+/// The merge entry writing `dtype`.
+#[cfg(not(target_arch = "nvptx64"))]
+pub fn merge_variant(dtype: DType) -> Option<&'static MergeVariant> {
+    MERGE_VARIANTS.iter().find(|v| v.dtype == dtype)
 }

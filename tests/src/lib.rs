@@ -6,6 +6,7 @@ use flashattn::reference::{naive_attention, reference, rel_l2, tolerance};
 use flashattn::{Attention, AttnShape, BwdOptions, Dtype, FlashAttn, FwdOptions, FwdOutput, Window};
 use std::fmt;
 
+pub mod merge;
 pub mod nonfinite;
 pub mod strided;
 pub mod varlen;

@@ -3,7 +3,7 @@
 //! bars, fully masked rows, unwritten elements), with the outputs poisoned before the launch.
 
 use crate::{Case, Dt, Rng, check_grads, check_outputs, scale_strategy, window_strategy};
-use flashattn::{AttnShape, BwdOptions, BwdOutput, Dtype, FlashAttn, FwdOptions, FwdOutput, SeqLens, Window};
+use flashattn::{AttnShape, BwdOptions, BwdOutput, Dtype, FlashAttn, FwdOptions, FwdOutput, SeqLenDims, SeqLens, Window};
 use proptest::prelude::*;
 use std::fmt;
 
@@ -12,6 +12,8 @@ use std::fmt;
 pub struct VarCase {
     pub lens_q: Vec<usize>,
     pub lens_k: Vec<usize>,
+    /// `seqused_k`: the keys each sequence uses from the start of its slot (`lens_k`).
+    pub used_k: Option<Vec<usize>>,
     pub heads_q: usize,
     pub heads_kv: usize,
     pub head_dim: usize,
@@ -26,10 +28,11 @@ impl fmt::Display for VarCase {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{:?} varlen q={:?} k={:?} hq={} hkv={} d={} causal={} scale={:?} window=({:?}, {:?}) seed={}",
+            "{:?} varlen q={:?} k={:?} used_k={:?} hq={} hkv={} d={} causal={} scale={:?} window=({:?}, {:?}) seed={}",
             self.dtype,
             self.lens_q,
             self.lens_k,
+            self.used_k,
             self.heads_q,
             self.heads_kv,
             self.head_dim,
@@ -51,12 +54,16 @@ impl VarCase {
         }
         cu
     }
-    /// Sequence b as a fixed-length case of batch 1.
+    /// The keys sequence b uses.
+    fn used(&self, b: usize) -> usize {
+        self.used_k.as_ref().map_or(self.lens_k[b], |u| u[b])
+    }
+    /// Sequence b as a fixed-length case of batch 1 (its used keys).
     fn seq_case(&self, b: usize) -> Case {
         let shape = AttnShape {
             batch: 1,
             seqlen_q: self.lens_q[b],
-            seqlen_k: self.lens_k[b],
+            seqlen_k: self.used(b),
             heads_q: self.heads_q,
             heads_kv: self.heads_kv,
             head_dim: self.head_dim,
@@ -66,7 +73,8 @@ impl VarCase {
 }
 
 /// Random variable-length cases: 1..=`max_batch` sequences of 0..=`max_len` queries and keys
-/// (lengths 0 and 1 drawn often; keys equal to queries half the time), head_dim up to 8
+/// (lengths 0 and 1 drawn often; keys equal to queries half the time; a third of the batches
+/// with `seqused_k`, any part of each slot down to none), head_dim up to 8
 /// `d_units`, a multiple of 8 or (unless `aligned`) not, GQA up to `max_group`:1, every scale
 /// and window ([`scale_strategy`], [`window_strategy`]), causal and not.
 pub fn varlen_strategy(
@@ -77,10 +85,11 @@ pub fn varlen_strategy(
     aligned: bool,
 ) -> impl Strategy<Value = VarCase> {
     let len = prop_oneof![1 => Just(0usize), 1 => Just(1usize), 4 => 0..=max_len];
-    let seqs = prop::collection::vec((len.clone(), len, any::<bool>()), 1..=max_batch);
+    let seqs = prop::collection::vec((len.clone(), len, any::<bool>(), 0.0..=1.0f64), 1..=max_batch);
     let dims = (1..=d_units, any::<bool>()).prop_map(move |(u, odd)| if odd && u > 1 && !aligned { 8 * u - 3 } else { 8 * u });
-    (seqs, dims, 1..=2usize, 1..=max_group, any::<bool>(), scale_strategy(), window_strategy(max_len), any::<u64>()).prop_map(
-        |(seqs, head_dim, heads_kv, group, causal, softmax_scale, window, seed)| {
+    let used = prop_oneof![2 => Just(false), 1 => Just(true)];
+    (seqs, dims, 1..=2usize, 1..=max_group, any::<bool>(), scale_strategy(), window_strategy(max_len), any::<u64>(), used).prop_map(
+        |(seqs, head_dim, heads_kv, group, causal, softmax_scale, window, seed, used)| {
             let mut lens_q: Vec<usize> = seqs.iter().map(|s| s.0).collect();
             let mut lens_k: Vec<usize> = seqs.iter().map(|s| if s.2 { s.0 } else { s.1 }).collect();
             // A batch holds at least one query row and one key.
@@ -90,7 +99,11 @@ pub fn varlen_strategy(
             if lens_k.iter().sum::<usize>() == 0 {
                 lens_k[0] = 1;
             }
-            VarCase { lens_q, lens_k, heads_q: heads_kv * group, heads_kv, head_dim, causal, softmax_scale, window, dtype: Dt::F16, seed }
+            // Part of each slot (rounded to any count from 0 to all of it; all 0 too).
+            let used_k =
+                used.then(|| seqs.iter().zip(&lens_k).map(|(s, &n)| ((n as f64 + 1.0) * s.3).floor().min(n as f64) as usize).collect());
+            let heads_q = heads_kv * group;
+            VarCase { lens_q, lens_k, used_k, heads_q, heads_kv, head_dim, causal, softmax_scale, window, dtype: Dt::F16, seed }
         },
     )
 }
@@ -111,7 +124,8 @@ fn check_typed<T: Dtype>(fa: &FlashAttn, case: &VarCase, family: Option<&'static
     let (cu_q, cu_k) = (VarCase::offsets(&case.lens_q), VarCase::offsets(&case.lens_k));
     let (tq, tk) = (*cu_q.last().unwrap() as usize, *cu_k.last().unwrap() as usize);
     let e = |e: flashattn::Error| format!("{case}: {e}");
-    let seqs: SeqLens = fa.seqlens(&cu_q, &cu_k, None).map_err(e)?;
+    let used_k: Option<Vec<u32>> = case.used_k.as_ref().map(|u| u.iter().map(|&x| x as u32).collect());
+    let seqs: SeqLens = fa.seqlens(&cu_q, &cu_k, used_k.as_deref()).map_err(e)?;
     let mut rng = Rng::new(case.seed);
     let (q, k, v, d_o): (Vec<T>, Vec<T>, Vec<T>, Vec<T>) =
         (rng.tensor(tq * hq * d), rng.tensor(tk * hkv * d), rng.tensor(tk * hkv * d), rng.tensor(tq * hq * d));
@@ -147,7 +161,9 @@ fn check_typed<T: Dtype>(fa: &FlashAttn, case: &VarCase, family: Option<&'static
     for b in 0..case.lens_q.len() {
         let c = case.seq_case(b);
         let (q0, q1, k0, k1) = (cu_q[b] as usize, cu_q[b + 1] as usize, cu_k[b] as usize, cu_k[b + 1] as usize);
-        let (qr, kr) = (q0 * hq * d..q1 * hq * d, k0 * hkv * d..k1 * hkv * d);
+        // The keys it uses, and those of its slot it does not.
+        let ku = k0 + case.used(b);
+        let (qr, kr, unused) = (q0 * hq * d..q1 * hq * d, k0 * hkv * d..ku * hkv * d, ku * hkv * d..k1 * hkv * d);
         let in_seq = |r: Result<(), String>| r.map_err(|m| format!("{case}: sequence {b}: {m}"));
         if q1 > q0 {
             // LSE [heads_q, total_q]: the sequence's rows of each head, as [1, heads_q, sq].
@@ -155,6 +171,10 @@ fn check_typed<T: Dtype>(fa: &FlashAttn, case: &VarCase, family: Option<&'static
             in_seq(check_outputs(&c, &q[qr.clone()], &k[kr.clone()], &v[kr.clone()], &o[qr.clone()], &lse_b).map(|_| ()))?;
         }
         let Some(g) = &grads else { continue };
+        // Keys of the slot past seqused_k: no query sees them, dK = dV = 0, written.
+        if let Some(x) = g[1][unused.clone()].iter().chain(&g[2][unused]).find(|x| **x != 0.0) {
+            return Err(format!("{case}: sequence {b}'s keys past seqused_k have dK or dV {x}, not 0"));
+        }
         if q1 == q0 {
             // No query sees the sequence's keys: dK = dV = 0, written.
             if let Some(x) = g[1][kr.clone()].iter().chain(&g[2][kr.clone()]).find(|x| **x != 0.0) {
@@ -186,13 +206,70 @@ pub fn check_bad_offsets<T: Dtype>(fa: &FlashAttn, family: Option<&'static str>,
     for (used_k, causal, window) in
         [(Some(&used[..]), false, Window::NONE), (None, true, Window::NONE), (None, false, Window { left: Some(3), right: Some(9) })]
     {
-        let seqs = fa.seqlens_unchecked(&cu_q, &cu_k, used_k, [tq, tk, 32, 48]).map_err(e)?;
+        let seqs = fa
+            .seqlens_unchecked(&cu_q, &cu_k, used_k, SeqLenDims { total_q: tq, total_k: tk, max_seqlen_q: 32, max_seqlen_k: 48 })
+            .map_err(e)?;
         let attn = flashattn::Attention { causal, softmax_scale: None, window };
         let out = fa.forward_varlen(&qd, &kd, &vd, &seqs, &attn, &FwdOptions { kernel: family, ..Default::default() }).map_err(e)?;
-        if backward && used_k.is_none() {
-            fa.backward(&qd, &kd, &vd, &out, &dod, &BwdOptions { kernel: family, deterministic: false }).map_err(e)?;
+        let bwd_opts = BwdOptions { kernel: family, deterministic: false };
+        match (backward, used_k) {
+            (true, None) => drop(fa.backward(&qd, &kd, &vd, &out, &dod, &bwd_opts).map_err(e)?),
+            // With seqused_k, the backward writes dK = dV = 0 past each sequence's used keys,
+            // which it must know on the host: refused, before any launch, for offsets it has not seen.
+            (true, Some(_)) => match fa.backward(&qd, &kd, &vd, &out, &dod, &bwd_opts) {
+                Err(flashattn::Error::Unsupported { .. }) => {}
+                r => return Err(format!("backward with unchecked seqused_k: {:?}, not Unsupported", r.map(|_| ()))),
+            },
+            (false, _) => {}
         }
         fa.synchronize().map_err(e)?;
     }
     Ok(())
+}
+
+/// Offsets already on the device ([`FlashAttn::seqlens_on_device`], cudarc buffers on the
+/// instance's stream) give bit for bit what the same offsets checked on the host give, forward
+/// and backward (`Err` on the emulator, which has no device buffers).
+pub fn check_device_offsets(fa: &FlashAttn, family: Option<&'static str>, head_dim: usize) -> Result<(), String> {
+    let stream = fa.cuda_stream().ok_or("device offsets need a GPU")?.clone();
+    let (lens_q, lens_k) = ([37u32, 0, 1, 70, 9], [37u32, 5, 1, 45, 0]);
+    let cu = |l: &[u32]| {
+        std::iter::once(0)
+            .chain(l.iter().scan(0, |a, x| {
+                *a += x;
+                Some(*a)
+            }))
+            .collect::<Vec<u32>>()
+    };
+    let (cu_q, cu_k) = (cu(&lens_q), cu(&lens_k));
+    let (tq, tk, hq, hkv, d) = (cu_q[5] as usize, cu_k[5] as usize, 4usize, 2usize, head_dim);
+    let e = |e: flashattn::Error| format!("device offsets [{}] d={d}: {e}", family.unwrap_or("auto"));
+    let mut rng = Rng::new(fresh_seed());
+    let (q, k, v, d_o): (Vec<half::f16>, Vec<half::f16>, Vec<half::f16>, Vec<half::f16>) =
+        (rng.tensor(tq * hq * d), rng.tensor(tk * hkv * d), rng.tensor(tk * hkv * d), rng.tensor(tq * hq * d));
+    let (qs, kvs) = ([tq, hq, d], [tk, hkv, d]);
+    let up = |x: &[half::f16], s: &[usize]| fa.upload(x, s).map_err(e);
+    let (qd, kd, vd, dod) = (up(&q, &qs)?, up(&k, &kvs)?, up(&v, &kvs)?, up(&d_o, &qs)?);
+    let host = fa.seqlens(&cu_q, &cu_k, None).map_err(e)?;
+    let htod = |x: &[u32]| stream.clone_htod(x).map_err(|err| format!("copying offsets: {err}"));
+    let dims = SeqLenDims { total_q: tq, total_k: tk, max_seqlen_q: 70, max_seqlen_k: 45 };
+    let dev = fa.seqlens_on_device(htod(&cu_q)?, htod(&cu_k)?, None, dims).map_err(e)?;
+    let attn = flashattn::Attention { causal: true, softmax_scale: None, window: Window::NONE };
+    let run = |seqs: &SeqLens| -> Result<[Vec<half::f16>; 4], String> {
+        let out = fa.forward_varlen(&qd, &kd, &vd, seqs, &attn, &FwdOptions { kernel: family, ..Default::default() }).map_err(e)?;
+        let g = fa.backward(&qd, &kd, &vd, &out, &dod, &BwdOptions { kernel: family, deterministic: true }).map_err(e)?;
+        let dl = |t: &flashattn::Tensor<half::f16>| fa.download(t).map_err(e);
+        Ok([dl(out.o())?, dl(&g.dq)?, dl(&g.dk)?, dl(&g.dv)?])
+    };
+    let (a, b) = (run(&host)?, run(&dev)?);
+    for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+        if x.iter().map(|t| t.to_bits()).ne(y.iter().map(|t| t.to_bits())) {
+            return Err(format!("device offsets: {} differs from the host offsets' result", ["O", "dQ", "dK", "dV"][i]));
+        }
+    }
+    Ok(())
+}
+
+fn fresh_seed() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
 }

@@ -8,7 +8,7 @@
 
 use flashattn::FlashAttn;
 use flashattn::kernels::registry::Arch;
-use flashattn_tests::varlen::{VarCase, check_bad_offsets, check_varlen, varlen_strategy};
+use flashattn_tests::varlen::{VarCase, check_bad_offsets, check_device_offsets, check_varlen, varlen_strategy};
 use flashattn_tests::{BackendKind, Dt, env_usize, gpu_trials, push_for_arch, shards};
 use libtest_mimic::{Arguments, Failed, Trial};
 use proptest::strategy::Strategy;
@@ -27,17 +27,30 @@ const FAMILIES: [(&str, &[Dt], Arch, bool); 3] = [
     ("simt", &[Dt::F32, Dt::F16, Dt::Bf16], Arch::Sm80, true),
 ];
 
-/// Whether `family` has a variable-length forward entry for this dtype and head_dim (the
-/// variants whose entry would spill have none).
-fn has_varlen(family: &str, dtype: Dt, head_dim: usize) -> bool {
+fn dtype_of(dtype: Dt) -> flashattn::kernels::dtype::DType {
     use flashattn::kernels::dtype::DType;
-    let dt = match dtype {
+    match dtype {
         Dt::F32 => DType::F32,
         Dt::F16 => DType::F16,
         Dt::Bf16 => DType::Bf16,
-    };
+    }
+}
+
+/// Whether `family` has a variable-length forward entry for this dtype and head_dim (the
+/// variants whose entry would spill have none).
+fn has_varlen(family: &str, dtype: Dt, head_dim: usize) -> bool {
     let fam = flashattn::FwdFamily::from_name(family).expect("a forward family");
-    flashattn::kernels::registry::fwd_variant(fam, dt, head_dim as u32).is_some_and(|v| v.varlen_name.is_some())
+    flashattn::kernels::registry::fwd_variant(fam, dtype_of(dtype), head_dim as u32).is_some_and(|v| v.varlen_name.is_some())
+}
+
+/// Whether `family`'s backward takes a variable-length batch at this dtype and head_dim: each
+/// of its passes has a variable-length entry there (or needs none).
+fn has_varlen_bwd(family: &str, dtype: Dt, head_dim: usize) -> bool {
+    use flashattn::kernels::registry::{BWD_VARIANTS, Entry};
+    let fam = flashattn::BwdFamily::from_name(family).expect("a backward family");
+    let passes: Vec<_> =
+        BWD_VARIANTS.iter().filter(|v| v.family == fam && v.dtype == dtype_of(dtype) && v.serves(head_dim as u32)).collect();
+    !passes.is_empty() && passes.iter().all(|v| v.entry(Entry::Varlen).is_some())
 }
 
 fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option<String>) -> Vec<Trial> {
@@ -78,7 +91,10 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
                         .prop_map(move |c| VarCase { dtype, ..c })
                         .prop_filter("a variant with a variable-length entry", move |c| has_varlen(family, dtype, c.head_dim));
                     runner
-                        .run(&strategy, |c| check_varlen(fa, &c, Some(family), backward).map_err(TestCaseError::fail))
+                        .run(&strategy, |c| {
+                            let backward = backward && has_varlen_bwd(family, dtype, c.head_dim);
+                            check_varlen(fa, &c, Some(family), backward).map_err(TestCaseError::fail)
+                        })
                         .map_err(|e| Failed::from(format!("{e}")))
                 }),
             );
@@ -91,7 +107,7 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
         let (family, arch, dtype) = (v.family.name(), v.arch(), Dt::of(v.dtype));
         // The largest head_dim of the variant; the backward where the family takes one.
         let d = v.head_dims().1 as usize;
-        let backward = FAMILIES.iter().any(|f| f.0 == family && f.3);
+        let backward = FAMILIES.iter().any(|f| f.0 == family && f.3) && has_varlen_bwd(family, dtype, d);
         let name = format!("{tag}::variant::{}", v.varlen_name.unwrap_or(v.name));
         let trial = mk(
             name.clone(),
@@ -100,6 +116,7 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
                     let case = VarCase {
                         lens_q: vec![37, 0, 1, 70, 9],
                         lens_k: vec![37, 5, 1, 45, 0],
+                        used_k: if causal { Some(vec![30, 5, 0, 45, 0]) } else { None },
                         heads_q: 4,
                         heads_kv: 2,
                         head_dim: d,
@@ -121,6 +138,7 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
     for (family, dtypes, arch, backward) in FAMILIES {
         for d in [64usize, 120] {
             let dtype = dtypes[0];
+            let backward = backward && has_varlen_bwd(family, dtype, d);
             let name = format!("{tag}::bad_offsets::{family}::d{d}");
             let trial = mk(
                 name.clone(),
@@ -133,6 +151,15 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
                     r.map_err(Failed::from)
                 }),
             );
+            push_for_arch(&mut trials, archs.as_deref(), &name, arch, trial);
+        }
+    }
+    // Offsets already on the device: the same result as from the host (GPU only: the
+    // emulator has no device buffers).
+    if kind == BackendKind::Gpu {
+        for (family, _, arch, _) in FAMILIES.into_iter().filter(|f| f.3) {
+            let name = format!("{tag}::device_offsets::{family}");
+            let trial = mk(name.clone(), Box::new(move |fa| check_device_offsets(fa, Some(family), 64).map_err(Failed::from)));
             push_for_arch(&mut trials, archs.as_deref(), &name, arch, trial);
         }
     }
