@@ -497,7 +497,7 @@ impl FlashAttn {
             Backend::Cuda(c) => {
                 let arg = ParamsArg(params);
                 // A grid of no blocks (a variable-length batch's keys all unused) has nothing to do.
-                for l in launches.iter().filter(|l| l.grid.0 * l.grid.1 * l.grid.2 > 0) {
+                for l in launches.iter().filter(|l| l.grid.0 > 0 && l.grid.1 > 0 && l.grid.2 > 0) {
                     let f = c.function(l.name, l.arch, l.smem)?;
                     let cfg = LaunchConfig { grid_dim: l.grid, block_dim: (l.threads, 1, 1), shared_mem_bytes: l.smem as u32 };
                     let mut builder = c.stream.launch_builder(&f);
@@ -508,7 +508,7 @@ impl FlashAttn {
                 Ok(())
             }
             Backend::Emulator => {
-                for l in launches.iter().filter(|l| l.grid.0 * l.grid.1 * l.grid.2 > 0) {
+                for l in launches.iter().filter(|l| l.grid.0 > 0 && l.grid.1 > 0 && l.grid.2 > 0) {
                     let cfg = emu::LaunchConfig { grid: l.grid, block_threads: l.threads, dynamic_shared_bytes: l.smem };
                     let body = l.emulate;
                     // SAFETY: the caller's contract; the emulator also checks every access.
