@@ -33,7 +33,7 @@
 use crate::device::{FlashAttn, Launch, Tensor};
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
-use crate::forward::{AttnShape, Forward, FwdOutput, check_no_overlap, offset_views, validate, validate_varlen};
+use crate::forward::{AttnShape, Forward, FwdOutput, check_no_overlap, offset_views, validate_seqs};
 use crate::options::BwdOptions;
 use crate::varlen::SeqLens;
 use crate::view::{AsView, Binds, View, ViewMut, check, row_align};
@@ -212,10 +212,7 @@ impl FlashAttn {
     ) -> Result<()> {
         let attention = fwd.attention;
         let seqs = fwd.seqs.as_ref();
-        let shape = match seqs {
-            None => validate(inputs.q.shape(), inputs.k.shape(), inputs.v.shape(), &attention)?,
-            Some(s) => validate_varlen(inputs.q.shape(), inputs.k.shape(), inputs.v.shape(), s, &attention)?,
-        };
+        let shape = validate_seqs(inputs.q.shape(), inputs.k.shape(), inputs.v.shape(), seqs, &attention)?;
         if shape != fwd.shape {
             return Err(Error::NotForwardInput { tensor: "q" });
         }

@@ -180,6 +180,14 @@ pub fn validate_varlen(q: &[usize], k: &[usize], v: &[usize], seqs: &SeqLens, at
     Ok(AttnShape { seqlen_q: mq, seqlen_k: mk, ..shape })
 }
 
+/// [`validate`] for a batch of equal lengths, [`validate_varlen`] for the sequences `seqs`.
+pub(crate) fn validate_seqs(q: &[usize], k: &[usize], v: &[usize], seqs: Option<&SeqLens>, attention: &Attention) -> Result<AttnShape> {
+    match seqs {
+        None => validate(q, k, v, attention),
+        Some(s) => validate_varlen(q, k, v, s, attention),
+    }
+}
+
 /// What the forward pass returns, and what its backward needs: O, LSE, O's residual when
 /// it was saved, and a record of the forward that wrote them (its attention, its inputs).
 /// [`FlashAttn::backward`] takes the attention from here, so it is always the forward's.
@@ -383,10 +391,7 @@ impl FlashAttn {
         opts: &FwdOptions,
     ) -> Result<FwdOutput<T>> {
         let (qv, kv, vv) = (q.as_view(), k.as_view(), v.as_view());
-        let shape = match seqs {
-            None => validate(qv.shape(), kv.shape(), vv.shape(), attention)?,
-            Some(s) => validate_varlen(qv.shape(), kv.shape(), vv.shape(), s, attention)?,
-        };
+        let shape = validate_seqs(qv.shape(), kv.shape(), vv.shape(), seqs, attention)?;
         let variant = self.fwd_variant_for(T::DTYPE, shape.head_dim, opts, Entry::of(!attention.window.is_none(), seqs.is_some()))?;
         let (qs, _, ls) = shape.shapes(seqs);
         let o = self.alloc::<T>(&qs)?;
@@ -487,10 +492,7 @@ impl FlashAttn {
         launched: &mut bool,
     ) -> Result<Forward> {
         let (q, k, v) = (q.as_view(), k.as_view(), v.as_view());
-        let shape = match seqs {
-            None => validate(q.shape(), k.shape(), v.shape(), attention)?,
-            Some(s) => validate_varlen(q.shape(), k.shape(), v.shape(), s, attention)?,
-        };
+        let shape = validate_seqs(q.shape(), k.shape(), v.shape(), seqs, attention)?;
         let variant = self.fwd_variant_for(T::DTYPE, shape.head_dim, opts, Entry::of(!attention.window.is_none(), seqs.is_some()))?;
         let residual = opts.save_residual && variant.family.desc().writes_residual;
         if residual && out.o_lo.is_none() {
