@@ -133,8 +133,8 @@ fn workspace_parts(shape: &AttnShape, seqs: Option<&SeqLens>, atomic: bool) -> (
 fn stats_layout(shape: &AttnShape, seqs: Option<&SeqLens>) -> (Strides, u64) {
     let (hq, sq) = (shape.heads_q as u64, shape.seqlen_q as u64);
     match seqs {
-        None => (Strides { batch: hq * sq, row: 1, head: sq, first: 0 }, shape.batch as u64 * hq * sq),
-        Some(s) => (Strides { batch: 0, row: 1, head: s.total_q() as u64, first: 0 }, hq * s.total_q() as u64),
+        None => (Strides { batch: hq * sq, row: 1, head: sq }, shape.batch as u64 * hq * sq),
+        Some(s) => (Strides { batch: 0, row: 1, head: s.total_q() as u64 }, hq * s.total_q() as u64),
     }
 }
 

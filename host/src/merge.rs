@@ -16,8 +16,8 @@ use flashattn_kernels::registry::{Arch, merge_variant};
 fn part_strides(b: &Bound<'_>, lse: bool) -> (u64, Strides) {
     let s: Vec<u64> = b.layout.strides.iter().map(|&x| x as u64).collect();
     match lse {
-        true => (s[0], Strides { batch: s[1], row: s[3], head: s[2], first: 0 }),
-        false => (s[0], Strides { batch: s[1], row: s[2], head: s[3], first: 0 }),
+        true => (s[0], Strides { batch: s[1], row: s[3], head: s[2] }),
+        false => (s[0], Strides { batch: s[1], row: s[2], head: s[3] }),
     }
 }
 
@@ -104,7 +104,7 @@ impl FlashAttn {
             o_parts_strides,
             lse_parts_strides,
             o_strides: bo.strides4(),
-            lse_strides: Strides { batch: ls[0] as u64, row: ls[2] as u64, head: ls[1] as u64, first: 0 },
+            lse_strides: Strides { batch: ls[0] as u64, row: ls[2] as u64, head: ls[1] as u64 },
             splits: splits as u32,
             batch: batch as u32,
             seqlen: seqlen as u32,

@@ -436,8 +436,8 @@ impl Bound<'_> {
     pub(crate) fn strides4(&self) -> flashattn_kernels::params::Strides {
         let s = &self.layout.strides;
         match s.len() {
-            3 => flashattn_kernels::params::Strides { batch: 0, row: s[0] as u64, head: s[1] as u64, first: 0 },
-            _ => flashattn_kernels::params::Strides { batch: s[0] as u64, row: s[1] as u64, head: s[2] as u64, first: 0 },
+            3 => flashattn_kernels::params::Strides { batch: 0, row: s[0] as u64, head: s[1] as u64 },
+            _ => flashattn_kernels::params::Strides { batch: s[0] as u64, row: s[1] as u64, head: s[2] as u64 },
         }
     }
     /// The kernels' strides of LSE's [batch, heads, seq] view: (batch, 1, head); of a
@@ -445,8 +445,8 @@ impl Bound<'_> {
     pub(crate) fn lse_strides(&self) -> flashattn_kernels::params::Strides {
         let s = &self.layout.strides;
         match s.len() {
-            2 => flashattn_kernels::params::Strides { batch: 0, row: 1, head: s[0] as u64, first: 0 },
-            _ => flashattn_kernels::params::Strides { batch: s[0] as u64, row: 1, head: s[1] as u64, first: 0 },
+            2 => flashattn_kernels::params::Strides { batch: 0, row: 1, head: s[0] as u64 },
+            _ => flashattn_kernels::params::Strides { batch: s[0] as u64, row: 1, head: s[1] as u64 },
         }
     }
     /// Rows `rows` of a [rows, heads, head_dim] view (head_dim contiguous) as 2-D blocks

@@ -152,7 +152,7 @@ pub unsafe fn dq<
     // The statistics' index is `stat_at_equal_lengths`: no variable-length entry.
     const { assert!(ENTRY != crate::ENTRY_VARLEN) };
     unsafe {
-        with_window_mask!(p, QueryRows / MmaBwdTile::ROWS, ENTRY, M => dq_masked::<T, M, D, DK, DN, BC, NS, QREG, STATS_ONLY, SPLIT>(p))
+        with_window_mask!(p: T, QueryRows / MmaBwdTile::ROWS, ENTRY, M => dq_masked::<T, M, D, DK, DN, BC, NS, QREG, STATS_ONLY, SPLIT>(p))
     }
 }
 
@@ -458,7 +458,7 @@ pub unsafe fn dkdv<
     }
     // The statistics' index is `stat_at_equal_lengths`: no variable-length entry.
     const { assert!(ENTRY != crate::ENTRY_VARLEN) };
-    unsafe { with_window_mask!(p, Keys / MmaBwdTile::ROWS, ENTRY, M => dkdv_masked::<T, M, D, DK, DN, BR, NQ, KVREG, DQ, SPLIT>(p)) }
+    unsafe { with_window_mask!(p: T, Keys / MmaBwdTile::ROWS, ENTRY, M => dkdv_masked::<T, M, D, DK, DN, BR, NQ, KVREG, DQ, SPLIT>(p)) }
 }
 
 #[inline(always)]

@@ -32,7 +32,7 @@ pub const PREP_ROWS: usize = 16;
 #[inline(always)]
 pub unsafe fn prep<T: MmaElement, const RESIDUAL: bool>(p: &BwdParams) {
     // One entry for every launch: a variable-length batch's sequence, if it is one.
-    let Some(p) = (unsafe { varlen::resolve(p, Over::QueryRows, PREP_ROWS as u32) }) else {
+    let Some(p) = (unsafe { varlen::resolve::<T, _>(p, Over::QueryRows, PREP_ROWS as u32) }) else {
         return;
     };
     let p = &p;

@@ -109,7 +109,7 @@ impl RowStats {
 #[inline(always)]
 pub unsafe fn dkdv<T: Element, C: Config<Tile = SimtKvTile>, const RK: usize, const DCH: usize, const ENTRY: u8>(p: &BwdParams) {
     const { assert!(RK == C::TILE.keys_per_warp as usize && DCH == C::TILE.d_chunks as usize) };
-    unsafe { with_window_mask!(p, Keys / C::TILE.bn(), ENTRY, M => dkdv_masked::<T, C, M, RK, DCH>(p)) }
+    unsafe { with_window_mask!(p: T, Keys / C::TILE.bn(), ENTRY, M => dkdv_masked::<T, C, M, RK, DCH>(p)) }
 }
 
 #[inline(always)]
@@ -255,7 +255,7 @@ pub unsafe fn dq<T: Element, C: Config<Tile = SimtTile>, const ROWS: usize, cons
     p: &BwdParams,
 ) {
     const { assert!(ROWS == C::TILE.rows_per_warp as usize && DCH == C::TILE.d_chunks as usize && SC == C::TILE.s_cols as usize) };
-    unsafe { with_window_mask!(p, QueryRows / C::TILE.br(), ENTRY, M => dq_masked::<T, C, M, ROWS, DCH, SC>(p)) }
+    unsafe { with_window_mask!(p: T, QueryRows / C::TILE.br(), ENTRY, M => dq_masked::<T, C, M, ROWS, DCH, SC>(p)) }
 }
 
 #[inline(always)]

@@ -119,7 +119,7 @@ pub unsafe fn dkdv<
         thread::trap();
     }
     unsafe {
-        with_window_mask!(p, Keys / WgmmaBwdTile::KEYS, ENTRY, M => match !DQ && by_element(PAD, p.pb.head_dim) {
+        with_window_mask!(p: T, Keys / WgmmaBwdTile::KEYS, ENTRY, M => match !DQ && by_element(PAD, p.pb.head_dim) {
             false => dkdv_masked::<T, M, D, DN, BR, NQ, KQ, THREADS, NACC, PAD, DQ, false>(p),
             true => dkdv_masked::<T, M, D, DN, BR, NQ, KQ, THREADS, NACC, PAD, DQ, true>(p),
         })

@@ -72,7 +72,7 @@ pub unsafe fn dq<
         thread::trap();
     }
     unsafe {
-        with_window_mask!(p, QueryRows / WgmmaBwdTile::ROWS, ENTRY, M => match MODE != DQ_STATS && by_element(PAD, p.pb.head_dim) {
+        with_window_mask!(p: T, QueryRows / WgmmaBwdTile::ROWS, ENTRY, M => match MODE != DQ_STATS && by_element(PAD, p.pb.head_dim) {
             false => dq_masked::<T, M, D, DN, BC, NS, KS, NSW, KSW, THREADS, DW, DNW, PAD, MODE, false>(p),
             true => dq_masked::<T, M, D, DN, BC, NS, KS, NSW, KSW, THREADS, DW, DNW, PAD, MODE, true>(p),
         })

@@ -56,7 +56,7 @@ pub unsafe fn entry<
         assert!(BC == t.bc as usize && NS * 8 == BC && QREG == t.q_in_regs && PAD == t.padded && FUSED == t.fused_exp);
     }
     unsafe {
-        with_window_mask!(p, QueryRows / C::TILE.br(), ENTRY, M => match by_element(PAD, p.pb.head_dim) {
+        with_window_mask!(p: T, QueryRows / C::TILE.br(), ENTRY, M => match by_element(PAD, p.pb.head_dim) {
             false => fwd::<T, C, M, D, DK, DN, MT, BC, NS, QREG, PAD, FUSED, false>(p),
             true => fwd::<T, C, M, D, DK, DN, MT, BC, NS, QREG, PAD, FUSED, true>(p),
         })

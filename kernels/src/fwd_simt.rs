@@ -24,7 +24,7 @@ pub unsafe fn entry<T: Element, C: Config<Tile = SimtTile>, const ROWS: usize, c
     p: &FwdParams,
 ) {
     const { assert!(ROWS == C::TILE.rows_per_warp as usize && DCH == C::TILE.d_chunks as usize && SC == C::TILE.s_cols as usize) };
-    unsafe { with_window_mask!(p, QueryRows / C::TILE.br(), ENTRY, M => fwd::<T, C, M, ROWS, DCH, SC>(p)) }
+    unsafe { with_window_mask!(p: T, QueryRows / C::TILE.br(), ENTRY, M => fwd::<T, C, M, ROWS, DCH, SC>(p)) }
 }
 
 #[inline(always)]

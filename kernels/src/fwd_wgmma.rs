@@ -55,7 +55,7 @@ pub unsafe fn entry<
         assert!(NS * 8 == BC && DN * 8 == D && KS * 16 == BC);
     }
     unsafe {
-        with_window_mask!(p, QueryRows / C::TILE.br(), ENTRY, M => match by_element(PAD, p.pb.head_dim) {
+        with_window_mask!(p: T, QueryRows / C::TILE.br(), ENTRY, M => match by_element(PAD, p.pb.head_dim) {
             false => fwd::<T, C, M, D, WG, BC, NS, DN, KS, PAD, false>(p),
             true => fwd::<T, C, M, D, WG, BC, NS, DN, KS, PAD, true>(p),
         })

@@ -62,9 +62,10 @@ pub const ENTRY_VARLEN: u8 = 2;
 /// Every kernel's mask switch, by the entry `$e` it is compiled for: `mask::Windowed` in the
 /// window and variable-length entries (causal or not: the window's bounds say), with `$p`
 /// narrowed to the block's sequence in the latter (`varlen::resolve`: the block's tiles are
-/// `$rows` rows of `varlen::Over::$over`; a block past its sequence's end returns); else [`with_mask!`]'s.
+/// `$rows` rows of `varlen::Over::$over`, elements `$t`; a block past its sequence's end
+/// returns); else [`with_mask!`]'s.
 macro_rules! with_window_mask {
-    ($p:ident, $over:ident / $rows:expr, $e:expr, $m:ident => $body:expr) => {
+    ($p:ident: $t:ty, $over:ident / $rows:expr, $e:expr, $m:ident => $body:expr) => {
         if $e == $crate::ENTRY_PLAIN {
             with_mask!($p, $m => $body)
         } else if $e == $crate::ENTRY_WINDOW {
@@ -72,7 +73,7 @@ macro_rules! with_window_mask {
             $body
         } else {
             type $m = $crate::mask::Windowed;
-            let Some(seq) = $crate::varlen::resolve($p, $crate::varlen::Over::$over, $rows) else {
+            let Some(seq) = $crate::varlen::resolve::<$t, _>($p, $crate::varlen::Over::$over, $rows) else {
                 return;
             };
             let $p = &seq;

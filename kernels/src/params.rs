@@ -16,21 +16,17 @@ pub struct Strides {
     pub row: u64,
     /// Between consecutive heads.
     pub head: u64,
-    /// The row position 0 stands at: 0 from the host; a variable-length launch narrowed to
-    /// one sequence sets its first packed row here (`varlen::SeqParams::at_seq`), so that a
-    /// kernel keeps one row index live instead of a shifted address per tensor.
-    pub first: u64,
 }
 
 impl Strides {
     /// Strides of a contiguous [batch, seqlen, heads, head_dim] tensor.
     pub const fn contiguous(seqlen: u64, heads: u64, head_dim: u64) -> Strides {
-        Strides { batch: seqlen * heads * head_dim, row: heads * head_dim, head: head_dim, first: 0 }
+        Strides { batch: seqlen * heads * head_dim, row: heads * head_dim, head: head_dim }
     }
     /// Element offset of (batch b, position s, head h, column 0).
     #[inline(always)]
     pub fn offset(&self, b: u32, s: u32, h: u32) -> u64 {
-        b as u64 * self.batch + (self.first + s as u64) * self.row + h as u64 * self.head
+        b as u64 * self.batch + s as u64 * self.row + h as u64 * self.head
     }
 }
 
@@ -207,7 +203,7 @@ impl BwdParams {
     #[inline(always)]
     pub fn stat_at(&self, k: usize, b: u32, h: u32, r: u32) -> usize {
         let st = &self.stats_strides;
-        (k as u64 * self.stats_plane + b as u64 * st.batch + h as u64 * st.head + st.first) as usize + r as usize
+        (k as u64 * self.stats_plane + b as u64 * st.batch + h as u64 * st.head) as usize + r as usize
     }
     /// [`BwdParams::stat_at`] for a batch of equal lengths, from the problem's sizes (the
     /// same index: the host lays the statistics out contiguously): for the kernels without a

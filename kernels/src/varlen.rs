@@ -5,12 +5,10 @@
 //! `with_window_mask!`) and the `prep` pass take it; their grid is (tiles of the longest
 //! sequence, heads, batch), and a block whose tile lies past its sequence's end returns before
 //! its first load. An entry of its own: narrowed, seqlen_q and seqlen_k are no longer launch
-//! constants (a register each, not a constant-bank operand), which costs the Hopper forward
-//! 16 registers at head_dim 64 and 11 at 128 (ptxas, sm_90a). The sequence's first rows live
-//! as two row indices (`Strides::first`), not as shifted addresses: those cost 22 and 13.
+//! constants, which cost the window entries 9 to 28 registers (ptxas, sm_90a).
 
 use crate::dev::{block, global};
-use crate::params::{BwdParams, FwdParams, Problem, Strides, Varlen};
+use crate::params::{BwdParams, FwdParams, Problem, Varlen};
 
 /// One sequence of a variable-length batch: its first packed query row and key, and its
 /// lengths.
@@ -63,17 +61,16 @@ pub enum Over {
 pub trait SeqParams: Copy {
     fn varlen(&self) -> &Varlen;
     fn problem(&self) -> &Problem;
-    /// The same launch on sequence `s` alone: every tensor's position 0 at the sequence's
-    /// first row (`Strides::first`; the addresses stay the launch's, so that a kernel keeps
-    /// two row indices live, not a shifted address per tensor), its lengths as seqlen_q and
-    /// seqlen_k.
-    fn at_seq(&self, s: Seq) -> Self;
+    /// The same launch on sequence `s` alone: every tensor's address at the sequence's first
+    /// row (elements of `T` for the attention tensors, f32 for LSE and the statistics), its
+    /// lengths as seqlen_q and seqlen_k.
+    fn at_seq<T>(&self, s: Seq) -> Self;
 }
 
-/// A tensor's strides with position 0 at packed row `row` (the host's `first` is 0).
+/// Address `a` moved `rows` rows of `row` elements of `E` on.
 #[inline(always)]
-fn from_row(st: Strides, row: u32) -> Strides {
-    Strides { first: row as u64, ..st }
+fn shift<E>(a: u64, rows: u32, row: u64) -> u64 {
+    a + rows as u64 * row * core::mem::size_of::<E>() as u64
 }
 
 /// The problem of one sequence.
@@ -90,14 +87,15 @@ impl SeqParams for FwdParams {
         &self.pb
     }
     #[inline(always)]
-    fn at_seq(&self, s: Seq) -> Self {
+    fn at_seq<T>(&self, s: Seq) -> Self {
         let p = self;
         FwdParams {
-            q_strides: from_row(p.q_strides, s.q0),
-            k_strides: from_row(p.k_strides, s.k0),
-            v_strides: from_row(p.v_strides, s.k0),
-            o_strides: from_row(p.o_strides, s.q0),
-            lse_strides: from_row(p.lse_strides, s.q0),
+            q: shift::<T>(p.q, s.q0, p.q_strides.row),
+            k: shift::<T>(p.k, s.k0, p.k_strides.row),
+            v: shift::<T>(p.v, s.k0, p.v_strides.row),
+            o: shift::<T>(p.o, s.q0, p.o_strides.row),
+            lse: shift::<f32>(p.lse, s.q0, p.lse_strides.row),
+            o_lo: if p.o_lo == 0 { 0 } else { shift::<T>(p.o_lo, s.q0, p.o_strides.row) },
             pb: narrowed(&p.pb, s),
             ..*p
         }
@@ -112,19 +110,20 @@ impl SeqParams for BwdParams {
         &self.pb
     }
     #[inline(always)]
-    fn at_seq(&self, s: Seq) -> Self {
+    fn at_seq<T>(&self, s: Seq) -> Self {
         let p = self;
         BwdParams {
-            q_strides: from_row(p.q_strides, s.q0),
-            k_strides: from_row(p.k_strides, s.k0),
-            v_strides: from_row(p.v_strides, s.k0),
-            o_strides: from_row(p.o_strides, s.q0),
-            do_strides: from_row(p.do_strides, s.q0),
-            lse_strides: from_row(p.lse_strides, s.q0),
-            stats_strides: from_row(p.stats_strides, s.q0),
-            dq_strides: from_row(p.dq_strides, s.q0),
-            dk_strides: from_row(p.dk_strides, s.k0),
-            dv_strides: from_row(p.dv_strides, s.k0),
+            q: shift::<T>(p.q, s.q0, p.q_strides.row),
+            k: shift::<T>(p.k, s.k0, p.k_strides.row),
+            v: shift::<T>(p.v, s.k0, p.v_strides.row),
+            o: shift::<T>(p.o, s.q0, p.o_strides.row),
+            o_lo: if p.o_lo == 0 { 0 } else { shift::<T>(p.o_lo, s.q0, p.o_strides.row) },
+            d_o: shift::<T>(p.d_o, s.q0, p.do_strides.row),
+            lse: shift::<f32>(p.lse, s.q0, p.lse_strides.row),
+            stats: shift::<f32>(p.stats, s.q0, p.stats_strides.row),
+            dq: shift::<T>(p.dq, s.q0, p.dq_strides.row),
+            dk: shift::<T>(p.dk, s.k0, p.dk_strides.row),
+            dv: shift::<T>(p.dv, s.k0, p.dv_strides.row),
             pb: narrowed(&p.pb, s),
             ..*p
         }
@@ -139,7 +138,7 @@ impl SeqParams for BwdParams {
 /// `p` valid (host-checked): with a variable-length batch, its offsets as [`Varlen::seq`]
 /// needs them and the grid's z its batch.
 #[inline(always)]
-pub unsafe fn resolve<P: SeqParams>(p: &P, over: Over, rows: u32) -> Option<P> {
+pub unsafe fn resolve<T, P: SeqParams>(p: &P, over: Over, rows: u32) -> Option<P> {
     let pb = p.problem();
     // Without a variable-length batch (`prep`, shared by every launch), the whole launch as
     // one sequence at row 0.
@@ -154,7 +153,7 @@ pub unsafe fn resolve<P: SeqParams>(p: &P, over: Over, rows: u32) -> Option<P> {
     if block::idx().0 as u64 * rows as u64 >= len as u64 {
         return None;
     }
-    Some(p.at_seq(s))
+    Some(p.at_seq::<T>(s))
 }
 
 #[cfg(test)]
@@ -206,46 +205,26 @@ mod tests {
         in_launch(&[&cu], &|| assert_eq!(unsafe { v.seq(1, 5, 5) }, Seq { q0: 3, k0: 3, sq: 5, sk: 5 }));
     }
 
-    /// Narrowed to a sequence, position 0 of every tensor is the sequence's first row (of Q's
-    /// side or K's), the addresses unchanged.
+    /// Narrowed to a sequence, every tensor starts at the sequence's first row.
     #[test]
     fn narrowed_params_start_at_the_sequence() {
-        let st = Strides { batch: 0, row: 48, head: 16, first: 0 };
-        let p = BwdParams {
+        let st = Strides { batch: 0, row: 48, head: 16 };
+        let p = FwdParams {
             q: 1000,
-            dk: 2000,
+            k: 2000,
+            v: 3000,
+            o: 4000,
+            lse: 5000,
+            o_lo: 0,
             q_strides: st,
             k_strides: st,
             v_strides: st,
             o_strides: st,
-            do_strides: st,
-            dq_strides: st,
-            dk_strides: st,
-            dv_strides: st,
-            lse_strides: Strides { batch: 0, row: 1, head: 100, first: 0 },
-            stats_strides: Strides { batch: 0, row: 1, head: 100, first: 0 },
-            stats_plane: 1000,
-            ..BwdParams::default()
+            lse_strides: Strides { batch: 0, row: 1, head: 100 },
+            ..FwdParams::default()
         };
-        let n = p.at_seq(Seq { q0: 2, k0: 3, sq: 4, sk: 5 });
-        assert_eq!((n.q, n.dk), (1000, 2000));
-        for (s, row) in [
-            (n.q_strides, 2),
-            (n.o_strides, 2),
-            (n.do_strides, 2),
-            (n.dq_strides, 2),
-            (n.k_strides, 3),
-            (n.v_strides, 3),
-            (n.dk_strides, 3),
-            (n.dv_strides, 3),
-        ] {
-            assert_eq!(s.offset(1, 1, 1), (row + 1) * 48 + 16);
-        }
-        assert_eq!(n.lse_row(0, 1), 100 + 2);
-        assert_eq!(n.stat_at(2, 0, 1, 1), 2000 + 100 + 2 + 1);
-        let f = FwdParams { o_strides: st, lse_strides: Strides { batch: 0, row: 1, head: 100, first: 0 }, ..FwdParams::default() };
-        let n = f.at_seq(Seq { q0: 2, k0: 3, sq: 4, sk: 5 });
-        assert_eq!((n.o_strides.offset(0, 0, 0), n.lse_row(0, 0), n.q_strides.offset(0, 0, 0)), (2 * 48, 2, 0));
+        let n = p.at_seq::<u16>(Seq { q0: 2, k0: 3, sq: 4, sk: 5 });
+        assert_eq!((n.q, n.k, n.v, n.o, n.lse, n.o_lo), (1000 + 2 * 96, 2000 + 3 * 96, 3000 + 3 * 96, 4000 + 2 * 96, 5000 + 8, 0));
         assert_eq!((n.pb.seqlen_q, n.pb.seqlen_k), (4, 5));
     }
 }
