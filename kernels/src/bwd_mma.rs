@@ -46,6 +46,7 @@ use crate::mask::{Mask, Window, kv_tiles, kv_unmasked, q_tiles};
 use crate::nonfinite::{add_nonfinite, dkdv_tile_masked, finite_frag, row_at};
 use crate::params::BwdParams;
 use crate::smem::{LaneAddr, Layout};
+use crate::softcap::{Softcap, dtanh, tanh, tanh_dtanh};
 use crate::softmax::QuadRow;
 use crate::tile::{Config, MMA_WARPS, MmaBwdTile, exchange_floats};
 use core::f32::consts::LOG2_E;
@@ -341,6 +342,9 @@ impl<T: MmaElement, const D: usize, const DK: usize, const QREG: bool, const SPL
         let (g, t) = (self.g, self.t);
         let c0 = (j * BC) as u32;
         let factor = crate::softmax::score_scale(p.pb.scale) * LOG2_E;
+        // With a softcap: tanh(S kf) times cap log2(e) (`softcap`).
+        let sc = Softcap::<M>::new(&p.pb);
+        let (kf, cc) = (crate::softmax::score_scale(p.pb.scale) / sc.cap(), sc.cap() * LOG2_E);
         let mut s = [[0f32; 4]; NS];
         let mut dp = [[0f32; 4]; NS];
         for kk in 0..DK {
@@ -362,7 +366,7 @@ impl<T: MmaElement, const D: usize, const DK: usize, const QREG: bool, const SPL
         let win = Window::<M>::new(&p.pb).opaque();
         for (n, x) in s.iter_mut().enumerate() {
             for (e, x) in x.iter_mut().enumerate() {
-                *x *= factor;
+                *x = if sc.on() { tanh(*x * kf) * cc } else { *x * factor };
                 if MASKED {
                     let row = self.row0 + (g + 8 * (e / 2)) as u32;
                     let col = c0 + (n * 8 + 2 * t + e % 2) as u32;
@@ -397,13 +401,17 @@ impl<T: MmaElement, const D: usize, const DK: usize, const QREG: bool, const SPL
         acc_dq: &mut [[f32; 4]; DN],
     ) {
         let (mut s, dp) = self.scores::<M, MASKED, BC, NS>(j);
+        // With a softcap, dS takes tanh's derivative 1 - t^2, t = S / (cap log2(e)).
+        let sc = Softcap::<M>::new(&self.p.pb);
+        let inv_cc = 1.0 / (sc.cap() * LOG2_E);
         // P_ij = exp2(S_ij - m_i) / l_i (0 where the row sees no key), then dS_ij = P_ij
         // (dP_ij - D_i), in place of S; 0 where masked, whatever the row's statistics and dP.
         for n in 0..NS {
             for e in 0..4 {
                 let (m, inv_l, dd) = fin[e / 2];
                 let hidden = MASKED && s[n][e] == f32::NEG_INFINITY;
-                s[n][e] = if hidden { 0.0 } else { math::ex2(s[n][e] - m) * inv_l * (dp[n][e] - dd) };
+                let dt = if sc.on() { dtanh(s[n][e] * inv_cc) } else { 1.0 };
+                s[n][e] = if hidden { 0.0 } else { math::ex2(s[n][e] - m) * inv_l * (dp[n][e] - dd) * dt };
             }
         }
 
@@ -717,6 +725,9 @@ impl<T: MmaElement, const D: usize, const DK: usize, const KVREG: bool, const SP
         let p = self.p;
         let (g, t) = (self.g, self.t);
         let factor = crate::softmax::score_scale(p.pb.scale) * LOG2_E;
+        // With a softcap: the score tanh(S kf) times cap log2(e), dS times 1 - tanh^2.
+        let sc = Softcap::<M>::new(&p.pb);
+        let (kf, cc) = (crate::softmax::score_scale(p.pb.scale) / sc.cap(), sc.cap() * LOG2_E);
 
         // S^T = K_j Q_i^T and dP^T = V_j dO_i^T (keys x queries): NQ n-tiles of m16n8, k over D
         // (over the warp's half of D, then the pair's halves summed, with SPLIT).
@@ -753,9 +764,16 @@ impl<T: MmaElement, const D: usize, const DK: usize, const KVREG: bool, const SP
                 let hidden = MASKED
                     && (query >= p.pb.seqlen_q || (DQ && key >= p.pb.seqlen_k) || win.hidden(query, key, p.pb.seqlen_q, p.pb.seqlen_k));
                 // 0 where masked, whatever the row's statistics and dP hold.
-                let pe = if hidden { 0.0 } else { math::ex2(s[n][e] * factor - m) * inv_l };
+                let (x, dt) = match sc.on() {
+                    true => {
+                        let (t, dt) = tanh_dtanh(s[n][e] * kf);
+                        (t * cc, dt)
+                    }
+                    false => (s[n][e] * factor, 1.0),
+                };
+                let pe = if hidden { 0.0 } else { math::ex2(x - m) * inv_l };
                 s[n][e] = pe;
-                dp[n][e] = if hidden { 0.0 } else { pe * (dp[n][e] - dd) };
+                dp[n][e] = if hidden { 0.0 } else { pe * (dp[n][e] - dd) * dt };
             }
         }
 

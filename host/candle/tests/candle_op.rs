@@ -225,7 +225,7 @@ fn cases(dev: &Device, tag: &str) -> Vec<Trial> {
                     _ => AttnShape { batch: 2, seqlen_q: 37, seqlen_k: 53, heads_q: 4, heads_kv: 2, head_dim: 72 },
                 };
                 let scale = if causal { None } else { Some(-0.3) };
-                let case = Case { shape, causal, softmax_scale: scale, dtype: dt, seed: 0, window: Default::default() };
+                let case = Case { shape, causal, softmax_scale: scale, dtype: dt, seed: 0, window: Default::default(), softcap: None };
                 let dev = dev.clone();
                 let trial_name = format!("{tag}::{layout:?}::{name}::{}", if causal { "causal" } else { "negative_scale" }).to_lowercase();
                 trials.push(Trial::test(trial_name, move || {
