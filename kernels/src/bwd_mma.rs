@@ -46,7 +46,7 @@ use crate::mask::{Mask, Window, kv_tiles, kv_unmasked, q_tiles};
 use crate::nonfinite::{add_nonfinite, dkdv_tile_masked, finite_frag, row_at};
 use crate::params::BwdParams;
 use crate::smem::{LaneAddr, Layout};
-use crate::softcap::{Softcap, dtanh, tanh, tanh_dtanh};
+use crate::softcap::{Softcap, dtanh, tanh_16};
 use crate::softmax::QuadRow;
 use crate::tile::{Config, MMA_WARPS, MmaBwdTile, exchange_floats};
 use core::f32::consts::LOG2_E;
@@ -341,10 +341,9 @@ impl<T: MmaElement, const D: usize, const DK: usize, const QREG: bool, const SPL
         let p = self.p;
         let (g, t) = (self.g, self.t);
         let c0 = (j * BC) as u32;
-        let factor = crate::softmax::score_scale(p.pb.scale) * LOG2_E;
-        // With a softcap: tanh(S kf) times cap log2(e) (`softcap`).
+        // With a softcap: tanh(S k) times cap log2(e) (`softcap`).
         let sc = Softcap::<M>::new(&p.pb);
-        let (kf, cc) = (crate::softmax::score_scale(p.pb.scale) / sc.cap(), sc.cap() * LOG2_E);
+        let factor = if sc.on() { sc.cap() * LOG2_E } else { crate::softmax::score_scale(p.pb.scale) * LOG2_E };
         let mut s = [[0f32; 4]; NS];
         let mut dp = [[0f32; 4]; NS];
         for kk in 0..DK {
@@ -362,11 +361,18 @@ impl<T: MmaElement, const D: usize, const DK: usize, const QREG: bool, const SPL
         if SPLIT > 1 {
             pair_sum(self.x, &mut s, &mut dp);
         }
+        // A softcap: t = tanh(S k) in place of each raw score, in one uniform branch.
+        if sc.on() {
+            let kf = sc.opaque_k(p.pb.scale);
+            for x in s.as_flattened_mut() {
+                *x = tanh_16(*x * kf);
+            }
+        }
         // The window's bounds fresh each tile (`Window::opaque`).
         let win = Window::<M>::new(&p.pb).opaque();
         for (n, x) in s.iter_mut().enumerate() {
             for (e, x) in x.iter_mut().enumerate() {
-                *x = if sc.on() { tanh(*x * kf) * cc } else { *x * factor };
+                *x *= factor;
                 if MASKED {
                     let row = self.row0 + (g + 8 * (e / 2)) as u32;
                     let col = c0 + (n * 8 + 2 * t + e % 2) as u32;
@@ -724,10 +730,9 @@ impl<T: MmaElement, const D: usize, const DK: usize, const KVREG: bool, const SP
     ) {
         let p = self.p;
         let (g, t) = (self.g, self.t);
-        let factor = crate::softmax::score_scale(p.pb.scale) * LOG2_E;
-        // With a softcap: the score tanh(S kf) times cap log2(e), dS times 1 - tanh^2.
+        // With a softcap: the score tanh(S k) times cap log2(e), dS times 1 - tanh^2.
         let sc = Softcap::<M>::new(&p.pb);
-        let (kf, cc) = (crate::softmax::score_scale(p.pb.scale) / sc.cap(), sc.cap() * LOG2_E);
+        let factor = if sc.on() { sc.cap() * LOG2_E } else { crate::softmax::score_scale(p.pb.scale) * LOG2_E };
 
         // S^T = K_j Q_i^T and dP^T = V_j dO_i^T (keys x queries): NQ n-tiles of m16n8, k over D
         // (over the warp's half of D, then the pair's halves summed, with SPLIT).
@@ -748,6 +753,15 @@ impl<T: MmaElement, const D: usize, const DK: usize, const KVREG: bool, const SP
         if SPLIT > 1 {
             pair_sum(self.x, &mut s, &mut dp);
         }
+        // A softcap: t = tanh(S k) in place of each raw score: here in one uniform branch with
+        // the pair's split, else in the loop below (each where ptxas fits the kernel in 255
+        // registers on sm_90: d = 256 and 128 respectively, spilling in the other).
+        let kf = crate::softmax::score_scale(p.pb.scale) * math::rcp_approx(sc.cap());
+        if SPLIT > 1 && sc.on() {
+            for x in s.as_flattened_mut() {
+                *x = tanh_16(*x * kf);
+            }
+        }
 
         // P^T = exp2(S^T scale log2(e) - m) / l per query column (0 where masked or where the
         // row sees no key); dS^T = P^T (dP^T - D) per query column, in place of dP^T. The
@@ -764,14 +778,10 @@ impl<T: MmaElement, const D: usize, const DK: usize, const KVREG: bool, const SP
                 let hidden = MASKED
                     && (query >= p.pb.seqlen_q || (DQ && key >= p.pb.seqlen_k) || win.hidden(query, key, p.pb.seqlen_q, p.pb.seqlen_k));
                 // 0 where masked, whatever the row's statistics and dP hold.
-                let (x, dt) = match sc.on() {
-                    true => {
-                        let (t, dt) = tanh_dtanh(s[n][e] * kf);
-                        (t * cc, dt)
-                    }
-                    false => (s[n][e] * factor, 1.0),
-                };
-                let pe = if hidden { 0.0 } else { math::ex2(x - m) * inv_l };
+                // A softcap: t = tanh(S k) in place of the raw score, dS times 1 - t^2.
+                let x = if SPLIT == 1 && sc.on() { tanh_16(s[n][e] * kf) } else { s[n][e] };
+                let dt = if sc.on() { dtanh(x) } else { 1.0 };
+                let pe = if hidden { 0.0 } else { math::ex2(x * factor - m) * inv_l };
                 s[n][e] = pe;
                 dp[n][e] = if hidden { 0.0 } else { pe * (dp[n][e] - dd) * dt };
             }

@@ -19,7 +19,7 @@ use crate::mask::{Mask, Window, kv_tiles, kv_unmasked};
 use crate::nonfinite::{own_chunks_nonfinite, warp_fix_stored_o, zero_own_nonfinite};
 use crate::params::FwdParams;
 use crate::smem::{LaneAddr, Layout};
-use crate::softcap::{Softcap, tanh};
+use crate::softcap::{Softcap, tanh_16};
 use crate::softmax::{Domain, RowState};
 use crate::tile::{Config, MMA_WARPS, MmaTile};
 use core::marker::PhantomData;
@@ -229,14 +229,10 @@ unsafe fn fwd<
     let c = if FUSED { T::Dm::factor(p.pb.scale.abs()) } else { T::Dm::factor(p.pb.scale) };
     // A softcap (the general entries): t = tanh(raw kf) in place of the raw score, c = cap
     // log2 e, LSE's max term m cap (`softcap`).
+    // (k is recomputed each tile, `Softcap::opaque_k`, and the LSE's factor after the loop:
+    // neither holds a register across it.)
     let sc = Softcap::<M>::new(&p.pb);
-    let (kf, c, lse_scale) = match sc.on() {
-        true => {
-            let (kf, c, cap) = sc.raw_factors(p.pb.scale.abs());
-            (if FUSED || p.pb.scale >= 0.0 { kf } else { -kf }, c, cap)
-        }
-        false => (0.0, c, p.pb.scale.abs()),
-    };
+    let c = if sc.on() { sc.raw_factors(p.pb.scale.abs()).1 } else { c };
     if FUSED && p.pb.scale < 0.0 {
         negate_q::<D, MT>(q_s.cast());
     }
@@ -274,7 +270,6 @@ unsafe fn fwd<
             k_addr,
             v_addr,
             c,
-            kf,
         };
         if !masked {
             ctx.step::<M, false, DN, BC, NS>(j, &mut acc_o, &mut rows);
@@ -296,6 +291,7 @@ unsafe fn fwd<
     }
 
     let out = Out::<T, D, MT> { p, q_len: br * rs, b, h, d, sq, row0, _elem: PhantomData };
+    let lse_scale = sc.raw_factors(p.pb.scale.abs()).2;
     out.store_o::<FUSED, DN>(&acc_o, &rows, c, lse_scale);
     // (Written before the loop's last barrier, or with no loop, unwritten and 0.)
     if bad_flag.ld(0) != 0 {
@@ -370,8 +366,6 @@ struct Step<'a, T: Copy, const D: usize, const DK: usize, const MT: usize, const
     /// Factor from raw scores to the log2 domain (positive when FUSED); with a softcap, from
     /// tanh's value t.
     c: f32,
-    /// With a softcap, tanh's argument per raw score (`Softcap::raw_factors`).
-    kf: f32,
 }
 
 impl<T: MmaElement, const D: usize, const DK: usize, const MT: usize, const QREG: bool, const FUSED: bool>
@@ -410,19 +404,21 @@ impl<T: MmaElement, const D: usize, const DK: usize, const MT: usize, const QREG
         let mut p_16 = [[[0u32; 2]; NS]; MT];
         // The window's bounds fresh each tile (`Window::opaque`).
         let win = Window::<M>::new(&p.pb).opaque();
-        let capped = Softcap::<M>::new(&p.pb).on();
+        // A softcap: tanh(raw k) in place of each raw score, in one uniform branch (`softcap`).
+        let sc = Softcap::<M>::new(&p.pb);
+        if sc.on() {
+            let kf = sc.opaque_k(if FUSED { p.pb.scale.abs() } else { p.pb.scale });
+            for a in acc_s.as_flattened_mut().as_flattened_mut() {
+                *a = tanh_16(*a * kf);
+            }
+        }
         for mt in 0..MT {
             // Raw scores (FUSED) or scaled ones, -inf where MASKED; split by row (g, g + 8).
             let mut s = [[[0f32; 2]; NS]; 2];
             for (n, a) in acc_s[mt].iter().enumerate() {
                 for e in 0..4 {
                     let half = e / 2;
-                    let mut x = match (capped, FUSED) {
-                        (true, true) => tanh(a[e] * self.kf),
-                        (true, false) => tanh(a[e] * self.kf) * self.c,
-                        (false, true) => a[e],
-                        (false, false) => a[e] * self.c,
-                    };
+                    let mut x = if FUSED { a[e] } else { a[e] * self.c };
                     if MASKED {
                         let row = self.row0 + (mt * 16 + g + 8 * half) as u32;
                         let col = c0 + (n * 8 + 2 * t + e % 2) as u32;

@@ -20,7 +20,7 @@ use crate::mask::{Mask, Window, kv_tiles, kv_unmasked};
 use crate::nonfinite::{add_nonfinite, own_chunks_nonfinite, row_at, zero_own_nonfinite};
 use crate::params::FwdParams;
 use crate::smem::Sw;
-use crate::softcap::{Softcap, tanh};
+use crate::softcap::{Softcap, tanh_16};
 use crate::softmax::{Domain, RowState, normalize};
 use crate::tile::{Config, WgmmaTile};
 use crate::wg_tile::mask_frag;
@@ -456,7 +456,7 @@ impl<
         if Softcap::<M>::new(&self.tiles.p.pb).on() {
             for a in acc_s.iter_mut() {
                 for x in a.iter_mut() {
-                    *x = tanh(*x * self.kf);
+                    *x = tanh_16(*x * self.kf);
                 }
             }
         }

@@ -11,7 +11,7 @@
 //! the raw score, and c = cap log2(e): the softmax then sees t cap, and its LSE is
 //! m cap + log l for the row's largest t, m.
 
-use crate::dev::math;
+use crate::dev::{math, thread};
 use crate::mask::Mask;
 use crate::params::Problem;
 use crate::softmax::score_scale;
@@ -64,14 +64,31 @@ impl<M: Mask> Softcap<M> {
         }
     }
 
+    /// [`raw_factors`](Self::raw_factors)'s k for a signed `scale` (negative for a negative
+    /// scale; 0 when off), computed from the cap and the scale hidden from the compiler
+    /// (`thread::opaque`): called inside the KV loop, it is recomputed each tile instead of
+    /// holding a register across the loop (the mma forward at d = 256 sits at 255).
+    #[inline(always)]
+    pub fn opaque_k(self, scale: f32) -> f32 {
+        if !self.on() {
+            return 0.0;
+        }
+        let x = thread::opaque(((self.cap.to_bits() as u64) << 32) | scale.to_bits() as u64);
+        let (cap, scale) = (f32::from_bits((x >> 32) as u32), f32::from_bits(x as u32));
+        let k = score_scale(scale.abs()) * math::rcp_approx(cap);
+        if scale < 0.0 { -k } else { k }
+    }
+
     /// A scaled score S (natural units) capped: cap tanh(S / cap), and the derivative
-    /// 1 - tanh^2 (S itself and 1 when off).
+    /// 1 - tanh^2 (S itself and 1 when off). S / cap as S times 1 / cap (one rounding more,
+    /// half an ulp of the argument; a division per score took the SIMT dK/dV kernel at d = 64
+    /// past 255 registers).
     #[inline(always)]
     pub fn scaled(self, s: f32) -> (f32, f32) {
         if !self.on() {
             return (s, 1.0);
         }
-        let (t, dt) = tanh_dtanh(s / self.cap);
+        let (t, dt) = tanh_dtanh(s * (1.0 / self.cap));
         (self.cap * t, dt)
     }
 }
@@ -99,9 +116,30 @@ pub fn tanh_dtanh(x: f32) -> (f32, f32) {
     } else {
         let e = math::ex2(a * (2.0 * LOG2_E));
         // e = inf past |x| ~ 44: u = 0, t = 1.
-        let u = 2.0 * math::rcp(e + 1.0);
+        let u = 2.0 * math::rcp_approx(e + 1.0);
         let t = 1.0 - u;
         (if x < 0.0 { -t } else { t }, u * (2.0 - u))
+    }
+}
+
+/// tanh(x) to about 2e-6 relative, for the kernels whose scores go on in 16 bits (`fwd_mma`,
+/// `fwd_wgmma`, `bwd_mma`: P and dS are rounded to f16 or bf16, 2^-11 or 2^-8, before the
+/// next product): an odd series through x^7 below |x| = 1/4 (truncation under 4e-7
+/// relative), else 1 - 2 / (e^(2|x|) + 1) with the hardware's `ex2` and reciprocal (a few
+/// 2^-24 absolute, so under 2e-6 relative past 1/4): half the instructions of
+/// [`tanh_dtanh`], and no division. tanh(+-inf) = +-1; NaN stays NaN.
+#[inline(always)]
+pub fn tanh_16(x: f32) -> f32 {
+    let a = x.abs();
+    if a < 0.25 {
+        let x2 = x * x;
+        let p = -17.0f32 / 315.0;
+        let p = 2.0 / 15.0 + x2 * p;
+        let p = -1.0 / 3.0 + x2 * p;
+        x + x * x2 * p
+    } else {
+        let t = 1.0 - 2.0 * math::rcp_approx(math::ex2(a * (2.0 * LOG2_E)) + 1.0);
+        if x < 0.0 { -t } else { t }
     }
 }
 
@@ -110,12 +148,6 @@ pub fn tanh_dtanh(x: f32) -> (f32, f32) {
 #[inline(always)]
 pub fn dtanh(t: f32) -> f32 {
     1.0 - t * t
-}
-
-/// tanh(x) ([`tanh_dtanh`]'s first half).
-#[inline(always)]
-pub fn tanh(x: f32) -> f32 {
-    tanh_dtanh(x).0
 }
 
 #[cfg(test)]
@@ -142,7 +174,27 @@ mod tests {
         }
         assert_eq!(tanh_dtanh(f32::INFINITY), (1.0, 0.0));
         assert_eq!(tanh_dtanh(f32::NEG_INFINITY), (-1.0, 0.0));
-        assert!(tanh(f32::NAN).is_nan());
-        assert_eq!(tanh(0.0), 0.0);
+        assert!(tanh_dtanh(f32::NAN).0.is_nan());
+        assert_eq!(tanh_dtanh(0.0).0, 0.0);
+    }
+
+    /// [`tanh_16`] against f64's tanh: within 2e-6 of its magnitude (1e-30 to 60, both
+    /// signs; exact `exp2` and division here, so this checks the series and the formula),
+    /// and the ends.
+    #[test]
+    fn tanh_16_matches_f64() {
+        let mut x = 1e-30f64;
+        while x < 60.0 {
+            for s in [x, -x] {
+                let t = tanh_16(s as f32) as f64;
+                let tr = ((s as f32) as f64).tanh();
+                assert!((t - tr).abs() <= 2e-6 * tr.abs() + 1e-37, "tanh_16({s}) = {t}, f64 {tr}");
+            }
+            x *= 1.0137;
+        }
+        assert_eq!(tanh_16(f32::INFINITY), 1.0);
+        assert_eq!(tanh_16(f32::NEG_INFINITY), -1.0);
+        assert!(tanh_16(f32::NAN).is_nan());
+        assert_eq!(tanh_16(0.0), 0.0);
     }
 }
