@@ -756,7 +756,7 @@ impl<T: MmaElement, const D: usize, const DK: usize, const KVREG: bool, const SP
         // A softcap: t = tanh(S k) in place of each raw score: here in one uniform branch with
         // the pair's split, else in the loop below (each where ptxas fits the kernel in 255
         // registers on sm_90: d = 256 and 128 respectively, spilling in the other).
-        let kf = crate::softmax::score_scale(p.pb.scale) * math::rcp_approx(sc.cap());
+        let kf = sc.k(p.pb.scale);
         if SPLIT > 1 && sc.on() {
             for x in s.as_flattened_mut() {
                 *x = tanh_16(*x * kf);

@@ -37,7 +37,7 @@ fn prob(x: f32, m: f32, inv_l: f32, masked: bool) -> f32 {
 /// takes from its derivative (1 without a softcap).
 #[inline(always)]
 fn scaled<M: Mask>(s: f32, scale: f32, sc: Softcap<M>) -> (f32, f32) {
-    sc.scaled(s * score_scale(scale))
+    sc.scaled_rcp(s * score_scale(scale))
 }
 
 /// One lane's running softmax statistics of a row, with D_i taken relative to a pivot:

@@ -59,7 +59,7 @@ impl<M: Mask> Softcap<M> {
     #[inline(always)]
     pub fn raw_factors(self, scale_abs: f32) -> (f32, f32, f32) {
         match self.on() {
-            true => (score_scale(scale_abs) / self.cap, self.cap * LOG2_E, self.cap),
+            true => (nonzero_k(score_scale(scale_abs) / self.cap), self.cap * LOG2_E, self.cap),
             false => (0.0, score_scale(scale_abs) * LOG2_E, scale_abs),
         }
     }
@@ -75,22 +75,52 @@ impl<M: Mask> Softcap<M> {
         }
         let x = thread::opaque(((self.cap.to_bits() as u64) << 32) | scale.to_bits() as u64);
         let (cap, scale) = (f32::from_bits((x >> 32) as u32), f32::from_bits(x as u32));
-        let k = score_scale(scale.abs()) * math::rcp_approx(cap);
+        Softcap::<M> { cap, _mask: PhantomData }.k(scale)
+    }
+
+    /// [`opaque_k`](Self::opaque_k) without hiding anything from the compiler.
+    #[inline(always)]
+    pub fn k(self, scale: f32) -> f32 {
+        if !self.on() {
+            return 0.0;
+        }
+        let k = nonzero_k(score_scale(scale.abs()) * math::rcp_approx(self.cap));
         if scale < 0.0 { -k } else { k }
     }
 
     /// A scaled score S (natural units) capped: cap tanh(S / cap), and the derivative
-    /// 1 - tanh^2 (S itself and 1 when off). S / cap as S times 1 / cap (one rounding more,
-    /// half an ulp of the argument; a division per score took the SIMT dK/dV kernel at d = 64
-    /// past 255 registers).
+    /// 1 - tanh^2 (S itself and 1 when off). S / cap divided, as naive attention in f32 does:
+    /// where the cap is far above the scores, the capped score is then S's own f32 value.
     #[inline(always)]
     pub fn scaled(self, s: f32) -> (f32, f32) {
+        if !self.on() {
+            return (s, 1.0);
+        }
+        let (t, dt) = tanh_dtanh(s / self.cap);
+        (self.cap * t, dt)
+    }
+
+    /// [`scaled`](Self::scaled) with S / cap as S times 1 / cap: one rounding more (half an
+    /// ulp of tanh's argument), no division per score (with one, the SIMT dK/dV kernel at
+    /// d = 64 spills on sm_80).
+    #[inline(always)]
+    pub fn scaled_rcp(self, s: f32) -> (f32, f32) {
         if !self.on() {
             return (s, 1.0);
         }
         let (t, dt) = tanh_dtanh(s * (1.0 / self.cap));
         (self.cap * t, dt)
     }
+}
+
+/// tanh's argument per raw score, k = |scale| / cap, at least the smallest normal f32: a
+/// quotient below it (a zero scale, `score_scale`'s smallest normal, or a tiny one over a
+/// large cap) would flush to 0 and turn an infinite raw score into inf * 0 = NaN. A finite
+/// raw score times it stays far below 1 either way (tanh of it, times the cap, about 0, as
+/// the exact capped score).
+#[inline(always)]
+fn nonzero_k(k: f32) -> f32 {
+    if k < f32::MIN_POSITIVE { f32::MIN_POSITIVE } else { k }
 }
 
 /// tanh(x) and 1 - tanh(x)^2, each to a few f32 ulps for every x (the latter to (1 + |x|)
