@@ -136,6 +136,37 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
             trials.push(trial);
         }
     }
+    // A softcap over a zero or tiny scale: tanh's argument per raw score, |scale| / cap, is
+    // below f32's range, yet an infinite score must stay infinite (capped to the cap), not
+    // become inf * 0 = NaN (found by the GPU's random cases).
+    for (family, dtypes) in
+        [(Some("wgmma"), &[Dt::F16, Dt::Bf16][..]), (Some("mma"), &[Dt::F16, Dt::Bf16]), (Some("simt"), &[Dt::F32, Dt::F16])]
+    {
+        for &dtype in dtypes {
+            let name = format!("{tag}::edge::softcap_tiny_scale_inf_q::{}::{dtype:?}", family.unwrap_or("auto")).to_lowercase();
+            trials.push(mk(
+                name,
+                Box::new(move |fa| {
+                    for (scale, sq) in [(0.0f32, 1), (-0.0, 2), (1e-44, 2), (-3e-39, 1)] {
+                        let case = Case {
+                            shape: shape(1, sq, 1, 1, 1, 8),
+                            causal: false,
+                            softmax_scale: Some(scale),
+                            dtype,
+                            seed: 0,
+                            window: Default::default(),
+                            softcap: Some(flashattn::MAX_SOFTCAP),
+                        };
+                        for value in [f64::INFINITY, f64::NEG_INFINITY] {
+                            let plants = [nonfinite::Plant { input: nonfinite::Input::Q, at: 0, value }];
+                            nonfinite::check_forward(fa, &case, &plants, family).map_err(Failed::from)?;
+                        }
+                    }
+                    Ok(())
+                }),
+            ));
+        }
+    }
     // Every registered variant, by name, at the largest head_dim its tile serves; a GPU
     // without the variant's architecture (sm_90a kernels off Hopper) reports it ignored.
     let archs = fa.as_ref().map(|f| f.archs());
