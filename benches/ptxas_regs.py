@@ -31,15 +31,22 @@ def ptxas():
 
 def report(ptx, arch, out):
     run = subprocess.run([ptxas(), f"-arch={arch}", "-v", ptx, "-o", os.devnull], capture_output=True, text=True)
-    entries, cur = {}, None
+    # A spill line belongs to the "Function properties for NAME" line before it: ptxas also
+    # lists the called functions' (`.func`) properties, after an entry's own, and those must
+    # not overwrite the entry's numbers.
+    entries, cur, props = {}, None, None
     for line in (run.stdout + run.stderr).splitlines():
         m = re.search(r"Compiling entry function '(\S+)'", line)
         if m:
             cur = m.group(1)
             entries[cur] = [0, 0, 0]
             continue
+        m = re.search(r"Function properties for (\S+)", line)
+        if m:
+            props = m.group(1)
+            continue
         m = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", line)
-        if m and cur:
+        if m and cur and props == cur:
             entries[cur][1:] = [int(m.group(1)), int(m.group(2))]
         m = re.search(r"Used (\d+) registers", line)
         if m and cur:
