@@ -39,6 +39,7 @@ fn bench_backward(c: &mut Criterion) {
                     &archs,
                     false,
                     flashattn::Entry::Plain,
+                    false,
                 ) {
                     Ok(vs) if vs.iter().all(|v| archs.contains(&v.arch())) => {}
                     Ok(_) => {

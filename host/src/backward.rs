@@ -59,7 +59,9 @@ pub struct BwdOutput<T> {
 /// `saved`: the forward's O residual is at hand (the families that use it then run their
 /// [`BwdFamily::passes`] for it). `entry`: the forward's (a sliding window, a variable-length
 /// batch: every pass at this head_dim then needs a kernel for it, [`BwdVariant::entry`]; the
-/// atomic families have none: named, they are [`Error::Unsupported`]).
+/// atomic families have none: named, they are [`Error::Unsupported`]). `softcap`: the
+/// attention has one (only the families whose kernels apply it,
+/// [`flashattn_kernels::registry::BwdFamilyDesc::softcap`]).
 pub fn select_bwd_variants(
     dtype: flashattn_kernels::dtype::DType,
     head_dim: usize,
@@ -67,6 +69,7 @@ pub fn select_bwd_variants(
     archs: &[Arch],
     saved: bool,
     entry: Entry,
+    softcap: bool,
 ) -> Result<Vec<&'static BwdVariant>> {
     let d = head_dim as u32;
     let get = |family: BwdFamily| family.passes(saved).iter().map(|&pass| bwd_variant(family, pass, dtype, d)).collect::<Option<Vec<_>>>();
@@ -85,11 +88,14 @@ pub fn select_bwd_variants(
                 };
                 return Err(Error::Unsupported { what, value: name.into() });
             }
+            if softcap && !family.desc().softcap {
+                return Err(Error::Unsupported { what: "a softcap in the backward family", value: name.into() });
+            }
             Ok(vs)
         }
         None => BWD_FAMILIES
             .iter()
-            .filter(|f| f.auto && (f.deterministic || !opts.deterministic) && archs.contains(&f.arch))
+            .filter(|f| f.auto && (f.deterministic || !opts.deterministic) && archs.contains(&f.arch) && (f.softcap || !softcap))
             .find_map(|f| get(f.family).filter(|vs| vs.iter().all(|v| v.entry(entry).is_some())))
             .ok_or_else(|| Error::NoVariant { family: "any".into(), dtype: dtype.name(), head_dim }),
     }
@@ -193,8 +199,9 @@ impl FlashAttn {
     /// Elements of the f32 workspace [`FlashAttn::backward_into_views`] needs for the
     /// backward of `fwd` with `opts` on this device.
     pub fn backward_workspace_len<T: Dtype>(&self, fwd: &Forward, opts: &BwdOptions) -> Result<usize> {
-        let entry = Entry::of(!fwd.attention.window.is_none(), fwd.seqs.is_some());
-        let passes = select_bwd_variants(T::DTYPE, fwd.shape.head_dim, opts, &self.archs(), fwd.residual, entry)?;
+        let entry = fwd.attention.entry(fwd.seqs.is_some());
+        let passes =
+            select_bwd_variants(T::DTYPE, fwd.shape.head_dim, opts, &self.archs(), fwd.residual, entry, fwd.attention.softcap.is_some())?;
         let (stats, accum) = workspace_parts(&fwd.shape, fwd.seqs.as_ref(), passes.iter().any(|v| v.pass == Pass::Dkdvq));
         Ok(stats + accum)
     }
@@ -260,8 +267,8 @@ impl FlashAttn {
         }
         let bdo = bind!("d_o", d_o, &qs, align);
         let archs = self.archs();
-        let entry = Entry::of(!attention.window.is_none(), seqs.is_some());
-        let passes = select_bwd_variants(T::DTYPE, shape.head_dim, opts, &archs, bo_lo.is_some(), entry)?;
+        let entry = attention.entry(seqs.is_some());
+        let passes = select_bwd_variants(T::DTYPE, shape.head_dim, opts, &archs, bo_lo.is_some(), entry, attention.softcap.is_some())?;
         if let Some(v) = passes.iter().find(|v| !archs.contains(&v.arch())) {
             return Err(Error::UnsupportedDevice { kernel: v.name, needs: v.arch(), device: self.device_name() });
         }

@@ -92,6 +92,14 @@ pub enum Error {
         /// The largest magnitude accepted.
         max: f32,
     },
+    /// The softcap must be finite, from [`crate::MIN_SOFTCAP`] to [`crate::MAX_SOFTCAP`].
+    InvalidSoftcap {
+        /// The softcap given.
+        softcap: f32,
+        /// The smallest and largest accepted.
+        min: f32,
+        max: f32,
+    },
     /// An output buffer has the wrong shape.
     OutputShape {
         /// Which output.
@@ -282,6 +290,10 @@ impl std::fmt::Display for Error {
             Error::InvalidScale { scale, max } => write!(
                 f,
                 "softmax_scale {scale} is outside [-{max}, {max}]: a larger scale leaves the kernels' f32 softmax statistics no precision on ordinary scores (a scale of {max} is already a hard max)"
+            ),
+            Error::InvalidSoftcap { softcap, min, max } => write!(
+                f,
+                "softcap {softcap} is outside [{min}, {max}]: below, |scale| / softcap leaves f32's range; above, capped scores leave the kernels' f32 softmax statistics no precision (a softcap of {max} already caps nothing an ordinary score reaches)"
             ),
             Error::OutputShape { tensor, expected, got } => {
                 write!(f, "output {tensor} has shape {got:?}; expected {expected:?}")

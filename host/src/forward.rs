@@ -56,13 +56,15 @@ impl AttnShape {
             scale: attention.scale(self.head_dim),
             causal: attention.causal as u32,
             // A bound past every sequence (u32::MAX included) is no bound; with causal
-            // masking the right side is 0 (the masks' intersection).
+            // masking the right side is 0 (the masks' intersection), which is how the general
+            // entries (`mask::Windowed`: a window, a softcap, a variable-length batch) mask.
             window_left: attention.window.left.unwrap_or(NO_WINDOW),
-            window_right: match attention.window.is_none() && !varlen {
+            window_right: match attention.entry(varlen) == Entry::Plain {
                 true => NO_WINDOW,
                 false if attention.causal => 0,
                 false => attention.window.right.unwrap_or(NO_WINDOW),
             },
+            softcap: attention.softcap.unwrap_or(0.0),
         }
     }
     /// Shapes of Q (and O, dO, dQ), K (V, dK, dV) and LSE: [batch, seqlen, heads, head_dim]
@@ -105,6 +107,13 @@ pub const MAX_GRID_YZ: usize = 65_535;
 /// would carry ordinary scores beyond what the kernels' f32 row statistics (m_i, LSE) hold
 /// exactly; they are refused rather than turned into NaN rows.
 pub const MAX_SCALE: f32 = 65536.0;
+/// Smallest softcap accepted: |scale| / softcap, tanh's factor on the raw scores, stays
+/// finite for every accepted scale.
+pub const MIN_SOFTCAP: f32 = 1e-30;
+/// Largest softcap accepted: capped scores times log2(e) stay below the kernels' f32 row
+/// statistics' exact range (`softmax::STAT_LIMIT`, 2^30); far beyond any softcap in use
+/// (30 to 50), where tanh caps nothing an ordinary score reaches.
+pub const MAX_SOFTCAP: f32 = 1e8;
 /// Largest sequence length: row indices are u32 in the kernels, with room for one tile past the end.
 pub const MAX_SEQLEN: usize = (i32::MAX as usize) - 1024;
 
@@ -156,6 +165,11 @@ pub fn validate(q: &[usize], k: &[usize], v: &[usize], attention: &Attention) ->
         && (scale.is_nan() || scale.abs() > MAX_SCALE)
     {
         return Err(Error::InvalidScale { scale, max: MAX_SCALE });
+    }
+    if let Some(softcap) = attention.softcap
+        && !(MIN_SOFTCAP..=MAX_SOFTCAP).contains(&softcap)
+    {
+        return Err(Error::InvalidSoftcap { softcap, min: MIN_SOFTCAP, max: MAX_SOFTCAP });
     }
     Ok(shape)
 }
@@ -392,7 +406,7 @@ impl FlashAttn {
     ) -> Result<FwdOutput<T>> {
         let (qv, kv, vv) = (q.as_view(), k.as_view(), v.as_view());
         let shape = validate_seqs(qv.shape(), kv.shape(), vv.shape(), seqs, attention)?;
-        let variant = self.fwd_variant_for(T::DTYPE, shape.head_dim, opts, Entry::of(!attention.window.is_none(), seqs.is_some()))?;
+        let variant = self.fwd_variant_for(T::DTYPE, shape.head_dim, opts, attention.entry(seqs.is_some()))?;
         let (qs, _, ls) = shape.shapes(seqs);
         let o = self.alloc::<T>(&qs)?;
         let lse = self.alloc::<f32>(&ls)?;
@@ -493,7 +507,7 @@ impl FlashAttn {
     ) -> Result<Forward> {
         let (q, k, v) = (q.as_view(), k.as_view(), v.as_view());
         let shape = validate_seqs(q.shape(), k.shape(), v.shape(), seqs, attention)?;
-        let variant = self.fwd_variant_for(T::DTYPE, shape.head_dim, opts, Entry::of(!attention.window.is_none(), seqs.is_some()))?;
+        let variant = self.fwd_variant_for(T::DTYPE, shape.head_dim, opts, attention.entry(seqs.is_some()))?;
         let residual = opts.save_residual && variant.family.desc().writes_residual;
         if residual && out.o_lo.is_none() {
             return Err(Error::MissingOutput { tensor: "o_lo", why: "save_residual is set and the selected forward kernel writes it" });
@@ -560,7 +574,7 @@ impl FlashAttn {
             .map(|b| b.region())
             .collect();
         // The variant's entry for a sliding window, a variable-length batch, or neither.
-        let (name, emulate) = variant.entry(Entry::of(params.pb.windowed(), seqs.is_some())).ok_or_else(|| Error::Unsupported {
+        let (name, emulate) = variant.entry(Entry::of(params.pb.general(), seqs.is_some())).ok_or_else(|| Error::Unsupported {
             what: "a variable-length batch in the forward family",
             value: variant.family.name().into(),
         })?;

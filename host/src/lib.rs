@@ -49,8 +49,8 @@ pub use error::{Error, Result};
 pub use flashattn_kernels as kernels;
 pub use flashattn_kernels::registry::{Arch, BWD_FAMILIES, BwdFamily, Entry, FWD_FAMILIES, FwdFamily, Pass};
 pub use forward::{
-    AttnShape, Forward, FwdBuffers, FwdOutput, MAX_GRID_YZ, MAX_SCALE, MAX_SEQLEN, select_variant, select_variant_for, validate,
-    validate_varlen,
+    AttnShape, Forward, FwdBuffers, FwdOutput, MAX_GRID_YZ, MAX_SCALE, MAX_SEQLEN, MAX_SOFTCAP, MIN_SOFTCAP, select_variant,
+    select_variant_for, validate, validate_varlen,
 };
 pub use options::{Attention, BwdOptions, FwdOptions, Window};
 pub use varlen::{SeqLenDims, SeqLens};

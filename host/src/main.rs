@@ -19,11 +19,11 @@ use std::time::{Duration, Instant};
 const USAGE: &str = "\
 usage: flashattn [run] [--batch B] [--seqlen S] [--seqlen-k S] [--heads H] [--heads-kv H]
                        [--head-dim D] [--dtype f16|bf16|f32] [--causal] [--scale X]
-                       [--window LEFT[,RIGHT]] [--kernel NAME] [--iters N] [--emulator]
+                       [--window LEFT[,RIGHT]] [--softcap C] [--kernel NAME] [--iters N] [--emulator]
                        [--backward|--fwdbwd [--deterministic] [--residual]]
        flashattn bench [--dtype f16|bf16|f32] [--head-dims 64,128] [--seqlens 512,1024,...]
                        [--hidden 2048] [--tokens 16384] [--causal on|off|both] [--kernel NAME]
-                       [--window LEFT[,RIGHT]] [--varlen MEAN] [--iters N] [--json]
+                       [--window LEFT[,RIGHT]] [--softcap C] [--varlen MEAN] [--iters N] [--json]
                        [--backward|--fwdbwd [--deterministic] [--residual]]
 run:   one shape (GPU default: batch 8, seqlen 2048, 32 heads of 64, f16 -- the FA paper's
        hidden 2048 with 16k tokens; emulator default: batch 1, seqlen 128, 2 heads of 64),
@@ -36,6 +36,7 @@ bench: the FA paper's settings (hidden 2048, batch * seqlen = 16k; emulator defa
        --window: a sliding window (keys i + sk - sq - LEFT ..= i + sk - sq + RIGHT; a side
        -1 or left out: unbounded; with causal masking RIGHT is 0), TFLOP/s then counting the
        visible (query, key) pairs exactly;
+       --softcap C: scores capped to C tanh(S / C) before the softmax (Gemma 2, Grok);
        --varlen MEAN: a variable-length batch of --tokens tokens in sequences of random
        lengths (uniform 1..2 MEAN - 1, a fixed seed), next to the fixed-length batch of
        sequences of MEAN; TFLOP/s counting the pairs each sequence computes;
@@ -58,6 +59,7 @@ struct Args {
     causal_mode: String,
     scale: Option<f32>,
     window: Window,
+    softcap: Option<f32>,
     kernel: Option<&'static str>,
     iters: Option<usize>,
     emulator: bool,
@@ -98,6 +100,7 @@ fn parse() -> Result<Args, String> {
         causal_mode: "both".into(),
         scale: None,
         window: Window::default(),
+        softcap: None,
         kernel: None,
         iters: None,
         emulator: false,
@@ -153,6 +156,7 @@ fn parse() -> Result<Args, String> {
                 }
                 a.window = Window::new(left, right);
             }
+            "--softcap" => a.softcap = Some(val(&flag, it.next())?),
             "--kernel" => {
                 let k: String = val(&flag, it.next())?;
                 a.kernel = Some(fwd_names().chain(bwd_names()).find(|f| *f == k).ok_or_else(|| {
@@ -320,13 +324,13 @@ fn plan<T: Dtype>(fa: &FlashAttn, s: &AttnShape, attn: &Attention, a: &Args) -> 
     let saved = fwd_opts.save_residual && fwd.family.desc().writes_residual;
     let bwd_opts = BwdOptions { kernel: bwd_kernel, deterministic: a.deterministic };
     let bwd = match a.backward {
-        true => flashattn::select_bwd_variants(T::DTYPE, s.head_dim, &bwd_opts, &archs, saved, Entry::of(!attn.window.is_none(), false))?,
+        true => flashattn::select_bwd_variants(T::DTYPE, s.head_dim, &bwd_opts, &archs, saved, attn.entry(false), attn.softcap.is_some())?,
         false => vec![],
     };
     for v in &bwd {
         runs(v.name, v.arch())?;
     }
-    Ok(Plan { fwd, fwd_opts, bwd, bwd_opts, saved, entry: Entry::of(!attn.window.is_none(), false) })
+    Ok(Plan { fwd, fwd_opts, bwd, bwd_opts, saved, entry: attn.entry(false) })
 }
 
 /// `f` of each item, on all cores, in the items' order. Once it has taken more than a few
@@ -400,7 +404,7 @@ fn run<T: Dtype>(fa: &FlashAttn, a: &Args) -> flashattn::Result<bool> {
         heads_kv: a.heads_kv.unwrap_or(heads),
         head_dim,
     };
-    let attn = Attention { causal: a.causal, softmax_scale: a.scale, window: a.window };
+    let attn = Attention { causal: a.causal, softmax_scale: a.scale, window: a.window, softcap: a.softcap };
     // The whole request is checked before anything about it is printed.
     let plan = plan::<T>(fa, &s, &attn, a)?;
     println!("device:  {}", fa.device_name());
@@ -415,6 +419,7 @@ fn run<T: Dtype>(fa: &FlashAttn, a: &Args) -> flashattn::Result<bool> {
         a.dtype,
         a.causal,
         window_label(&a.window).map_or(String::new(), |w| format!(" window={w}"))
+            + &a.softcap.map_or(String::new(), |c| format!(" softcap={c}"))
     );
     println!("kernel:  {}", plan.fwd_name());
     if a.backward {
@@ -626,7 +631,7 @@ fn bench<T: Dtype>(fa: &FlashAttn, a: &Args) -> flashattn::Result<bool> {
                     heads_kv: heads,
                     head_dim: d,
                 };
-                let attn = Attention { causal, softmax_scale: None, window: a.window };
+                let attn = Attention { causal, softmax_scale: None, window: a.window, softcap: a.softcap };
                 let plan = plan::<T>(fa, &s, &attn, a)?;
                 cases.push((s, attn, plan));
             }
@@ -739,7 +744,7 @@ fn bench_varlen<T: Dtype>(fa: &FlashAttn, a: &Args, mean: usize) -> flashattn::R
     for &d in &a.head_dims {
         for &causal in causals {
             let heads = (hidden / d.max(1)).max(1);
-            let attn = Attention { causal, softmax_scale: None, window: a.window };
+            let attn = Attention { causal, softmax_scale: None, window: a.window, softcap: a.softcap };
             // Fixed length: the batch of MEAN (timed as `bench` times it).
             let fixed =
                 AttnShape { batch: (tokens / mean).max(1), seqlen_q: mean, seqlen_k: mean, heads_q: heads, heads_kv: heads, head_dim: d };

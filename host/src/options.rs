@@ -21,6 +21,13 @@ pub struct Attention {
     /// on the `wgmma`, `mma` and `simt` families (the atomic ones refuse it,
     /// [`crate::Error::Unsupported`]).
     pub window: Window,
+    /// Logit soft-capping (Gemma 2, Grok): each scaled score S = scale q . k becomes
+    /// `softcap * tanh(S / softcap)` before the softmax (and the mask); `None` for none. Finite,
+    /// from [`crate::MIN_SOFTCAP`] to [`crate::MAX_SOFTCAP`]. Forward on every family;
+    /// backward on `mma` and `simt`, which automatic selection then takes also on Hopper (the
+    /// `wgmma` and atomic backward families refuse it by name, [`crate::Error::Unsupported`]),
+    /// with every other option.
+    pub softcap: Option<f32>,
 }
 
 /// A sliding window, FlashAttention's (FA2 >= 2.3): query row i sees key column j only if
@@ -77,6 +84,23 @@ impl Attention {
         let lo = self.window.left.map_or(0, |l| (diag - l as i64).clamp(0, seqlen_k as i64));
         let hi = right.map_or(seqlen_k as i64, |r| (diag + r as i64 + 1).clamp(0, seqlen_k as i64));
         (lo as usize, hi.max(lo) as usize)
+    }
+    /// The same attention with softcap `softcap` (see [`Attention::softcap`]).
+    pub fn with_softcap(self, softcap: f32) -> Attention {
+        Attention { softcap: Some(softcap), ..self }
+    }
+    /// The kernel entry a forward or backward of this attention takes: a general one
+    /// (`mask::Windowed`) for a sliding window or a softcap, the variable-length one for
+    /// `varlen`, else the plain one.
+    pub fn entry(&self, varlen: bool) -> crate::Entry {
+        crate::Entry::of(!self.window.is_none() || self.softcap.is_some(), varlen)
+    }
+    /// The softmax's score from a scaled score `s` (scale q . k): capped when a softcap is set.
+    pub fn capped(&self, s: f64) -> f64 {
+        match self.softcap {
+            Some(c) => c as f64 * (s / c as f64).tanh(),
+            None => s,
+        }
     }
     /// The same attention with softmax scale `scale`.
     pub fn with_scale(self, scale: f32) -> Attention {

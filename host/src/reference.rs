@@ -57,7 +57,7 @@ fn attention_row(
     for j in (0..s.seqlen_k).filter(|&j| !hides(opts, i, j, s)) {
         let k_row = &k[((b * s.seqlen_k + j) * s.heads_kv + hk) * d..][..d];
         let dot: f64 = q_row.iter().zip(k_row).map(|(a, b)| a * b).sum();
-        scores.push((j, dot * sc));
+        scores.push((j, opts.capped(dot * sc)));
     }
     let m = scores.iter().fold(f64::NEG_INFINITY, |m, &(_, x)| nan_max(m, x));
     out.iter_mut().for_each(|x| *x = 0.0);
@@ -168,7 +168,9 @@ pub fn naive_rows<T: Dtype>(
                     f32::NEG_INFINITY
                 } else {
                     let k_row = &k[((b * s.seqlen_k + j) * s.heads_kv + hk) * d..][..d];
-                    rt(q_row.iter().zip(k_row).fold(0f32, |a, (x, y)| a + x.to_f32() * y.to_f32())) * scale
+                    let x = rt(q_row.iter().zip(k_row).fold(0f32, |a, (x, y)| a + x.to_f32() * y.to_f32())) * scale;
+                    // Capped in f32 and rounded to T, as a framework stores the capped scores.
+                    opts.softcap.map_or(x, |c| rt(c * (x / c).tanh()))
                 };
             }
             let m = p.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
@@ -270,7 +272,7 @@ pub fn attention_backward_f64(q: &[f64], k: &[f64], v: &[f64], d_o: &[f64], s: &
     let sc = score_scale(scale);
     // The keys the row sees, and their P and dP: masked keys take no part (whatever they hold
     // cannot reach the row), the rest is IEEE arithmetic.
-    let (mut vis, mut p, mut dp) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut vis, mut p, mut dp, mut dt) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for b in 0..s.batch {
         for h in 0..s.heads_q {
             let hk = h / (s.heads_q / s.heads_kv);
@@ -286,7 +288,13 @@ pub fn attention_backward_f64(q: &[f64], k: &[f64], v: &[f64], d_o: &[f64], s: &
                 p.clear();
                 p.extend(vis.iter().map(|&j| {
                     let dot: f64 = q_row.iter().zip(&k[kj(j)..kj(j) + d]).map(|(a, b)| a * b).sum();
-                    if lse == f64::NEG_INFINITY { 0.0 } else { (dot * sc - lse).exp() }
+                    if lse == f64::NEG_INFINITY { 0.0 } else { (opts.capped(dot * sc) - lse).exp() }
+                }));
+                // The softcap's derivative d(capped S) / d(scale q . k) = 1 - tanh^2 (1 without).
+                dt.clear();
+                dt.extend(vis.iter().map(|&j| {
+                    let dot: f64 = q_row.iter().zip(&k[kj(j)..kj(j) + d]).map(|(a, b)| a * b).sum();
+                    opts.softcap.map_or(1.0, |c| 1.0 - (dot * sc / c as f64).tanh().powi(2))
                 }));
                 // dP_ij = dO_i . V_j.
                 dp.clear();
@@ -300,8 +308,8 @@ pub fn attention_backward_f64(q: &[f64], k: &[f64], v: &[f64], d_o: &[f64], s: &
                 let dc: f64 = p.iter().zip(&dp).map(|(pj, dpj)| pj * (dpj - ci)).sum();
                 for (x, &j) in vis.iter().enumerate() {
                     let kj = kj(j);
-                    // dS_ij = P_ij ((dP_ij - c_i) - (D_i - c_i)).
-                    let ds = p[x] * ((dp[x] - ci) - dc);
+                    // dS_ij = P_ij ((dP_ij - c_i) - (D_i - c_i)), through the softcap.
+                    let ds = p[x] * ((dp[x] - ci) - dc) * dt[x];
                     for c in 0..d {
                         g.dq[qi + c] += scale * ds * k[kj + c];
                         g.dk[kj + c] += scale * ds * q_row[c];
@@ -328,6 +336,7 @@ pub fn naive_backward<T: Dtype>(q: &[T], k: &[T], v: &[T], d_o: &[T], s: &AttnSh
     let (mut dq, mut dk, mut dv) = (vec![0f32; q.len()], vec![0f32; k.len()], vec![0f32; v.len()]);
     let mut p = vec![0f32; s.seqlen_k];
     let mut dp = vec![0f32; s.seqlen_k];
+    let mut dt = vec![1f32; s.seqlen_k];
     for b in 0..s.batch {
         for h in 0..s.heads_q {
             let hk = h / (s.heads_q / s.heads_kv);
@@ -338,7 +347,16 @@ pub fn naive_backward<T: Dtype>(q: &[T], k: &[T], v: &[T], d_o: &[T], s: &AttnSh
                     *pj = if hides(opts, i, j, s) {
                         f32::NEG_INFINITY
                     } else {
-                        rt((0..d).fold(0f32, |a, c| a + q[qi + c] * k[kj(j) + c])) * scale
+                        let x = rt((0..d).fold(0f32, |a, c| a + q[qi + c] * k[kj(j) + c])) * scale;
+                        // Capped as in `naive_rows`; autograd's tanh backward: 1 - t^2 in T.
+                        match opts.softcap {
+                            Some(c) => {
+                                let t = rt((x / c).tanh());
+                                dt[j] = rt(1.0 - t * t);
+                                rt(c * t)
+                            }
+                            None => x,
+                        }
                     };
                 }
                 let m = p.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
@@ -354,7 +372,7 @@ pub fn naive_backward<T: Dtype>(q: &[T], k: &[T], v: &[T], d_o: &[T], s: &AttnSh
                 }
                 let dot: f32 = p.iter().zip(&dp).map(|(a, b)| a * b).sum();
                 for j in 0..s.seqlen_k {
-                    let ds = rt(p[j] * (dp[j] - dot));
+                    let ds = rt(rt(p[j] * (dp[j] - dot)) * dt[j]);
                     for c in 0..d {
                         dq[qi + c] += scale * ds * k[kj(j) + c];
                         dk[kj(j) + c] += scale * ds * q[qi + c];
@@ -404,15 +422,30 @@ pub fn backward_recompute_bound(q: &[f64], k: &[f64], v: &[f64], d_o: &[f64], s:
                 let vis: Vec<usize> = (0..s.seqlen_k).filter(|&j| !(hides(opts, i, j, s))).collect();
                 let dot = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>();
                 let dot_abs = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| (x * y).abs()).sum::<f64>();
-                let p: Vec<f64> = vis.iter().map(|&j| (dot(q_row, &k[kj(j)..kj(j) + d]) * sc - lse).exp()).collect();
+                let p: Vec<f64> = vis.iter().map(|&j| (opts.capped(dot(q_row, &k[kj(j)..kj(j) + d]) * sc) - lse).exp()).collect();
                 let dp: Vec<f64> = vis.iter().map(|&j| dot(do_row, &v[kj(j)..kj(j) + d])).collect();
-                let ds_s: Vec<f64> = vis.iter().map(|&j| scale.abs() * u * dot_abs(q_row, &k[kj(j)..kj(j) + d])).collect();
+                // With a softcap, tanh t of each score and its derivative dt = 1 - t^2: the
+                // capped score moves by dt times the score's rounding, and dt by 2 |t| dt / cap
+                // times it.
+                let (t, dt): (Vec<f64>, Vec<f64>) = vis
+                    .iter()
+                    .map(|&j| match opts.softcap {
+                        Some(c) => {
+                            let t = (dot(q_row, &k[kj(j)..kj(j) + d]) * sc / c as f64).tanh();
+                            (t, 1.0 - t * t)
+                        }
+                        None => (0.0, 1.0),
+                    })
+                    .unzip();
+                let raw_s: Vec<f64> = vis.iter().map(|&j| scale.abs() * u * dot_abs(q_row, &k[kj(j)..kj(j) + d])).collect();
+                let ds_s: Vec<f64> = raw_s.iter().zip(&dt).map(|(e, dt)| e * dt).collect();
                 let ddp: Vec<f64> = vis.iter().map(|&j| u * dot_abs(do_row, &v[kj(j)..kj(j) + d])).collect();
                 let dd: f64 = p.iter().zip(&dp).map(|(pj, dpj)| pj * dpj).sum();
                 let d_err: f64 = (0..vis.len()).map(|x| p[x] * (ds_s[x] * dp[x].abs() + ddp[x])).sum();
                 for (x, &j) in vis.iter().enumerate() {
                     let kj = kj(j);
-                    let ds_err = p[x] * (ds_s[x] * (dp[x] - dd).abs() + ddp[x] + d_err);
+                    let ds_err = p[x] * (ds_s[x] * (dp[x] - dd).abs() + ddp[x] + d_err) * dt[x]
+                        + opts.softcap.map_or(0.0, |c| p[x] * (dp[x] - dd).abs() * 2.0 * t[x].abs() * dt[x] * raw_s[x] / c as f64);
                     for c in 0..d {
                         g.dq[qi + c] += scale.abs() * ds_err * k[kj + c].abs();
                         g.dk[kj + c] += scale.abs() * ds_err * q_row[c].abs();

@@ -46,6 +46,7 @@ use crate::mask::{Mask, Window, kv_tiles, kv_unmasked, q_tiles};
 use crate::nonfinite::{add_nonfinite, dkdv_tile_masked, finite_frag, row_at};
 use crate::params::BwdParams;
 use crate::smem::{LaneAddr, Layout};
+use crate::softcap::{Softcap, dtanh, tanh_16};
 use crate::softmax::QuadRow;
 use crate::tile::{Config, MMA_WARPS, MmaBwdTile, exchange_floats};
 use core::f32::consts::LOG2_E;
@@ -340,7 +341,9 @@ impl<T: MmaElement, const D: usize, const DK: usize, const QREG: bool, const SPL
         let p = self.p;
         let (g, t) = (self.g, self.t);
         let c0 = (j * BC) as u32;
-        let factor = crate::softmax::score_scale(p.pb.scale) * LOG2_E;
+        // With a softcap: tanh(S k) times cap log2(e) (`softcap`).
+        let sc = Softcap::<M>::new(&p.pb);
+        let factor = if sc.on() { sc.cap() * LOG2_E } else { crate::softmax::score_scale(p.pb.scale) * LOG2_E };
         let mut s = [[0f32; 4]; NS];
         let mut dp = [[0f32; 4]; NS];
         for kk in 0..DK {
@@ -357,6 +360,13 @@ impl<T: MmaElement, const D: usize, const DK: usize, const QREG: bool, const SPL
         }
         if SPLIT > 1 {
             pair_sum(self.x, &mut s, &mut dp);
+        }
+        // A softcap: t = tanh(S k) in place of each raw score, in one uniform branch.
+        if sc.on() {
+            let kf = sc.opaque_k(p.pb.scale);
+            for x in s.as_flattened_mut() {
+                *x = tanh_16(*x * kf);
+            }
         }
         // The window's bounds fresh each tile (`Window::opaque`).
         let win = Window::<M>::new(&p.pb).opaque();
@@ -397,13 +407,17 @@ impl<T: MmaElement, const D: usize, const DK: usize, const QREG: bool, const SPL
         acc_dq: &mut [[f32; 4]; DN],
     ) {
         let (mut s, dp) = self.scores::<M, MASKED, BC, NS>(j);
+        // With a softcap, dS takes tanh's derivative 1 - t^2, t = S / (cap log2(e)).
+        let sc = Softcap::<M>::new(&self.p.pb);
+        let inv_cc = 1.0 / (sc.cap() * LOG2_E);
         // P_ij = exp2(S_ij - m_i) / l_i (0 where the row sees no key), then dS_ij = P_ij
         // (dP_ij - D_i), in place of S; 0 where masked, whatever the row's statistics and dP.
         for n in 0..NS {
             for e in 0..4 {
                 let (m, inv_l, dd) = fin[e / 2];
                 let hidden = MASKED && s[n][e] == f32::NEG_INFINITY;
-                s[n][e] = if hidden { 0.0 } else { math::ex2(s[n][e] - m) * inv_l * (dp[n][e] - dd) };
+                let dt = if sc.on() { dtanh(s[n][e] * inv_cc) } else { 1.0 };
+                s[n][e] = if hidden { 0.0 } else { math::ex2(s[n][e] - m) * inv_l * (dp[n][e] - dd) * dt };
             }
         }
 
@@ -716,7 +730,9 @@ impl<T: MmaElement, const D: usize, const DK: usize, const KVREG: bool, const SP
     ) {
         let p = self.p;
         let (g, t) = (self.g, self.t);
-        let factor = crate::softmax::score_scale(p.pb.scale) * LOG2_E;
+        // With a softcap: the score tanh(S k) times cap log2(e), dS times 1 - tanh^2.
+        let sc = Softcap::<M>::new(&p.pb);
+        let factor = if sc.on() { sc.cap() * LOG2_E } else { crate::softmax::score_scale(p.pb.scale) * LOG2_E };
 
         // S^T = K_j Q_i^T and dP^T = V_j dO_i^T (keys x queries): NQ n-tiles of m16n8, k over D
         // (over the warp's half of D, then the pair's halves summed, with SPLIT).
@@ -737,6 +753,15 @@ impl<T: MmaElement, const D: usize, const DK: usize, const KVREG: bool, const SP
         if SPLIT > 1 {
             pair_sum(self.x, &mut s, &mut dp);
         }
+        // A softcap: t = tanh(S k) in place of each raw score: here in one uniform branch with
+        // the pair's split, else in the loop below (each where ptxas fits the kernel in 255
+        // registers on sm_90: d = 256 and 128 respectively, spilling in the other).
+        let kf = sc.k(p.pb.scale);
+        if SPLIT > 1 && sc.on() {
+            for x in s.as_flattened_mut() {
+                *x = tanh_16(*x * kf);
+            }
+        }
 
         // P^T = exp2(S^T scale log2(e) - m) / l per query column (0 where masked or where the
         // row sees no key); dS^T = P^T (dP^T - D) per query column, in place of dP^T. The
@@ -753,9 +778,12 @@ impl<T: MmaElement, const D: usize, const DK: usize, const KVREG: bool, const SP
                 let hidden = MASKED
                     && (query >= p.pb.seqlen_q || (DQ && key >= p.pb.seqlen_k) || win.hidden(query, key, p.pb.seqlen_q, p.pb.seqlen_k));
                 // 0 where masked, whatever the row's statistics and dP hold.
-                let pe = if hidden { 0.0 } else { math::ex2(s[n][e] * factor - m) * inv_l };
+                // A softcap: t = tanh(S k) in place of the raw score, dS times 1 - t^2.
+                let x = if SPLIT == 1 && sc.on() { tanh_16(s[n][e] * kf) } else { s[n][e] };
+                let dt = if sc.on() { dtanh(x) } else { 1.0 };
+                let pe = if hidden { 0.0 } else { math::ex2(x * factor - m) * inv_l };
                 s[n][e] = pe;
-                dp[n][e] = if hidden { 0.0 } else { pe * (dp[n][e] - dd) };
+                dp[n][e] = if hidden { 0.0 } else { pe * (dp[n][e] - dd) * dt };
             }
         }
 

@@ -21,15 +21,23 @@ use crate::dev::{self, Shared, block, global, math, thread, warp};
 use crate::dtype::Element;
 use crate::mask::{Mask, Window, kv_tiles, q_tiles};
 use crate::params::BwdParams;
+use crate::softcap::Softcap;
 use crate::softmax::score_scale;
 use crate::tile::{Config, SimtKvTile, SimtTile};
 use core::f32::consts::LOG2_E;
 
-/// P_ij = exp(S_ij * scale - m_i) / l_i, 0 where masked or where the row sees no key
-/// (inv_l = 0).
+/// P_ij = exp(x - m_i) / l_i of the scaled score x, 0 where masked or where the row sees no
+/// key (inv_l = 0).
 #[inline(always)]
-fn prob(s: f32, scale: f32, m: f32, inv_l: f32, masked: bool) -> f32 {
-    if masked || inv_l == 0.0 { 0.0 } else { math::ex2((s * scale - m) * LOG2_E) * inv_l }
+fn prob(x: f32, m: f32, inv_l: f32, masked: bool) -> f32 {
+    if masked || inv_l == 0.0 { 0.0 } else { math::ex2((x - m) * LOG2_E) * inv_l }
+}
+
+/// The softmax's score from a raw one, S_ij * scale (capped: `softcap`), and the factor dS
+/// takes from its derivative (1 without a softcap).
+#[inline(always)]
+fn scaled<M: Mask>(s: f32, scale: f32, sc: Softcap<M>) -> (f32, f32) {
+    sc.scaled_rcp(s * score_scale(scale))
 }
 
 /// One lane's running softmax statistics of a row, with D_i taken relative to a pivot:
@@ -145,7 +153,7 @@ unsafe fn dkdv_masked<T: Element, C: Config<Tile = SimtKvTile>, M: Mask, const R
     let mut acc_dk = [[0f32; DCH]; RK];
     let mut acc_dv = [[0f32; DCH]; RK];
     let group = p.pb.heads_q / p.pb.heads_kv;
-    let win = Window::<M>::new(&p.pb);
+    let (win, sc) = (Window::<M>::new(&p.pb), Softcap::<M>::new(&p.pb));
     // The query tiles with rows that see a key of this block (`mask::q_tiles`).
     let (qt_first, n_qt) = q_tiles::<M>(&p.pb, j0, bn, bm);
     // (sq itself without a window: the bound computed from the tile count took the d = 64
@@ -188,11 +196,12 @@ unsafe fn dkdv_masked<T: Element, C: Config<Tile = SimtKvTile>, M: Mask, const R
                 }
                 let j = j0 + jl;
                 let hidden = i >= sq || j >= sk || win.hidden(i, j, sq, sk);
-                let pij = prob(s, score_scale(p.pb.scale), m_i, il_i, hidden);
+                let (x, dt) = scaled(s, p.pb.scale, sc);
+                let pij = prob(x, m_i, il_i, hidden);
                 p_s.st((jl * bm + lane) as usize, pij);
-                // dS_ij = P_ij ((dP_ij - c_i) - (D_i - c_i)), c_i the row's pivot (see `RowStats`);
-                // 0 where hidden, whatever dP holds there.
-                ds_s.st((jl * bm + lane) as usize, if hidden { 0.0 } else { pij * ((dp - c_i) - d_i) });
+                // dS_ij = P_ij ((dP_ij - c_i) - (D_i - c_i)), c_i the row's pivot (see `RowStats`),
+                // times the softcap's derivative; 0 where hidden, whatever dP holds there.
+                ds_s.st((jl * bm + lane) as usize, if hidden { 0.0 } else { pij * ((dp - c_i) - d_i) * dt });
             }
             warp::sync();
             // dV_j += sum_i P_ij dO_i, dK_j += sum_i dS_ij Q_i (scale applied at the end).
@@ -291,7 +300,7 @@ unsafe fn dq_masked<T: Element, C: Config<Tile = SimtTile>, M: Mask, const ROWS:
     // Key tiles first..n_tiles (`mask::kv_tiles`), every one masked.
     let (n_tiles, first, _) = kv_tiles::<M>(&p.pb, row0, row_end, bc);
     let (n_tiles, first) = (n_tiles as u32, first as u32);
-    let win = Window::<M>::new(&p.pb);
+    let (win, sc) = (Window::<M>::new(&p.pb), Softcap::<M>::new(&p.pb));
     let r_w = w * ROWS as u32;
     let ctx = DqTile::<T> { p, q_s, do_s, k_s, v_s, _t: core::marker::PhantomData, b, hk, bc, r_w, lane };
     let hidden = |i: usize, c: usize, c0: u32| {
@@ -306,7 +315,7 @@ unsafe fn dq_masked<T: Element, C: Config<Tile = SimtTile>, M: Mask, const ROWS:
         let (s, dp) = unsafe { ctx.scores::<ROWS, SC>(jt) };
         for i in 0..ROWS {
             for c in 0..SC {
-                part[i].push(if hidden(i, c, jt * bc) { f32::NEG_INFINITY } else { s[i][c] * score_scale(p.pb.scale) }, dp[i][c]);
+                part[i].push(if hidden(i, c, jt * bc) { f32::NEG_INFINITY } else { scaled(s[i][c], p.pb.scale, sc).0 }, dp[i][c]);
             }
         }
     }
@@ -333,7 +342,8 @@ unsafe fn dq_masked<T: Element, C: Config<Tile = SimtTile>, M: Mask, const ROWS:
     }
     warp::sync();
 
-    // Pass 1: dS_ij = P_ij ((dP_ij - c_i) - (D_i - c_i)), then dQ_i += sum_j dS_ij K_j (scale at the end).
+    // Pass 1: dS_ij = P_ij ((dP_ij - c_i) - (D_i - c_i)) (times the softcap's derivative),
+    // then dQ_i += sum_j dS_ij K_j (scale at the end).
     let mut acc_dq = [[0f32; DCH]; ROWS];
     for jt in first..n_tiles {
         let c0 = jt * bc;
@@ -344,8 +354,9 @@ unsafe fn dq_masked<T: Element, C: Config<Tile = SimtTile>, M: Mask, const ROWS:
             let (m, il, dd, cc) = (m_s.ld(r), il_s.ld(r), d_s.ld(r), c_s.ld(r));
             for c in 0..SC {
                 let hid = hidden(i, c, c0);
-                let pij = prob(s[i][c], score_scale(p.pb.scale), m, il, hid);
-                let ds = if hid { 0.0 } else { pij * ((dp[i][c] - cc) - dd) };
+                let (x, dt) = scaled(s[i][c], p.pb.scale, sc);
+                let pij = prob(x, m, il, hid);
+                let ds = if hid { 0.0 } else { pij * ((dp[i][c] - cc) - dd) * dt };
                 ds_s.st(r * bc as usize + (lane + 32 * c as u32) as usize, ds);
             }
         }

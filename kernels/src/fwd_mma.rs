@@ -19,6 +19,7 @@ use crate::mask::{Mask, Window, kv_tiles, kv_unmasked};
 use crate::nonfinite::{own_chunks_nonfinite, warp_fix_stored_o, zero_own_nonfinite};
 use crate::params::FwdParams;
 use crate::smem::{LaneAddr, Layout};
+use crate::softcap::{Softcap, tanh_16};
 use crate::softmax::{Domain, RowState};
 use crate::tile::{Config, MMA_WARPS, MmaTile};
 use core::marker::PhantomData;
@@ -226,6 +227,12 @@ unsafe fn fwd<
     // weights rather than 0 * -inf = NaN at masked keys.)
     // Without FUSED, c is the signed factor and the scores are scaled before the softmax.
     let c = if FUSED { T::Dm::factor(p.pb.scale.abs()) } else { T::Dm::factor(p.pb.scale) };
+    // A softcap (the general entries): t = tanh(raw kf) in place of the raw score, c = cap
+    // log2 e, LSE's max term m cap (`softcap`).
+    // (k is recomputed each tile, `Softcap::opaque_k`, and the LSE's factor after the loop:
+    // neither holds a register across it.)
+    let sc = Softcap::<M>::new(&p.pb);
+    let c = if sc.on() { sc.raw_factors(p.pb.scale.abs()).1 } else { c };
     if FUSED && p.pb.scale < 0.0 {
         negate_q::<D, MT>(q_s.cast());
     }
@@ -284,7 +291,8 @@ unsafe fn fwd<
     }
 
     let out = Out::<T, D, MT> { p, q_len: br * rs, b, h, d, sq, row0, _elem: PhantomData };
-    out.store_o::<FUSED, DN>(&acc_o, &rows, c);
+    let lse_scale = sc.raw_factors(p.pb.scale.abs()).2;
+    out.store_o::<FUSED, DN>(&acc_o, &rows, c, lse_scale);
     // (Written before the loop's last barrier, or with no loop, unwritten and 0.)
     if bad_flag.ld(0) != 0 {
         fix_stored_o::<T, M, MT, BC>(p, br, w, (d, sq, sk));
@@ -355,7 +363,8 @@ struct Step<'a, T: Copy, const D: usize, const DK: usize, const MT: usize, const
     t: usize,
     k_addr: LaneAddr,
     v_addr: LaneAddr,
-    /// Factor from raw scores to the log2 domain (positive when FUSED).
+    /// Factor from raw scores to the log2 domain (positive when FUSED); with a softcap, from
+    /// tanh's value t.
     c: f32,
 }
 
@@ -395,6 +404,14 @@ impl<T: MmaElement, const D: usize, const DK: usize, const MT: usize, const QREG
         let mut p_16 = [[[0u32; 2]; NS]; MT];
         // The window's bounds fresh each tile (`Window::opaque`).
         let win = Window::<M>::new(&p.pb).opaque();
+        // A softcap: tanh(raw k) in place of each raw score, in one uniform branch (`softcap`).
+        let sc = Softcap::<M>::new(&p.pb);
+        if sc.on() {
+            let kf = sc.opaque_k(if FUSED { p.pb.scale.abs() } else { p.pb.scale });
+            for a in acc_s.as_flattened_mut().as_flattened_mut() {
+                *a = tanh_16(*a * kf);
+            }
+        }
         for mt in 0..MT {
             // Raw scores (FUSED) or scaled ones, -inf where MASKED; split by row (g, g + 8).
             let mut s = [[[0f32; 2]; NS]; 2];
@@ -474,7 +491,13 @@ impl<T: MmaElement, const D: usize, const MT: usize> Out<'_, T, D, MT> {
     /// `epilogue` (O staged in the warp's own rows of the Q tile, free since the loop's last
     /// barrier).
     #[inline(always)]
-    fn store_o<const FUSED: bool, const DN: usize>(&self, acc_o: &[[[f32; 4]; DN]; MT], rows: &[[RowState; 2]; MT], c: f32) {
+    fn store_o<const FUSED: bool, const DN: usize>(
+        &self,
+        acc_o: &[[[f32; 4]; DN]; MT],
+        rows: &[[RowState; 2]; MT],
+        c: f32,
+        lse_scale: f32,
+    ) {
         let (p, b, h, d, sq, row0) = (self.p, self.b, self.h, self.d, self.sq, self.row0);
         // The Q tile, the warp and the lane taken again here, not from fields: LLVM optimizes
         // this method before inlining it, and so knows the tile's base and their ranges (from
@@ -487,8 +510,7 @@ impl<T: MmaElement, const D: usize, const MT: usize> Out<'_, T, D, MT> {
         let o_words: Shared<u32> = q_s.cast();
         for mt in 0..MT {
             for half in 0..2 {
-                let (inv_l, lse) =
-                    if FUSED { rows[mt][half].finish_raw::<4>(c, p.pb.scale.abs()) } else { rows[mt][half].finish::<T::Dm, 4>() };
+                let (inv_l, lse) = if FUSED { rows[mt][half].finish_raw::<4>(c, lse_scale) } else { rows[mt][half].finish::<T::Dm, 4>() };
                 let r_tile = (w * MT + mt) * 16 + g + 8 * half;
                 warp_stage_o::<T, DN>(o_words, Layout::<D>::at, (r_tile, t), &acc_o[mt], half, inv_l);
                 unsafe { quad_store_lse(lse_g, row0 + r_tile as u32, sq, t, lse) };

@@ -10,6 +10,7 @@ use crate::dev::{self, Shared, block, global, thread, warp};
 use crate::dtype::Element;
 use crate::mask::{Mask, Window, kv_tiles};
 use crate::params::FwdParams;
+use crate::softcap::Softcap;
 use crate::softmax::{Domain, Natural, RowState, normalize};
 use crate::tile::{Config, SimtTile};
 
@@ -148,10 +149,15 @@ impl<T: Element, M: Mask> Step<'_, T, M> {
                 }
             }
         }
+        // Capped (`softcap`, in the general entries) before the mask.
+        let sc = Softcap::<M>::new(&p.pb);
         for (i, s_row) in s.iter_mut().enumerate() {
             let row = self.row0 + r_w + i as u32;
             for (c, x) in s_row.iter_mut().enumerate() {
                 *x *= Natural::factor(p.pb.scale);
+                if sc.on() {
+                    *x = sc.scaled(*x).0;
+                }
                 let col = c0 + lane + 32 * c as u32;
                 if MASKED && (col >= sk || self.win.hidden(row, col, sq, sk)) {
                     *x = f32::NEG_INFINITY;

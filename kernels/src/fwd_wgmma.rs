@@ -20,6 +20,7 @@ use crate::mask::{Mask, Window, kv_tiles, kv_unmasked};
 use crate::nonfinite::{add_nonfinite, own_chunks_nonfinite, row_at, zero_own_nonfinite};
 use crate::params::FwdParams;
 use crate::smem::Sw;
+use crate::softcap::{Softcap, tanh_16};
 use crate::softmax::{Domain, RowState, normalize};
 use crate::tile::{Config, WgmmaTile};
 use crate::wg_tile::mask_frag;
@@ -149,6 +150,10 @@ unsafe fn fwd<
     // Raw scores; c = |scale| log2 e turns them into the exponent with one FFMA; a negative
     // scale is a positive one on -Q (sign bits flipped once in shared memory).
     let c = T::Dm::factor(p.pb.scale.abs());
+    // A softcap (the general entries): t = tanh(raw kf) in place of the raw score, c = cap
+    // log2 e, LSE's max term m cap (`softcap`).
+    let sc = Softcap::<M>::new(&p.pb);
+    let (kf, c, lse_scale) = if sc.on() { sc.raw_factors(p.pb.scale.abs()) } else { (0.0, c, p.pb.scale.abs()) };
     if p.pb.scale < 0.0 {
         tiles.negate_q();
     }
@@ -169,6 +174,8 @@ unsafe fn fwd<
         g,
         t,
         c,
+        kf,
+        lse_scale,
         _mask: PhantomData,
     };
     if n_tiles > first {
@@ -391,8 +398,13 @@ struct Fwd<
     lane: usize,
     g: usize,
     t: usize,
-    /// Factor from raw scores to the log2 domain (|scale| log2 e).
+    /// Factor from raw scores to the log2 domain (|scale| log2 e); with a softcap, from
+    /// tanh's value t (cap log2 e).
     c: f32,
+    /// With a softcap, tanh's argument per raw score; the factor from the row max to the
+    /// LSE's max term (`Softcap::raw_factors`).
+    kf: f32,
+    lse_scale: f32,
     _mask: PhantomData<M>,
 }
 
@@ -440,6 +452,14 @@ impl<
         let c0 = (j * BC) as u32;
         // The window's bounds fresh each tile (`Window::opaque`).
         let win = Window::<M>::new(&self.tiles.p.pb).opaque();
+        // Capped before the mask (`softcap`; the general entries only).
+        if Softcap::<M>::new(&self.tiles.p.pb).on() {
+            for a in acc_s.iter_mut() {
+                for x in a.iter_mut() {
+                    *x = tanh_16(*x * self.kf);
+                }
+            }
+        }
         mask_frag::<M, NS>(acc_s, c0, self.row_w, (g, t), (sq, sk), masked, f32::NEG_INFINITY, win);
         let mut s = [[[0f32; 2]; NS]; 2];
         for (n, a) in acc_s.iter().enumerate() {
@@ -578,7 +598,7 @@ impl<
         };
         let mut inv = [0f32; 2];
         for half in 0..2 {
-            let (inv_l, lse) = rows[half].finish_raw::<4>(self.c, p.pb.scale.abs());
+            let (inv_l, lse) = rows[half].finish_raw::<4>(self.c, self.lse_scale);
             inv[half] = inv_l;
             let r_tile = r_warp + g + 8 * half;
             warp_stage_o::<T, DN>(o_words, at, (r_tile, t), acc_o, half, inv_l);

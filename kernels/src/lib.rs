@@ -106,6 +106,7 @@ pub mod nonfinite;
 pub mod params;
 pub mod registry;
 mod smem;
+pub mod softcap;
 pub mod softmax;
 pub mod tile;
 pub mod varlen;

@@ -53,7 +53,7 @@ pub struct Varlen {
 
 /// The attention problem, as both passes' kernels read it: sizes, scale and mask. The last
 /// part of [`FwdParams`] and [`BwdParams`] (4-byte fields after their 8-byte ones: the same
-/// layout as fields of their own). The masks to come (softcap, ...) join it here.
+/// layout as fields of their own). The masks to come (ALiBi, ...) join it here.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Problem {
@@ -73,6 +73,10 @@ pub struct Problem {
     /// no window). With a window and causal masking the host sets `window_right` to 0.
     pub window_left: u32,
     pub window_right: u32,
+    /// Logit soft-capping (`softcap`): scaled scores S become softcap tanh(S / softcap)
+    /// before the softmax; 0 for none. Taken by the general entries only (`mask::Windowed`),
+    /// where the host launches it.
+    pub softcap: f32,
 }
 
 /// A window side without a bound.
@@ -92,6 +96,7 @@ impl Default for Problem {
             causal: 0,
             window_left: NO_WINDOW,
             window_right: NO_WINDOW,
+            softcap: 0.0,
         }
     }
 }
@@ -102,10 +107,16 @@ impl Problem {
     pub fn windowed(&self) -> bool {
         self.window_left != NO_WINDOW || self.window_right != NO_WINDOW
     }
+    /// Whether the launch needs a general entry (`mask::Windowed`): a sliding window or a
+    /// softcap.
+    #[inline(always)]
+    pub fn general(&self) -> bool {
+        self.windowed() || self.softcap != 0.0
+    }
 }
 
 // Four-byte fields only: after the params structs' 8-byte ones it adds no padding.
-const _: () = assert!(core::mem::size_of::<Problem>() == 40 && core::mem::align_of::<Problem>() == 4);
+const _: () = assert!(core::mem::size_of::<Problem>() == 44 && core::mem::align_of::<Problem>() == 4);
 
 /// Parameters of the forward kernels.
 ///

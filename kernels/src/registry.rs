@@ -691,6 +691,12 @@ pub struct BwdFamilyDesc {
     /// head dims (`copy::load_tile_in`) spills there (ptxas 13.0, sm_80: mma dK/dV 12-16 bytes
     /// at d = 64 and 128, mma_atomic 4-84 bytes, wgmma_atomic 4 bytes at d = 128 padded).
     pub aligned_only: bool,
+    /// Whether its kernels apply a softcap (`Problem::softcap`, in their general entries):
+    /// automatic selection skips the others for a soft-capped attention, and naming one is
+    /// an error. Not `wgmma` yet: with it, its dQ kernel's variable-length entries spilled
+    /// (sm_90a, 12 to 164 bytes at head_dim 128 to 256); nor the atomic families (no
+    /// general entries).
+    pub softcap: bool,
     /// Its passes in launch order, without and with the forward's O residual at hand
     /// (`FwdParams::o_lo`).
     pub passes: [&'static [Pass]; 2],
@@ -715,6 +721,7 @@ const BWD_WGMMA: BwdFamilyDesc = BwdFamilyDesc {
     auto: true,
     deterministic: true,
     aligned_only: false,
+    softcap: false,
     passes: [&[Pass::Prep, Pass::DqSaved, Pass::Dkdv], &[Pass::PrepResidual, Pass::DqSaved, Pass::Dkdv]],
     tiles: BwdTiles::Wgmma(wgmma_bwd_tile),
 };
@@ -726,6 +733,7 @@ const BWD_MMA: BwdFamilyDesc = BwdFamilyDesc {
     auto: true,
     deterministic: true,
     aligned_only: true,
+    softcap: true,
     passes: [&[Pass::Dq, Pass::Dkdv], &[Pass::Dq, Pass::Dkdv]],
     tiles: BwdTiles::Mma(mma_bwd_tile),
 };
@@ -737,6 +745,7 @@ const BWD_SIMT: BwdFamilyDesc = BwdFamilyDesc {
     auto: true,
     deterministic: true,
     aligned_only: false,
+    softcap: true,
     passes: [&[Pass::Dq, Pass::Dkdv], &[Pass::Dq, Pass::Dkdv]],
     tiles: BwdTiles::Simt(simt_dq_tile, simt_kv_tile),
 };
@@ -748,6 +757,7 @@ const BWD_MMA_ATOMIC: BwdFamilyDesc = BwdFamilyDesc {
     auto: false,
     deterministic: false,
     aligned_only: true,
+    softcap: false,
     passes: [&[Pass::Stats, Pass::Dkdvq, Pass::DqConvert], &[Pass::Stats, Pass::Dkdvq, Pass::DqConvert]],
     tiles: BwdTiles::Mma(mma_bwd_tile_atomic),
 };
@@ -759,6 +769,7 @@ const BWD_WGMMA_ATOMIC: BwdFamilyDesc = BwdFamilyDesc {
     auto: false,
     deterministic: false,
     aligned_only: true,
+    softcap: false,
     passes: [&[Pass::Stats, Pass::Dkdvq, Pass::DqConvert], &[Pass::PrepResidual, Pass::Dkdvq, Pass::DqConvert]],
     tiles: BwdTiles::Wgmma(wgmma_bwd_tile_atomic),
 };

@@ -48,14 +48,16 @@ pub struct Case {
     pub softmax_scale: Option<f32>,
     pub dtype: Dt,
     pub seed: u64,
-    /// Sliding window (forward only for now).
+    /// Sliding window.
     pub window: Window,
+    /// Logit soft-capping.
+    pub softcap: Option<f32>,
 }
 
 impl Case {
     /// The attention the case computes.
     pub fn attention(&self) -> Attention {
-        Attention { causal: self.causal, softmax_scale: self.softmax_scale, window: self.window }
+        Attention { causal: self.causal, softmax_scale: self.softmax_scale, window: self.window, softcap: self.softcap }
     }
 }
 
@@ -67,9 +69,12 @@ impl fmt::Display for Case {
             "{:?} b={} sq={} sk={} hq={} hkv={} d={} causal={} scale={:?} seed={}",
             self.dtype, s.batch, s.seqlen_q, s.seqlen_k, s.heads_q, s.heads_kv, s.head_dim, self.causal, self.softmax_scale, self.seed
         )?;
-        match self.window.is_none() {
-            true => Ok(()),
-            false => write!(f, " window=({:?}, {:?})", self.window.left, self.window.right),
+        if !self.window.is_none() {
+            write!(f, " window=({:?}, {:?})", self.window.left, self.window.right)?;
+        }
+        match self.softcap {
+            Some(c) => write!(f, " softcap={c:e}"),
+            None => Ok(()),
         }
     }
 }
@@ -237,6 +242,23 @@ pub fn scale_strategy() -> impl proptest::strategy::Strategy<Value = Option<f32>
     ]
 }
 
+/// Softcaps over the whole accepted range ([`flashattn::MIN_SOFTCAP`] to
+/// [`flashattn::MAX_SOFTCAP`]): none in half the draws, else the usual 5 to 50, small ones
+/// (down to the limit: every score capped to about 0, uniform weights), ones near the scores'
+/// own size (0.1 to 5), and large ones (capping nothing).
+pub fn softcap_strategy() -> impl proptest::strategy::Strategy<Value = Option<f32>> {
+    use proptest::prelude::*;
+    let pow = |lo: f32, hi: f32| (lo..hi).prop_map(|e: f32| Some(10f32.powf(e)));
+    let (lo, hi) = (flashattn::MIN_SOFTCAP.log10(), flashattn::MAX_SOFTCAP.log10());
+    prop_oneof![
+        6 => Just(None),
+        2 => (5f32..50.0).prop_map(Some),
+        2 => pow(-1.0, 0.7),
+        1 => prop_oneof![Just(Some(flashattn::MIN_SOFTCAP)), pow(lo, -1.0)],
+        1 => prop_oneof![Just(Some(flashattn::MAX_SOFTCAP)), pow(1.7, hi)],
+    ]
+}
+
 /// Sliding windows, none in half the draws, else each side unbounded or from 0 (a row sees
 /// its diagonal key only) past `max_seqlen` (as good as unbounded).
 pub fn window_strategy(max_seqlen: usize) -> impl proptest::strategy::Strategy<Value = Window> {
@@ -314,9 +336,9 @@ pub fn case_strategy(
         any::<bool>(),
         scale_strategy(),
         prop_oneof![Just(Dt::F32), Just(Dt::F16), Just(Dt::Bf16)],
-        (any::<u64>(), window_strategy(max_seqlen)),
+        (any::<u64>(), window_strategy(max_seqlen), softcap_strategy()),
     )
-        .prop_map(move |(batch, sq, sk, hkv, group, head_dim, causal, scale, dtype, (seed, window))| {
+        .prop_map(move |(batch, sq, sk, hkv, group, head_dim, causal, scale, dtype, (seed, window, softcap))| {
             let mut shape = AttnShape { batch, seqlen_q: sq, seqlen_k: sk, heads_q: hkv * group, heads_kv: hkv, head_dim };
             // Shrink the longer sequence until the problem fits the budget.
             while shape.batch * shape.heads_q * shape.seqlen_q * shape.seqlen_k * shape.head_dim > budget
@@ -328,7 +350,7 @@ pub fn case_strategy(
                     shape.seqlen_k = shape.seqlen_k.div_ceil(2)
                 }
             }
-            Case { shape, causal, softmax_scale: scale, dtype, seed, window }
+            Case { shape, causal, softmax_scale: scale, dtype, seed, window, softcap }
         })
 }
 

@@ -2,7 +2,7 @@
 //! checked as a batch of one of its own lengths (`check_outputs`, `check_grads`: the same
 //! bars, fully masked rows, unwritten elements), with the outputs poisoned before the launch.
 
-use crate::{Case, Dt, Rng, check_grads, check_outputs, scale_strategy, window_strategy};
+use crate::{Case, Dt, Rng, check_grads, check_outputs, scale_strategy, softcap_strategy, window_strategy};
 use flashattn::{AttnShape, BwdOptions, BwdOutput, Dtype, FlashAttn, FwdOptions, FwdOutput, SeqLenDims, SeqLens, Window};
 use proptest::prelude::*;
 use std::fmt;
@@ -20,6 +20,7 @@ pub struct VarCase {
     pub causal: bool,
     pub softmax_scale: Option<f32>,
     pub window: Window,
+    pub softcap: Option<f32>,
     pub dtype: Dt,
     pub seed: u64,
 }
@@ -28,7 +29,7 @@ impl fmt::Display for VarCase {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{:?} varlen q={:?} k={:?} used_k={:?} hq={} hkv={} d={} causal={} scale={:?} window=({:?}, {:?}) seed={}",
+            "{:?} varlen q={:?} k={:?} used_k={:?} hq={} hkv={} d={} causal={} scale={:?} window=({:?}, {:?}) softcap={:?} seed={}",
             self.dtype,
             self.lens_q,
             self.lens_k,
@@ -40,6 +41,7 @@ impl fmt::Display for VarCase {
             self.softmax_scale,
             self.window.left,
             self.window.right,
+            self.softcap,
             self.seed
         )
     }
@@ -68,7 +70,15 @@ impl VarCase {
             heads_kv: self.heads_kv,
             head_dim: self.head_dim,
         };
-        Case { shape, causal: self.causal, softmax_scale: self.softmax_scale, dtype: self.dtype, seed: self.seed, window: self.window }
+        Case {
+            shape,
+            causal: self.causal,
+            softmax_scale: self.softmax_scale,
+            dtype: self.dtype,
+            seed: self.seed,
+            window: self.window,
+            softcap: self.softcap,
+        }
     }
 }
 
@@ -76,7 +86,8 @@ impl VarCase {
 /// (lengths 0 and 1 drawn often; keys equal to queries half the time; a third of the batches
 /// with `seqused_k`, any part of each slot down to none), head_dim up to 8
 /// `d_units`, a multiple of 8 or (unless `aligned`) not, GQA up to `max_group`:1, every scale
-/// and window ([`scale_strategy`], [`window_strategy`]), causal and not.
+/// window and softcap ([`scale_strategy`], [`window_strategy`], [`softcap_strategy`]), causal
+/// and not.
 pub fn varlen_strategy(
     max_batch: usize,
     max_len: usize,
@@ -88,8 +99,19 @@ pub fn varlen_strategy(
     let seqs = prop::collection::vec((len.clone(), len, any::<bool>(), 0.0..=1.0f64), 1..=max_batch);
     let dims = (1..=d_units, any::<bool>()).prop_map(move |(u, odd)| if odd && u > 1 && !aligned { 8 * u - 3 } else { 8 * u });
     let used = prop_oneof![2 => Just(false), 1 => Just(true)];
-    (seqs, dims, 1..=2usize, 1..=max_group, any::<bool>(), scale_strategy(), window_strategy(max_len), any::<u64>(), used).prop_map(
-        |(seqs, head_dim, heads_kv, group, causal, softmax_scale, window, seed, used)| {
+    (
+        seqs,
+        dims,
+        1..=2usize,
+        1..=max_group,
+        any::<bool>(),
+        scale_strategy(),
+        window_strategy(max_len),
+        any::<u64>(),
+        used,
+        softcap_strategy(),
+    )
+        .prop_map(|(seqs, head_dim, heads_kv, group, causal, softmax_scale, window, seed, used, softcap)| {
             let mut lens_q: Vec<usize> = seqs.iter().map(|s| s.0).collect();
             let mut lens_k: Vec<usize> = seqs.iter().map(|s| if s.2 { s.0 } else { s.1 }).collect();
             // A batch holds at least one query row and one key.
@@ -103,9 +125,8 @@ pub fn varlen_strategy(
             let used_k =
                 used.then(|| seqs.iter().zip(&lens_k).map(|(s, &n)| ((n as f64 + 1.0) * s.3).floor().min(n as f64) as usize).collect());
             let heads_q = heads_kv * group;
-            VarCase { lens_q, lens_k, used_k, heads_q, heads_kv, head_dim, causal, softmax_scale, window, dtype: Dt::F16, seed }
-        },
-    )
+            VarCase { lens_q, lens_k, used_k, heads_q, heads_kv, head_dim, causal, softmax_scale, window, softcap, dtype: Dt::F16, seed }
+        })
 }
 
 /// Runs `case` forward (and with `backward` backward) by kernel family `family` (`None`: the
@@ -209,7 +230,7 @@ pub fn check_bad_offsets<T: Dtype>(fa: &FlashAttn, family: Option<&'static str>,
         let seqs = fa
             .seqlens_unchecked(&cu_q, &cu_k, used_k, SeqLenDims { total_q: tq, total_k: tk, max_seqlen_q: 32, max_seqlen_k: 48 })
             .map_err(e)?;
-        let attn = flashattn::Attention { causal, softmax_scale: None, window };
+        let attn = flashattn::Attention { causal, softmax_scale: None, window, softcap: None };
         let out = fa.forward_varlen(&qd, &kd, &vd, &seqs, &attn, &FwdOptions { kernel: family, ..Default::default() }).map_err(e)?;
         let bwd_opts = BwdOptions { kernel: family, deterministic: false };
         match (backward, used_k) {
@@ -254,7 +275,7 @@ pub fn check_device_offsets(fa: &FlashAttn, family: Option<&'static str>, head_d
     let htod = |x: &[u32]| stream.clone_htod(x).map_err(|err| format!("copying offsets: {err}"));
     let dims = SeqLenDims { total_q: tq, total_k: tk, max_seqlen_q: 70, max_seqlen_k: 45 };
     let dev = fa.seqlens_on_device(htod(&cu_q)?, htod(&cu_k)?, None, dims).map_err(e)?;
-    let attn = flashattn::Attention { causal: true, softmax_scale: None, window: Window::NONE };
+    let attn = flashattn::Attention { causal: true, softmax_scale: None, window: Window::NONE, softcap: None };
     let run = |seqs: &SeqLens| -> Result<[Vec<half::f16>; 4], String> {
         let out = fa.forward_varlen(&qd, &kd, &vd, seqs, &attn, &FwdOptions { kernel: family, ..Default::default() }).map_err(e)?;
         let g = fa.backward(&qd, &kd, &vd, &out, &dod, &BwdOptions { kernel: family, deterministic: true }).map_err(e)?;

@@ -26,10 +26,16 @@ fn shape(batch: usize, seqlen_q: usize, seqlen_k: usize, heads_q: usize, heads_k
 
 /// A case `family` serves: head_dim rounded up to a multiple of 8 for the families that
 /// take only those (`BwdFamilyDesc::aligned_only`; automatic selection takes every head_dim);
-/// no sliding window for those without one (`BwdFamily::takes`: the atomic families).
+/// no sliding window or softcap for those without a general entry (`BwdFamily::takes`: the
+/// atomic families), no softcap for those whose kernels do not apply one
+/// (`BwdFamilyDesc::softcap`).
 fn for_family(family: Option<&str>, c: Case) -> Case {
     let windowless = family.and_then(BwdFamily::from_name).is_some_and(|f| !f.takes(Entry::Window));
-    let c = if windowless { Case { window: Default::default(), ..c } } else { c };
+    let c = if windowless { Case { window: Default::default(), softcap: None, ..c } } else { c };
+    let c = match family.and_then(BwdFamily::from_name).is_some_and(|f| !f.desc().softcap) {
+        true => Case { softcap: None, ..c },
+        false => c,
+    };
     match family {
         Some(f) if BwdFamily::from_name(f).is_some_and(|f| f.desc().aligned_only) => {
             Case { shape: AttnShape { head_dim: c.shape.head_dim.next_multiple_of(8), ..c.shape }, ..c }
@@ -191,7 +197,15 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
         let dtype = Dt::of(v.dtype);
         // The largest head_dim the variant serves.
         let d = v.head_dims().1 as usize;
-        let case = Case { shape: shape(1, 37, 70, 2, 1, d), causal: true, softmax_scale: None, dtype, seed: 0, window: Default::default() };
+        let case = Case {
+            shape: shape(1, 37, 70, 2, 1, d),
+            causal: true,
+            softmax_scale: None,
+            dtype,
+            seed: 0,
+            window: Default::default(),
+            softcap: None,
+        };
         let (family, name) = (v.family.name(), v.name);
         // The sets with the residual apart (the same lead variant, other passes).
         let tail = if saved { "_residual" } else { "" };
@@ -199,7 +213,7 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
             format!("{tag}::variant{tail}::{name}"),
             Box::new(move |fa| {
                 let opts = flashattn::BwdOptions { kernel: Some(family), ..Default::default() };
-                let got = flashattn::select_bwd_variants(v.dtype, d, &opts, &fa.archs(), saved, Entry::Plain)
+                let got = flashattn::select_bwd_variants(v.dtype, d, &opts, &fa.archs(), saved, Entry::Plain, false)
                     .map_err(|e| Failed::from(e.to_string()))?;
                 let mine = got.iter().find(|g| g.pass == v.pass).map(|g| g.name);
                 if mine != Some(name) || got.iter().any(|g| g.family != v.family) {
@@ -217,6 +231,7 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
         if !v.family.takes(Entry::Window) {
             continue;
         }
+        let capped = v.family.desc().softcap;
         let windows = [
             (shape(1, 100, 150, 2, 1, d), true, Window { left: Some(30), right: None }),
             (shape(1, 140, 90, 2, 1, d), false, Window { left: Some(3), right: Some(20) }),
@@ -225,7 +240,9 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
             format!("{tag}::window{tail}::{name}"),
             Box::new(move |fa| {
                 for (s, causal, window) in windows {
-                    let case = Case { shape: s, causal, softmax_scale: None, dtype, seed: fresh_seed(), window };
+                    // A softcap on the causal window, by the families that apply one.
+                    let softcap = if causal && capped { Some(2.0) } else { None };
+                    let case = Case { shape: s, causal, softmax_scale: None, dtype, seed: fresh_seed(), window, softcap };
                     check_backward_with(fa, &case, false, Some(family), saved).map_err(Failed::from)?;
                 }
                 Ok(())
@@ -242,8 +259,15 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
             format!("{tag}::window_wide{tail}::{name}"),
             Box::new(move |fa| {
                 for (s, causal, window) in WIDE_WINDOWS {
-                    let case =
-                        Case { shape: AttnShape { head_dim: d, ..s }, causal, softmax_scale: None, dtype, seed: fresh_seed(), window };
+                    let case = Case {
+                        shape: AttnShape { head_dim: d, ..s },
+                        causal,
+                        softmax_scale: None,
+                        dtype,
+                        seed: fresh_seed(),
+                        window,
+                        softcap: None,
+                    };
                     check_backward_with(fa, &case, false, Some(family), saved).map_err(Failed::from)?;
                     for plants in wide_window_plants(d, true) {
                         nonfinite::check_backward(fa, &case, &plants, Some(family), saved).map_err(Failed::from)?;
@@ -283,7 +307,7 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
     let suffix = |saved: bool| if saved { "" } else { "_no_residual" };
     for (name, s, causal) in edges {
         for (dtype, saved) in with_and_without {
-            let case = Case { shape: s, causal, softmax_scale: None, dtype, seed: 0, window: Default::default() };
+            let case = Case { shape: s, causal, softmax_scale: None, dtype, seed: 0, window: Default::default(), softcap: None };
             trials.push(mk(
                 format!("{tag}::edge{}::{name}::{dtype:?}", suffix(saved)).to_lowercase(),
                 Box::new(move |fa| check_backward(fa, &Case { seed: fresh_seed(), ..case }, false, saved).map_err(Failed::from)),
@@ -304,7 +328,8 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
     ];
     for (name, s, scale) in scaled {
         for (dtype, saved) in with_and_without {
-            let case = Case { shape: s, causal: true, softmax_scale: Some(scale), dtype, seed: 0, window: Default::default() };
+            let case =
+                Case { shape: s, causal: true, softmax_scale: Some(scale), dtype, seed: 0, window: Default::default(), softcap: None };
             trials.push(mk(
                 format!("{tag}::edge{}::{name}::{dtype:?}", suffix(saved)).to_lowercase(),
                 Box::new(move |fa| check_backward(fa, &Case { seed: fresh_seed(), ..case }, false, saved).map_err(Failed::from)),
@@ -317,7 +342,7 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
     // dQ and dK).
     for (name, s) in [("causal_two_keys", shape(1, 26, 2, 2, 1, 112)), ("causal_three_keys", shape(1, 39, 3, 2, 1, 40))] {
         for (dtype, saved) in with_and_without {
-            let case = Case { shape: s, causal: true, softmax_scale: None, dtype, seed: 0, window: Default::default() };
+            let case = Case { shape: s, causal: true, softmax_scale: None, dtype, seed: 0, window: Default::default(), softcap: None };
             trials.push(mk(
                 format!("{tag}::edge{}::{name}::{dtype:?}", suffix(saved)).to_lowercase(),
                 Box::new(move |fa| check_backward(fa, &Case { seed: fresh_seed(), ..case }, false, saved).map_err(Failed::from)),
@@ -334,15 +359,40 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
             dtype,
             seed: 0,
             window: Default::default(),
+            softcap: None,
         };
         trials.push(mk(
             format!("{tag}::edge{}::peaked_many_key_tiles::{dtype:?}", suffix(saved)).to_lowercase(),
             Box::new(move |fa| check_backward(fa, &Case { seed: fresh_seed(), ..case }, false, saved).map_err(Failed::from)),
         ));
     }
+    // A softcap that saturates most scores (scale 4, cap 3: tanh' near 0 for most pairs, the
+    // row max shared by several keys), causal, over several key tiles.
     for (dtype, saved) in with_and_without {
-        let case =
-            Case { shape: shape(2, 45, 70, 4, 2, 64), causal: true, softmax_scale: None, dtype, seed: 0, window: Default::default() };
+        let case = Case {
+            shape: shape(1, 70, 250, 2, 1, 64),
+            causal: true,
+            softmax_scale: Some(4.0),
+            dtype,
+            seed: 0,
+            window: Default::default(),
+            softcap: Some(3.0),
+        };
+        trials.push(mk(
+            format!("{tag}::edge{}::softcap_saturated::{dtype:?}", suffix(saved)).to_lowercase(),
+            Box::new(move |fa| check_backward(fa, &Case { seed: fresh_seed(), ..case }, false, saved).map_err(Failed::from)),
+        ));
+    }
+    for (dtype, saved) in with_and_without {
+        let case = Case {
+            shape: shape(2, 45, 70, 4, 2, 64),
+            causal: true,
+            softmax_scale: None,
+            dtype,
+            seed: 0,
+            window: Default::default(),
+            softcap: None,
+        };
         trials.push(mk(
             format!("{tag}::deterministic{}::{dtype:?}", suffix(saved)).to_lowercase(),
             Box::new(move |fa| check_backward(fa, &Case { seed: fresh_seed(), ..case }, true, saved).map_err(Failed::from)),
@@ -353,7 +403,15 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
     // several query and key blocks, causal).
     for (d, sq, sk, causal) in [(128, 70, 45, false), (256, 70, 80, true), (200, 80, 66, true)] {
         for (dtype, saved) in with_and_without.into_iter().filter(|&(dt, _)| dt != Dt::F32) {
-            let case = Case { shape: shape(1, sq, sk, 4, 2, d), causal, softmax_scale: None, dtype, seed: 0, window: Default::default() };
+            let case = Case {
+                shape: shape(1, sq, sk, 4, 2, d),
+                causal,
+                softmax_scale: None,
+                dtype,
+                seed: 0,
+                window: Default::default(),
+                softcap: None,
+            };
             trials.push(mk(
                 format!("{tag}::deterministic_d{d}{}::{dtype:?}", suffix(saved)).to_lowercase(),
                 Box::new(move |fa| check_backward(fa, &Case { seed: fresh_seed(), ..case }, true, saved).map_err(Failed::from)),

@@ -136,13 +136,52 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
             trials.push(trial);
         }
     }
+    // A softcap over a zero or tiny scale: tanh's argument per raw score, |scale| / cap, is
+    // below f32's range, yet an infinite score must stay infinite (capped to the cap), not
+    // become inf * 0 = NaN (found by the GPU's random cases).
+    for (family, dtypes) in
+        [(Some("wgmma"), &[Dt::F16, Dt::Bf16][..]), (Some("mma"), &[Dt::F16, Dt::Bf16]), (Some("simt"), &[Dt::F32, Dt::F16])]
+    {
+        for &dtype in dtypes {
+            let name = format!("{tag}::edge::softcap_tiny_scale_inf_q::{}::{dtype:?}", family.unwrap_or("auto")).to_lowercase();
+            trials.push(mk(
+                name,
+                Box::new(move |fa| {
+                    for (scale, sq) in [(0.0f32, 1), (-0.0, 2), (1e-44, 2), (-3e-39, 1)] {
+                        let case = Case {
+                            shape: shape(1, sq, 1, 1, 1, 8),
+                            causal: false,
+                            softmax_scale: Some(scale),
+                            dtype,
+                            seed: 0,
+                            window: Default::default(),
+                            softcap: Some(flashattn::MAX_SOFTCAP),
+                        };
+                        for value in [f64::INFINITY, f64::NEG_INFINITY] {
+                            let plants = [nonfinite::Plant { input: nonfinite::Input::Q, at: 0, value }];
+                            nonfinite::check_forward(fa, &case, &plants, family).map_err(Failed::from)?;
+                        }
+                    }
+                    Ok(())
+                }),
+            ));
+        }
+    }
     // Every registered variant, by name, at the largest head_dim its tile serves; a GPU
     // without the variant's architecture (sm_90a kernels off Hopper) reports it ignored.
     let archs = fa.as_ref().map(|f| f.archs());
     for v in FWD_VARIANTS {
         let dtype = Dt::of(v.dtype);
         let d = v.head_dims().1 as usize;
-        let case = Case { shape: shape(1, 37, 45, 2, 1, d), causal: true, softmax_scale: None, dtype, seed: 0, window: Default::default() };
+        let case = Case {
+            shape: shape(1, 37, 45, 2, 1, d),
+            causal: true,
+            softmax_scale: None,
+            dtype,
+            seed: 0,
+            window: Default::default(),
+            softcap: None,
+        };
         let (family, name) = (v.family.name(), v.name);
         let trial = mk(
             format!("{tag}::variant::{name}"),
@@ -157,14 +196,17 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
         );
         push_for_arch(&mut trials, archs.as_deref(), &format!("{tag}::variant::{name}"), v.arch(), trial);
     }
-    // Sliding windows, by every registered variant at the largest head_dim its tile serves:
-    // key tiles left of every row's window skipped, masked tiles at both edges, rows that see
-    // no key (seqlen_q > seqlen_k), causal and not.
+    // Sliding windows and softcaps (the general entries), by every registered variant at the
+    // largest head_dim its tile serves: key tiles left of every row's window skipped, masked
+    // tiles at both edges, rows that see no key (seqlen_q > seqlen_k), causal and not; a
+    // softcap with and without a window.
     let windows = [
-        (shape(1, 100, 230, 2, 1, 0), false, Window { left: Some(37), right: Some(11) }),
-        (shape(1, 130, 250, 2, 1, 0), true, Window { left: Some(70), right: None }),
-        (shape(1, 150, 90, 2, 1, 0), false, Window { left: Some(0), right: Some(0) }),
-        (shape(1, 90, 200, 2, 1, 0), false, Window { left: None, right: Some(5) }),
+        (shape(1, 100, 230, 2, 1, 0), false, Window { left: Some(37), right: Some(11) }, None),
+        (shape(1, 130, 250, 2, 1, 0), true, Window { left: Some(70), right: None }, Some(1.5)),
+        (shape(1, 150, 90, 2, 1, 0), false, Window { left: Some(0), right: Some(0) }, None),
+        (shape(1, 90, 200, 2, 1, 0), false, Window { left: None, right: Some(5) }, None),
+        (shape(1, 97, 180, 2, 1, 0), true, Window::NONE, Some(4.0)),
+        (shape(1, 70, 70, 2, 1, 0), false, Window::NONE, Some(0.7)),
     ];
     for v in FWD_VARIANTS {
         let dtype = Dt::of(v.dtype);
@@ -173,9 +215,16 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
         let trial = mk(
             format!("{tag}::window::{name}"),
             Box::new(move |fa| {
-                for (s, causal, window) in windows {
-                    let case =
-                        Case { shape: AttnShape { head_dim: d, ..s }, causal, softmax_scale: None, dtype, seed: fresh_seed(), window };
+                for (s, causal, window, softcap) in windows {
+                    let case = Case {
+                        shape: AttnShape { head_dim: d, ..s },
+                        causal,
+                        softmax_scale: None,
+                        dtype,
+                        seed: fresh_seed(),
+                        window,
+                        softcap,
+                    };
                     check_case_with(fa, &case, Some(family)).map_err(Failed::from)?;
                 }
                 Ok(())
@@ -193,8 +242,15 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
             format!("{tag}::window_wide::{name}"),
             Box::new(move |fa| {
                 for (s, causal, window) in WIDE_WINDOWS {
-                    let case =
-                        Case { shape: AttnShape { head_dim: d, ..s }, causal, softmax_scale: None, dtype, seed: fresh_seed(), window };
+                    let case = Case {
+                        shape: AttnShape { head_dim: d, ..s },
+                        causal,
+                        softmax_scale: None,
+                        dtype,
+                        seed: fresh_seed(),
+                        window,
+                        softcap: None,
+                    };
                     check_case_with(fa, &case, Some(family)).map_err(Failed::from)?;
                     for plants in wide_window_plants(d, false) {
                         nonfinite::check_forward(fa, &case, &plants, Some(family)).map_err(Failed::from)?;
@@ -217,7 +273,7 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
     for (name, s, causal, scale) in odd {
         for v in FWD_VARIANTS.iter().filter(|v| v.serves(s.head_dim as u32) && ["wgmma", "mma", "simt"].contains(&v.family.name())) {
             let dtype = Dt::of(v.dtype);
-            let case = Case { shape: s, causal, softmax_scale: scale, dtype, seed: 0, window: Default::default() };
+            let case = Case { shape: s, causal, softmax_scale: scale, dtype, seed: 0, window: Default::default(), softcap: None };
             let family = v.family.name();
             let trial = mk(
                 format!("{tag}::edge::{name}::{family}::{dtype:?}").to_lowercase(),
@@ -230,7 +286,7 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
     }
     for (name, s, causal, scale) in edge_cases(kind) {
         for dtype in [Dt::F32, Dt::F16, Dt::Bf16] {
-            let case = Case { shape: s, causal, softmax_scale: scale, dtype, seed: 0, window: Default::default() };
+            let case = Case { shape: s, causal, softmax_scale: scale, dtype, seed: 0, window: Default::default(), softcap: None };
             trials.push(mk(
                 format!("{tag}::edge::{name}::{dtype:?}").to_lowercase(),
                 Box::new(move |fa| {

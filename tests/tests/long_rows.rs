@@ -32,7 +32,15 @@ fn cases() -> Vec<(String, Case)> {
                 let name = format!("long_rows::{dtype:?}::sq{seqlen_q}_sk{seqlen_k}::{mask}").to_lowercase();
                 v.push((
                     name,
-                    Case { shape, causal, softmax_scale: None, dtype, seed: (seqlen_q * 31 + seqlen_k) as u64, window: Default::default() },
+                    Case {
+                        shape,
+                        causal,
+                        softmax_scale: None,
+                        dtype,
+                        seed: (seqlen_q * 31 + seqlen_k) as u64,
+                        window: Default::default(),
+                        softcap: None,
+                    },
                 ));
             }
         }

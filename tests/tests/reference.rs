@@ -197,15 +197,22 @@ fn finite_difference_in_v_matches_probabilities() {
 }
 
 /// The analytic gradients match centred finite differences of L = sum(O * G) in f64, for
-/// Q, K and V, with causal masking (rows that see nothing included) and GQA.
+/// Q, K and V, with causal masking (rows that see nothing included), GQA and softcaps (one
+/// that saturates the larger scores, one that bends them little).
 #[test]
 fn backward_matches_finite_differences() {
     use flashattn::reference::attention_backward_f64;
-    for (s, causal) in [(shape(1, 5, 4, 4, 2, 8), true), (shape(2, 3, 6, 2, 1, 16), false), (shape(1, 6, 6, 3, 3, 8), true)] {
+    for (s, causal, softcap) in [
+        (shape(1, 5, 4, 4, 2, 8), true, None),
+        (shape(2, 3, 6, 2, 1, 16), false, None),
+        (shape(1, 6, 6, 3, 3, 8), true, None),
+        (shape(2, 3, 6, 2, 1, 16), false, Some(0.8)),
+        (shape(1, 6, 6, 3, 3, 8), true, Some(5.0)),
+    ] {
         let (q, k, v) = inputs(&s, 21);
         let mut r = Rng::new(22);
         let g: Vec<f64> = (0..q.len()).map(|_| r.normal()).collect();
-        let opts = Attention { causal, softmax_scale: Some(0.7), ..Default::default() };
+        let opts = Attention { causal, softmax_scale: Some(0.7), softcap, ..Default::default() };
         let loss =
             |q: &[f64], k: &[f64], v: &[f64]| -> f64 { attention_f64(q, k, v, &s, &opts).o.iter().zip(&g).map(|(o, g)| o * g).sum() };
         let grads = attention_backward_f64(&q, &k, &v, &g, &s, &opts);

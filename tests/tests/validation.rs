@@ -100,6 +100,26 @@ fn invalid_scale() {
     }
 }
 
+/// A softcap must be finite, from MIN_SOFTCAP to MAX_SOFTCAP: the error names the value and
+/// the range; the limits themselves and ordinary values pass.
+#[test]
+fn invalid_softcap() {
+    let (lo, hi) = (flashattn::MIN_SOFTCAP, flashattn::MAX_SOFTCAP);
+    for softcap in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 0.0, -0.0, -30.0, lo * 0.5, hi * 1.0001, f32::MAX, 1e-45] {
+        let opts = Attention::default().with_softcap(softcap);
+        let e = err(&[1, 4, 1, 8], &[1, 4, 1, 8], &[1, 4, 1, 8], opts);
+        assert!(
+            matches!(e, Error::InvalidSoftcap { softcap: s, min, max } if s.to_bits() == softcap.to_bits() && min == lo && max == hi),
+            "{e}"
+        );
+        assert!(e.to_string().contains(&format!("{softcap}")) && e.to_string().contains(&format!("{hi}")), "{e}");
+    }
+    for softcap in [lo, 1e-3, 1.0, 30.0, 50.0, hi] {
+        let opts = Attention::default().with_softcap(softcap);
+        assert!(validate(&[1, 4, 1, 8], &[1, 4, 1, 8], &[1, 4, 1, 8], &opts).is_ok(), "softcap {softcap}");
+    }
+}
+
 #[test]
 fn forward_rejects_before_launch_and_leaves_outputs_alone() {
     let fa = FlashAttn::emulator();
@@ -254,19 +274,19 @@ fn backward_selection_and_registry_match_tile_functions() {
         for dtype in [DType::F32, DType::F16, DType::Bf16] {
             // The mma families take head dims that are multiples of 8 (`BwdFamilyDesc::aligned_only`).
             let tc = dtype != DType::F32 && d.is_multiple_of(8);
-            let auto = flashattn::select_bwd_variants(dtype, d as usize, &BwdOptions::default(), &[Arch::Sm80], false, Entry::Plain)
+            let auto = flashattn::select_bwd_variants(dtype, d as usize, &BwdOptions::default(), &[Arch::Sm80], false, Entry::Plain, false)
                 .unwrap_or_else(|e| panic!("d={d}: {e}"));
             let want = if tc { "mma" } else { "simt" };
             assert!(auto.iter().all(|v| v.family.name() == want && v.serves(d)), "d={d} {dtype:?}: {}", auto[0].name);
             let det = BwdOptions { deterministic: true, ..Default::default() };
-            let auto_det = flashattn::select_bwd_variants(dtype, d as usize, &det, &[Arch::Sm80], false, Entry::Plain)
+            let auto_det = flashattn::select_bwd_variants(dtype, d as usize, &det, &[Arch::Sm80], false, Entry::Plain, false)
                 .unwrap_or_else(|e| panic!("d={d}: {e}"));
             let want_det = if tc { "mma" } else { "simt" };
             assert!(auto_det.iter().all(|v| v.family.name() == want_det && v.serves(d)), "d={d} {dtype:?}: {}", auto_det[0].name);
             // Hopper: `prep` (m_i, 1 / l_i from the LSE, D~_i from O), the wgmma dQ kernel and
             // the dK/dV kernel, deterministic too.
             for opts in [BwdOptions::default(), det] {
-                let hop = flashattn::select_bwd_variants(dtype, d as usize, &opts, &[Arch::Sm80, Arch::Sm90a], false, Entry::Plain)
+                let hop = flashattn::select_bwd_variants(dtype, d as usize, &opts, &[Arch::Sm80, Arch::Sm90a], false, Entry::Plain, false)
                     .unwrap_or_else(|e| panic!("d={d}: {e}"));
                 let fams: Vec<_> = hop.iter().map(|v| (v.family.name(), v.pass.name(), v.arch())).collect();
                 if let Some(t) = wgmma_bwd_tile(d)
@@ -282,8 +302,9 @@ fn backward_selection_and_registry_match_tile_functions() {
                     assert_eq!(fl(hop[2], d), (WgmmaBwdTile::KEYS, t.threads(), t.dkdv_smem_bytes()));
                     // With the forward's O residual: D~_i from O + O_lo, then the same dQ and
                     // dK/dV kernels.
-                    let hs = flashattn::select_bwd_variants(dtype, d as usize, &opts, &[Arch::Sm80, Arch::Sm90a], true, Entry::Plain)
-                        .unwrap_or_else(|e| panic!("d={d}: {e}"));
+                    let hs =
+                        flashattn::select_bwd_variants(dtype, d as usize, &opts, &[Arch::Sm80, Arch::Sm90a], true, Entry::Plain, false)
+                            .unwrap_or_else(|e| panic!("d={d}: {e}"));
                     assert_eq!(
                         hs.iter().map(|v| (v.family.name(), v.pass.name())).collect::<Vec<_>>(),
                         [("wgmma", "prep_residual"), ("wgmma", "dq_saved"), ("wgmma", "dkdv")],
@@ -298,8 +319,9 @@ fn backward_selection_and_registry_match_tile_functions() {
                         auto.iter().map(|v| v.family).collect::<Vec<_>>(),
                         "d={d} {dtype:?}"
                     );
-                    let hs = flashattn::select_bwd_variants(dtype, d as usize, &opts, &[Arch::Sm80, Arch::Sm90a], true, Entry::Plain)
-                        .unwrap_or_else(|e| panic!("d={d}: {e}"));
+                    let hs =
+                        flashattn::select_bwd_variants(dtype, d as usize, &opts, &[Arch::Sm80, Arch::Sm90a], true, Entry::Plain, false)
+                            .unwrap_or_else(|e| panic!("d={d}: {e}"));
                     assert_eq!(
                         hs.iter().map(|v| v.name).collect::<Vec<_>>(),
                         hop.iter().map(|v| v.name).collect::<Vec<_>>(),
@@ -308,9 +330,27 @@ fn backward_selection_and_registry_match_tile_functions() {
                 }
             }
             let simt = BwdOptions { kernel: Some("simt"), ..Default::default() };
-            let s = flashattn::select_bwd_variants(dtype, d as usize, &simt, &[Arch::Sm80, Arch::Sm90a], false, Entry::Plain)
+            let s = flashattn::select_bwd_variants(dtype, d as usize, &simt, &[Arch::Sm80, Arch::Sm90a], false, Entry::Plain, false)
                 .unwrap_or_else(|e| panic!("d={d}: {e}"));
             assert!(s.iter().all(|v| v.family.name() == "simt"), "d={d}");
+            // A softcap: only families whose kernels apply one (named, the others are refused).
+            let hop = [Arch::Sm80, Arch::Sm90a];
+            let capped = flashattn::select_bwd_variants(dtype, d as usize, &BwdOptions::default(), &hop, false, Entry::Window, true)
+                .unwrap_or_else(|e| panic!("d={d}: {e}"));
+            assert!(capped.iter().all(|v| v.family.desc().softcap), "d={d}");
+            for name in ["wgmma", "mma_atomic"] {
+                let named = BwdOptions { kernel: Some(name), ..Default::default() };
+                if dtype != DType::F32 && d % 8 == 0 {
+                    let e =
+                        flashattn::select_bwd_variants(dtype, d as usize, &named, &hop, false, Entry::Window, true).expect_err("refused");
+                    // (A family with no kernel at this head_dim says that first: `NoVariant`.)
+                    let serves = BWD_VARIANTS.iter().any(|v| v.family.name() == name && v.dtype == dtype && v.serves(d));
+                    match serves {
+                        true => assert!(matches!(&e, Error::Unsupported { value, .. } if value == name), "d={d}: {e}"),
+                        false => assert!(matches!(&e, Error::NoVariant { .. }), "d={d}: {e}"),
+                    }
+                }
+            }
             // (Head dims that are not multiples of 8 select SIMT: `BwdFamilyDesc::aligned_only`.)
             if let Some(t) = mma_bwd_tile(d)
                 && tc
@@ -332,7 +372,7 @@ fn backward_selection_and_registry_match_tile_functions() {
                     ("dkdv", MmaBwdTile::ROWS, t.threads(), t.dkdv_smem_bytes())
                 );
                 let atomic = BwdOptions { kernel: Some("mma_atomic"), ..Default::default() };
-                let at = flashattn::select_bwd_variants(dtype, d as usize, &atomic, &[Arch::Sm80, Arch::Sm90a], false, Entry::Plain);
+                let at = flashattn::select_bwd_variants(dtype, d as usize, &atomic, &[Arch::Sm80, Arch::Sm90a], false, Entry::Plain, false);
                 // The atomic family stops at 128.
                 if d > 128 {
                     assert!(matches!(at, Err(flashattn::Error::NoVariant { .. })), "d={d}");
@@ -357,7 +397,7 @@ fn backward_selection_and_registry_match_tile_functions() {
     }
     // Naming the atomic family with `deterministic` is a typed error, before any launch.
     let bad = BwdOptions { kernel: Some("mma_atomic"), deterministic: true };
-    match flashattn::select_bwd_variants(DType::F16, 64, &bad, &[Arch::Sm80], false, Entry::Plain) {
+    match flashattn::select_bwd_variants(DType::F16, 64, &bad, &[Arch::Sm80], false, Entry::Plain, false) {
         Err(flashattn::Error::NotDeterministic { family }) => assert_eq!(family, "mma_atomic"),
         other => panic!("expected NotDeterministic, got {:?}", other.map(|v| v.len())),
     }

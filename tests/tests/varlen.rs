@@ -53,6 +53,11 @@ fn has_varlen_bwd(family: &str, dtype: Dt, head_dim: usize) -> bool {
     !passes.is_empty() && passes.iter().all(|v| v.entry(Entry::Varlen).is_some())
 }
 
+/// Whether `family`'s backward applies a softcap (`BwdFamilyDesc::softcap`).
+fn bwd_softcap(family: &str) -> bool {
+    flashattn::BwdFamily::from_name(family).is_some_and(|f| f.desc().softcap)
+}
+
 fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option<String>) -> Vec<Trial> {
     let tag = match kind {
         BackendKind::Gpu => "gpu",
@@ -92,7 +97,8 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
                         .prop_filter("a variant with a variable-length entry", move |c| has_varlen(family, dtype, c.head_dim));
                     runner
                         .run(&strategy, |c| {
-                            let backward = backward && has_varlen_bwd(family, dtype, c.head_dim);
+                            let backward =
+                                backward && has_varlen_bwd(family, dtype, c.head_dim) && (c.softcap.is_none() || bwd_softcap(family));
                             check_varlen(fa, &c, Some(family), backward).map_err(TestCaseError::fail)
                         })
                         .map_err(|e| Failed::from(format!("{e}")))
@@ -123,9 +129,12 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
                         causal,
                         softmax_scale: None,
                         window: flashattn::Window::NONE,
+                        // The softcap through every variant's variable-length entry.
+                        softcap: if causal { Some(2.5) } else { None },
                         dtype,
                         seed: fresh_seed(),
                     };
+                    let backward = backward && (case.softcap.is_none() || bwd_softcap(family));
                     check_varlen(fa, &case, Some(family), backward).map_err(Failed::from)?;
                 }
                 Ok(())

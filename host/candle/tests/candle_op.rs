@@ -225,7 +225,7 @@ fn cases(dev: &Device, tag: &str) -> Vec<Trial> {
                     _ => AttnShape { batch: 2, seqlen_q: 37, seqlen_k: 53, heads_q: 4, heads_kv: 2, head_dim: 72 },
                 };
                 let scale = if causal { None } else { Some(-0.3) };
-                let case = Case { shape, causal, softmax_scale: scale, dtype: dt, seed: 0, window: Default::default() };
+                let case = Case { shape, causal, softmax_scale: scale, dtype: dt, seed: 0, window: Default::default(), softcap: None };
                 let dev = dev.clone();
                 let trial_name = format!("{tag}::{layout:?}::{name}::{}", if causal { "causal" } else { "negative_scale" }).to_lowercase();
                 trials.push(Trial::test(trial_name, move || {
@@ -273,8 +273,10 @@ fn random_trials(dev: &Device, tag: &str) -> Vec<Trial> {
                 let mut runner = proptest::test_runner::TestRunner::new_with_rng(Default::default(), rng);
                 for i in 0..cases {
                     let mut case = strategy.new_tree(&mut runner).map_err(|e| Failed::from(e.to_string()))?.current();
-                    // Forward and backward: no sliding window (its backward is not implemented yet).
+                    // No sliding window and no softcap: the op's signature (candle-flash-attn's
+                    // `flash_attn`) has neither.
                     case.window = Default::default();
+                    case.softcap = None;
                     let layout = [Layout::Contiguous, Layout::Bhsd, Layout::Packed][(i + shard) % 3];
                     if let Layout::Packed = layout {
                         let n = case.shape.seqlen_q.min(case.shape.seqlen_k);

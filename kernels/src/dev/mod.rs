@@ -437,6 +437,13 @@ pub mod math {
     pub fn rcp(x: f32) -> f32 {
         1.0 / x
     }
+    /// 1/x to within an ulp (`rcp.approx.ftz.f32`: one MUFU.RCP, where the correctly rounded
+    /// division is a sequence with a slow path ptxas calls as a subroutine; subnormal inputs
+    /// and results flush to 0. Exact in the emulator).
+    #[inline(always)]
+    pub fn rcp_approx(x: f32) -> f32 {
+        imp::rcp_approx(x)
+    }
 }
 
 /// The launch-sized (dynamic) shared memory of the block, `len` elements of `T` at its start.

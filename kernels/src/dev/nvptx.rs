@@ -7,6 +7,8 @@ use core::arch::nvptx;
 unsafe extern "C" {
     #[link_name = "llvm.nvvm.ex2.approx.ftz.f"]
     fn nvvm_ex2(x: f32) -> f32;
+    #[link_name = "llvm.nvvm.rcp.approx.ftz.f"]
+    fn nvvm_rcp_approx(x: f32) -> f32;
     #[link_name = "llvm.nvvm.shfl.sync.bfly.f32"]
     fn nvvm_shfl_bfly(member_mask: u32, v: f32, lane_mask: u32, clamp: u32) -> f32;
     #[link_name = "llvm.nvvm.bar.warp.sync"]
@@ -84,6 +86,10 @@ pub unsafe fn shared_store<T: Copy>(ptr: *mut T, v: T) {
 #[inline(always)]
 pub fn ex2(x: f32) -> f32 {
     unsafe { nvvm_ex2(x) }
+}
+#[inline(always)]
+pub fn rcp_approx(x: f32) -> f32 {
+    unsafe { nvvm_rcp_approx(x) }
 }
 #[inline(always)]
 pub fn fma(a: f32, b: f32, c: f32) -> f32 {

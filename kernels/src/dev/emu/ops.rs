@@ -112,6 +112,9 @@ pub unsafe fn shared_store<T: Copy>(ptr: *mut T, v: T) {
 pub fn ex2(x: f32) -> f32 {
     x.exp2()
 }
+pub fn rcp_approx(x: f32) -> f32 {
+    1.0 / x
+}
 pub fn fma(a: f32, b: f32, c: f32) -> f32 {
     a.mul_add(b, c)
 }
