@@ -406,13 +406,13 @@ impl<T: MmaElement, const D: usize, const DK: usize, const MT: usize, const QREG
         let win = Window::<M>::new(&p.pb).opaque();
         // A softcap: tanh(raw k) in place of each raw score, in one uniform branch (`softcap`).
         let sc = Softcap::<M>::new(&p.pb);
-        if sc.on() {
-            let kf = sc.opaque_k(if FUSED { p.pb.scale.abs() } else { p.pb.scale });
-            for a in acc_s.as_flattened_mut().as_flattened_mut() {
-                *a = tanh_16(*a * kf);
-            }
-        }
+        let kf = sc.opaque_k(if FUSED { p.pb.scale.abs() } else { p.pb.scale });
         for mt in 0..MT {
+            if sc.on() {
+                for a in acc_s[mt].as_flattened_mut() {
+                    *a = tanh_16(*a * kf);
+                }
+            }
             // Raw scores (FUSED) or scaled ones, -inf where MASKED; split by row (g, g + 8).
             let mut s = [[[0f32; 2]; NS]; 2];
             for (n, a) in acc_s[mt].iter().enumerate() {
