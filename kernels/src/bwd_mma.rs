@@ -46,7 +46,7 @@ use crate::mask::{Mask, Window, kv_tiles, kv_unmasked, q_tiles};
 use crate::nonfinite::{add_nonfinite, dkdv_tile_masked, finite_frag, row_at};
 use crate::params::BwdParams;
 use crate::smem::{LaneAddr, Layout};
-use crate::softcap::{Softcap, dtanh, tanh_16};
+use crate::softcap::{Softcap, dtanh};
 use crate::softmax::QuadRow;
 use crate::tile::{Config, MMA_WARPS, MmaBwdTile, exchange_floats};
 use core::f32::consts::LOG2_E;
@@ -365,7 +365,7 @@ impl<T: MmaElement, const D: usize, const DK: usize, const QREG: bool, const SPL
         if sc.on() {
             let kf = sc.opaque_k(p.pb.scale);
             for x in s.as_flattened_mut() {
-                *x = tanh_16(*x * kf);
+                *x = kf.tanh_16(*x);
             }
         }
         // The window's bounds fresh each tile (`Window::opaque`).
@@ -759,7 +759,7 @@ impl<T: MmaElement, const D: usize, const DK: usize, const KVREG: bool, const SP
         let kf = sc.k(p.pb.scale);
         if SPLIT > 1 && sc.on() {
             for x in s.as_flattened_mut() {
-                *x = tanh_16(*x * kf);
+                *x = kf.tanh_16(*x);
             }
         }
 
@@ -779,7 +779,7 @@ impl<T: MmaElement, const D: usize, const DK: usize, const KVREG: bool, const SP
                     && (query >= p.pb.seqlen_q || (DQ && key >= p.pb.seqlen_k) || win.hidden(query, key, p.pb.seqlen_q, p.pb.seqlen_k));
                 // 0 where masked, whatever the row's statistics and dP hold.
                 // A softcap: t = tanh(S k) in place of the raw score, dS times 1 - t^2.
-                let x = if SPLIT == 1 && sc.on() { tanh_16(s[n][e] * kf) } else { s[n][e] };
+                let x = if SPLIT == 1 && sc.on() { kf.tanh_16(s[n][e]) } else { s[n][e] };
                 let dt = if sc.on() { dtanh(x) } else { 1.0 };
                 let pe = if hidden { 0.0 } else { math::ex2(x * factor - m) * inv_l };
                 s[n][e] = pe;

@@ -19,7 +19,7 @@ use crate::mask::{Mask, Window, kv_tiles, kv_unmasked};
 use crate::nonfinite::{own_chunks_nonfinite, warp_fix_stored_o, zero_own_nonfinite};
 use crate::params::FwdParams;
 use crate::smem::{LaneAddr, Layout};
-use crate::softcap::{Softcap, tanh_16};
+use crate::softcap::Softcap;
 use crate::softmax::{Domain, RowState};
 use crate::tile::{Config, MMA_WARPS, MmaTile};
 use core::marker::PhantomData;
@@ -410,7 +410,7 @@ impl<T: MmaElement, const D: usize, const DK: usize, const MT: usize, const QREG
         for mt in 0..MT {
             if sc.on() {
                 for a in acc_s[mt].as_flattened_mut() {
-                    *a = tanh_16(*a * kf);
+                    *a = kf.tanh_16(*a);
                 }
             }
             // Raw scores (FUSED) or scaled ones, -inf where MASKED; split by row (g, g + 8).

@@ -20,7 +20,7 @@ use crate::mask::{Mask, Window, kv_tiles, kv_unmasked};
 use crate::nonfinite::{add_nonfinite, own_chunks_nonfinite, row_at, zero_own_nonfinite};
 use crate::params::FwdParams;
 use crate::smem::Sw;
-use crate::softcap::{Softcap, tanh_16};
+use crate::softcap::{Softcap, TanhArg};
 use crate::softmax::{Domain, RowState, normalize};
 use crate::tile::{Config, WgmmaTile};
 use crate::wg_tile::mask_frag;
@@ -153,7 +153,7 @@ unsafe fn fwd<
     // A softcap (the general entries): t = tanh(raw kf) in place of the raw score, c = cap
     // log2 e, LSE's max term m cap (`softcap`).
     let sc = Softcap::<M>::new(&p.pb);
-    let (kf, c, lse_scale) = if sc.on() { sc.raw_factors(p.pb.scale.abs()) } else { (0.0, c, p.pb.scale.abs()) };
+    let (kf, c, lse_scale) = if sc.on() { sc.raw_factors(p.pb.scale.abs()) } else { (sc.k(0.0), c, p.pb.scale.abs()) };
     if p.pb.scale < 0.0 {
         tiles.negate_q();
     }
@@ -403,7 +403,7 @@ struct Fwd<
     c: f32,
     /// With a softcap, tanh's argument per raw score; the factor from the row max to the
     /// LSE's max term (`Softcap::raw_factors`).
-    kf: f32,
+    kf: TanhArg,
     lse_scale: f32,
     _mask: PhantomData<M>,
 }
@@ -456,7 +456,7 @@ impl<
         if Softcap::<M>::new(&self.tiles.p.pb).on() {
             for a in acc_s.iter_mut() {
                 for x in a.iter_mut() {
-                    *x = tanh_16(*x * self.kf);
+                    *x = self.kf.tanh_mufu(*x);
                 }
             }
         }

@@ -6,8 +6,8 @@
 //! entries) apply it: [`Softcap`] is constant "off" for the other masks, so the plain entries
 //! carry no code for it and the host launches a soft-capped attention on a general entry.
 //!
-//! The kernels that keep raw scores (Q K^T, exponent factor c) take t = tanh(S_raw k) with
-//! k = |scale| / cap (a negative scale is a positive one on -Q, and tanh is odd) in place of
+//! The kernels that keep raw scores (Q K^T, exponent factor c) take t = tanh((S_raw |scale|)
+//! / cap) ([`TanhArg`]; a negative scale is a positive one on -Q, and tanh is odd) in place of
 //! the raw score, and c = cap log2(e): the softmax then sees t cap, and its LSE is
 //! m cap + log l for the row's largest t, m.
 
@@ -53,39 +53,39 @@ impl<M: Mask> Softcap<M> {
     }
 
     /// For a kernel on raw scores with |scale| `scale_abs`: (k, c, lse_scale): tanh's
-    /// argument per raw score (0 when off), the factor from the softmax's scores (t, or the
-    /// raw ones when off) to the log2 domain, and the factor from the row max to the LSE's
-    /// max term (`RowState::finish_raw`).
+    /// argument per raw score, the factor from the softmax's scores (t, or the raw ones when
+    /// off) to the log2 domain, and the factor from the row max to the LSE's max term
+    /// (`RowState::finish_raw`).
     #[inline(always)]
-    pub fn raw_factors(self, scale_abs: f32) -> (f32, f32, f32) {
+    pub fn raw_factors(self, scale_abs: f32) -> (TanhArg, f32, f32) {
         match self.on() {
-            true => (nonzero_k(score_scale(scale_abs) / self.cap), self.cap * LOG2_E, self.cap),
-            false => (0.0, score_scale(scale_abs) * LOG2_E, scale_abs),
+            true => (self.k(scale_abs), self.cap * LOG2_E, self.cap),
+            false => (self.k(scale_abs), score_scale(scale_abs) * LOG2_E, scale_abs),
         }
     }
 
-    /// [`raw_factors`](Self::raw_factors)'s k for a signed `scale` (negative for a negative
-    /// scale; 0 when off), computed from the cap and the scale hidden from the compiler
+    /// [`k`](Self::k) from the cap and the scale hidden from the compiler
     /// (`thread::opaque`): called inside the KV loop, it is recomputed each tile instead of
-    /// holding a register across the loop (the mma forward at d = 256 sits at 255).
+    /// holding registers across the loop (the mma forward at d = 256 sits at 255).
     #[inline(always)]
-    pub fn opaque_k(self, scale: f32) -> f32 {
+    pub fn opaque_k(self, scale: f32) -> TanhArg {
         if !self.on() {
-            return 0.0;
+            return TanhArg { a: 0.0, b: 0.0 };
         }
         let x = thread::opaque(((self.cap.to_bits() as u64) << 32) | scale.to_bits() as u64);
         let (cap, scale) = (f32::from_bits((x >> 32) as u32), f32::from_bits(x as u32));
         Softcap::<M> { cap, _mask: PhantomData }.k(scale)
     }
 
-    /// [`opaque_k`](Self::opaque_k) without hiding anything from the compiler.
+    /// tanh's argument per raw score for a signed `scale` (negative for a negative scale;
+    /// zeros when off).
     #[inline(always)]
-    pub fn k(self, scale: f32) -> f32 {
+    pub fn k(self, scale: f32) -> TanhArg {
         if !self.on() {
-            return 0.0;
+            return TanhArg { a: 0.0, b: 0.0 };
         }
-        let k = nonzero_k(score_scale(scale.abs()) * math::rcp_approx(self.cap));
-        if scale < 0.0 { -k } else { k }
+        let a = score_scale(scale.abs());
+        TanhArg { a: if scale < 0.0 { -a } else { a }, b: math::rcp_approx(self.cap) }
     }
 
     /// A scaled score S (natural units) capped: cap tanh(S / cap), and the derivative
@@ -113,14 +113,30 @@ impl<M: Mask> Softcap<M> {
     }
 }
 
-/// tanh's argument per raw score, k = |scale| / cap, at least the smallest normal f32: a
-/// quotient below it (a zero scale, `score_scale`'s smallest normal, or a tiny one over a
-/// large cap) would flush to 0 and turn an infinite raw score into inf * 0 = NaN. A finite
-/// raw score times it stays far below 1 either way (tanh of it, times the cap, about 0, as
-/// the exact capped score).
-#[inline(always)]
-fn nonzero_k(k: f32) -> f32 {
-    if k < f32::MIN_POSITIVE { f32::MIN_POSITIVE } else { k }
+/// tanh's argument per raw score, (S_raw a) b with a = the scale (`score_scale`) and b = 1 /
+/// cap, in naive attention's order: the quotient a / cap as one factor leaves f32's normal
+/// range wherever |scale| < cap 2^-126 (a zero or tiny scale; a cap reaches 1e8), and
+/// flushed or clamped, it turns an infinite raw score into inf * 0 = NaN or every raw score
+/// into a different capped one. Both factors are normal for every accepted scale and cap
+/// (`MAX_SCALE`, `MIN_SOFTCAP`, `MAX_SOFTCAP` on the host).
+#[derive(Clone, Copy)]
+pub struct TanhArg {
+    a: f32,
+    b: f32,
+}
+
+impl TanhArg {
+    /// t = tanh((raw a) b) for a 16-bit kernel ([`tanh_16`]).
+    #[inline(always)]
+    pub fn tanh_16(self, raw: f32) -> f32 {
+        tanh_16((raw * self.a) * self.b)
+    }
+
+    /// t = tanh((raw a) b) with [`tanh_mufu`].
+    #[inline(always)]
+    pub fn tanh_mufu(self, raw: f32) -> f32 {
+        tanh_mufu((raw * self.a) * self.b)
+    }
 }
 
 /// tanh(x) and 1 - tanh(x)^2, each to a few f32 ulps for every x (the latter to (1 + |x|)
@@ -152,8 +168,8 @@ pub fn tanh_dtanh(x: f32) -> (f32, f32) {
     }
 }
 
-/// tanh(x) to about 2e-6 relative, for the kernels whose scores go on in 16 bits (`fwd_mma`,
-/// `fwd_wgmma`, `bwd_mma`: P and dS are rounded to f16 or bf16, 2^-11 or 2^-8, before the
+/// tanh(x) to about 2e-6 relative, for the `mma` kernels, whose scores go on in 16 bits (`fwd_mma`,
+/// `bwd_mma`: P and dS are rounded to f16 or bf16, 2^-11 or 2^-8, before the
 /// next product): an odd series through x^7 below |x| = 1/4 (truncation under 4e-7
 /// relative), else 1 - 2 / (e^(2|x|) + 1) with the hardware's `ex2` and reciprocal (a few
 /// 2^-24 absolute, so under 2e-6 relative past 1/4): half the instructions of
@@ -171,6 +187,16 @@ pub fn tanh_16(x: f32) -> f32 {
         let t = 1.0 - 2.0 * math::rcp_approx(math::ex2(a * (2.0 * LOG2_E)) + 1.0);
         if x < 0.0 { -t } else { t }
     }
+}
+
+/// tanh(x) within 2^-16 of its magnitude: the hardware's `tanh.approx` (`math::tanh_approx`),
+/// one MUFU instruction where [`tanh_16`] takes two and a select; for the Hopper forward
+/// (`fwd_wgmma`), whose capped scores go on in 16 bits as [`tanh_16`]'s do. (In the `mma`
+/// kernels ptxas spills with it: 8 / 8 bytes in the forward at d = 128 on sm_80, 8 / 16 in
+/// the dK/dV step at d = 64 on sm_90.)
+#[inline(always)]
+pub fn tanh_mufu(x: f32) -> f32 {
+    math::tanh_approx(x)
 }
 
 /// 1 - t^2 of a tanh value t (for a kernel that keeps only t: near saturation it carries
@@ -226,5 +252,26 @@ mod tests {
         assert_eq!(tanh_16(f32::NEG_INFINITY), -1.0);
         assert!(tanh_16(f32::NAN).is_nan());
         assert_eq!(tanh_16(0.0), 0.0);
+    }
+
+    /// [`tanh_mufu`] (the emulator's `tanh.approx`) against f64's tanh: within 2^-16 of its
+    /// magnitude and not above it (each to f32's rounding; 1e-30 to 60, both signs), and
+    /// the ends.
+    #[test]
+    fn tanh_mufu_matches_f64() {
+        let mut x = 1e-30f64;
+        while x < 60.0 {
+            for s in [x, -x] {
+                let t = tanh_mufu(s as f32) as f64;
+                let tr = ((s as f32) as f64).tanh();
+                let ok = (t - tr).abs() <= tr.abs() * (1.0 / 65536.0 + 1.2e-7) && t.abs() <= tr.abs() * (1.0 + 1.2e-7);
+                assert!(ok, "tanh_mufu({s}) = {t}, f64 {tr}");
+            }
+            x *= 1.0137;
+        }
+        assert_eq!(tanh_mufu(f32::INFINITY), 1.0);
+        assert_eq!(tanh_mufu(f32::NEG_INFINITY), -1.0);
+        assert!(tanh_mufu(f32::NAN).is_nan());
+        assert_eq!(tanh_mufu(0.0), 0.0);
     }
 }

@@ -136,9 +136,11 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
             trials.push(trial);
         }
     }
-    // A softcap over a zero or tiny scale: tanh's argument per raw score, |scale| / cap, is
-    // below f32's range, yet an infinite score must stay infinite (capped to the cap), not
-    // become inf * 0 = NaN (found by the GPU's random cases).
+    // A softcap over a zero or tiny scale: the quotient |scale| / cap is below f32's range,
+    // yet an infinite score must stay infinite (capped to the cap), not become inf * 0 = NaN,
+    // and a finite one must be capped as its own value, not as one scaled by a clamped
+    // quotient (an LSE off by the factor cap on one key) (both found by the GPU's random
+    // cases).
     for (family, dtypes) in
         [(Some("wgmma"), &[Dt::F16, Dt::Bf16][..]), (Some("mma"), &[Dt::F16, Dt::Bf16]), (Some("simt"), &[Dt::F32, Dt::F16])]
     {
@@ -147,7 +149,8 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
             trials.push(mk(
                 name,
                 Box::new(move |fa| {
-                    for (scale, sq) in [(0.0f32, 1), (-0.0, 2), (1e-44, 2), (-3e-39, 1)] {
+                    let scales = [(0.0f32, 1), (-0.0, 2), (1e-44, 2), (-3e-39, 1), (1.637e-42, 1)];
+                    for ((scale, sq), cap) in scales.into_iter().flat_map(|x| [(x, 5.0), (x, flashattn::MAX_SOFTCAP)]) {
                         let case = Case {
                             shape: shape(1, sq, 1, 1, 1, 8),
                             causal: false,
@@ -155,12 +158,13 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
                             dtype,
                             seed: 0,
                             window: Default::default(),
-                            softcap: Some(flashattn::MAX_SOFTCAP),
+                            softcap: Some(cap),
                         };
                         for value in [f64::INFINITY, f64::NEG_INFINITY] {
                             let plants = [nonfinite::Plant { input: nonfinite::Input::Q, at: 0, value }];
                             nonfinite::check_forward(fa, &case, &plants, family).map_err(Failed::from)?;
                         }
+                        check_case_with(fa, &case, family).map_err(Failed::from)?;
                     }
                     Ok(())
                 }),

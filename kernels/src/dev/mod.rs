@@ -437,6 +437,14 @@ pub mod math {
     pub fn rcp(x: f32) -> f32 {
         1.0 / x
     }
+    /// tanh(x) within 2^-16 of its magnitude (`tanh.approx.f32`: one MUFU.TANH, sm_75 and
+    /// later; 2^-16.46 the largest error over every f32 argument on an H100, measured in
+    /// `benches/RESULTS.md`). The emulator cuts every result to 16 significand bits, toward
+    /// zero: the bound's worst case.
+    #[inline(always)]
+    pub fn tanh_approx(x: f32) -> f32 {
+        imp::tanh_approx(x)
+    }
     /// 1/x to within an ulp (`rcp.approx.ftz.f32`: one MUFU.RCP, where the correctly rounded
     /// division is a sequence with a slow path ptxas calls as a subroutine; subnormal inputs
     /// and results flush to 0. Exact in the emulator).

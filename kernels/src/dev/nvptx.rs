@@ -88,6 +88,12 @@ pub fn ex2(x: f32) -> f32 {
     unsafe { nvvm_ex2(x) }
 }
 #[inline(always)]
+pub fn tanh_approx(x: f32) -> f32 {
+    let r: u32;
+    unsafe { asm!("tanh.approx.f32 {r}, {x};", r = out(reg32) r, x = in(reg32) x.to_bits(), options(pure, nomem, nostack)) }
+    f32::from_bits(r)
+}
+#[inline(always)]
 pub fn rcp_approx(x: f32) -> f32 {
     unsafe { nvvm_rcp_approx(x) }
 }
