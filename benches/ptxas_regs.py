@@ -9,7 +9,8 @@ alone, so an edit to shared code can make an entry it did not mean to touch spil
 PTX: target/release/build/flashattn-*/out/flashattn_sm80.ptx (ARCH sm_80, and sm_90 as an H100
 or H200 runs it) or flashattn_sm90a.ptx (sm_90a), the newest by mtime. ptxas: PATH, else the
 copy host/build.rs installs (~/.cache/flashattn-cuda/nvidia/cu13/bin). A report line is
-`entry registers spill_store_bytes spill_load_bytes`; `report` exits 1 if any entry spills.
+`entry registers spill_store_bytes spill_load_bytes stack_frame_bytes`; `report` exits 1 if any
+entry spills or has a stack frame, or a function one calls does (as CI's `ptx` test).
 """
 
 import os
@@ -34,20 +35,23 @@ def report(ptx, arch, out):
     # A spill line belongs to the "Function properties for NAME" line before it: ptxas also
     # lists the called functions' (`.func`) properties, after an entry's own, and those must
     # not overwrite the entry's numbers.
-    entries, cur, props = {}, None, None
+    entries, called, cur, props = {}, {}, None, None
     for line in (run.stdout + run.stderr).splitlines():
         m = re.search(r"Compiling entry function '(\S+)'", line)
         if m:
             cur = m.group(1)
-            entries[cur] = [0, 0, 0]
+            entries[cur] = [0, 0, 0, 0]
             continue
         m = re.search(r"Function properties for (\S+)", line)
         if m:
             props = m.group(1)
             continue
-        m = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", line)
+        m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line)
         if m and cur and props == cur:
-            entries[cur][1:] = [int(m.group(1)), int(m.group(2))]
+            entries[cur][1:] = [int(m.group(2)), int(m.group(3)), int(m.group(1))]
+        elif m and props and any(map(int, m.groups())):
+            # A called function's own stack or spill fails CI's test as an entry's does.
+            called[props] = [int(m.group(2)), int(m.group(3)), int(m.group(1))]
         m = re.search(r"Used (\d+) registers", line)
         if m and cur:
             entries[cur][0] = int(m.group(1))
@@ -55,15 +59,16 @@ def report(ptx, arch, out):
         sys.exit(f"ptxas failed ({run.returncode}): {run.stderr[-2000:]}")
     with open(out, "w") as fh:
         for name in sorted(entries):
-            fh.write("{} {} {} {}\n".format(name, *entries[name]))
-    spilling = [n for n, v in entries.items() if v[1] or v[2]]
-    print(f"{len(entries)} entries, {len(spilling)} spilling" + "".join(f"\n  {n}" for n in spilling))
+            fh.write("{} {} {} {} {}\n".format(name, *entries[name]))
+    spilling = [n for n, v in entries.items() if v[1] or v[2] or v[3]]
+    spilling += [f"{n} (called; spill {v[0]}/{v[1]}, stack {v[2]})" for n, v in called.items()]
+    print(f"{len(entries)} entries, {len(spilling)} spilling or with a stack frame" + "".join(f"\n  {n}" for n in spilling))
     return 1 if spilling else 0
 
 
 def read(path):
     with open(path) as fh:
-        return {p[0]: tuple(map(int, p[1:])) for p in (line.split() for line in fh) if len(p) == 4}
+        return {p[0]: tuple(map(int, p[1:4])) for p in (line.split() for line in fh) if len(p) in (4, 5)}
 
 
 def diff(before, after):
