@@ -305,15 +305,17 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
     // Each with the forward's O residual and, for the 16-bit types, without it.
     let with_and_without = [(Dt::F32, true), (Dt::F16, true), (Dt::Bf16, true), (Dt::F16, false), (Dt::Bf16, false)];
     let suffix = |saved: bool| if saved { "" } else { "_no_residual" };
-    for (name, s, causal) in edges {
-        for (dtype, saved) in with_and_without {
-            let case = Case { shape: s, causal, softmax_scale: None, dtype, seed: 0, window: Default::default(), softcap: None };
-            trials.push(mk(
-                format!("{tag}::edge{}::{name}::{dtype:?}", suffix(saved)).to_lowercase(),
-                Box::new(move |fa| check_backward(fa, &Case { seed: fresh_seed(), ..case }, false, saved).map_err(Failed::from)),
-            ));
-        }
-    }
+    // Every edge trial below by name, each run in every dtype, with and without the residual.
+    let edge = |shape, causal, softmax_scale, softcap| Case {
+        shape,
+        causal,
+        softmax_scale,
+        dtype: Dt::F32,
+        seed: 0,
+        window: Default::default(),
+        softcap,
+    };
+    let mut edge_cases: Vec<(&str, Case)> = edges.into_iter().map(|(name, s, causal)| (name, edge(s, causal, None, None))).collect();
     // A negative scale with causal masking (the Hopper dK/dV kernel once masked the raw
     // scores with -inf before scaling them: with scale < 0 they became +inf and dK, dV NaN),
     // square and ragged, and the other corners of the scale range.
@@ -326,62 +328,27 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
         ("large_scale_causal", shape(1, 70, 90, 2, 1, 64), 3000.0),
         ("large_negative_scale_causal", shape(1, 90, 70, 2, 1, 128), -flashattn::MAX_SCALE),
     ];
-    for (name, s, scale) in scaled {
-        for (dtype, saved) in with_and_without {
-            let case =
-                Case { shape: s, causal: true, softmax_scale: Some(scale), dtype, seed: 0, window: Default::default(), softcap: None };
-            trials.push(mk(
-                format!("{tag}::edge{}::{name}::{dtype:?}", suffix(saved)).to_lowercase(),
-                Box::new(move |fa| check_backward(fa, &Case { seed: fresh_seed(), ..case }, false, saved).map_err(Failed::from)),
-            ));
-        }
-    }
+    edge_cases.extend(scaled.map(|(name, s, scale)| (name, edge(s, true, Some(scale), None))));
     // Rows that see one to three keys (dS of a row's only key must come out exactly 0), on
     // the tensor-core path (f16, bf16) and the SIMT one (f32: before D_i was taken relative to
     // a pivot, see `bwd_simt`, it missed the bar here in about 1 run in 12, by up to 1.8x, on
     // dQ and dK).
-    for (name, s) in [("causal_two_keys", shape(1, 26, 2, 2, 1, 112)), ("causal_three_keys", shape(1, 39, 3, 2, 1, 40))] {
+    edge_cases.push(("causal_two_keys", edge(shape(1, 26, 2, 2, 1, 112), true, None, None)));
+    edge_cases.push(("causal_three_keys", edge(shape(1, 39, 3, 2, 1, 40), true, None, None)));
+    // Peaked softmax over several key tiles (scale 1.5, d 64: most rows have a key with P >
+    // 1/8, in any of the four key tiles): the Hopper dQ kernel's hot-tile pass over many tiles.
+    edge_cases.push(("peaked_many_key_tiles", edge(shape(1, 70, 250, 2, 1, 64), false, Some(1.5), None)));
+    // A softcap that saturates most scores (scale 4, cap 3: tanh' near 0 for most pairs, the
+    // row max shared by several keys), causal, over several key tiles.
+    edge_cases.push(("softcap_saturated", edge(shape(1, 70, 250, 2, 1, 64), true, Some(4.0), Some(3.0))));
+    for (name, case) in edge_cases {
         for (dtype, saved) in with_and_without {
-            let case = Case { shape: s, causal: true, softmax_scale: None, dtype, seed: 0, window: Default::default(), softcap: None };
+            let case = Case { dtype, ..case };
             trials.push(mk(
                 format!("{tag}::edge{}::{name}::{dtype:?}", suffix(saved)).to_lowercase(),
                 Box::new(move |fa| check_backward(fa, &Case { seed: fresh_seed(), ..case }, false, saved).map_err(Failed::from)),
             ));
         }
-    }
-    // Peaked softmax over several key tiles (scale 1.5, d 64: most rows have a key with P >
-    // 1/8, in any of the four key tiles): the Hopper dQ kernel's hot-tile pass over many tiles.
-    for (dtype, saved) in with_and_without {
-        let case = Case {
-            shape: shape(1, 70, 250, 2, 1, 64),
-            causal: false,
-            softmax_scale: Some(1.5),
-            dtype,
-            seed: 0,
-            window: Default::default(),
-            softcap: None,
-        };
-        trials.push(mk(
-            format!("{tag}::edge{}::peaked_many_key_tiles::{dtype:?}", suffix(saved)).to_lowercase(),
-            Box::new(move |fa| check_backward(fa, &Case { seed: fresh_seed(), ..case }, false, saved).map_err(Failed::from)),
-        ));
-    }
-    // A softcap that saturates most scores (scale 4, cap 3: tanh' near 0 for most pairs, the
-    // row max shared by several keys), causal, over several key tiles.
-    for (dtype, saved) in with_and_without {
-        let case = Case {
-            shape: shape(1, 70, 250, 2, 1, 64),
-            causal: true,
-            softmax_scale: Some(4.0),
-            dtype,
-            seed: 0,
-            window: Default::default(),
-            softcap: Some(3.0),
-        };
-        trials.push(mk(
-            format!("{tag}::edge{}::softcap_saturated::{dtype:?}", suffix(saved)).to_lowercase(),
-            Box::new(move |fa| check_backward(fa, &Case { seed: fresh_seed(), ..case }, false, saved).map_err(Failed::from)),
-        ));
     }
     for (dtype, saved) in with_and_without {
         let case = Case {
