@@ -62,7 +62,7 @@ fn attend<'a>(
     let inputs = BwdInputs { q, k, v, o: o.into_view(), lse: lse.into_view(), o_lo: None, d_o };
     // Three outputs in one memory: pieces of one ViewMut, checked apart by the call.
     let [dq, dk, dv] = dqkv.unbind::<3>(2)?;
-    fa.backward_into_views(&fwd, &inputs, &mut BwdBuffers { dq, dk, dv, workspace }, &opts)
+    fa.backward_into_views(&fwd, &inputs, &mut BwdBuffers { dq, dk, dv, workspace, dsinks: None }, &opts)
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -39,7 +39,7 @@ fn bench_backward(c: &mut Criterion) {
                     &archs,
                     false,
                     flashattn::Entry::Plain,
-                    false,
+                    &attn,
                 ) {
                     Ok(vs) if vs.iter().all(|v| archs.contains(&v.arch())) => {}
                     Ok(_) => {
@@ -58,6 +58,7 @@ fn bench_backward(c: &mut Criterion) {
                         dq: fa.full(half::f16::NAN, &s.q_shape())?,
                         dk: fa.full(half::f16::NAN, &s.kv_shape())?,
                         dv: fa.full(half::f16::NAN, &s.kv_shape())?,
+                        dsinks: None,
                     };
                     Ok((q, fwd, grads))
                 })();

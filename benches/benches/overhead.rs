@@ -97,7 +97,7 @@ fn bwd_views(fa: &FlashAttn, rec: &Forward, qkv: [&View<bf16>; 3], d_o: &View<bf
     let Bufs { o, lse, dq, dk, dv, ws } = bufs;
     let [q, k, v] = qkv.map(|t| t.as_view());
     let inputs = BwdInputs { q, k, v, o: o.view(), lse: lse.view(), o_lo: None, d_o: d_o.as_view() };
-    let mut out = BwdBuffers { dq: dq.view_mut(), dk: dk.view_mut(), dv: dv.view_mut(), workspace: ws.view_mut() };
+    let mut out = BwdBuffers { dq: dq.view_mut(), dk: dk.view_mut(), dv: dv.view_mut(), workspace: ws.view_mut(), dsinks: None };
     fa.backward_into_views(rec, &inputs, &mut out, &BwdOptions::default()).unwrap_or_else(|e| panic!("backward: {e}"))
 }
 
@@ -193,8 +193,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 }
 
 /// This crate's ways in at `shape`: direct, views, packed (forward and backward each).
-fn our_ways<'a>(fa: &'a FlashAttn, shape: &AttnShape, attn: &Attention) -> Result<Vec<Way<'a>>, Box<dyn std::error::Error>> {
-    let attn = *attn;
+fn our_ways<'a>(fa: &'a FlashAttn, shape: &AttnShape, attn: &'a Attention) -> Result<Vec<Way<'a>>, Box<dyn std::error::Error>> {
     let (b, s, h, d) = (shape.batch, shape.seqlen_q, shape.heads_q, shape.head_dim);
     let n_el = b * s * h * d;
     let qs = shape.q_shape();
@@ -206,7 +205,7 @@ fn our_ways<'a>(fa: &'a FlashAttn, shape: &AttnShape, attn: &Attention) -> Resul
     // direct: contiguous tensors of this crate; the backward allocates its workspace.
     let (q, k, v, d_o) = (random(1, n_el, &qs)?, random(2, n_el, &qs)?, random(3, n_el, &qs)?, random(4, n_el, &qs)?);
     let mut out = FwdOutput::from_buffers(nan(&qs)?, fa.full(f32::NAN, &shape.lse_shape())?, None);
-    fa.forward_into(&q, &k, &v, &attn, &fopts, &mut out)?;
+    fa.forward_into(&q, &k, &v, attn, &fopts, &mut out)?;
     let record = out.record().cloned().ok_or("no forward record")?;
     let ws_len = fa.backward_workspace_len::<bf16>(&record, &bopts)?;
     let (q2, k2, v2) = (random(1, n_el, &qs)?, random(2, n_el, &qs)?, random(3, n_el, &qs)?);
@@ -214,7 +213,7 @@ fn our_ways<'a>(fa: &'a FlashAttn, shape: &AttnShape, attn: &Attention) -> Resul
     ways.push(Way {
         pass: "forward",
         name: "direct",
-        call: Box::new(move || fa.forward_into(&q2, &k2, &v2, &attn, &fopts, &mut out2).unwrap_or_else(|e| panic!("forward: {e}"))),
+        call: Box::new(move || fa.forward_into(&q2, &k2, &v2, attn, &fopts, &mut out2).unwrap_or_else(|e| panic!("forward: {e}"))),
         ours: true,
     });
     // alloc: the same call with O and LSE in new allocations each call (as the candle op's).
@@ -222,10 +221,10 @@ fn our_ways<'a>(fa: &'a FlashAttn, shape: &AttnShape, attn: &Attention) -> Resul
     ways.push(Way {
         pass: "forward",
         name: "alloc",
-        call: Box::new(move || drop(fa.forward(&q3, &k3, &v3, &attn, &fopts).unwrap_or_else(|e| panic!("forward: {e}")))),
+        call: Box::new(move || drop(fa.forward(&q3, &k3, &v3, attn, &fopts).unwrap_or_else(|e| panic!("forward: {e}")))),
         ours: true,
     });
-    let mut grads = BwdOutput { dq: nan(&qs)?, dk: nan(&qs)?, dv: nan(&qs)? };
+    let mut grads = BwdOutput { dq: nan(&qs)?, dk: nan(&qs)?, dv: nan(&qs)?, dsinks: None };
     ways.push(Way {
         pass: "backward",
         name: "direct",
@@ -251,12 +250,12 @@ fn our_ways<'a>(fa: &'a FlashAttn, shape: &AttnShape, attn: &Attention) -> Resul
             false => Inputs::Separate([random(1, n_el, &qs)?, random(2, n_el, &qs)?, random(3, n_el, &qs)?]),
         });
         let (mut fb, mut bb) = (bufs()?, bufs()?);
-        let rec = inputs.with(|qkv| fwd_views(fa, qkv, &attn, &mut bb));
+        let rec = inputs.with(|qkv| fwd_views(fa, qkv, attn, &mut bb));
         let (fi, bi, dov) = (inputs.clone(), inputs, random(4, n_el, &qs)?);
         ways.push(Way {
             pass: "forward",
             name,
-            call: Box::new(move || drop(fi.with(|qkv| fwd_views(fa, qkv, &attn, &mut fb)))),
+            call: Box::new(move || drop(fi.with(|qkv| fwd_views(fa, qkv, attn, &mut fb)))),
             ours: true,
         });
         ways.push(Way {

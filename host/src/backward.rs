@@ -34,18 +34,22 @@ use crate::device::{FlashAttn, Launch, Tensor};
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
 use crate::forward::{AttnShape, Forward, FwdOutput, check_no_overlap, offset_views, validate_seqs};
-use crate::options::BwdOptions;
+use crate::options::{Attention, BwdOptions};
 use crate::varlen::SeqLens;
 use crate::view::{AsView, Binds, View, ViewMut, check, row_align};
+use flashattn_kernels::bwd_sinks::{SINK_SMEM_BYTES, SINK_THREADS, tiles as sink_tiles};
 use flashattn_kernels::params::{BwdParams, Strides, Varlen};
-use flashattn_kernels::registry::{Arch, BWD_FAMILIES, BwdFamily, BwdVariant, Entry, Pass, bwd_variant};
+use flashattn_kernels::registry::{Arch, BWD_FAMILIES, BwdFamily, BwdVariant, Entry, Pass, bwd_variant, sink_variants};
 
-/// What the backward pass returns, in the layouts of Q, K and V.
+/// What the backward pass returns, in the layouts of Q, K and V, and the attention sinks'
+/// gradient f32 [heads_q] when the attention has sinks ([`crate::Attention::sinks`]; for
+/// [`FlashAttn::backward_into`], a buffer must be there).
 #[derive(Debug)]
 pub struct BwdOutput<T> {
     pub dq: Tensor<T>,
     pub dk: Tensor<T>,
     pub dv: Tensor<T>,
+    pub dsinks: Option<Tensor<f32>>,
 }
 
 /// The backward's kernels for this dtype and head_dim, in launch order ([`BwdFamily::passes`]), on a
@@ -59,9 +63,9 @@ pub struct BwdOutput<T> {
 /// `saved`: the forward's O residual is at hand (the families that use it then run their
 /// [`BwdFamily::passes`] for it). `entry`: the forward's (a sliding window, a variable-length
 /// batch: every pass at this head_dim then needs a kernel for it, [`BwdVariant::entry`]; the
-/// atomic families have none: named, they are [`Error::Unsupported`]). `softcap`: the
-/// attention has one (only the families whose kernels apply it,
-/// [`flashattn_kernels::registry::BwdFamilyDesc::softcap`]).
+/// atomic families have none: named, they are [`Error::Unsupported`]). `attention`: the
+/// forward's; with a softcap or sinks only the families whose kernels apply them
+/// ([`flashattn_kernels::registry::BwdFamilyDesc::softcap`], `sinks`).
 pub fn select_bwd_variants(
     dtype: flashattn_kernels::dtype::DType,
     head_dim: usize,
@@ -69,9 +73,10 @@ pub fn select_bwd_variants(
     archs: &[Arch],
     saved: bool,
     entry: Entry,
-    softcap: bool,
+    attention: &Attention,
 ) -> Result<Vec<&'static BwdVariant>> {
     let d = head_dim as u32;
+    let (softcap, sinks) = (attention.softcap.is_some(), attention.sinks.is_some());
     let get = |family: BwdFamily| family.passes(saved).iter().map(|&pass| bwd_variant(family, pass, dtype, d)).collect::<Option<Vec<_>>>();
     match opts.kernel {
         Some(name) => {
@@ -91,11 +96,20 @@ pub fn select_bwd_variants(
             if softcap && !family.desc().softcap {
                 return Err(Error::Unsupported { what: "a softcap in the backward family", value: name.into() });
             }
+            if sinks && !family.desc().sinks {
+                return Err(Error::Unsupported { what: "attention sinks in the backward family", value: name.into() });
+            }
             Ok(vs)
         }
         None => BWD_FAMILIES
             .iter()
-            .filter(|f| f.auto && (f.deterministic || !opts.deterministic) && archs.contains(&f.arch) && (f.softcap || !softcap))
+            .filter(|f| {
+                f.auto
+                    && (f.deterministic || !opts.deterministic)
+                    && archs.contains(&f.arch)
+                    && (f.softcap || !softcap)
+                    && (f.sinks || !sinks)
+            })
             .find_map(|f| get(f.family).filter(|vs| vs.iter().all(|v| v.entry(entry).is_some())))
             .ok_or_else(|| Error::NoVariant { family: "any".into(), dtype: dtype.name(), head_dim }),
     }
@@ -116,23 +130,36 @@ pub struct BwdInputs<'a, T> {
 }
 
 /// What the backward writes: dQ (Q's shape), dK and dV (K's shape), each in a layout of its
-/// own, and its f32 workspace of at least [`FlashAttn::backward_workspace_len`] elements
-/// (any contents; 16-byte aligned).
+/// own, its f32 workspace of at least [`FlashAttn::backward_workspace_len`] elements (any
+/// contents; 16-byte aligned), and for an attention with sinks their gradient f32 [heads_q]
+/// (left alone without).
 #[derive(Debug)]
 pub struct BwdBuffers<'a, T> {
     pub dq: ViewMut<'a, T>,
     pub dk: ViewMut<'a, T>,
     pub dv: ViewMut<'a, T>,
     pub workspace: ViewMut<'a, f32>,
+    pub dsinks: Option<ViewMut<'a, f32>>,
 }
 
-/// Workspace layout: the row statistics f32 [4][batch, heads_q, seqlen_q] (a variable-length
-/// batch's [4][heads_q, total_q]), then (the atomic families) the dQ accumulator f32 [batch,
-/// heads_q, seqlen_q, head_dim] from a 16-byte boundary.
-fn workspace_parts(shape: &AttnShape, seqs: Option<&SeqLens>, atomic: bool) -> (usize, usize) {
+/// Workspace layout, each part from a 16-byte boundary: the row statistics f32 [4][batch,
+/// heads_q, seqlen_q] (a variable-length batch's [4][heads_q, total_q]); with sinks, their
+/// gradient's f64 partial sums [heads_q, batch, `bwd_sinks::tiles(seqlen_q)`]; then (the
+/// atomic families) the dQ accumulator f32 [batch, heads_q, seqlen_q, head_dim]. Lengths in
+/// f32 elements: (statistics with the partials, accumulator).
+fn workspace_parts(shape: &AttnShape, seqs: Option<&SeqLens>, atomic: bool, sinks: bool) -> (usize, usize) {
     let rows = shape.heads_q * seqs.map_or(shape.batch * shape.seqlen_q, |s| s.total_q());
     let stats = (4 * rows).next_multiple_of(4);
-    (stats, if atomic { rows * shape.head_dim } else { 0 })
+    (stats + sink_partials_len(shape, sinks), if atomic { rows * shape.head_dim } else { 0 })
+}
+
+/// f32 elements of the sinks' gradient's partial sums (`bwd_sinks`), a multiple of 4; 0
+/// without sinks.
+fn sink_partials_len(shape: &AttnShape, sinks: bool) -> usize {
+    match sinks {
+        true => (2 * shape.heads_q * shape.batch * sink_tiles(shape.seqlen_q as u32) as usize).next_multiple_of(4),
+        false => 0,
+    }
 }
 
 /// The statistics' strides in the workspace (`BwdParams::stats_strides`, `stats_plane`).
@@ -160,7 +187,11 @@ impl FlashAttn {
     ) -> Result<BwdOutput<T>> {
         let record = fwd.record().ok_or(Error::NoForward)?;
         let (qs, kvs, _) = record.shape.shapes(record.seqs.as_ref());
-        let mut out = BwdOutput { dq: self.alloc(&qs)?, dk: self.alloc(&kvs)?, dv: self.alloc(&kvs)? };
+        let dsinks = match record.attention.sinks.is_some() {
+            true => Some(self.alloc(&[record.shape.heads_q])?),
+            false => None,
+        };
+        let mut out = BwdOutput { dq: self.alloc(&qs)?, dk: self.alloc(&kvs)?, dv: self.alloc(&kvs)?, dsinks };
         self.backward_into(q, k, v, fwd, d_o, opts, &mut out)?;
         Ok(out)
     }
@@ -190,8 +221,14 @@ impl FlashAttn {
         };
         let n = self.backward_workspace_len::<T>(record, opts)?;
         let mut workspace = self.alloc::<f32>(&[n])?;
-        let BwdOutput { dq, dk, dv } = grads;
-        let mut bufs = BwdBuffers { dq: dq.view_mut(), dk: dk.view_mut(), dv: dv.view_mut(), workspace: workspace.view_mut() };
+        let BwdOutput { dq, dk, dv, dsinks } = grads;
+        let mut bufs = BwdBuffers {
+            dq: dq.view_mut(),
+            dk: dk.view_mut(),
+            dv: dv.view_mut(),
+            workspace: workspace.view_mut(),
+            dsinks: dsinks.as_mut().map(|t| t.view_mut()),
+        };
         self.backward_into_views(record, &inputs, &mut bufs, opts)
         // The workspace is freed in stream order, after the launches.
     }
@@ -200,9 +237,9 @@ impl FlashAttn {
     /// backward of `fwd` with `opts` on this device.
     pub fn backward_workspace_len<T: Dtype>(&self, fwd: &Forward, opts: &BwdOptions) -> Result<usize> {
         let entry = fwd.attention.entry(fwd.seqs.is_some());
-        let passes =
-            select_bwd_variants(T::DTYPE, fwd.shape.head_dim, opts, &self.archs(), fwd.residual, entry, fwd.attention.softcap.is_some())?;
-        let (stats, accum) = workspace_parts(&fwd.shape, fwd.seqs.as_ref(), passes.iter().any(|v| v.pass == Pass::Dkdvq));
+        let passes = select_bwd_variants(T::DTYPE, fwd.shape.head_dim, opts, &self.archs(), fwd.residual, entry, &fwd.attention)?;
+        let atomic = passes.iter().any(|v| v.pass == Pass::Dkdvq);
+        let (stats, accum) = workspace_parts(&fwd.shape, fwd.seqs.as_ref(), atomic, fwd.attention.sinks.is_some());
         Ok(stats + accum)
     }
 
@@ -217,9 +254,9 @@ impl FlashAttn {
         out: &mut BwdBuffers<'_, T>,
         opts: &BwdOptions,
     ) -> Result<()> {
-        let attention = fwd.attention;
+        let attention = &fwd.attention;
         let seqs = fwd.seqs.as_ref();
-        let shape = validate_seqs(inputs.q.shape(), inputs.k.shape(), inputs.v.shape(), seqs, &attention)?;
+        let shape = validate_seqs(inputs.q.shape(), inputs.k.shape(), inputs.v.shape(), seqs, attention)?;
         if shape != fwd.shape {
             return Err(Error::NotForwardInput { tensor: "q" });
         }
@@ -235,13 +272,25 @@ impl FlashAttn {
         };
         let (qs, kvs, ls) = shape.shapes(seqs);
         let offset_views = seqs.map(offset_views);
+        let sink_view = attention.sinks.as_ref().map(|s| s.tensor().view());
         let align = row_align(shape.head_dim, std::mem::size_of::<T>());
         let BwdInputs { q, k, v, o, lse, o_lo, d_o } = inputs;
-        let BwdBuffers { dq, dk, dv, workspace } = out;
+        let BwdBuffers { dq, dk, dv, workspace, dsinks } = out;
+        let dsinks = match (&sink_view, dsinks) {
+            (Some(_), None) => return Err(Error::MissingOutput { tensor: "dsinks", why: "the attention has sinks" }),
+            (Some(_), Some(d)) => Some(d),
+            (None, _) => None,
+        };
         // Each memory bound once for the call (dQ, dK and dV may be pieces of one packed
         // buffer), mutably where an output writes it; the binds (cudarc's stream-order
         // records) are kept until the launches are queued.
-        let mut binds = Binds::new(&[("dq", dq.key()), ("dk", dk.key()), ("dv", dv.key()), ("workspace", workspace.key())]);
+        let mut binds = Binds::new(&[
+            ("dq", dq.key()),
+            ("dk", dk.key()),
+            ("dv", dv.key()),
+            ("workspace", workspace.key()),
+            ("dsinks", dsinks.as_ref().and_then(|t| t.key())),
+        ]);
         macro_rules! bind {
             ($name:literal, $view:expr, $shape:expr, $align:expr) => {
                 self.bind_input(&mut binds, $name, $view, $shape, $align)?
@@ -268,12 +317,12 @@ impl FlashAttn {
         let bdo = bind!("d_o", d_o, &qs, align);
         let archs = self.archs();
         let entry = attention.entry(seqs.is_some());
-        let passes = select_bwd_variants(T::DTYPE, shape.head_dim, opts, &archs, bo_lo.is_some(), entry, attention.softcap.is_some())?;
+        let passes = select_bwd_variants(T::DTYPE, shape.head_dim, opts, &archs, bo_lo.is_some(), entry, attention)?;
         if let Some(v) = passes.iter().find(|v| !archs.contains(&v.arch())) {
             return Err(Error::UnsupportedDevice { kernel: v.name, needs: v.arch(), device: self.device_name() });
         }
         let atomic = passes.iter().any(|v| v.pass == Pass::Dkdvq);
-        let (n_stats, n_accum) = workspace_parts(&shape, seqs, atomic);
+        let (n_stats, n_accum) = workspace_parts(&shape, seqs, atomic, sink_view.is_some());
         let bdq = self.bind_mut(&mut binds, "dq", dq)?;
         let (bdk, bdv) = (self.bind_mut(&mut binds, "dk", dk)?, self.bind_mut(&mut binds, "dv", dv)?);
         check(&bdq, &qs, align, true)?;
@@ -284,9 +333,21 @@ impl FlashAttn {
             return Err(Error::Workspace { needed: n_stats + n_accum, got: bws.layout.shape.clone() });
         }
         check(&bws, &bws.layout.shape.clone(), 16, true)?;
+        let bsinks = match &sink_view {
+            Some(v) => Some(bind!("sinks", v, &[shape.heads_q], 4)),
+            None => None,
+        };
+        let bdsinks = match dsinks {
+            Some(t) => {
+                let b = self.bind_mut(&mut binds, "dsinks", t)?;
+                check(&b, &[shape.heads_q], 4, true)?;
+                Some(b)
+            }
+            None => None,
+        };
         check_no_overlap(
-            &[&bdq, &bdk, &bdv, &bws],
-            &[&bq, &bk, &bv, &bo, &blse, &bdo].into_iter().chain(bo_lo.as_ref()).collect::<Vec<_>>(),
+            &[&bdq, &bdk, &bdv, &bws].into_iter().chain(bdsinks.as_ref()).collect::<Vec<_>>(),
+            &[&bq, &bk, &bv, &bo, &blse, &bdo].into_iter().chain(bo_lo.as_ref()).chain(bsinks.as_ref()).collect::<Vec<_>>(),
         )?;
         let offsets = match (&offset_views, seqs) {
             (Some(views), Some(seqs)) => Some(self.bind_offsets(&mut binds, views, seqs)?),
@@ -297,6 +358,8 @@ impl FlashAttn {
         let d = shape.head_dim as u32;
         let stats = bws.addr();
         let dq_accum = if atomic { stats + 4 * n_stats as u64 } else { 0 };
+        // The sinks' partial sums, after the four statistics planes (`workspace_parts`).
+        let sink_partials = if sink_view.is_some() { stats + 4 * (n_stats - sink_partials_len(&shape, true)) as u64 } else { 0 };
         let params = BwdParams {
             q: bq.addr(),
             k: bk.addr(),
@@ -310,6 +373,9 @@ impl FlashAttn {
             dk: bdk.addr(),
             dv: bdv.addr(),
             dq_accum,
+            sinks: bsinks.as_ref().map_or(0, |b| b.addr()),
+            dsinks: bdsinks.as_ref().map_or(0, |b| b.addr()),
+            sink_partials,
             q_strides: bq.strides4(),
             k_strides: bk.strides4(),
             v_strides: bv.strides4(),
@@ -322,11 +388,13 @@ impl FlashAttn {
             stats_strides,
             stats_plane,
             varlen: offsets.as_ref().map_or(Varlen::default(), |o| o.params),
-            pb: shape.problem(&attention, seqs.is_some()),
+            pb: shape.problem(attention, seqs.is_some()),
         };
         let regions: Vec<_> = [&bq, &bk, &bv, &bo, &bdo, &blse, &bdq, &bdk, &bdv, &bws]
             .into_iter()
             .chain(bo_lo.as_ref())
+            .chain(bsinks.as_ref())
+            .chain(bdsinks.as_ref())
             .chain(offsets.iter().flat_map(|o| o.bound.iter()))
             .map(|b| b.region())
             .collect();
@@ -351,6 +419,21 @@ impl FlashAttn {
                 Ok(Launch { name, arch: v.arch(), grid, threads: l.threads, smem: l.smem_bytes as usize, emulate })
             })
             .collect::<Result<Vec<Launch<BwdParams>>>>()?;
+        // With sinks, their gradient after the family's passes (`bwd_sinks`).
+        let mut launches = launches;
+        if sink_view.is_some() {
+            let [partials, sum] = sink_variants(passes[0].family);
+            let smem = SINK_SMEM_BYTES as usize;
+            launches.push(Launch {
+                name: partials.name,
+                arch: Arch::Sm80,
+                grid: (sink_tiles(sq), hq, b),
+                threads: SINK_THREADS,
+                smem,
+                emulate: partials.emulate,
+            });
+            launches.push(Launch { name: sum.name, arch: Arch::Sm80, grid: (1, hq, 1), threads: 32, smem, emulate: sum.emulate });
+        }
         if atomic {
             // The atomic path's dQ accumulator starts at zero.
             self.memset_zero(dq_accum, 4 * n_accum)?;

@@ -237,6 +237,14 @@ pub enum Error {
         /// The family.
         family: String,
     },
+    /// An attention sink logit that is NaN or +inf (`FlashAttn::sinks`: each must be finite,
+    /// or -inf for none).
+    InvalidSink {
+        /// The query head.
+        head: usize,
+        /// Its value.
+        value: f32,
+    },
     /// An option this version does not implement yet (named, with the value given).
     Unsupported {
         /// What is not implemented.
@@ -341,6 +349,9 @@ impl std::fmt::Display for Error {
             }
             Error::NotDeterministic { family } => {
                 write!(f, "backward kernel family `{family}` is not bitwise deterministic (atomic adds), but deterministic was requested")
+            }
+            Error::InvalidSink { head, value } => {
+                write!(f, "the attention sink of head {head} is {value}: each sink must be finite, or -inf for none")
             }
             Error::Unsupported { what, value } => write!(f, "{what} is not implemented yet (given {value})"),
             Error::SeqLens { what, index, value, why } => write!(f, "{what}[{index}] is {value}: {why}"),

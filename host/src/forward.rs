@@ -171,6 +171,11 @@ pub fn validate(q: &[usize], k: &[usize], v: &[usize], attention: &Attention) ->
     {
         return Err(Error::InvalidSoftcap { softcap, min: MIN_SOFTCAP, max: MAX_SOFTCAP });
     }
+    if let Some(sinks) = &attention.sinks
+        && sinks.heads() != shape.heads_q
+    {
+        return Err(Error::ShapeMismatch { what: "heads of sinks and heads_q of q", left: sinks.heads(), right: shape.heads_q });
+    }
     Ok(shape)
 }
 
@@ -230,7 +235,7 @@ pub struct Forward {
 impl Forward {
     /// The attention it computed.
     pub fn attention(&self) -> Attention {
-        self.attention
+        self.attention.clone()
     }
     /// Its dimensions.
     pub fn shape(&self) -> AttnShape {
@@ -268,7 +273,8 @@ impl<T> FwdOutput<T> {
         &self.o
     }
     /// LSE: [batch, heads_q, seqlen_q], f32, natural log of each row's softmax denominator
-    /// (after scaling): -inf for rows that see no key, NaN for rows that see a NaN.
+    /// (after scaling; with sinks, the sink's term included): -inf for rows that see no key
+    /// (with a sink, the sink), NaN for rows that see a NaN.
     pub fn lse(&self) -> &Tensor<f32> {
         &self.lse
     }
@@ -280,7 +286,7 @@ impl<T> FwdOutput<T> {
     }
     /// The attention the forward computed (`None` before any forward wrote these buffers).
     pub fn attention(&self) -> Option<Attention> {
-        self.written.as_ref().map(|r| r.attention)
+        self.written.as_ref().map(|r| r.attention.clone())
     }
     /// O, LSE and the residual buffer, given back.
     pub fn into_parts(self) -> (Tensor<T>, Tensor<f32>, Option<Tensor<T>>) {
@@ -515,6 +521,7 @@ impl FlashAttn {
         let (qs, kvs, ls) = shape.shapes(seqs);
         let align = row_align(shape.head_dim, std::mem::size_of::<T>());
         let offset_views = seqs.map(offset_views);
+        let sink_view = attention.sinks.as_ref().map(|s| s.tensor().view());
         let FwdBuffers { o, lse, o_lo } = out;
         let o_lo = o_lo.as_mut().filter(|_| residual);
         // Each memory bound once for the call, mutably where an output writes it; the binds
@@ -540,8 +547,12 @@ impl FlashAttn {
             }
             None => None,
         };
+        let bsinks = match &sink_view {
+            Some(v) => Some(self.bind_input(&mut binds, "sinks", v, &[shape.heads_q], 4)?),
+            None => None,
+        };
         let outputs: Vec<&Bound<'_>> = [Some(&bo), Some(&blse), bo_lo.as_ref()].into_iter().flatten().collect();
-        check_no_overlap(&outputs, &[&bq, &bk, &bv])?;
+        check_no_overlap(&outputs, &[&bq, &bk, &bv].into_iter().chain(bsinks.as_ref()).collect::<Vec<_>>())?;
         let offsets = match (&offset_views, seqs) {
             (Some(views), Some(seqs)) => Some(self.bind_offsets(&mut binds, views, seqs)?),
             _ => None,
@@ -559,6 +570,7 @@ impl FlashAttn {
             o: bo.addr(),
             lse: blse.addr(),
             o_lo: bo_lo.as_ref().map_or(0, |b| b.addr()),
+            sinks: bsinks.as_ref().map_or(0, |b| b.addr()),
             q_strides: bq.strides4(),
             k_strides: bk.strides4(),
             v_strides: bv.strides4(),
@@ -570,6 +582,7 @@ impl FlashAttn {
         let regions: Vec<_> = [&bq, &bk, &bv, &bo, &blse]
             .into_iter()
             .chain(bo_lo.as_ref())
+            .chain(bsinks.as_ref())
             .chain(offsets.iter().flat_map(|o| o.bound.iter()))
             .map(|b| b.region())
             .collect();
@@ -591,7 +604,7 @@ impl FlashAttn {
         // q, k, v and writes o, lse (and o_lo) within their shapes.
         unsafe { self.launch("launching the forward kernel", &[launch], params, &regions) }?;
         Ok(Forward {
-            attention: *attention,
+            attention: attention.clone(),
             shape,
             inputs: [bq.id(), bk.id(), bv.id()],
             outputs: [Some(bo.id()), Some(blse.id()), bo_lo.as_ref().map(|b| b.id())],

@@ -36,6 +36,7 @@ pub mod ptx;
 pub mod reference;
 #[doc(hidden)]
 pub mod rng;
+mod sinks;
 mod timing;
 mod varlen;
 mod view;
@@ -53,5 +54,6 @@ pub use forward::{
     select_variant_for, validate, validate_varlen,
 };
 pub use options::{Attention, BwdOptions, FwdOptions, Window};
+pub use sinks::Sinks;
 pub use varlen::{SeqLenDims, SeqLens};
 pub use view::{AsView, View, ViewMut, contiguous_strides};

@@ -23,7 +23,7 @@ usage: flashattn [run] [--batch B] [--seqlen S] [--seqlen-k S] [--heads H] [--he
                        [--backward|--fwdbwd [--deterministic] [--residual]]
        flashattn bench [--dtype f16|bf16|f32] [--head-dims 64,128] [--seqlens 512,1024,...]
                        [--hidden 2048] [--tokens 16384] [--causal on|off|both] [--kernel NAME]
-                       [--window LEFT[,RIGHT]] [--softcap C] [--varlen MEAN] [--iters N] [--json]
+                       [--window LEFT[,RIGHT]] [--softcap C] [--sinks] [--varlen MEAN] [--iters N] [--json]
                        [--backward|--fwdbwd [--deterministic] [--residual]]
 run:   one shape (GPU default: batch 8, seqlen 2048, 32 heads of 64, f16 -- the FA paper's
        hidden 2048 with 16k tokens; emulator default: batch 1, seqlen 128, 2 heads of 64),
@@ -37,6 +37,7 @@ bench: the FA paper's settings (hidden 2048, batch * seqlen = 16k; emulator defa
        -1 or left out: unbounded; with causal masking RIGHT is 0), TFLOP/s then counting the
        visible (query, key) pairs exactly;
        --softcap C: scores capped to C tanh(S / C) before the softmax (Gemma 2, Grok);
+       --sinks: attention sinks (gpt-oss), a logit per head in [-1, 1] (a fixed pattern);
        --varlen MEAN: a variable-length batch of --tokens tokens in sequences of random
        lengths (uniform 1..2 MEAN - 1, a fixed seed), next to the fixed-length batch of
        sequences of MEAN; TFLOP/s counting the pairs each sequence computes;
@@ -60,6 +61,8 @@ struct Args {
     scale: Option<f32>,
     window: Window,
     softcap: Option<f32>,
+    /// `bench --sinks`: attention sinks, one logit per head.
+    sinks: bool,
     kernel: Option<&'static str>,
     iters: Option<usize>,
     emulator: bool,
@@ -101,6 +104,7 @@ fn parse() -> Result<Args, String> {
         scale: None,
         window: Window::default(),
         softcap: None,
+        sinks: false,
         kernel: None,
         iters: None,
         emulator: false,
@@ -157,6 +161,7 @@ fn parse() -> Result<Args, String> {
                 a.window = Window::new(left, right);
             }
             "--softcap" => a.softcap = Some(val(&flag, it.next())?),
+            "--sinks" if a.cmd == "bench" => a.sinks = true,
             "--kernel" => {
                 let k: String = val(&flag, it.next())?;
                 a.kernel = Some(fwd_names().chain(bwd_names()).find(|f| *f == k).ok_or_else(|| {
@@ -324,7 +329,7 @@ fn plan<T: Dtype>(fa: &FlashAttn, s: &AttnShape, attn: &Attention, a: &Args) -> 
     let saved = fwd_opts.save_residual && fwd.family.desc().writes_residual;
     let bwd_opts = BwdOptions { kernel: bwd_kernel, deterministic: a.deterministic };
     let bwd = match a.backward {
-        true => flashattn::select_bwd_variants(T::DTYPE, s.head_dim, &bwd_opts, &archs, saved, attn.entry(false), attn.softcap.is_some())?,
+        true => flashattn::select_bwd_variants(T::DTYPE, s.head_dim, &bwd_opts, &archs, saved, attn.entry(false), attn)?,
         false => vec![],
     };
     for v in &bwd {
@@ -404,7 +409,7 @@ fn run<T: Dtype>(fa: &FlashAttn, a: &Args) -> flashattn::Result<bool> {
         heads_kv: a.heads_kv.unwrap_or(heads),
         head_dim,
     };
-    let attn = Attention { causal: a.causal, softmax_scale: a.scale, window: a.window, softcap: a.softcap };
+    let attn = Attention { causal: a.causal, softmax_scale: a.scale, window: a.window, softcap: a.softcap, sinks: None };
     // The whole request is checked before anything about it is printed.
     let plan = plan::<T>(fa, &s, &attn, a)?;
     println!("device:  {}", fa.device_name());
@@ -464,6 +469,7 @@ fn run<T: Dtype>(fa: &FlashAttn, a: &Args) -> flashattn::Result<bool> {
             dq: fa.full(T::nan(), &s.q_shape())?,
             dk: fa.full(T::nan(), &s.kv_shape())?,
             dv: fa.full(T::nan(), &s.kv_shape())?,
+            dsinks: attn.sinks.as_ref().map(|_| fa.full(f32::NAN, &[s.heads_q])).transpose()?,
         };
         let bwd_ms = fa.time_backward(&q, &k, &v, &out, &d_o, &plan.bwd_opts, &mut grads, warmup, iters)?;
         let got = [fa.download(&grads.dq)?, fa.download(&grads.dk)?, fa.download(&grads.dv)?];
@@ -507,7 +513,7 @@ fn check_forward<T: Dtype>(p: &Problem<T>, s: &AttnShape, attn: &Attention, o_h:
     // of K and V in f64 nor one core for every row.
     let checked = par_map(&rows, "forward check (f64 reference and naive attention per sampled row)", |&r| {
         let (rp, rs) = row_problem(p, s, attn, r);
-        let one = Attention { causal: false, window: Window::default(), ..*attn };
+        let one = Attention { causal: false, window: Window::default(), ..attn.clone() };
         let exact = reference_rows(&rp.q, &rp.k, &rp.v, &rs, &one, &[(0, 0, 0)]).remove(0);
         let naive = naive_rows(&rp.q, &rp.k, &rp.v, &rs, &one, &[(0, 0, 0)]).remove(0);
         (exact, naive)
@@ -598,6 +604,14 @@ fn window_label(w: &Window) -> Option<String> {
     (!w.is_none()).then(|| format!("{},{}", side(w.left), side(w.right)))
 }
 
+/// `bench --sinks`: a logit per head in [-1, 1] (h * 0.37 folded into it), else `None`.
+fn bench_sinks(fa: &FlashAttn, a: &Args, heads: usize) -> flashattn::Result<Option<flashattn::Sinks>> {
+    match a.sinks {
+        true => Ok(Some(fa.sinks(&(0..heads).map(|h| ((h as f32 * 0.37) % 2.0) - 1.0).collect::<Vec<_>>())?)),
+        false => Ok(None),
+    }
+}
+
 fn upload_problem<T: Dtype>(fa: &FlashAttn, s: &AttnShape) -> flashattn::Result<(Tensor<T>, Tensor<T>, Tensor<T>)> {
     let p = random_problem::<T>(s, 0xbe_7c4);
     Ok((fa.upload(&p.q, &s.q_shape())?, fa.upload(&p.k, &s.kv_shape())?, fa.upload(&p.v, &s.kv_shape())?))
@@ -631,7 +645,8 @@ fn bench<T: Dtype>(fa: &FlashAttn, a: &Args) -> flashattn::Result<bool> {
                     heads_kv: heads,
                     head_dim: d,
                 };
-                let attn = Attention { causal, softmax_scale: None, window: a.window, softcap: a.softcap };
+                let attn =
+                    Attention { causal, softmax_scale: None, window: a.window, softcap: a.softcap, sinks: bench_sinks(fa, a, heads)? };
                 let plan = plan::<T>(fa, &s, &attn, a)?;
                 cases.push((s, attn, plan));
             }
@@ -659,6 +674,7 @@ fn bench<T: Dtype>(fa: &FlashAttn, a: &Args) -> flashattn::Result<bool> {
                 dq: fa.full(T::nan(), &s.q_shape())?,
                 dk: fa.full(T::nan(), &s.kv_shape())?,
                 dv: fa.full(T::nan(), &s.kv_shape())?,
+                dsinks: attn.sinks.as_ref().map(|_| fa.full(f32::NAN, &[s.heads_q])).transpose()?,
             };
             let names = plan.bwd_names("+");
             let family = plan.bwd[plan.bwd.len() - 1].family.name().to_string();
@@ -744,7 +760,7 @@ fn bench_varlen<T: Dtype>(fa: &FlashAttn, a: &Args, mean: usize) -> flashattn::R
     for &d in &a.head_dims {
         for &causal in causals {
             let heads = (hidden / d.max(1)).max(1);
-            let attn = Attention { causal, softmax_scale: None, window: a.window, softcap: a.softcap };
+            let attn = Attention { causal, softmax_scale: None, window: a.window, softcap: a.softcap, sinks: bench_sinks(fa, a, heads)? };
             // Fixed length: the batch of MEAN (timed as `bench` times it).
             let fixed =
                 AttnShape { batch: (tokens / mean).max(1), seqlen_q: mean, seqlen_k: mean, heads_q: heads, heads_kv: heads, head_dim: d };
@@ -770,12 +786,17 @@ fn bench_varlen<T: Dtype>(fa: &FlashAttn, a: &Args, mean: usize) -> flashattn::R
                     dq: fa.full(T::nan(), &fixed.q_shape())?,
                     dk: fa.full(T::nan(), &fixed.kv_shape())?,
                     dv: fa.full(T::nan(), &fixed.kv_shape())?,
+                    dsinks: attn.sinks.as_ref().map(|_| fa.full(f32::NAN, &[fixed.heads_q])).transpose()?,
                 };
                 let ms_f = fa.time_backward(&q, &k, &v, &out, &d_o, &plan.bwd_opts, &mut g, 2, iters)?;
                 let vd_o = fa.upload(&random_tensor::<T>(0xd1, tokens * heads * d), &packed)?;
                 let vout = fa.forward_varlen(&vq, &vk, &vv, &seqs, &attn, &plan.fwd_opts)?;
-                let mut vg =
-                    BwdOutput { dq: fa.full(T::nan(), &packed)?, dk: fa.full(T::nan(), &packed)?, dv: fa.full(T::nan(), &packed)? };
+                let mut vg = BwdOutput {
+                    dq: fa.full(T::nan(), &packed)?,
+                    dk: fa.full(T::nan(), &packed)?,
+                    dv: fa.full(T::nan(), &packed)?,
+                    dsinks: attn.sinks.as_ref().map(|_| fa.full(f32::NAN, &[heads])).transpose()?,
+                };
                 (fa.time_backward(&vq, &vk, &vv, &vout, &vd_o, &plan.bwd_opts, &mut vg, 2, iters)?, ms_f)
             } else {
                 let mut out = FwdOutput::from_buffers(fa.full(T::nan(), &fixed.q_shape())?, fa.full(f32::NAN, &fixed.lse_shape())?, None);

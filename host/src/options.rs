@@ -7,7 +7,7 @@
 
 /// The attention computed: O = softmax(scale * Q K^T \[masked\]) V. Shared by a forward and
 /// the backward that takes its output.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Attention {
     /// Causal masking, bottom-right aligned (FlashAttention >= 2.1): query row i sees key
     /// column j iff j <= i + seqlen_k - seqlen_q. Rows that see no key get O = 0, LSE = -inf.
@@ -28,6 +28,14 @@ pub struct Attention {
     /// `wgmma` and atomic backward families refuse it by name, [`crate::Error::Unsupported`]),
     /// with every other option.
     pub softcap: Option<f32>,
+    /// Attention sinks (gpt-oss, [`crate::Sinks`]): a logit per query head that joins every
+    /// row's softmax denominator as a key of value zero, so a row's weights sum to less than
+    /// 1 (`None` for none). A row that sees no key gets O = 0 and LSE = its sink. The LSE
+    /// counts the sink; the backward also returns the sinks' gradient
+    /// ([`crate::BwdOutput::dsinks`]). Forward on every family; backward on every family but
+    /// `wgmma` (automatic selection takes `mma` on Hopper; naming `wgmma` is
+    /// [`crate::Error::Unsupported`]).
+    pub sinks: Option<crate::Sinks>,
 }
 
 /// A sliding window, FlashAttention's (FA2 >= 2.3): query row i sees key column j only if
@@ -101,6 +109,18 @@ impl Attention {
             Some(c) => c as f64 * (s / c as f64).tanh(),
             None => s,
         }
+    }
+    /// The same attention with attention sinks `sinks` (see [`Attention::sinks`]).
+    pub fn with_sinks(self, sinks: crate::Sinks) -> Attention {
+        Attention { sinks: Some(sinks), ..self }
+    }
+    /// The sink logit of query head `h` as the host knows it: `None` without sinks.
+    ///
+    /// # Panics
+    /// If the sinks were given on the device ([`crate::FlashAttn::sinks_on_device`]), whose
+    /// values the host does not know (the f64 reference needs them).
+    pub fn sink(&self, h: usize) -> Option<f64> {
+        self.sinks.as_ref().map(|s| s.host_values().expect("the reference needs sinks given on the host (FlashAttn::sinks)")[h] as f64)
     }
     /// The same attention with softmax scale `scale`.
     pub fn with_scale(self, scale: f32) -> Attention {

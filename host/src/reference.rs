@@ -59,13 +59,15 @@ fn attention_row(
         let dot: f64 = q_row.iter().zip(k_row).map(|(a, b)| a * b).sum();
         scores.push((j, opts.capped(dot * sc)));
     }
-    let m = scores.iter().fold(f64::NEG_INFINITY, |m, &(_, x)| nan_max(m, x));
+    // The head's sink joins the denominator as a key of value 0 (-inf: none).
+    let sink = opts.sink(h).unwrap_or(f64::NEG_INFINITY);
+    let m = scores.iter().fold(sink, |m, &(_, x)| nan_max(m, x));
     out.iter_mut().for_each(|x| *x = 0.0);
     if m == f64::NEG_INFINITY {
-        // No key visible, or every score -inf: no weights at all.
+        // No key visible, or every score -inf, and no sink: no weights at all.
         return f64::NEG_INFINITY;
     }
-    let mut l = 0.0;
+    let mut l = (sink - m).exp();
     for (_, x) in scores.iter_mut() {
         *x = (*x - m).exp();
         l += *x;
@@ -81,8 +83,11 @@ fn attention_row(
 }
 
 /// Exact attention in f64. Q [b, sq, hq, d], K and V [b, sk, hkv, d], row-major; options
-/// as the kernels take them (scale, causal bottom-right aligned, sliding window, GQA). Fully masked rows
-/// give O = 0 and LSE = -inf.
+/// as the kernels take them (scale, causal bottom-right aligned, sliding window, softcap,
+/// sinks, GQA). Fully masked rows give O = 0 and LSE = -inf (with a sink, LSE = the sink).
+///
+/// # Panics
+/// With sinks given on the device ([`Attention::sink`]).
 pub fn attention_f64(q: &[f64], k: &[f64], v: &[f64], s: &AttnShape, opts: &Attention) -> RefOutput {
     let d = s.head_dim;
     let scale = opts.scale(d) as f64;
@@ -173,11 +178,13 @@ pub fn naive_rows<T: Dtype>(
                     opts.softcap.map_or(x, |c| rt(c * (x / c).tanh()))
                 };
             }
-            let m = p.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+            // The head's sink joins the softmax as one more column (-inf: none).
+            let sink = opts.sink(h).map_or(f32::NEG_INFINITY, |x| x as f32);
+            let m = p.iter().cloned().fold(sink, f32::max);
             if m == f32::NEG_INFINITY {
                 return (vec![0.0; d], f64::NEG_INFINITY);
             }
-            let mut l = 0f32;
+            let mut l = (sink - m).exp();
             for pj in p.iter_mut() {
                 *pj = (*pj - m).exp();
                 l += *pj;
@@ -242,12 +249,22 @@ pub fn tolerance<T: Dtype>(naive_err: f64) -> f64 {
     2.0 * naive_err + T::UNIT_ROUNDOFF
 }
 
-/// Gradients of attention with respect to Q, K and V, in their layouts.
+/// Gradients of attention with respect to Q, K and V, in their layouts, and to the sinks
+/// ([heads_q]; empty without sinks).
 #[derive(Clone, Debug)]
 pub struct RefGrads {
     pub dq: Vec<f64>,
     pub dk: Vec<f64>,
     pub dv: Vec<f64>,
+    pub dsinks: Vec<f64>,
+}
+
+impl RefGrads {
+    /// Zero gradients for Q, K, V of these lengths and `opts`' sinks.
+    fn zeros(q: usize, k: usize, s: &AttnShape, opts: &Attention) -> RefGrads {
+        let sinks = if opts.sinks.is_some() { s.heads_q } else { 0 };
+        RefGrads { dq: vec![0.0; q], dk: vec![0.0; k], dv: vec![0.0; k], dsinks: vec![0.0; sinks] }
+    }
 }
 
 /// The analytic gradients of [`attention_f64`] for an upstream gradient `d_o` (O's layout):
@@ -268,7 +285,7 @@ pub fn attention_backward_f64(q: &[f64], k: &[f64], v: &[f64], d_o: &[f64], s: &
     let d = s.head_dim;
     let scale = opts.scale(d) as f64;
     let fwd = attention_f64(q, k, v, s, opts);
-    let mut g = RefGrads { dq: vec![0.0; q.len()], dk: vec![0.0; k.len()], dv: vec![0.0; v.len()] };
+    let mut g = RefGrads::zeros(q.len(), k.len(), s, opts);
     let sc = score_scale(scale);
     // The keys the row sees, and their P and dP: masked keys take no part (whatever they hold
     // cannot reach the row), the rest is IEEE arithmetic.
@@ -302,10 +319,17 @@ pub fn attention_backward_f64(q: &[f64], k: &[f64], v: &[f64], d_o: &[f64], s: &
                 if vis.is_empty() {
                     continue;
                 }
-                // Pivot c_i = dP of the largest P; D_i - c_i = sum_j P_ij (dP_ij - c_i).
+                // The sink's weight exp(s_h - LSE_i), a key with dP = 0.
+                let p_sink = opts.sink(h).map_or(0.0, |x| if lse == f64::NEG_INFINITY { 0.0 } else { (x - lse).exp() });
+                // Pivot c_i = dP of the largest P (the sink's 0 where it weighs most);
+                // D_i - c_i = sum_j P_ij (dP_ij - c_i), the sink's term -P_sink c_i included.
                 let top = (0..p.len()).fold(0, |t, j| if p[j] > p[t] { j } else { t });
-                let ci = dp[top];
-                let dc: f64 = p.iter().zip(&dp).map(|(pj, dpj)| pj * (dpj - ci)).sum();
+                let ci = if p_sink > p[top] { 0.0 } else { dp[top] };
+                let dc: f64 = p.iter().zip(&dp).map(|(pj, dpj)| pj * (dpj - ci)).sum::<f64>() - p_sink * ci;
+                // ds_h = -sum_i P_sink D_i.
+                if let Some(ds) = g.dsinks.get_mut(h) {
+                    *ds -= p_sink * (dc + ci);
+                }
                 for (x, &j) in vis.iter().enumerate() {
                     let kj = kj(j);
                     // dS_ij = P_ij ((dP_ij - c_i) - (D_i - c_i)), through the softcap.
@@ -334,6 +358,7 @@ pub fn naive_backward<T: Dtype>(q: &[T], k: &[T], v: &[T], d_o: &[T], s: &AttnSh
     let f = |x: &[T]| x.iter().map(|e| e.to_f32()).collect::<Vec<f32>>();
     let (q, k, v, d_o) = (f(q), f(k), f(v), f(d_o));
     let (mut dq, mut dk, mut dv) = (vec![0f32; q.len()], vec![0f32; k.len()], vec![0f32; v.len()]);
+    let mut dsinks = vec![0f32; if opts.sinks.is_some() { s.heads_q } else { 0 }];
     let mut p = vec![0f32; s.seqlen_k];
     let mut dp = vec![0f32; s.seqlen_k];
     let mut dt = vec![1f32; s.seqlen_k];
@@ -359,18 +384,25 @@ pub fn naive_backward<T: Dtype>(q: &[T], k: &[T], v: &[T], d_o: &[T], s: &AttnSh
                         }
                     };
                 }
-                let m = p.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+                // The sink as one more column of the softmax, with dP = 0 (-inf: none).
+                let sink = opts.sink(h).map_or(f32::NEG_INFINITY, |x| x as f32);
+                let m = p.iter().cloned().fold(sink, f32::max);
                 if m == f32::NEG_INFINITY {
                     continue;
                 }
-                let l: f32 = p.iter().map(|x| (x - m).exp()).sum();
+                let l: f32 = p.iter().map(|x| (x - m).exp()).sum::<f32>() + (sink - m).exp();
                 for pj in p.iter_mut() {
                     *pj = rt((*pj - m).exp() / l);
                 }
+                let p_sink = rt((sink - m).exp() / l);
                 for (j, dpj) in dp.iter_mut().enumerate() {
                     *dpj = rt((0..d).fold(0f32, |a, c| a + d_o[qi + c] * v[kj(j) + c]));
                 }
                 let dot: f32 = p.iter().zip(&dp).map(|(a, b)| a * b).sum();
+                // The sink's dS = P_sink (0 - D_i), its gradient (f32, as the parameter).
+                if let Some(ds) = dsinks.get_mut(h) {
+                    *ds -= p_sink * dot;
+                }
                 for j in 0..s.seqlen_k {
                     let ds = rt(rt(p[j] * (dp[j] - dot)) * dt[j]);
                     for c in 0..d {
@@ -383,7 +415,7 @@ pub fn naive_backward<T: Dtype>(q: &[T], k: &[T], v: &[T], d_o: &[T], s: &AttnSh
         }
     }
     let out = |x: Vec<f32>| x.into_iter().map(|e| rt(e) as f64).collect();
-    RefGrads { dq: out(dq), dk: out(dk), dv: out(dv) }
+    RefGrads { dq: out(dq), dk: out(dk), dv: out(dv), dsinks: dsinks.into_iter().map(|e| e as f64).collect() }
 }
 
 /// What FlashAttention's backward cannot share with naive attention, as an absolute error
@@ -407,7 +439,7 @@ pub fn backward_recompute_bound(q: &[f64], k: &[f64], v: &[f64], d_o: &[f64], s:
     let sc = score_scale(scale);
     let u = f32::EPSILON as f64; // two f32 roundings of half an ulp each
     let fwd = attention_f64(q, k, v, s, opts);
-    let mut g = RefGrads { dq: vec![0.0; q.len()], dk: vec![0.0; k.len()], dv: vec![0.0; v.len()] };
+    let mut g = RefGrads::zeros(q.len(), k.len(), s, opts);
     for b in 0..s.batch {
         for h in 0..s.heads_q {
             let hk = h / (s.heads_q / s.heads_kv);
@@ -442,6 +474,10 @@ pub fn backward_recompute_bound(q: &[f64], k: &[f64], v: &[f64], d_o: &[f64], s:
                 let ddp: Vec<f64> = vis.iter().map(|&j| u * dot_abs(do_row, &v[kj(j)..kj(j) + d])).collect();
                 let dd: f64 = p.iter().zip(&dp).map(|(pj, dpj)| pj * dpj).sum();
                 let d_err: f64 = (0..vis.len()).map(|x| p[x] * (ds_s[x] * dp[x].abs() + ddp[x])).sum();
+                // ds_h = -sum_i P_sink D_i moves by P_sink dD_i.
+                if let (Some(ds), Some(x)) = (g.dsinks.get_mut(h), opts.sink(h)) {
+                    *ds += (x - lse).exp() * d_err;
+                }
                 for (x, &j) in vis.iter().enumerate() {
                     let kj = kj(j);
                     let ds_err = p[x] * (ds_s[x] * (dp[x] - dd).abs() + ddp[x] + d_err) * dt[x]

@@ -45,6 +45,7 @@ use crate::frag::{pair_sum, store_rows, to_a};
 use crate::mask::{Mask, Window, kv_tiles, kv_unmasked, q_tiles};
 use crate::nonfinite::{add_nonfinite, dkdv_tile_masked, finite_frag, row_at};
 use crate::params::BwdParams;
+use crate::sinks;
 use crate::smem::{LaneAddr, Layout};
 use crate::softcap::{Softcap, dtanh};
 use crate::softmax::QuadRow;
@@ -674,7 +675,9 @@ fn store_dk_dv<T: MmaElement, const DN: usize, const SPLIT: usize>(
 /// kernel (every row below seqlen_q, fully masked ones too).
 #[inline(always)]
 fn publish_stats(p: &BwdParams, (b, h): (u32, u32), r0: u32, write: bool, rows: &[QuadRow; 2]) -> [(f32, f32, f32); 2] {
-    let fin = [rows[0].finish(), rows[1].finish()];
+    // The head's attention sink, in the log2 domain of the statistics (-inf: none).
+    let sink2 = unsafe { sinks::of_head(p.sinks, h) } * LOG2_E;
+    let fin = [rows[0].finish(sink2), rows[1].finish(sink2)];
     for (half, f) in fin.iter().enumerate() {
         let r = r0 + (8 * half) as u32;
         if write && r < p.pb.seqlen_q {

@@ -21,6 +21,7 @@ use crate::dev::{self, Shared, block, global, math, thread, warp};
 use crate::dtype::Element;
 use crate::mask::{Mask, Window, kv_tiles, q_tiles};
 use crate::params::BwdParams;
+use crate::sinks;
 use crate::softcap::Softcap;
 use crate::softmax::score_scale;
 use crate::tile::{Config, SimtKvTile, SimtTile};
@@ -80,10 +81,11 @@ impl RowStats {
         }
     }
     /// Warp: the row's (m_i, 1 / l_i, D_i - c_i, c_i), combining the lanes on the pivot of a
-    /// lane that holds the row's max (the largest such pivot if several do: deterministic). A
-    /// row that sees no key gives (-inf, 0, 0, 0).
+    /// lane that holds the row's max (the largest such pivot if several do: deterministic),
+    /// then the attention sink `sink` (-inf: none, `sinks`) as one more key with dP 0. A row
+    /// that sees no key gives (-inf, 0, 0, 0).
     #[inline(always)]
-    fn finish(&self) -> (f32, f32, f32, f32) {
+    fn finish(&self, sink: f32) -> (f32, f32, f32, f32) {
         let m = warp::allreduce_max(self.m);
         // A NaN score made its lane's l NaN (the max skips NaNs): the row's statistics are NaN,
         // so are its P and dS (the forward's `softmax::finish_stats` rule). Every lane takes
@@ -105,7 +107,13 @@ impl RowStats {
         if l.is_nan() || l >= f32::INFINITY || m.is_nan() || m.abs() >= crate::softmax::STAT_LIMIT {
             return (f32::NAN, f32::NAN, f32::NAN, f32::NAN);
         }
-        (m, math::rcp(l), n / l, c)
+        // The sink: the whole row's statistics, the same on every lane, take it as a lane's would.
+        let mut all = RowStats { m, l, n, c };
+        if sink.is_nan() {
+            return (f32::NAN, f32::NAN, f32::NAN, f32::NAN);
+        }
+        all.push(sink, 0.0);
+        (all.m, math::rcp(all.l), all.n / all.l, all.c)
     }
 }
 
@@ -311,6 +319,7 @@ unsafe fn dq_masked<T: Element, C: Config<Tile = SimtTile>, M: Mask, const ROWS:
     // Pass 0: the row's softmax statistics m_i, l_i and D_i = sum_j P_ij dP_ij (as D_i - c_i
     // and the pivot c_i, see `RowStats`), from f32 scores and dP.
     let mut part = [RowStats::INIT; ROWS];
+    let sink = unsafe { sinks::of_head(p.sinks, h) };
     for jt in first..n_tiles {
         let (s, dp) = unsafe { ctx.scores::<ROWS, SC>(jt) };
         for i in 0..ROWS {
@@ -321,7 +330,7 @@ unsafe fn dq_masked<T: Element, C: Config<Tile = SimtTile>, M: Mask, const ROWS:
     }
     // To shared memory for pass 1, and to the workspace for the dK/dV kernel.
     for (i, rs) in part.iter().enumerate() {
-        let (m, il, dd, cc) = rs.finish();
+        let (m, il, dd, cc) = rs.finish(sink);
         let r = r_w + i as u32;
         if lane == 0 {
             m_s.st(r as usize, m);

@@ -9,6 +9,7 @@ use crate::frag::{store_rows, to_a};
 use crate::mask::{Mask, Window, kv_tiles, kv_unmasked};
 use crate::nonfinite::{own_chunks_nonfinite, zero_own_nonfinite};
 use crate::params::BwdParams;
+use crate::sinks;
 use crate::smem::Sw;
 use crate::softmax::QuadRow;
 use crate::tile::{Config, HOT_TILES, WgmmaBwdTile};
@@ -426,7 +427,9 @@ impl<
     /// (every row below seqlen_q, fully masked ones too).
     #[inline]
     fn publish(&self, rows: &[QuadRow; 2]) -> [(f32, f32, f32); 2] {
-        let fin = [rows[0].finish(), rows[1].finish()];
+        // The head's attention sink, in the log2 domain of the statistics (-inf: none).
+        let sink2 = unsafe { sinks::of_head(self.p.sinks, self.h) } * LOG2_E;
+        let fin = [rows[0].finish(sink2), rows[1].finish(sink2)];
         for (half, f) in fin.iter().enumerate() {
             let r = self.row_w + (self.g + 8 * half) as u32;
             if self.t == 0 && r < self.sq {

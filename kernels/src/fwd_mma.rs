@@ -18,6 +18,7 @@ use crate::epilogue::{quad_store_lse, warp_stage_o};
 use crate::mask::{Mask, Window, kv_tiles, kv_unmasked};
 use crate::nonfinite::{own_chunks_nonfinite, warp_fix_stored_o, zero_own_nonfinite};
 use crate::params::FwdParams;
+use crate::sinks;
 use crate::smem::{LaneAddr, Layout};
 use crate::softcap::Softcap;
 use crate::softmax::{Domain, RowState};
@@ -508,9 +509,11 @@ impl<T: MmaElement, const D: usize, const MT: usize> Out<'_, T, D, MT> {
         let o_g = unsafe { (p.o as *mut T).add(p.o_strides.offset(b, 0, h) as usize) };
         let lse_g = unsafe { (p.lse as *mut f32).add(p.lse_row(b, h) as usize) };
         let o_words: Shared<u32> = q_s.cast();
+        let sink = unsafe { sinks::of_head(p.sinks, h) };
         for mt in 0..MT {
             for half in 0..2 {
                 let (inv_l, lse) = if FUSED { rows[mt][half].finish_raw::<4>(c, lse_scale) } else { rows[mt][half].finish::<T::Dm, 4>() };
+                let (inv_l, lse) = sinks::fold((inv_l, lse), sink);
                 let r_tile = (w * MT + mt) * 16 + g + 8 * half;
                 warp_stage_o::<T, DN>(o_words, Layout::<D>::at, (r_tile, t), &acc_o[mt], half, inv_l);
                 unsafe { quad_store_lse(lse_g, row0 + r_tile as u32, sq, t, lse) };

@@ -10,6 +10,7 @@ use crate::dev::{self, Shared, block, global, thread, warp};
 use crate::dtype::Element;
 use crate::mask::{Mask, Window, kv_tiles};
 use crate::params::FwdParams;
+use crate::sinks;
 use crate::softcap::Softcap;
 use crate::softmax::{Domain, Natural, RowState, normalize};
 use crate::tile::{Config, SimtTile};
@@ -76,8 +77,10 @@ unsafe fn fwd<T: Element, C: Config<Tile = SimtTile>, M: Mask, const ROWS: usize
     // reductions, but write nothing.
     let o_g = unsafe { (p.o as *mut T).add(p.o_strides.offset(b, 0, h) as usize) };
     let lse_g = unsafe { (p.lse as *mut f32).add(p.lse_row(b, h) as usize) };
+    let sink = unsafe { sinks::of_head(p.sinks, h) };
     for i in 0..ROWS {
         let (inv_l, lse) = rows[i].finish::<Natural, 32>();
+        let (inv_l, lse) = sinks::fold_outlined(inv_l, lse, sink);
         let r = row0 + w * ROWS as u32 + i as u32;
         if r < sq {
             for (ch, a) in acc_o[i].iter().enumerate() {

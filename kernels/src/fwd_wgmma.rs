@@ -19,6 +19,7 @@ use crate::epilogue::{quad_store_lse, warp_stage_o, warp_store_staged};
 use crate::mask::{Mask, Window, kv_tiles, kv_unmasked};
 use crate::nonfinite::{add_nonfinite, own_chunks_nonfinite, row_at, zero_own_nonfinite};
 use crate::params::FwdParams;
+use crate::sinks;
 use crate::smem::Sw;
 use crate::softcap::{Softcap, TanhArg};
 use crate::softmax::{Domain, RowState, normalize};
@@ -597,8 +598,10 @@ impl<
             _ => Sw::<192, D>::at(r, c),
         };
         let mut inv = [0f32; 2];
+        let sink = unsafe { sinks::of_head(p.sinks, h) };
         for half in 0..2 {
             let (inv_l, lse) = rows[half].finish_raw::<4>(self.c, self.lse_scale);
+            let (inv_l, lse) = sinks::fold((inv_l, lse), sink);
             inv[half] = inv_l;
             let r_tile = r_warp + g + 8 * half;
             warp_stage_o::<T, DN>(o_words, at, (r_tile, t), acc_o, half, inv_l);

@@ -137,6 +137,9 @@ pub struct FwdParams {
     /// 0: not asked for. Written by the kernels that support it (`fwd_wgmma`); the host knows
     /// which.
     pub o_lo: u64,
+    /// Attention sinks (`sinks`): f32 [heads_q] logits joined to every row's softmax
+    /// denominator; 0 for none.
+    pub sinks: u64,
     pub q_strides: Strides,
     pub k_strides: Strides,
     pub v_strides: Strides,
@@ -184,6 +187,12 @@ pub struct BwdParams {
     /// families serve head dims that are multiples of 8 only (`registry::BwdFamilyDesc::aligned_only`),
     /// so its rows are 8-byte aligned for the paired adds.
     pub dq_accum: u64,
+    /// The forward's attention sinks (`FwdParams::sinks`), 0 for none; then (`bwd_sinks`)
+    /// their gradient, f32 [heads_q], and its workspace of f64 partial sums [heads_q, batch,
+    /// query tiles of `bwd_sinks::SINK_ROWS`].
+    pub sinks: u64,
+    pub dsinks: u64,
+    pub sink_partials: u64,
     pub q_strides: Strides,
     pub k_strides: Strides,
     pub v_strides: Strides,

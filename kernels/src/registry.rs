@@ -697,6 +697,11 @@ pub struct BwdFamilyDesc {
     /// (sm_90a, 12 to 164 bytes at head_dim 128 to 256); nor the atomic families (no
     /// general entries).
     pub softcap: bool,
+    /// Whether its kernels take attention sinks (`BwdParams::sinks`): automatic selection
+    /// skips the others when the attention has sinks, and naming one is an error. Not
+    /// `wgmma`: its dQ kernel's exact correction of D~ (`bwd_wgmma`) assumes the row's dS sum
+    /// to 0 over its keys, and with a sink they sum to D_i exp(s_h - LSE_i).
+    pub sinks: bool,
     /// Its passes in launch order, without and with the forward's O residual at hand
     /// (`FwdParams::o_lo`).
     pub passes: [&'static [Pass]; 2],
@@ -722,6 +727,7 @@ const BWD_WGMMA: BwdFamilyDesc = BwdFamilyDesc {
     deterministic: true,
     aligned_only: false,
     softcap: false,
+    sinks: false,
     passes: [&[Pass::Prep, Pass::DqSaved, Pass::Dkdv], &[Pass::PrepResidual, Pass::DqSaved, Pass::Dkdv]],
     tiles: BwdTiles::Wgmma(wgmma_bwd_tile),
 };
@@ -734,6 +740,7 @@ const BWD_MMA: BwdFamilyDesc = BwdFamilyDesc {
     deterministic: true,
     aligned_only: true,
     softcap: true,
+    sinks: true,
     passes: [&[Pass::Dq, Pass::Dkdv], &[Pass::Dq, Pass::Dkdv]],
     tiles: BwdTiles::Mma(mma_bwd_tile),
 };
@@ -746,6 +753,7 @@ const BWD_SIMT: BwdFamilyDesc = BwdFamilyDesc {
     deterministic: true,
     aligned_only: false,
     softcap: true,
+    sinks: true,
     passes: [&[Pass::Dq, Pass::Dkdv], &[Pass::Dq, Pass::Dkdv]],
     tiles: BwdTiles::Simt(simt_dq_tile, simt_kv_tile),
 };
@@ -758,6 +766,7 @@ const BWD_MMA_ATOMIC: BwdFamilyDesc = BwdFamilyDesc {
     deterministic: false,
     aligned_only: true,
     softcap: false,
+    sinks: true,
     passes: [&[Pass::Stats, Pass::Dkdvq, Pass::DqConvert], &[Pass::Stats, Pass::Dkdvq, Pass::DqConvert]],
     tiles: BwdTiles::Mma(mma_bwd_tile_atomic),
 };
@@ -770,6 +779,7 @@ const BWD_WGMMA_ATOMIC: BwdFamilyDesc = BwdFamilyDesc {
     deterministic: false,
     aligned_only: true,
     softcap: false,
+    sinks: true,
     passes: [&[Pass::Stats, Pass::Dkdvq, Pass::DqConvert], &[Pass::PrepResidual, Pass::Dkdvq, Pass::DqConvert]],
     tiles: BwdTiles::Wgmma(wgmma_bwd_tile_atomic),
 };
@@ -1279,4 +1289,53 @@ merge_variants! {
 #[cfg(not(target_arch = "nvptx64"))]
 pub fn merge_variant(dtype: DType) -> Option<&'static MergeVariant> {
     MERGE_VARIANTS.iter().find(|v| v.dtype == dtype)
+}
+
+/// The attention sinks' gradient (`bwd_sinks`): its partial sums from statistics with D_i or
+/// with a pivot (`bwd_simt`), and their sum, in the portable module (after any backward
+/// family, whatever its dtype).
+#[cfg(not(target_arch = "nvptx64"))]
+#[derive(Clone, Copy, Debug)]
+pub struct SinkVariant {
+    pub name: &'static str,
+    /// Its body, for the emulator.
+    pub emulate: unsafe fn(&BwdParams),
+}
+
+in_module!(
+    Sm80,
+    #[unsafe(no_mangle)]
+    pub unsafe extern "ptx-kernel" fn flash_bwd_sinks(p: BwdParams) {
+        unsafe { crate::bwd_sinks::partials::<false>(&p) }
+    }
+);
+in_module!(
+    Sm80,
+    #[unsafe(no_mangle)]
+    pub unsafe extern "ptx-kernel" fn flash_bwd_sinks_pivot(p: BwdParams) {
+        unsafe { crate::bwd_sinks::partials::<true>(&p) }
+    }
+);
+in_module!(
+    Sm80,
+    #[unsafe(no_mangle)]
+    pub unsafe extern "ptx-kernel" fn flash_bwd_sinks_sum(p: BwdParams) {
+        unsafe { crate::bwd_sinks::sum(&p) }
+    }
+);
+
+/// Every entry of the sinks' gradient: partial sums (D_i, then with a pivot), their sum.
+#[cfg(not(target_arch = "nvptx64"))]
+pub const SINK_VARIANTS: [SinkVariant; 3] = [
+    SinkVariant { name: "flash_bwd_sinks", emulate: crate::bwd_sinks::partials::<false> },
+    SinkVariant { name: "flash_bwd_sinks_pivot", emulate: crate::bwd_sinks::partials::<true> },
+    SinkVariant { name: "flash_bwd_sinks_sum", emulate: crate::bwd_sinks::sum },
+];
+
+/// The sinks' gradient launches after backward family `family`: partial sums from its
+/// statistics, then their sum.
+#[cfg(not(target_arch = "nvptx64"))]
+pub fn sink_variants(family: BwdFamily) -> [&'static SinkVariant; 2] {
+    let pivot = family == BwdFamily::Simt;
+    [&SINK_VARIANTS[pivot as usize], &SINK_VARIANTS[2]]
 }

@@ -228,6 +228,22 @@ pub fn normalize(acc: f32, inv_l: f32) -> f32 {
     if inv_l == 0.0 { 0.0 } else { acc * inv_l }
 }
 
+/// A row's whole (m, l, n) in the log2 domain (`QuadRow`) with one more key of score `x2`
+/// and dP 0: an attention sink (`sinks`). -inf adds nothing, +inf leaves every key weight 0,
+/// NaN makes the row NaN.
+#[inline(always)]
+fn push_sink(m: f32, l: f32, n: f32, x2: f32) -> (f32, f32, f32) {
+    if x2 <= m {
+        (m, l + math::ex2(x2 - m), n)
+    } else if x2 > m {
+        // A new max: the keys' sums rescaled by alpha = exp2(m - x2); the sink weighs 1.
+        let alpha = math::ex2(m - x2);
+        (x2, l * alpha + 1.0, n * alpha)
+    } else {
+        (f32::NAN, f32::NAN, f32::NAN)
+    }
+}
+
 /// One lane's running softmax statistics of a query row held by a lane quad (scores in the
 /// log2 domain), with n = sum_j exp2(x_j - m) dP_ij, so that D_i = n / l_i.
 #[derive(Clone, Copy)]
@@ -267,17 +283,20 @@ impl QuadRow {
         self.m = m_new;
     }
 
-    /// Lane quad: the row's (m_i, 1 / l_i, D_i); (+inf, 0, 0) for a row that sees no key, so
-    /// that exp2(x - m_i) / l_i is 0 without a special case; NaNs for a row whose scores hold
-    /// a NaN or whose statistics left f32's range (as the forward's `softmax::finish_stats`).
+    /// Lane quad: the row's (m_i, 1 / l_i, D_i) with the attention sink `sink2` (its logit
+    /// times log2 e, -inf for none: `sinks`) as one more key whose dP is 0; (+inf, 0, 0) for a
+    /// row that sees no key, so that exp2(x - m_i) / l_i is 0 without a special case; NaNs for
+    /// a row whose scores hold a NaN or whose statistics left f32's range (as the forward's
+    /// `softmax::finish_stats`).
     #[inline(always)]
-    pub(crate) fn finish(&self) -> (f32, f32, f32) {
+    pub(crate) fn finish(&self, sink2: f32) -> (f32, f32, f32) {
         let l = warp::allreduce_sum_in::<4>(self.l);
         let n = warp::allreduce_sum_in::<4>(self.n);
         if self.m == f32::NEG_INFINITY && l == 0.0 {
             (f32::INFINITY, 0.0, 0.0)
         } else if l > 0.0 && l < f32::INFINITY && self.m.abs() < crate::softmax::STAT_LIMIT {
-            (self.m, math::rcp(l), n / l)
+            let (m, l, n) = push_sink(self.m, l, n, sink2);
+            (m, math::rcp(l), n / l)
         } else {
             (f32::NAN, f32::NAN, f32::NAN)
         }

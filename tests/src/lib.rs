@@ -52,12 +52,35 @@ pub struct Case {
     pub window: Window,
     /// Logit soft-capping.
     pub softcap: Option<f32>,
+    /// Attention sinks, their logits drawn from the seed ([`Case::sink_values`]).
+    pub sinks: bool,
 }
 
 impl Case {
-    /// The attention the case computes.
+    /// The attention the case computes, its sinks on `fa`.
+    pub fn attention_on(&self, fa: &FlashAttn) -> flashattn::Result<Attention> {
+        let sinks = self.sink_values(self.shape.heads_q).map(|v| fa.sinks(&v)).transpose()?;
+        Ok(Attention { causal: self.causal, softmax_scale: self.softmax_scale, window: self.window, softcap: self.softcap, sinks })
+    }
+    /// The attention the case computes, for the host references (its sinks on the emulator).
     pub fn attention(&self) -> Attention {
-        Attention { causal: self.causal, softmax_scale: self.softmax_scale, window: self.window, softcap: self.softcap }
+        self.attention_on(&FlashAttn::emulator()).expect("sinks of a case are valid")
+    }
+    /// The sink logits of `heads` query heads when the case has sinks, from its seed, over
+    /// every regime: -inf (no sink for that head), far below the scores (negligible), near
+    /// them, and above them (the sink takes most of each row's weight: up to e^10).
+    pub fn sink_values(&self, heads: usize) -> Option<Vec<f32>> {
+        let mut rng = Rng::new(self.seed ^ 0x5157_0051_5700_5157);
+        self.sinks.then(|| {
+            (0..heads)
+                .map(|_| match rng.next_u64() % 8 {
+                    0 => f32::NEG_INFINITY,
+                    1 => -60.0 - 40.0 * rng.uniform() as f32,
+                    2 => 2.0 + 8.0 * rng.uniform() as f32,
+                    _ => 8.0 * rng.uniform() as f32 - 4.0,
+                })
+                .collect()
+        })
     }
 }
 
@@ -72,8 +95,11 @@ impl fmt::Display for Case {
         if !self.window.is_none() {
             write!(f, " window=({:?}, {:?})", self.window.left, self.window.right)?;
         }
-        match self.softcap {
-            Some(c) => write!(f, " softcap={c:e}"),
+        if let Some(c) = self.softcap {
+            write!(f, " softcap={c:e}")?;
+        }
+        match self.sink_values(self.shape.heads_q) {
+            Some(v) => write!(f, " sinks={v:?}"),
             None => Ok(()),
         }
     }
@@ -109,13 +135,13 @@ pub fn check_case_with(fa: &FlashAttn, case: &Case, kernel: Option<&'static str>
 
 fn check_typed<T: Dtype>(fa: &FlashAttn, case: &Case, kernel: Option<&'static str>) -> Result<Measured, String> {
     let s = case.shape;
-    let attn = case.attention();
+    let e = |e: flashattn::Error| format!("{case}: {e}");
+    let attn = case.attention_on(fa).map_err(e)?;
     let opts = FwdOptions { kernel, ..Default::default() };
     let mut rng = Rng::new(case.seed);
     let q: Vec<T> = rng.tensor(s.batch * s.seqlen_q * s.heads_q * s.head_dim);
     let k: Vec<T> = rng.tensor(s.batch * s.seqlen_k * s.heads_kv * s.head_dim);
     let v: Vec<T> = rng.tensor(s.batch * s.seqlen_k * s.heads_kv * s.head_dim);
-    let e = |e: flashattn::Error| format!("{case}: {e}");
     let qd = fa.upload(&q, &s.q_shape()).map_err(e)?;
     let kd = fa.upload(&k, &s.kv_shape()).map_err(e)?;
     let vd = fa.upload(&v, &s.kv_shape()).map_err(e)?;
@@ -336,9 +362,9 @@ pub fn case_strategy(
         any::<bool>(),
         scale_strategy(),
         prop_oneof![Just(Dt::F32), Just(Dt::F16), Just(Dt::Bf16)],
-        (any::<u64>(), window_strategy(max_seqlen), softcap_strategy()),
+        (any::<u64>(), window_strategy(max_seqlen), softcap_strategy(), proptest::bool::weighted(0.25)),
     )
-        .prop_map(move |(batch, sq, sk, hkv, group, head_dim, causal, scale, dtype, (seed, window, softcap))| {
+        .prop_map(move |(batch, sq, sk, hkv, group, head_dim, causal, scale, dtype, (seed, window, softcap, sinks))| {
             let mut shape = AttnShape { batch, seqlen_q: sq, seqlen_k: sk, heads_q: hkv * group, heads_kv: hkv, head_dim };
             // Shrink the longer sequence until the problem fits the budget.
             while shape.batch * shape.heads_q * shape.seqlen_q * shape.seqlen_k * shape.head_dim > budget
@@ -350,7 +376,7 @@ pub fn case_strategy(
                     shape.seqlen_k = shape.seqlen_k.div_ceil(2)
                 }
             }
-            Case { shape, causal, softmax_scale: scale, dtype, seed, window, softcap }
+            Case { shape, causal, softmax_scale: scale, dtype, seed, window, softcap, sinks }
         })
 }
 
@@ -392,13 +418,13 @@ fn check_backward_typed<T: Dtype>(
     let s = case.shape;
     // With `repeat`, determinism is asked for; a backward-only family (`mma_atomic`) runs
     // after the automatically chosen forward.
-    let attn = case.attention();
+    let e = |e: flashattn::Error| format!("{case}: {e}");
+    let attn = case.attention_on(fa).map_err(e)?;
     let opts = BwdOptions { kernel: kernel.filter(|k| flashattn::BwdFamily::from_name(k).is_some()), deterministic: repeat };
     let fwd_opts = FwdOptions { kernel: kernel.filter(|k| flashattn::FwdFamily::from_name(k).is_some()), save_residual: saved };
     let mut rng = Rng::new(case.seed);
     let (nq, nk) = (s.batch * s.seqlen_q * s.heads_q * s.head_dim, s.batch * s.seqlen_k * s.heads_kv * s.head_dim);
     let (q, k, v, d_o): (Vec<T>, Vec<T>, Vec<T>, Vec<T>) = (rng.tensor(nq), rng.tensor(nk), rng.tensor(nk), rng.tensor(nq));
-    let e = |e: flashattn::Error| format!("{case}: {e}");
     let (qd, kd, vd, dod) = (
         fa.upload(&q, &s.q_shape()).map_err(e)?,
         fa.upload(&k, &s.kv_shape()).map_err(e)?,
@@ -432,23 +458,29 @@ fn check_backward_typed<T: Dtype>(
             }
         }
     }
-    let run = || -> Result<[Vec<f64>; 3], String> {
+    // dQ, dK, dV (and dsinks), each poisoned with NaN.
+    let run = || -> Result<Vec<Vec<f64>>, String> {
         let mut g = BwdOutput {
             dq: fa.full(T::nan(), &s.q_shape()).map_err(e)?,
             dk: fa.full(T::nan(), &s.kv_shape()).map_err(e)?,
             dv: fa.full(T::nan(), &s.kv_shape()).map_err(e)?,
+            dsinks: if case.sinks { Some(fa.full(f32::NAN, &[s.heads_q]).map_err(e)?) } else { None },
         };
         fa.backward_into(&qd, &kd, &vd, &fwd, &dod, &opts, &mut g).map_err(e)?;
         let w =
             |t: &flashattn::Tensor<T>| -> Result<Vec<f64>, String> { Ok(fa.download(t).map_err(e)?.iter().map(|x| x.to_f64()).collect()) };
-        Ok([w(&g.dq)?, w(&g.dk)?, w(&g.dv)?])
+        let mut got = vec![w(&g.dq)?, w(&g.dk)?, w(&g.dv)?];
+        if let Some(ds) = &g.dsinks {
+            got.push(fa.download(ds).map_err(e)?.iter().map(|&x| x as f64).collect());
+        }
+        Ok(got)
     };
     let got = run()?;
     check_grads(case, &q, &k, &v, &d_o, &got)?;
     if repeat {
         for round in 0..3 {
             let again = run()?;
-            for (name, a, b) in [("dQ", &got[0], &again[0]), ("dK", &got[1], &again[1]), ("dV", &got[2], &again[2])] {
+            for ((name, a), b) in ["dQ", "dK", "dV", "dsinks"].into_iter().zip(&got).zip(&again) {
                 if a.iter().zip(b.iter()).any(|(x, y)| x.to_bits() != y.to_bits()) {
                     return Err(format!("{case}: {name} differs bitwise on repeat {round}"));
                 }
@@ -482,10 +514,14 @@ impl GradRefs {
         }
     }
 
-    /// dQ, dK, dV by name: (name, exact, naive, floor).
-    pub fn each(&self) -> [GradRef<'_>; 3] {
+    /// dQ, dK, dV (and with sinks dsinks) by name: (name, exact, naive, floor).
+    pub fn each(&self) -> Vec<GradRef<'_>> {
         let (e, n, f) = (&self.exact, &self.naive, &self.floor);
-        [("dQ", &e.dq, &n.dq, &f.dq), ("dK", &e.dk, &n.dk, &f.dk), ("dV", &e.dv, &n.dv, &f.dv)]
+        let mut all = vec![("dQ", &e.dq[..], &n.dq[..], &f.dq[..]), ("dK", &e.dk, &n.dk, &f.dk), ("dV", &e.dv, &n.dv, &f.dv)];
+        if !e.dsinks.is_empty() {
+            all.push(("dsinks", &e.dsinks, &n.dsinks, &f.dsinks));
+        }
+        all
     }
 
     /// The relative L2 bar of a gradient in dtype `T`: twice naive attention's error (and a
@@ -498,7 +534,7 @@ impl GradRefs {
 
 /// Compares dQ, dK, dV (contiguous, as f64) for `case`'s inputs and dO with the f64
 /// gradients ([`check_backward`]'s rules).
-pub fn check_grads<T: Dtype>(case: &Case, q: &[T], k: &[T], v: &[T], d_o: &[T], got: &[Vec<f64>; 3]) -> Result<(), String> {
+pub fn check_grads<T: Dtype>(case: &Case, q: &[T], k: &[T], v: &[T], d_o: &[T], got: &[Vec<f64>]) -> Result<(), String> {
     check_grads_against(case, q, k, v, d_o, &GradRefs::new(case, q, k, v, d_o), got)
 }
 
@@ -510,10 +546,14 @@ pub fn check_grads_against<T: Dtype>(
     v: &[T],
     d_o: &[T],
     refs: &GradRefs,
-    got: &[Vec<f64>; 3],
+    got: &[Vec<f64>],
 ) -> Result<(), String> {
     let (s, attn) = (case.shape, case.attention());
-    for ((name, ex, nv, fl), g) in refs.each().into_iter().zip(got) {
+    let each = refs.each();
+    if each.len() != got.len() {
+        return Err(format!("{case}: {} gradients returned, {} expected", got.len(), each.len()));
+    }
+    for ((name, ex, nv, fl), g) in each.into_iter().zip(got) {
         let unwritten = g.iter().filter(|x| x.is_nan()).count();
         if unwritten > 0 {
             return Err(format!("{case}: {name}: {unwritten} elements still NaN"));

@@ -90,6 +90,9 @@ fn align_elems(d: usize, elem: usize) -> usize {
 /// Runs `case` forward and backward with every tensor in a layout from `pattern` (drawn
 /// from `layout_seed`), and checks outputs, gradients and the untouched gaps.
 pub fn check_strided(fa: &FlashAttn, case: &Case, pattern: Pattern, layout_seed: u64, saved: bool) -> Result<(), String> {
+    // Layouts of Q, K, V and their gradients: sinks (a [heads] tensor of their own) are not
+    // in question here.
+    let case = &Case { sinks: false, ..*case };
     match case.dtype {
         Dt::F32 => check_typed::<f32>(fa, case, pattern, layout_seed, saved),
         Dt::F16 => check_typed::<half::f16>(fa, case, pattern, layout_seed, saved),
@@ -230,6 +233,7 @@ fn check_typed<T: Dtype>(fa: &FlashAttn, case: &Case, pattern: Pattern, layout_s
         d_o: dob.view().strided(&ldo.shape, &ldo.strides, ldo.offset),
     };
     let mut grads = BwdBuffers {
+        dsinks: None,
         dq: dqb.view_mut().strided(&ldq.shape, &ldq.strides, ldq.offset),
         dk: dkb.view_mut().strided(&ldk.shape, &ldk.strides, ldk.offset),
         dv: dvb.view_mut().strided(&ldv.shape, &ldv.strides, ldv.offset),
@@ -265,7 +269,7 @@ fn check_typed<T: Dtype>(fa: &FlashAttn, case: &Case, pattern: Pattern, layout_s
 /// of its shape (outer dimensions in a random order, padding, an offset); O, LSE and dO a
 /// random layout each. Checks as [`check_strided`]: the f64 reference, and gaps untouched.
 pub fn check_packed(fa: &FlashAttn, case: &Case, layout_seed: u64, saved: bool) -> Result<(), String> {
-    let mut case = *case;
+    let mut case = Case { sinks: false, ..*case };
     case.shape.seqlen_k = case.shape.seqlen_q;
     match case.dtype {
         Dt::F32 => check_packed_typed::<f32>(fa, &case, layout_seed, saved),
@@ -356,7 +360,7 @@ fn check_packed_typed<T: Dtype>(fa: &FlashAttn, case: &Case, layout_seed: u64, s
     if (dq.shape(), dk.shape(), dv.shape()) != (&qs[..], &kvs[..], &kvs[..]) {
         return Err(format!("pieces of shapes {:?}, {:?}, {:?}", dq.shape(), dk.shape(), dv.shape()));
     }
-    let mut grads = BwdBuffers { dq, dk, dv, workspace: ws.view_mut() };
+    let mut grads = BwdBuffers { dq, dk, dv, workspace: ws.view_mut(), dsinks: None };
     fa.backward_into_views(&fwd, &inputs, &mut grads, &bopts).map_err(e)?;
     drop(grads);
     drop(inputs);

@@ -2,7 +2,8 @@
 //! checked as a batch of one of its own lengths (`check_outputs`, `check_grads`: the same
 //! bars, fully masked rows, unwritten elements), with the outputs poisoned before the launch.
 
-use crate::{Case, Dt, Rng, check_grads, check_outputs, scale_strategy, softcap_strategy, window_strategy};
+use crate::{Case, Dt, GradRefs, Rng, check_grads_against, check_outputs, scale_strategy, softcap_strategy, window_strategy, within};
+use flashattn::reference::rel_l2;
 use flashattn::{AttnShape, BwdOptions, BwdOutput, Dtype, FlashAttn, FwdOptions, FwdOutput, SeqLenDims, SeqLens, Window};
 use proptest::prelude::*;
 use std::fmt;
@@ -21,6 +22,8 @@ pub struct VarCase {
     pub softmax_scale: Option<f32>,
     pub window: Window,
     pub softcap: Option<f32>,
+    /// Attention sinks (logits from the seed, `Case::sink_values`).
+    pub sinks: bool,
     pub dtype: Dt,
     pub seed: u64,
 }
@@ -29,7 +32,7 @@ impl fmt::Display for VarCase {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{:?} varlen q={:?} k={:?} used_k={:?} hq={} hkv={} d={} causal={} scale={:?} window=({:?}, {:?}) softcap={:?} seed={}",
+            "{:?} varlen q={:?} k={:?} used_k={:?} hq={} hkv={} d={} causal={} scale={:?} window=({:?}, {:?}) softcap={:?} sinks={} seed={}",
             self.dtype,
             self.lens_q,
             self.lens_k,
@@ -42,6 +45,7 @@ impl fmt::Display for VarCase {
             self.window.left,
             self.window.right,
             self.softcap,
+            self.sinks,
             self.seed
         )
     }
@@ -78,6 +82,7 @@ impl VarCase {
             seed: self.seed,
             window: self.window,
             softcap: self.softcap,
+            sinks: self.sinks,
         }
     }
 }
@@ -109,9 +114,9 @@ pub fn varlen_strategy(
         window_strategy(max_len),
         any::<u64>(),
         used,
-        softcap_strategy(),
+        (softcap_strategy(), proptest::bool::weighted(0.25)),
     )
-        .prop_map(|(seqs, head_dim, heads_kv, group, causal, softmax_scale, window, seed, used, softcap)| {
+        .prop_map(|(seqs, head_dim, heads_kv, group, causal, softmax_scale, window, seed, used, (softcap, sinks))| {
             let mut lens_q: Vec<usize> = seqs.iter().map(|s| s.0).collect();
             let mut lens_k: Vec<usize> = seqs.iter().map(|s| if s.2 { s.0 } else { s.1 }).collect();
             // A batch holds at least one query row and one key.
@@ -125,7 +130,21 @@ pub fn varlen_strategy(
             let used_k =
                 used.then(|| seqs.iter().zip(&lens_k).map(|(s, &n)| ((n as f64 + 1.0) * s.3).floor().min(n as f64) as usize).collect());
             let heads_q = heads_kv * group;
-            VarCase { lens_q, lens_k, used_k, heads_q, heads_kv, head_dim, causal, softmax_scale, window, softcap, dtype: Dt::F16, seed }
+            VarCase {
+                lens_q,
+                lens_k,
+                used_k,
+                heads_q,
+                heads_kv,
+                head_dim,
+                causal,
+                softmax_scale,
+                window,
+                softcap,
+                sinks,
+                dtype: Dt::F16,
+                seed,
+            }
         })
 }
 
@@ -157,7 +176,7 @@ fn check_typed<T: Dtype>(fa: &FlashAttn, case: &VarCase, family: Option<&'static
         fa.upload(&v, &kvs).map_err(e)?,
         fa.upload(&d_o, &qs).map_err(e)?,
     );
-    let attn = case.seq_case(0).attention();
+    let attn = case.seq_case(0).attention_on(fa).map_err(e)?;
     let fwd_opts = FwdOptions { kernel: family, ..Default::default() };
     let mut out = FwdOutput::from_buffers(fa.full(T::nan(), &qs).map_err(e)?, fa.full(f32::NAN, &[hq, tq]).map_err(e)?, None);
     fa.forward_varlen_into(&qd, &kd, &vd, &seqs, &attn, &fwd_opts, &mut out).map_err(e)?;
@@ -170,15 +189,23 @@ fn check_typed<T: Dtype>(fa: &FlashAttn, case: &VarCase, family: Option<&'static
                 dq: fa.full(T::nan(), &qs).map_err(e)?,
                 dk: fa.full(T::nan(), &kvs).map_err(e)?,
                 dv: fa.full(T::nan(), &kvs).map_err(e)?,
+                dsinks: if case.sinks { Some(fa.full(f32::NAN, &[hq]).map_err(e)?) } else { None },
             };
             fa.backward_into(&qd, &kd, &vd, &out, &dod, &opts, &mut g).map_err(e)?;
             let w = |t: &flashattn::Tensor<T>| -> Result<Vec<f64>, String> {
                 Ok(fa.download(t).map_err(e)?.iter().map(|x| x.to_f64()).collect())
             };
-            Some([w(&g.dq)?, w(&g.dk)?, w(&g.dv)?])
+            let ds = match &g.dsinks {
+                Some(t) => fa.download(t).map_err(e)?.iter().map(|&x| x as f64).collect(),
+                None => vec![],
+            };
+            Some(([w(&g.dq)?, w(&g.dk)?, w(&g.dv)?], ds))
         }
         false => None,
     };
+    // With sinks, their gradient sums over the sequences: the references' sums (exact, naive,
+    // floor), checked after the loop.
+    let mut ds_refs = [vec![0.0; hq], vec![0.0; hq], vec![0.0; hq]];
     for b in 0..case.lens_q.len() {
         let c = case.seq_case(b);
         let (q0, q1, k0, k1) = (cu_q[b] as usize, cu_q[b + 1] as usize, cu_k[b] as usize, cu_k[b + 1] as usize);
@@ -191,7 +218,7 @@ fn check_typed<T: Dtype>(fa: &FlashAttn, case: &VarCase, family: Option<&'static
             let lse_b: Vec<f64> = (0..hq).flat_map(|h| lse[h * tq + q0..h * tq + q1].iter().copied()).collect();
             in_seq(check_outputs(&c, &q[qr.clone()], &k[kr.clone()], &v[kr.clone()], &o[qr.clone()], &lse_b).map(|_| ()))?;
         }
-        let Some(g) = &grads else { continue };
+        let Some((g, _)) = &grads else { continue };
         // Keys of the slot past seqused_k: no query sees them, dK = dV = 0, written.
         if let Some(x) = g[1][unused.clone()].iter().chain(&g[2][unused]).find(|x| **x != 0.0) {
             return Err(format!("{case}: sequence {b}'s keys past seqused_k have dK or dV {x}, not 0"));
@@ -204,7 +231,21 @@ fn check_typed<T: Dtype>(fa: &FlashAttn, case: &VarCase, family: Option<&'static
             continue;
         }
         let got = [g[0][qr.clone()].to_vec(), g[1][kr.clone()].to_vec(), g[2][kr.clone()].to_vec()];
-        in_seq(check_grads(&c, &q[qr.clone()], &k[kr.clone()], &v[kr.clone()], &d_o[qr], &got))?;
+        let (qb, kb, vb, dob) = (&q[qr.clone()], &k[kr.clone()], &v[kr.clone()], &d_o[qr]);
+        let mut refs = GradRefs::new(&c, qb, kb, vb, dob);
+        for (sum, part) in ds_refs.iter_mut().zip([&mut refs.exact, &mut refs.naive, &mut refs.floor]) {
+            for (s, x) in sum.iter_mut().zip(std::mem::take(&mut part.dsinks)) {
+                *s += x;
+            }
+        }
+        in_seq(check_grads_against(&c, qb, kb, vb, dob, &refs, &got))?;
+    }
+    if let Some((_, ds)) = grads.as_ref().filter(|_| case.sinks) {
+        let [exact, naive, floor] = &ds_refs;
+        let (err, tol) = (rel_l2(ds, exact), GradRefs::bar::<T>(exact, naive, floor));
+        if !within(err, tol) {
+            return Err(format!("{case}: dsinks rel err {err:.3e} (tol {tol:.3e}): got {ds:?}, exact {exact:?}"));
+        }
     }
     Ok(())
 }
@@ -230,7 +271,9 @@ pub fn check_bad_offsets<T: Dtype>(fa: &FlashAttn, family: Option<&'static str>,
         let seqs = fa
             .seqlens_unchecked(&cu_q, &cu_k, used_k, SeqLenDims { total_q: tq, total_k: tk, max_seqlen_q: 32, max_seqlen_k: 48 })
             .map_err(e)?;
-        let attn = flashattn::Attention { causal, softmax_scale: None, window, softcap: None };
+        // Sinks with the window: their gradient's partial sums must stay inside too.
+        let sinks = if window.is_none() { None } else { Some(fa.sinks(&vec![0.5; hq]).map_err(e)?) };
+        let attn = flashattn::Attention { causal, softmax_scale: None, window, softcap: None, sinks };
         let out = fa.forward_varlen(&qd, &kd, &vd, &seqs, &attn, &FwdOptions { kernel: family, ..Default::default() }).map_err(e)?;
         let bwd_opts = BwdOptions { kernel: family, deterministic: false };
         match (backward, used_k) {
@@ -275,7 +318,7 @@ pub fn check_device_offsets(fa: &FlashAttn, family: Option<&'static str>, head_d
     let htod = |x: &[u32]| stream.clone_htod(x).map_err(|err| format!("copying offsets: {err}"));
     let dims = SeqLenDims { total_q: tq, total_k: tk, max_seqlen_q: 70, max_seqlen_k: 45 };
     let dev = fa.seqlens_on_device(htod(&cu_q)?, htod(&cu_k)?, None, dims).map_err(e)?;
-    let attn = flashattn::Attention { causal: true, softmax_scale: None, window: Window::NONE, softcap: None };
+    let attn = flashattn::Attention { causal: true, softmax_scale: None, window: Window::NONE, softcap: None, sinks: None };
     let run = |seqs: &SeqLens| -> Result<[Vec<half::f16>; 4], String> {
         let out = fa.forward_varlen(&qd, &kd, &vd, seqs, &attn, &FwdOptions { kernel: family, ..Default::default() }).map_err(e)?;
         let g = fa.backward(&qd, &kd, &vd, &out, &dod, &BwdOptions { kernel: family, deterministic: true }).map_err(e)?;

@@ -27,13 +27,17 @@ fn shape(batch: usize, seqlen_q: usize, seqlen_k: usize, heads_q: usize, heads_k
 /// A case `family` serves: head_dim rounded up to a multiple of 8 for the families that
 /// take only those (`BwdFamilyDesc::aligned_only`; automatic selection takes every head_dim);
 /// no sliding window or softcap for those without a general entry (`BwdFamily::takes`: the
-/// atomic families), no softcap for those whose kernels do not apply one
-/// (`BwdFamilyDesc::softcap`).
+/// atomic families), no softcap or sinks for those whose kernels do not apply them
+/// (`BwdFamilyDesc::softcap`, `sinks`).
 fn for_family(family: Option<&str>, c: Case) -> Case {
     let windowless = family.and_then(BwdFamily::from_name).is_some_and(|f| !f.takes(Entry::Window));
     let c = if windowless { Case { window: Default::default(), softcap: None, ..c } } else { c };
     let c = match family.and_then(BwdFamily::from_name).is_some_and(|f| !f.desc().softcap) {
         true => Case { softcap: None, ..c },
+        false => c,
+    };
+    let c = match family.and_then(BwdFamily::from_name).is_some_and(|f| !f.desc().sinks) {
+        true => Case { sinks: false, ..c },
         false => c,
     };
     match family {
@@ -205,22 +209,29 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
             seed: 0,
             window: Default::default(),
             softcap: None,
+            sinks: false,
         };
         let (family, name) = (v.family.name(), v.name);
+        // Also with attention sinks, by the families that take them.
+        let sinks = if v.family.desc().sinks { &[false, true][..] } else { &[false] };
         // The sets with the residual apart (the same lead variant, other passes).
         let tail = if saved { "_residual" } else { "" };
         let trial = mk(
             format!("{tag}::variant{tail}::{name}"),
             Box::new(move |fa| {
                 let opts = flashattn::BwdOptions { kernel: Some(family), ..Default::default() };
-                let got = flashattn::select_bwd_variants(v.dtype, d, &opts, &fa.archs(), saved, Entry::Plain, false)
+                let got = flashattn::select_bwd_variants(v.dtype, d, &opts, &fa.archs(), saved, Entry::Plain, &Default::default())
                     .map_err(|e| Failed::from(e.to_string()))?;
                 let mine = got.iter().find(|g| g.pass == v.pass).map(|g| g.name);
                 if mine != Some(name) || got.iter().any(|g| g.family != v.family) {
                     let names = got.iter().map(|g| g.name).collect::<Vec<_>>().join(", ");
                     return Err(format!("head_dim {d} selects {names} instead of {name}").into());
                 }
-                check_backward_with(fa, &Case { seed: fresh_seed(), ..case }, false, Some(family), saved).map_err(Failed::from)
+                for &sinks in sinks {
+                    check_backward_with(fa, &Case { seed: fresh_seed(), sinks, ..case }, false, Some(family), saved)
+                        .map_err(Failed::from)?;
+                }
+                Ok(())
             }),
         );
         push_for_arch(&mut trials, archs.as_deref(), &format!("{tag}::variant{tail}::{name}"), v.arch(), trial);
@@ -231,7 +242,7 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
         if !v.family.takes(Entry::Window) {
             continue;
         }
-        let capped = v.family.desc().softcap;
+        let (capped, sinks) = (v.family.desc().softcap, v.family.desc().sinks);
         let windows = [
             (shape(1, 100, 150, 2, 1, d), true, Window { left: Some(30), right: None }),
             (shape(1, 140, 90, 2, 1, d), false, Window { left: Some(3), right: Some(20) }),
@@ -240,9 +251,11 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
             format!("{tag}::window{tail}::{name}"),
             Box::new(move |fa| {
                 for (s, causal, window) in windows {
-                    // A softcap on the causal window, by the families that apply one.
+                    // A softcap on the causal window, sinks on the other (rows that see no key
+                    // among its rows), by the families that apply them.
                     let softcap = if causal && capped { Some(2.0) } else { None };
-                    let case = Case { shape: s, causal, softmax_scale: None, dtype, seed: fresh_seed(), window, softcap };
+                    let sinks = !causal && sinks;
+                    let case = Case { shape: s, causal, softmax_scale: None, dtype, seed: fresh_seed(), window, softcap, sinks };
                     check_backward_with(fa, &case, false, Some(family), saved).map_err(Failed::from)?;
                 }
                 Ok(())
@@ -267,6 +280,7 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
                         seed: fresh_seed(),
                         window,
                         softcap: None,
+                        sinks: false,
                     };
                     check_backward_with(fa, &case, false, Some(family), saved).map_err(Failed::from)?;
                     for plants in wide_window_plants(d, true) {
@@ -314,8 +328,17 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
         seed: 0,
         window: Default::default(),
         softcap,
+        sinks: false,
     };
     let mut edge_cases: Vec<(&str, Case)> = edges.into_iter().map(|(name, s, causal)| (name, edge(s, causal, None, None))).collect();
+    // Attention sinks: rows that see no key (their gradient terms 0), a single key (its dS no
+    // longer 0: the sink takes part of the weight), GQA, several blocks.
+    let sinks = [
+        ("sinks_causal_fully_masked_rows", shape(1, 40, 17, 2, 1, 64), true),
+        ("sinks_seqlen_k_1", shape(1, 70, 1, 2, 1, 64), false),
+        ("sinks_ragged_several_blocks_gqa_2_to_1", shape(1, 131, 150, 4, 2, 64), true),
+    ];
+    edge_cases.extend(sinks.map(|(name, s, causal)| (name, Case { sinks: true, ..edge(s, causal, None, None) })));
     // A negative scale with causal masking (the Hopper dK/dV kernel once masked the raw
     // scores with -inf before scaling them: with scale < 0 they became +inf and dK, dV NaN),
     // square and ragged, and the other corners of the scale range.
@@ -359,6 +382,7 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
             seed: 0,
             window: Default::default(),
             softcap: None,
+            sinks: false,
         };
         trials.push(mk(
             format!("{tag}::deterministic{}::{dtype:?}", suffix(saved)).to_lowercase(),
@@ -378,6 +402,7 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
                 seed: 0,
                 window: Default::default(),
                 softcap: None,
+                sinks: false,
             };
             trials.push(mk(
                 format!("{tag}::deterministic_d{d}{}::{dtype:?}", suffix(saved)).to_lowercase(),

@@ -159,6 +159,7 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
                             seed: 0,
                             window: Default::default(),
                             softcap: Some(cap),
+                            sinks: false,
                         };
                         for value in [f64::INFINITY, f64::NEG_INFINITY] {
                             let plants = [nonfinite::Plant { input: nonfinite::Input::Q, at: 0, value }];
@@ -185,6 +186,7 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
             seed: 0,
             window: Default::default(),
             softcap: None,
+            sinks: false,
         };
         let (family, name) = (v.family.name(), v.name);
         let trial = mk(
@@ -195,7 +197,11 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
                 if got.name != name {
                     return Err(format!("head_dim {d} selects {} instead of {name}", got.name).into());
                 }
-                check_case_with(fa, &Case { seed: fresh_seed(), ..case }, Some(family)).map(|_| ()).map_err(Failed::from)
+                // Without and with attention sinks (the epilogue's fold, every family).
+                for sinks in [false, true] {
+                    check_case_with(fa, &Case { seed: fresh_seed(), sinks, ..case }, Some(family)).map_err(Failed::from)?;
+                }
+                Ok(())
             }),
         );
         push_for_arch(&mut trials, archs.as_deref(), &format!("{tag}::variant::{name}"), v.arch(), trial);
@@ -228,6 +234,8 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
                         seed: fresh_seed(),
                         window,
                         softcap,
+                        // Sinks with the windows alone, rows that see no key among them.
+                        sinks: softcap.is_none(),
                     };
                     check_case_with(fa, &case, Some(family)).map_err(Failed::from)?;
                 }
@@ -254,6 +262,7 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
                         seed: fresh_seed(),
                         window,
                         softcap: None,
+                        sinks: false,
                     };
                     check_case_with(fa, &case, Some(family)).map_err(Failed::from)?;
                     for plants in wide_window_plants(d, false) {
@@ -277,7 +286,8 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
     for (name, s, causal, scale) in odd {
         for v in FWD_VARIANTS.iter().filter(|v| v.serves(s.head_dim as u32) && ["wgmma", "mma", "simt"].contains(&v.family.name())) {
             let dtype = Dt::of(v.dtype);
-            let case = Case { shape: s, causal, softmax_scale: scale, dtype, seed: 0, window: Default::default(), softcap: None };
+            let case =
+                Case { shape: s, causal, softmax_scale: scale, dtype, seed: 0, window: Default::default(), softcap: None, sinks: false };
             let family = v.family.name();
             let trial = mk(
                 format!("{tag}::edge::{name}::{family}::{dtype:?}").to_lowercase(),
@@ -290,7 +300,8 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
     }
     for (name, s, causal, scale) in edge_cases(kind) {
         for dtype in [Dt::F32, Dt::F16, Dt::Bf16] {
-            let case = Case { shape: s, causal, softmax_scale: scale, dtype, seed: 0, window: Default::default(), softcap: None };
+            let case =
+                Case { shape: s, causal, softmax_scale: scale, dtype, seed: 0, window: Default::default(), softcap: None, sinks: false };
             trials.push(mk(
                 format!("{tag}::edge::{name}::{dtype:?}").to_lowercase(),
                 Box::new(move |fa| {

@@ -40,6 +40,7 @@ fn cases() -> Vec<(String, Case)> {
                         seed: (seqlen_q * 31 + seqlen_k) as u64,
                         window: Default::default(),
                         softcap: None,
+                        sinks: false,
                     },
                 ));
             }

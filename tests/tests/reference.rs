@@ -264,7 +264,7 @@ fn sliding_window_visibility() {
         (0..4).map(|i| (0..6).map(|j| if attn.sees(i, j, 4, 6) { '1' } else { '.' }).collect()).collect()
     };
     let plain = Attention { window: w, ..Default::default() };
-    assert_eq!(rows(plain), ["1111..", ".1111.", "..1111", "...111"]);
+    assert_eq!(rows(plain.clone()), ["1111..", ".1111.", "..1111", "...111"]);
     assert_eq!(rows(Attention::causal().with_window(w)), ["111...", ".111..", "..111.", "...111"]);
     assert_eq!(rows(Attention { window: Window::new(None, Some(0)), ..Default::default() }), rows(Attention::causal()));
     let s = AttnShape { batch: 1, seqlen_q: 4, seqlen_k: 6, heads_q: 1, heads_kv: 1, head_dim: 2 };
@@ -276,4 +276,50 @@ fn sliding_window_visibility() {
     let moved = attention_f64(&q, &k, &v2, &s, &plain);
     assert_eq!(base.o[..4], moved.o[..4]);
     assert_ne!(base.o[4..6], moved.o[4..6]);
+}
+
+/// Attention sinks, written out: the sink joins each row's denominator as a key of value 0
+/// (row 2 of head 0 by hand), a row that sees no key gets O = 0 and LSE = its sink, a sink
+/// of -inf is none; and the reference's sink gradient matches central differences of
+/// L = sum dO . O.
+#[test]
+fn sinks_reference() {
+    use flashattn::FlashAttn;
+    use flashattn::reference::attention_backward_f64;
+    let fa = FlashAttn::emulator();
+    // Causal, 3 rows on 2 keys: row 0 sees none, row 1 key 0, row 2 both.
+    let s = shape(1, 3, 2, 2, 1, 2);
+    let (q, k, v) = inputs(&s, 11);
+    let with = |sinks: &[f32]| Attention::causal().with_scale(0.8).with_sinks(fa.sinks(sinks).unwrap());
+    let attn = with(&[0.3, -1.2]);
+    let out = attention_f64(&q, &k, &v, &s, &attn);
+    let lse = |h: usize, i: usize| out.lse[h * 3 + i];
+    for h in 0..2 {
+        assert_eq!(lse(h, 0), [0.3f32, -1.2][h] as f64, "a row that sees no key has LSE = its sink");
+        assert!(out.o[h * 2..h * 2 + 2].iter().all(|&x| x == 0.0));
+    }
+    // Row 2, head 0, by hand.
+    let x = |j: usize| 0.8f32 as f64 * (q[2 * 4] * k[2 * j] + q[2 * 4 + 1] * k[2 * j + 1]);
+    let want_lse = (x(0).exp() + x(1).exp() + (0.3f32 as f64).exp()).ln();
+    assert!((lse(0, 2) - want_lse).abs() < 1e-14, "{} vs {want_lse}", lse(0, 2));
+    for c in 0..2 {
+        let want = (x(0) - want_lse).exp() * v[c] + (x(1) - want_lse).exp() * v[2 + c];
+        assert!((out.o[2 * 4 + c] - want).abs() < 1e-14);
+    }
+    // -inf: no sink.
+    let none = attention_f64(&q, &k, &v, &s, &with(&[f32::NEG_INFINITY, f32::NEG_INFINITY]));
+    let plain = attention_f64(&q, &k, &v, &s, &Attention::causal().with_scale(0.8));
+    assert_eq!((none.o, none.lse), (plain.o, plain.lse));
+    // dsinks against central differences (in f32 sink steps of 2^-10).
+    let d_o: Vec<f64> = (0..q.len()).map(|i| ((i * 7 % 5) as f64 - 2.0) * 0.3).collect();
+    let g = attention_backward_f64(&q, &k, &v, &d_o, &s, &attn);
+    let loss = |sinks: &[f32]| attention_f64(&q, &k, &v, &s, &with(sinks)).o.iter().zip(&d_o).map(|(a, b)| a * b).sum::<f64>();
+    let h = 1.0f32 / 1024.0;
+    for (i, base) in [0.3f32, -1.2].into_iter().enumerate() {
+        let (mut up, mut dn) = ([0.3f32, -1.2], [0.3f32, -1.2]);
+        up[i] = base + h;
+        dn[i] = base - h;
+        let fd = (loss(&up) - loss(&dn)) / (up[i] as f64 - dn[i] as f64);
+        assert!((g.dsinks[i] - fd).abs() <= 1e-4 * fd.abs().max(1e-3), "head {i}: dsink {} vs {fd}", g.dsinks[i]);
+    }
 }

@@ -274,20 +274,37 @@ fn backward_selection_and_registry_match_tile_functions() {
         for dtype in [DType::F32, DType::F16, DType::Bf16] {
             // The mma families take head dims that are multiples of 8 (`BwdFamilyDesc::aligned_only`).
             let tc = dtype != DType::F32 && d.is_multiple_of(8);
-            let auto = flashattn::select_bwd_variants(dtype, d as usize, &BwdOptions::default(), &[Arch::Sm80], false, Entry::Plain, false)
-                .unwrap_or_else(|e| panic!("d={d}: {e}"));
+            let auto = flashattn::select_bwd_variants(
+                dtype,
+                d as usize,
+                &BwdOptions::default(),
+                &[Arch::Sm80],
+                false,
+                Entry::Plain,
+                &Attention::default(),
+            )
+            .unwrap_or_else(|e| panic!("d={d}: {e}"));
             let want = if tc { "mma" } else { "simt" };
             assert!(auto.iter().all(|v| v.family.name() == want && v.serves(d)), "d={d} {dtype:?}: {}", auto[0].name);
             let det = BwdOptions { deterministic: true, ..Default::default() };
-            let auto_det = flashattn::select_bwd_variants(dtype, d as usize, &det, &[Arch::Sm80], false, Entry::Plain, false)
-                .unwrap_or_else(|e| panic!("d={d}: {e}"));
+            let auto_det =
+                flashattn::select_bwd_variants(dtype, d as usize, &det, &[Arch::Sm80], false, Entry::Plain, &Attention::default())
+                    .unwrap_or_else(|e| panic!("d={d}: {e}"));
             let want_det = if tc { "mma" } else { "simt" };
             assert!(auto_det.iter().all(|v| v.family.name() == want_det && v.serves(d)), "d={d} {dtype:?}: {}", auto_det[0].name);
             // Hopper: `prep` (m_i, 1 / l_i from the LSE, D~_i from O), the wgmma dQ kernel and
             // the dK/dV kernel, deterministic too.
             for opts in [BwdOptions::default(), det] {
-                let hop = flashattn::select_bwd_variants(dtype, d as usize, &opts, &[Arch::Sm80, Arch::Sm90a], false, Entry::Plain, false)
-                    .unwrap_or_else(|e| panic!("d={d}: {e}"));
+                let hop = flashattn::select_bwd_variants(
+                    dtype,
+                    d as usize,
+                    &opts,
+                    &[Arch::Sm80, Arch::Sm90a],
+                    false,
+                    Entry::Plain,
+                    &Attention::default(),
+                )
+                .unwrap_or_else(|e| panic!("d={d}: {e}"));
                 let fams: Vec<_> = hop.iter().map(|v| (v.family.name(), v.pass.name(), v.arch())).collect();
                 if let Some(t) = wgmma_bwd_tile(d)
                     && dtype != DType::F32
@@ -302,9 +319,16 @@ fn backward_selection_and_registry_match_tile_functions() {
                     assert_eq!(fl(hop[2], d), (WgmmaBwdTile::KEYS, t.threads(), t.dkdv_smem_bytes()));
                     // With the forward's O residual: D~_i from O + O_lo, then the same dQ and
                     // dK/dV kernels.
-                    let hs =
-                        flashattn::select_bwd_variants(dtype, d as usize, &opts, &[Arch::Sm80, Arch::Sm90a], true, Entry::Plain, false)
-                            .unwrap_or_else(|e| panic!("d={d}: {e}"));
+                    let hs = flashattn::select_bwd_variants(
+                        dtype,
+                        d as usize,
+                        &opts,
+                        &[Arch::Sm80, Arch::Sm90a],
+                        true,
+                        Entry::Plain,
+                        &Attention::default(),
+                    )
+                    .unwrap_or_else(|e| panic!("d={d}: {e}"));
                     assert_eq!(
                         hs.iter().map(|v| (v.family.name(), v.pass.name())).collect::<Vec<_>>(),
                         [("wgmma", "prep_residual"), ("wgmma", "dq_saved"), ("wgmma", "dkdv")],
@@ -319,9 +343,16 @@ fn backward_selection_and_registry_match_tile_functions() {
                         auto.iter().map(|v| v.family).collect::<Vec<_>>(),
                         "d={d} {dtype:?}"
                     );
-                    let hs =
-                        flashattn::select_bwd_variants(dtype, d as usize, &opts, &[Arch::Sm80, Arch::Sm90a], true, Entry::Plain, false)
-                            .unwrap_or_else(|e| panic!("d={d}: {e}"));
+                    let hs = flashattn::select_bwd_variants(
+                        dtype,
+                        d as usize,
+                        &opts,
+                        &[Arch::Sm80, Arch::Sm90a],
+                        true,
+                        Entry::Plain,
+                        &Attention::default(),
+                    )
+                    .unwrap_or_else(|e| panic!("d={d}: {e}"));
                     assert_eq!(
                         hs.iter().map(|v| v.name).collect::<Vec<_>>(),
                         hop.iter().map(|v| v.name).collect::<Vec<_>>(),
@@ -330,19 +361,43 @@ fn backward_selection_and_registry_match_tile_functions() {
                 }
             }
             let simt = BwdOptions { kernel: Some("simt"), ..Default::default() };
-            let s = flashattn::select_bwd_variants(dtype, d as usize, &simt, &[Arch::Sm80, Arch::Sm90a], false, Entry::Plain, false)
-                .unwrap_or_else(|e| panic!("d={d}: {e}"));
+            let s = flashattn::select_bwd_variants(
+                dtype,
+                d as usize,
+                &simt,
+                &[Arch::Sm80, Arch::Sm90a],
+                false,
+                Entry::Plain,
+                &Attention::default(),
+            )
+            .unwrap_or_else(|e| panic!("d={d}: {e}"));
             assert!(s.iter().all(|v| v.family.name() == "simt"), "d={d}");
             // A softcap: only families whose kernels apply one (named, the others are refused).
             let hop = [Arch::Sm80, Arch::Sm90a];
-            let capped = flashattn::select_bwd_variants(dtype, d as usize, &BwdOptions::default(), &hop, false, Entry::Window, true)
-                .unwrap_or_else(|e| panic!("d={d}: {e}"));
+            let capped = flashattn::select_bwd_variants(
+                dtype,
+                d as usize,
+                &BwdOptions::default(),
+                &hop,
+                false,
+                Entry::Window,
+                &Attention::default().with_softcap(30.0),
+            )
+            .unwrap_or_else(|e| panic!("d={d}: {e}"));
             assert!(capped.iter().all(|v| v.family.desc().softcap), "d={d}");
             for name in ["wgmma", "mma_atomic"] {
                 let named = BwdOptions { kernel: Some(name), ..Default::default() };
                 if dtype != DType::F32 && d % 8 == 0 {
-                    let e =
-                        flashattn::select_bwd_variants(dtype, d as usize, &named, &hop, false, Entry::Window, true).expect_err("refused");
+                    let e = flashattn::select_bwd_variants(
+                        dtype,
+                        d as usize,
+                        &named,
+                        &hop,
+                        false,
+                        Entry::Window,
+                        &Attention::default().with_softcap(30.0),
+                    )
+                    .expect_err("refused");
                     // (A family with no kernel at this head_dim says that first: `NoVariant`.)
                     let serves = BWD_VARIANTS.iter().any(|v| v.family.name() == name && v.dtype == dtype && v.serves(d));
                     match serves {
@@ -372,7 +427,15 @@ fn backward_selection_and_registry_match_tile_functions() {
                     ("dkdv", MmaBwdTile::ROWS, t.threads(), t.dkdv_smem_bytes())
                 );
                 let atomic = BwdOptions { kernel: Some("mma_atomic"), ..Default::default() };
-                let at = flashattn::select_bwd_variants(dtype, d as usize, &atomic, &[Arch::Sm80, Arch::Sm90a], false, Entry::Plain, false);
+                let at = flashattn::select_bwd_variants(
+                    dtype,
+                    d as usize,
+                    &atomic,
+                    &[Arch::Sm80, Arch::Sm90a],
+                    false,
+                    Entry::Plain,
+                    &Attention::default(),
+                );
                 // The atomic family stops at 128.
                 if d > 128 {
                     assert!(matches!(at, Err(flashattn::Error::NoVariant { .. })), "d={d}");
@@ -397,7 +460,7 @@ fn backward_selection_and_registry_match_tile_functions() {
     }
     // Naming the atomic family with `deterministic` is a typed error, before any launch.
     let bad = BwdOptions { kernel: Some("mma_atomic"), deterministic: true };
-    match flashattn::select_bwd_variants(DType::F16, 64, &bad, &[Arch::Sm80], false, Entry::Plain, false) {
+    match flashattn::select_bwd_variants(DType::F16, 64, &bad, &[Arch::Sm80], false, Entry::Plain, &Attention::default()) {
         Err(flashattn::Error::NotDeterministic { family }) => assert_eq!(family, "mma_atomic"),
         other => panic!("expected NotDeterministic, got {:?}", other.map(|v| v.len())),
     }
@@ -445,7 +508,7 @@ fn backward_takes_the_forwards_attention_and_inputs() {
     let v = fa.upload(&data, &[1, 4, 2, 8]).unwrap();
     let attn = Attention::causal().with_scale(-0.7);
     let fwd = fa.forward(&q, &k, &v, &attn, &FwdOptions::default()).unwrap();
-    assert_eq!(fwd.attention(), Some(attn));
+    assert_eq!(fwd.attention(), Some(attn.clone()));
     let bwd = BwdOptions::default();
     assert!(fa.backward(&q, &k, &v, &fwd, &q, &bwd).is_ok());
     // Another tensor with the same contents is not the forward's input.
@@ -463,7 +526,7 @@ fn backward_takes_the_forwards_attention_and_inputs() {
     let mut out = fa.forward(&q, &k, &v, &attn, &FwdOptions::default()).unwrap();
     let bad = FwdOptions { kernel: Some("nope"), ..Default::default() };
     assert!(fa.forward_into(&q, &k, &v, &Attention::default(), &bad, &mut out).is_err());
-    assert_eq!(out.attention(), Some(attn));
+    assert_eq!(out.attention(), Some(attn.clone()));
     // Saving the residual needs a buffer for it when the kernel writes one.
     let mut out = FwdOutput::from_buffers(fa.full(half::f16::ZERO, &[1, 4, 2, 8]).unwrap(), fa.full(0.0f32, &[1, 2, 4]).unwrap(), None);
     let train = FwdOptions { save_residual: true, ..Default::default() };
@@ -574,7 +637,7 @@ fn views_are_checked_before_launch() {
     let (mut dq, mut dk, mut dv) =
         (fa.full(half::f16::NAN, &shape).unwrap(), fa.full(half::f16::NAN, &shape).unwrap(), fa.full(half::f16::NAN, &shape).unwrap());
     let mut run = |ins: &BwdInputs<'_, half::f16>, ws: &mut flashattn::Tensor<f32>| {
-        let mut bufs = BwdBuffers { dq: dq.view_mut(), dk: dk.view_mut(), dv: dv.view_mut(), workspace: ws.view_mut() };
+        let mut bufs = BwdBuffers { dq: dq.view_mut(), dk: dk.view_mut(), dv: dv.view_mut(), workspace: ws.view_mut(), dsinks: None };
         fa.backward_into_views(&fwd, ins, &mut bufs, &bopts)
     };
     let mut small = fa.full(f32::NAN, &[need - 1]).unwrap();
@@ -672,7 +735,7 @@ fn pieces_of_one_buffer_in_one_call() {
         for shift in [0, d] {
             let [dq, dk, dv] = pieces(&mut dqkv, hq, hkv);
             let dk = dk.strided(&[b, s, hkv, d], dq.strides(), dq.offset() + shift);
-            let mut bufs = BwdBuffers { dq, dk, dv, workspace: ws.view_mut() };
+            let mut bufs = BwdBuffers { dq, dk, dv, workspace: ws.view_mut(), dsinks: None };
             let e = fa.backward_into_views(&rec, &inputs(), &mut bufs, &bopts).expect_err("overlapping pieces");
             assert!(matches!(e, Error::Overlap { output: "dq", other: "dk" }), "{e}");
         }
@@ -682,7 +745,7 @@ fn pieces_of_one_buffer_in_one_call() {
             true => dqkv.view_mut().reshaped(&[b, s, 3, hq, d], 0).unbind::<3>(2).unwrap(),
             false => pieces(&mut dqkv, hq, hkv),
         };
-        let mut bufs = BwdBuffers { dq, dk, dv, workspace: ws.view_mut() };
+        let mut bufs = BwdBuffers { dq, dk, dv, workspace: ws.view_mut(), dsinks: None };
         fa.backward_into_views(&rec, &inputs(), &mut bufs, &bopts).unwrap();
         drop(bufs);
         let got = fa.download(&dqkv).unwrap();
@@ -741,4 +804,53 @@ fn window_backward_in_an_atomic_family_is_refused_before_launch() {
         assert!(e.to_string().contains(family), "{e}");
     }
     fa.backward(&x, &x, &x, &fwd, &x, &BwdOptions::default()).expect("automatic selection takes the window");
+}
+
+/// Attention sinks are checked before any launch: each logit finite or -inf, one per query
+/// head; a backward of an attention with sinks needs a buffer for their gradient, and a
+/// family whose kernels do not take them (`wgmma`) is refused by name, skipped automatically.
+#[test]
+fn sinks_are_validated() {
+    let fa = FlashAttn::emulator();
+    for bad in [f32::NAN, f32::INFINITY] {
+        match fa.sinks(&[0.0, bad]) {
+            Err(Error::InvalidSink { head: 1, value }) => assert!(value.is_nan() || value == bad),
+            other => panic!("sink {bad}: {other:?}"),
+        }
+    }
+    assert!(matches!(fa.sinks(&[]), Err(Error::EmptyDimension { tensor: "sinks", .. })));
+    let data: Vec<half::f16> = flashattn::rng::Rng::new(5).tensor(4 * 2 * 8);
+    let q = fa.upload(&data, &[1, 4, 2, 8]).unwrap();
+    let three = Attention::default().with_sinks(fa.sinks(&[0.0, 1.0, f32::NEG_INFINITY]).unwrap());
+    match fa.forward(&q, &q, &q, &three, &FwdOptions::default()) {
+        Err(Error::ShapeMismatch { left: 3, right: 2, .. }) => {}
+        other => panic!("3 sinks for 2 heads: {other:?}"),
+    }
+    let attn = Attention::causal().with_sinks(fa.sinks(&[0.5, f32::NEG_INFINITY]).unwrap());
+    let fwd = fa.forward(&q, &q, &q, &attn, &FwdOptions::default()).unwrap();
+    let grads = fa.backward(&q, &q, &q, &fwd, &q, &BwdOptions::default()).unwrap();
+    let ds = fa.download(grads.dsinks.as_ref().expect("dsinks returned")).unwrap();
+    assert!(ds[0].is_finite() && ds[1] == 0.0, "a -inf sink has gradient 0: {ds:?}");
+    let mut no_buffer = flashattn::BwdOutput {
+        dq: fa.full(half::f16::NAN, &[1, 4, 2, 8]).unwrap(),
+        dk: fa.full(half::f16::NAN, &[1, 4, 2, 8]).unwrap(),
+        dv: fa.full(half::f16::NAN, &[1, 4, 2, 8]).unwrap(),
+        dsinks: None,
+    };
+    let e = fa.backward_into(&q, &q, &q, &fwd, &q, &BwdOptions::default(), &mut no_buffer).expect_err("no dsinks buffer");
+    assert!(matches!(e, Error::MissingOutput { tensor: "dsinks", .. }), "{e}");
+    let wgmma = BwdOptions { kernel: Some("wgmma"), ..Default::default() };
+    let e = fa.backward(&q, &q, &q, &fwd, &q, &wgmma).expect_err("wgmma takes no sinks");
+    assert!(matches!(e, Error::Unsupported { .. }), "{e}");
+    let auto = flashattn::select_bwd_variants(
+        flashattn::kernels::dtype::DType::F16,
+        64,
+        &BwdOptions::default(),
+        &[flashattn::Arch::Sm80, flashattn::Arch::Sm90a],
+        false,
+        Entry::Plain,
+        &attn,
+    )
+    .unwrap();
+    assert!(auto.iter().all(|v| v.family.desc().sinks), "automatic selection takes a family with sinks");
 }

@@ -58,6 +58,11 @@ fn bwd_softcap(family: &str) -> bool {
     flashattn::BwdFamily::from_name(family).is_some_and(|f| f.desc().softcap)
 }
 
+/// Whether `family`'s backward takes attention sinks (`BwdFamilyDesc::sinks`).
+fn bwd_sinks(family: &str) -> bool {
+    flashattn::BwdFamily::from_name(family).is_some_and(|f| f.desc().sinks)
+}
+
 fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option<String>) -> Vec<Trial> {
     let tag = match kind {
         BackendKind::Gpu => "gpu",
@@ -97,8 +102,10 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
                         .prop_filter("a variant with a variable-length entry", move |c| has_varlen(family, dtype, c.head_dim));
                     runner
                         .run(&strategy, |c| {
-                            let backward =
-                                backward && has_varlen_bwd(family, dtype, c.head_dim) && (c.softcap.is_none() || bwd_softcap(family));
+                            let backward = backward
+                                && has_varlen_bwd(family, dtype, c.head_dim)
+                                && (c.softcap.is_none() || bwd_softcap(family))
+                                && (!c.sinks || bwd_sinks(family));
                             check_varlen(fa, &c, Some(family), backward).map_err(TestCaseError::fail)
                         })
                         .map_err(|e| Failed::from(format!("{e}")))
@@ -131,10 +138,12 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
                         window: flashattn::Window::NONE,
                         // The softcap through every variant's variable-length entry.
                         softcap: if causal { Some(2.5) } else { None },
+                        // Sinks likewise, without it.
+                        sinks: !causal,
                         dtype,
                         seed: fresh_seed(),
                     };
-                    let backward = backward && (case.softcap.is_none() || bwd_softcap(family));
+                    let backward = backward && (case.softcap.is_none() || bwd_softcap(family)) && (!case.sinks || bwd_sinks(family));
                     check_varlen(fa, &case, Some(family), backward).map_err(Failed::from)?;
                 }
                 Ok(())

@@ -135,6 +135,7 @@ pub(crate) fn backward<T: Elem>(op: &FlashAttnOp, [q, k, v, o, d_o]: [&Tensor; 5
             dk: ViewMut::cuda(&mut dk, k.dims()),
             dv: ViewMut::cuda(&mut dv, v.dims()),
             workspace: ViewMut::cuda(&mut ws, &[workspace]),
+            dsinks: None,
         };
         fa.backward_into_views(&saved.fwd, &inputs, &mut out, &opts).map_err(wrap)?;
     }

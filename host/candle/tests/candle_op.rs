@@ -96,7 +96,7 @@ fn check<T: Dtype + candle_core::WithDType>(dev: &Device, case: &Case, layout: L
     let mut rng = flashattn::rng::Rng::new(case.seed);
     let (vars, [q, k, v]) = inputs::<T>(&s, layout, &mut rng, dev).map_err(e)?;
     let attn = case.attention();
-    let o = flash_attn_with(&q, &k, &v, attn).map_err(e)?;
+    let o = flash_attn_with(&q, &k, &v, attn.clone()).map_err(e)?;
     if o.dims() != q.dims() || o.dtype() != q.dtype() {
         return Err(format!("{case} {layout:?}: O is {:?} {:?}", o.dims(), o.dtype()));
     }
@@ -104,7 +104,7 @@ fn check<T: Dtype + candle_core::WithDType>(dev: &Device, case: &Case, layout: L
     let got: Vec<f64> = elems::<T>(&o).map_err(e)?.iter().map(|&x| Dtype::to_f64(x)).collect();
     // The same forward with no input tracked (no backward can follow: on CUDA its LSE goes to
     // the device's reused scratch buffer): the same O, bit for bit.
-    let untracked = flash_attn_with(&q.detach(), &k.detach(), &v.detach(), attn).map_err(e)?;
+    let untracked = flash_attn_with(&q.detach(), &k.detach(), &v.detach(), attn.clone()).map_err(e)?;
     let bits = |x: &[f64]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
     let got_untracked: Vec<f64> = elems::<T>(&untracked).map_err(e)?.iter().map(|&x| Dtype::to_f64(x)).collect();
     if bits(&got_untracked) != bits(&got) {
@@ -225,7 +225,16 @@ fn cases(dev: &Device, tag: &str) -> Vec<Trial> {
                     _ => AttnShape { batch: 2, seqlen_q: 37, seqlen_k: 53, heads_q: 4, heads_kv: 2, head_dim: 72 },
                 };
                 let scale = if causal { None } else { Some(-0.3) };
-                let case = Case { shape, causal, softmax_scale: scale, dtype: dt, seed: 0, window: Default::default(), softcap: None };
+                let case = Case {
+                    shape,
+                    causal,
+                    softmax_scale: scale,
+                    dtype: dt,
+                    seed: 0,
+                    window: Default::default(),
+                    softcap: None,
+                    sinks: false,
+                };
                 let dev = dev.clone();
                 let trial_name = format!("{tag}::{layout:?}::{name}::{}", if causal { "causal" } else { "negative_scale" }).to_lowercase();
                 trials.push(Trial::test(trial_name, move || {
