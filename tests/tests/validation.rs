@@ -252,6 +252,18 @@ fn registry_matches_tile_functions() {
     }
 }
 
+/// The backward variants selected for an attention without masks' extras (no window,
+/// softcap or sinks) at `head_dim`, on a device running `archs`.
+fn plain_bwd(
+    dtype: flashattn::kernels::dtype::DType,
+    head_dim: usize,
+    opts: &BwdOptions,
+    archs: &[flashattn::Arch],
+    saved: bool,
+) -> flashattn::Result<Vec<&'static flashattn::kernels::registry::BwdVariant>> {
+    flashattn::select_bwd_variants(dtype, head_dim, opts, archs, saved, Entry::Plain, &Attention::default())
+}
+
 #[test]
 fn backward_selection_and_registry_match_tile_functions() {
     use flashattn::Arch;
@@ -274,37 +286,17 @@ fn backward_selection_and_registry_match_tile_functions() {
         for dtype in [DType::F32, DType::F16, DType::Bf16] {
             // The mma families take head dims that are multiples of 8 (`BwdFamilyDesc::aligned_only`).
             let tc = dtype != DType::F32 && d.is_multiple_of(8);
-            let auto = flashattn::select_bwd_variants(
-                dtype,
-                d as usize,
-                &BwdOptions::default(),
-                &[Arch::Sm80],
-                false,
-                Entry::Plain,
-                &Attention::default(),
-            )
-            .unwrap_or_else(|e| panic!("d={d}: {e}"));
+            let auto = plain_bwd(dtype, d as usize, &BwdOptions::default(), &[Arch::Sm80], false).unwrap_or_else(|e| panic!("d={d}: {e}"));
             let want = if tc { "mma" } else { "simt" };
             assert!(auto.iter().all(|v| v.family.name() == want && v.serves(d)), "d={d} {dtype:?}: {}", auto[0].name);
             let det = BwdOptions { deterministic: true, ..Default::default() };
-            let auto_det =
-                flashattn::select_bwd_variants(dtype, d as usize, &det, &[Arch::Sm80], false, Entry::Plain, &Attention::default())
-                    .unwrap_or_else(|e| panic!("d={d}: {e}"));
+            let auto_det = plain_bwd(dtype, d as usize, &det, &[Arch::Sm80], false).unwrap_or_else(|e| panic!("d={d}: {e}"));
             let want_det = if tc { "mma" } else { "simt" };
             assert!(auto_det.iter().all(|v| v.family.name() == want_det && v.serves(d)), "d={d} {dtype:?}: {}", auto_det[0].name);
             // Hopper: `prep` (m_i, 1 / l_i from the LSE, D~_i from O), the wgmma dQ kernel and
             // the dK/dV kernel, deterministic too.
             for opts in [BwdOptions::default(), det] {
-                let hop = flashattn::select_bwd_variants(
-                    dtype,
-                    d as usize,
-                    &opts,
-                    &[Arch::Sm80, Arch::Sm90a],
-                    false,
-                    Entry::Plain,
-                    &Attention::default(),
-                )
-                .unwrap_or_else(|e| panic!("d={d}: {e}"));
+                let hop = plain_bwd(dtype, d as usize, &opts, &[Arch::Sm80, Arch::Sm90a], false).unwrap_or_else(|e| panic!("d={d}: {e}"));
                 let fams: Vec<_> = hop.iter().map(|v| (v.family.name(), v.pass.name(), v.arch())).collect();
                 if let Some(t) = wgmma_bwd_tile(d)
                     && dtype != DType::F32
@@ -319,16 +311,7 @@ fn backward_selection_and_registry_match_tile_functions() {
                     assert_eq!(fl(hop[2], d), (WgmmaBwdTile::KEYS, t.threads(), t.dkdv_smem_bytes()));
                     // With the forward's O residual: D~_i from O + O_lo, then the same dQ and
                     // dK/dV kernels.
-                    let hs = flashattn::select_bwd_variants(
-                        dtype,
-                        d as usize,
-                        &opts,
-                        &[Arch::Sm80, Arch::Sm90a],
-                        true,
-                        Entry::Plain,
-                        &Attention::default(),
-                    )
-                    .unwrap_or_else(|e| panic!("d={d}: {e}"));
+                    let hs = plain_bwd(dtype, d as usize, &opts, &[Arch::Sm80, Arch::Sm90a], true).unwrap_or_else(|e| panic!("d={d}: {e}"));
                     assert_eq!(
                         hs.iter().map(|v| (v.family.name(), v.pass.name())).collect::<Vec<_>>(),
                         [("wgmma", "prep_residual"), ("wgmma", "dq_saved"), ("wgmma", "dkdv")],
@@ -343,16 +326,7 @@ fn backward_selection_and_registry_match_tile_functions() {
                         auto.iter().map(|v| v.family).collect::<Vec<_>>(),
                         "d={d} {dtype:?}"
                     );
-                    let hs = flashattn::select_bwd_variants(
-                        dtype,
-                        d as usize,
-                        &opts,
-                        &[Arch::Sm80, Arch::Sm90a],
-                        true,
-                        Entry::Plain,
-                        &Attention::default(),
-                    )
-                    .unwrap_or_else(|e| panic!("d={d}: {e}"));
+                    let hs = plain_bwd(dtype, d as usize, &opts, &[Arch::Sm80, Arch::Sm90a], true).unwrap_or_else(|e| panic!("d={d}: {e}"));
                     assert_eq!(
                         hs.iter().map(|v| v.name).collect::<Vec<_>>(),
                         hop.iter().map(|v| v.name).collect::<Vec<_>>(),
@@ -361,16 +335,7 @@ fn backward_selection_and_registry_match_tile_functions() {
                 }
             }
             let simt = BwdOptions { kernel: Some("simt"), ..Default::default() };
-            let s = flashattn::select_bwd_variants(
-                dtype,
-                d as usize,
-                &simt,
-                &[Arch::Sm80, Arch::Sm90a],
-                false,
-                Entry::Plain,
-                &Attention::default(),
-            )
-            .unwrap_or_else(|e| panic!("d={d}: {e}"));
+            let s = plain_bwd(dtype, d as usize, &simt, &[Arch::Sm80, Arch::Sm90a], false).unwrap_or_else(|e| panic!("d={d}: {e}"));
             assert!(s.iter().all(|v| v.family.name() == "simt"), "d={d}");
             // A softcap: only families whose kernels apply one (named, the others are refused).
             let hop = [Arch::Sm80, Arch::Sm90a];
@@ -427,15 +392,7 @@ fn backward_selection_and_registry_match_tile_functions() {
                     ("dkdv", MmaBwdTile::ROWS, t.threads(), t.dkdv_smem_bytes())
                 );
                 let atomic = BwdOptions { kernel: Some("mma_atomic"), ..Default::default() };
-                let at = flashattn::select_bwd_variants(
-                    dtype,
-                    d as usize,
-                    &atomic,
-                    &[Arch::Sm80, Arch::Sm90a],
-                    false,
-                    Entry::Plain,
-                    &Attention::default(),
-                );
+                let at = plain_bwd(dtype, d as usize, &atomic, &[Arch::Sm80, Arch::Sm90a], false);
                 // The atomic family stops at 128.
                 if d > 128 {
                     assert!(matches!(at, Err(flashattn::Error::NoVariant { .. })), "d={d}");
