@@ -64,8 +64,8 @@ pub struct BwdOutput<T> {
 /// [`BwdFamily::passes`] for it). `entry`: the forward's (a sliding window, a variable-length
 /// batch: every pass at this head_dim then needs a kernel for it, [`BwdVariant::entry`]; the
 /// atomic families have none: named, they are [`Error::Unsupported`]). `attention`: the
-/// forward's; with a softcap or sinks only the families whose kernels apply them
-/// ([`flashattn_kernels::registry::BwdFamilyDesc::softcap`], `sinks`).
+/// forward's; with a softcap, ALiBi or sinks only the families whose kernels apply them
+/// ([`flashattn_kernels::registry::BwdFamilyDesc::softcap`], `alibi`, `sinks`).
 pub fn select_bwd_variants(
     dtype: flashattn_kernels::dtype::DType,
     head_dim: usize,
@@ -76,7 +76,7 @@ pub fn select_bwd_variants(
     attention: &Attention,
 ) -> Result<Vec<&'static BwdVariant>> {
     let d = head_dim as u32;
-    let (softcap, sinks) = (attention.softcap.is_some(), attention.sinks.is_some());
+    let (softcap, alibi, sinks) = (attention.softcap.is_some(), attention.alibi.is_some(), attention.sinks.is_some());
     let get = |family: BwdFamily| family.passes(saved).iter().map(|&pass| bwd_variant(family, pass, dtype, d)).collect::<Option<Vec<_>>>();
     match opts.kernel {
         Some(name) => {
@@ -96,6 +96,9 @@ pub fn select_bwd_variants(
             if softcap && !family.desc().softcap {
                 return Err(Error::Unsupported { what: "a softcap in the backward family", value: name.into() });
             }
+            if alibi && !family.desc().alibi {
+                return Err(Error::Unsupported { what: "ALiBi in the backward family", value: name.into() });
+            }
             if sinks && !family.desc().sinks {
                 return Err(Error::Unsupported { what: "attention sinks in the backward family", value: name.into() });
             }
@@ -108,6 +111,7 @@ pub fn select_bwd_variants(
                     && (f.deterministic || !opts.deterministic)
                     && archs.contains(&f.arch)
                     && (f.softcap || !softcap)
+                    && (f.alibi || !alibi)
                     && (f.sinks || !sinks)
             })
             .find_map(|f| get(f.family).filter(|vs| vs.iter().all(|v| v.entry(entry).is_some())))
@@ -273,6 +277,7 @@ impl FlashAttn {
         let (qs, kvs, ls) = shape.shapes(seqs);
         let offset_views = seqs.map(offset_views);
         let sink_view = attention.sinks.as_ref().map(|s| s.tensor().view());
+        let alibi_view = attention.alibi.as_ref().map(|a| a.tensor().view());
         let align = row_align(shape.head_dim, std::mem::size_of::<T>());
         let BwdInputs { q, k, v, o, lse, o_lo, d_o } = inputs;
         let BwdBuffers { dq, dk, dv, workspace, dsinks } = out;
@@ -337,6 +342,10 @@ impl FlashAttn {
             Some(v) => Some(bind!("sinks", v, &[shape.heads_q], 4)),
             None => None,
         };
+        let balibi = match (&alibi_view, &attention.alibi) {
+            (Some(v), Some(a)) => Some(bind!("alibi_slopes", v, a.tensor().shape(), 4)),
+            _ => None,
+        };
         let bdsinks = match dsinks {
             Some(t) => {
                 let b = self.bind_mut(&mut binds, "dsinks", t)?;
@@ -347,7 +356,12 @@ impl FlashAttn {
         };
         check_no_overlap(
             &[&bdq, &bdk, &bdv, &bws].into_iter().chain(bdsinks.as_ref()).collect::<Vec<_>>(),
-            &[&bq, &bk, &bv, &bo, &blse, &bdo].into_iter().chain(bo_lo.as_ref()).chain(bsinks.as_ref()).collect::<Vec<_>>(),
+            &[&bq, &bk, &bv, &bo, &blse, &bdo]
+                .into_iter()
+                .chain(bo_lo.as_ref())
+                .chain(bsinks.as_ref())
+                .chain(balibi.as_ref())
+                .collect::<Vec<_>>(),
         )?;
         let offsets = match (&offset_views, seqs) {
             (Some(views), Some(seqs)) => Some(self.bind_offsets(&mut binds, views, seqs)?),
@@ -376,6 +390,8 @@ impl FlashAttn {
             sinks: bsinks.as_ref().map_or(0, |b| b.addr()),
             dsinks: bdsinks.as_ref().map_or(0, |b| b.addr()),
             sink_partials,
+            alibi: balibi.as_ref().map_or(0, |b| b.addr()),
+            alibi_batch: attention.alibi.as_ref().map_or(0, |a| a.batch_stride()),
             q_strides: bq.strides4(),
             k_strides: bk.strides4(),
             v_strides: bv.strides4(),
@@ -395,6 +411,7 @@ impl FlashAttn {
             .chain(bo_lo.as_ref())
             .chain(bsinks.as_ref())
             .chain(bdsinks.as_ref())
+            .chain(balibi.as_ref())
             .chain(offsets.iter().flat_map(|o| o.bound.iter()))
             .map(|b| b.region())
             .collect();

@@ -245,6 +245,16 @@ pub enum Error {
         /// Its value.
         value: f32,
     },
+    /// An ALiBi slope that is not finite, or whose bias over the call's sequences exceeds
+    /// `MAX_ALIBI_BIAS` (|slope| above `max`).
+    InvalidAlibiSlope {
+        /// Its index in the slopes (row-major).
+        index: usize,
+        /// Its value.
+        slope: f32,
+        /// The largest magnitude accepted here.
+        max: f32,
+    },
     /// An option this version does not implement yet (named, with the value given).
     Unsupported {
         /// What is not implemented.
@@ -353,6 +363,11 @@ impl std::fmt::Display for Error {
             Error::InvalidSink { head, value } => {
                 write!(f, "the attention sink of head {head} is {value}: each sink must be finite, or -inf for none")
             }
+            Error::InvalidAlibiSlope { index, slope, max } => write!(
+                f,
+                "ALiBi slope {index} is {slope}: each slope must be finite, and of magnitude at most {max:e} for these sequences (|slope| (seqlen_q + seqlen_k) <= {:e})",
+                crate::alibi::MAX_ALIBI_BIAS
+            ),
             Error::Unsupported { what, value } => write!(f, "{what} is not implemented yet (given {value})"),
             Error::SeqLens { what, index, value, why } => write!(f, "{what}[{index}] is {value}: {why}"),
             Error::SharedMemory { kernel, needed, available } => {

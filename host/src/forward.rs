@@ -176,6 +176,9 @@ pub fn validate(q: &[usize], k: &[usize], v: &[usize], attention: &Attention) ->
     {
         return Err(Error::ShapeMismatch { what: "heads of sinks and heads_q of q", left: sinks.heads(), right: shape.heads_q });
     }
+    if let Some(alibi) = &attention.alibi {
+        alibi.check(shape.batch, shape.heads_q, shape.seqlen_q, shape.seqlen_k)?;
+    }
     Ok(shape)
 }
 
@@ -522,6 +525,7 @@ impl FlashAttn {
         let align = row_align(shape.head_dim, std::mem::size_of::<T>());
         let offset_views = seqs.map(offset_views);
         let sink_view = attention.sinks.as_ref().map(|s| s.tensor().view());
+        let alibi_view = attention.alibi.as_ref().map(|a| a.tensor().view());
         let FwdBuffers { o, lse, o_lo } = out;
         let o_lo = o_lo.as_mut().filter(|_| residual);
         // Each memory bound once for the call, mutably where an output writes it; the binds
@@ -551,8 +555,13 @@ impl FlashAttn {
             Some(v) => Some(self.bind_input(&mut binds, "sinks", v, &[shape.heads_q], 4)?),
             None => None,
         };
+        let balibi = match (&alibi_view, &attention.alibi) {
+            (Some(v), Some(a)) => Some(self.bind_input(&mut binds, "alibi_slopes", v, a.tensor().shape(), 4)?),
+            _ => None,
+        };
         let outputs: Vec<&Bound<'_>> = [Some(&bo), Some(&blse), bo_lo.as_ref()].into_iter().flatten().collect();
-        check_no_overlap(&outputs, &[&bq, &bk, &bv].into_iter().chain(bsinks.as_ref()).collect::<Vec<_>>())?;
+        let inputs: Vec<&Bound<'_>> = [&bq, &bk, &bv].into_iter().chain(bsinks.as_ref()).chain(balibi.as_ref()).collect();
+        check_no_overlap(&outputs, &inputs)?;
         let offsets = match (&offset_views, seqs) {
             (Some(views), Some(seqs)) => Some(self.bind_offsets(&mut binds, views, seqs)?),
             _ => None,
@@ -571,6 +580,8 @@ impl FlashAttn {
             lse: blse.addr(),
             o_lo: bo_lo.as_ref().map_or(0, |b| b.addr()),
             sinks: bsinks.as_ref().map_or(0, |b| b.addr()),
+            alibi: balibi.as_ref().map_or(0, |b| b.addr()),
+            alibi_batch: attention.alibi.as_ref().map_or(0, |a| a.batch_stride()),
             q_strides: bq.strides4(),
             k_strides: bk.strides4(),
             v_strides: bv.strides4(),
@@ -583,11 +594,12 @@ impl FlashAttn {
             .into_iter()
             .chain(bo_lo.as_ref())
             .chain(bsinks.as_ref())
+            .chain(balibi.as_ref())
             .chain(offsets.iter().flat_map(|o| o.bound.iter()))
             .map(|b| b.region())
             .collect();
         // The variant's entry for a sliding window, a variable-length batch, or neither.
-        let (name, emulate) = variant.entry(Entry::of(params.pb.general(), seqs.is_some())).ok_or_else(|| Error::Unsupported {
+        let (name, emulate) = variant.entry(attention.entry(seqs.is_some())).ok_or_else(|| Error::Unsupported {
             what: "a variable-length batch in the forward family",
             value: variant.family.name().into(),
         })?;

@@ -24,6 +24,7 @@
 //! # Ok(()) }
 //! ```
 
+mod alibi;
 mod backward;
 mod device;
 mod dtype;
@@ -41,6 +42,7 @@ mod timing;
 mod varlen;
 mod view;
 
+pub use alibi::{AlibiSlopes, MAX_ALIBI_BIAS, alibi_paper_slopes};
 pub use backward::{BwdBuffers, BwdInputs, BwdOutput, select_bwd_variants};
 /// cudarc, as this crate uses it (the types of [`View::cuda`] and [`FlashAttn::from_stream`]).
 pub use cudarc;

@@ -19,11 +19,13 @@ use std::time::{Duration, Instant};
 const USAGE: &str = "\
 usage: flashattn [run] [--batch B] [--seqlen S] [--seqlen-k S] [--heads H] [--heads-kv H]
                        [--head-dim D] [--dtype f16|bf16|f32] [--causal] [--scale X]
-                       [--window LEFT[,RIGHT]] [--softcap C] [--kernel NAME] [--iters N] [--emulator]
+                       [--window LEFT[,RIGHT]] [--softcap C] [--sinks] [--alibi] [--kernel NAME]
+                       [--iters N] [--emulator]
                        [--backward|--fwdbwd [--deterministic] [--residual]]
        flashattn bench [--dtype f16|bf16|f32] [--head-dims 64,128] [--seqlens 512,1024,...]
                        [--hidden 2048] [--tokens 16384] [--causal on|off|both] [--kernel NAME]
-                       [--window LEFT[,RIGHT]] [--softcap C] [--sinks] [--varlen MEAN] [--iters N] [--json]
+                       [--window LEFT[,RIGHT]] [--softcap C] [--sinks] [--alibi] [--varlen MEAN]
+                       [--iters N] [--json]
                        [--backward|--fwdbwd [--deterministic] [--residual]]
 run:   one shape (GPU default: batch 8, seqlen 2048, 32 heads of 64, f16 -- the FA paper's
        hidden 2048 with 16k tokens; emulator default: batch 1, seqlen 128, 2 heads of 64),
@@ -38,6 +40,7 @@ bench: the FA paper's settings (hidden 2048, batch * seqlen = 16k; emulator defa
        visible (query, key) pairs exactly;
        --softcap C: scores capped to C tanh(S / C) before the softmax (Gemma 2, Grok);
        --sinks: attention sinks (gpt-oss), a logit per head in [-1, 1] (a fixed pattern);
+       --alibi: ALiBi with the paper's slopes for the query heads (flashattn::alibi_paper_slopes);
        --varlen MEAN: a variable-length batch of --tokens tokens in sequences of random
        lengths (uniform 1..2 MEAN - 1, a fixed seed), next to the fixed-length batch of
        sequences of MEAN; TFLOP/s counting the pairs each sequence computes;
@@ -61,8 +64,10 @@ struct Args {
     scale: Option<f32>,
     window: Window,
     softcap: Option<f32>,
-    /// `bench --sinks`: attention sinks, one logit per head.
+    /// `--sinks`: attention sinks, one logit per head.
     sinks: bool,
+    /// `--alibi`: ALiBi, the paper's slopes.
+    alibi: bool,
     kernel: Option<&'static str>,
     iters: Option<usize>,
     emulator: bool,
@@ -105,6 +110,7 @@ fn parse() -> Result<Args, String> {
         window: Window::default(),
         softcap: None,
         sinks: false,
+        alibi: false,
         kernel: None,
         iters: None,
         emulator: false,
@@ -161,7 +167,8 @@ fn parse() -> Result<Args, String> {
                 a.window = Window::new(left, right);
             }
             "--softcap" => a.softcap = Some(val(&flag, it.next())?),
-            "--sinks" if a.cmd == "bench" => a.sinks = true,
+            "--sinks" => a.sinks = true,
+            "--alibi" => a.alibi = true,
             "--kernel" => {
                 let k: String = val(&flag, it.next())?;
                 a.kernel = Some(fwd_names().chain(bwd_names()).find(|f| *f == k).ok_or_else(|| {
@@ -409,7 +416,14 @@ fn run<T: Dtype>(fa: &FlashAttn, a: &Args) -> flashattn::Result<bool> {
         heads_kv: a.heads_kv.unwrap_or(heads),
         head_dim,
     };
-    let attn = Attention { causal: a.causal, softmax_scale: a.scale, window: a.window, softcap: a.softcap, sinks: None };
+    let attn = Attention {
+        causal: a.causal,
+        softmax_scale: a.scale,
+        window: a.window,
+        softcap: a.softcap,
+        sinks: bench_sinks(fa, a, heads)?,
+        alibi: bench_alibi(fa, a, heads)?,
+    };
     // The whole request is checked before anything about it is printed.
     let plan = plan::<T>(fa, &s, &attn, a)?;
     println!("device:  {}", fa.device_name());
@@ -425,6 +439,8 @@ fn run<T: Dtype>(fa: &FlashAttn, a: &Args) -> flashattn::Result<bool> {
         a.causal,
         window_label(&a.window).map_or(String::new(), |w| format!(" window={w}"))
             + &a.softcap.map_or(String::new(), |c| format!(" softcap={c}"))
+            + if a.sinks { " sinks" } else { "" }
+            + if a.alibi { " alibi" } else { "" }
     );
     println!("kernel:  {}", plan.fwd_name());
     if a.backward {
@@ -612,6 +628,14 @@ fn bench_sinks(fa: &FlashAttn, a: &Args, heads: usize) -> flashattn::Result<Opti
     }
 }
 
+/// `--alibi`: the paper's slopes for `heads` query heads, else `None`.
+fn bench_alibi(fa: &FlashAttn, a: &Args, heads: usize) -> flashattn::Result<Option<flashattn::AlibiSlopes>> {
+    match a.alibi {
+        true => Ok(Some(fa.alibi_slopes(&flashattn::alibi_paper_slopes(heads), &[heads])?)),
+        false => Ok(None),
+    }
+}
+
 fn upload_problem<T: Dtype>(fa: &FlashAttn, s: &AttnShape) -> flashattn::Result<(Tensor<T>, Tensor<T>, Tensor<T>)> {
     let p = random_problem::<T>(s, 0xbe_7c4);
     Ok((fa.upload(&p.q, &s.q_shape())?, fa.upload(&p.k, &s.kv_shape())?, fa.upload(&p.v, &s.kv_shape())?))
@@ -645,8 +669,14 @@ fn bench<T: Dtype>(fa: &FlashAttn, a: &Args) -> flashattn::Result<bool> {
                     heads_kv: heads,
                     head_dim: d,
                 };
-                let attn =
-                    Attention { causal, softmax_scale: None, window: a.window, softcap: a.softcap, sinks: bench_sinks(fa, a, heads)? };
+                let attn = Attention {
+                    causal,
+                    softmax_scale: None,
+                    window: a.window,
+                    softcap: a.softcap,
+                    sinks: bench_sinks(fa, a, heads)?,
+                    alibi: bench_alibi(fa, a, heads)?,
+                };
                 let plan = plan::<T>(fa, &s, &attn, a)?;
                 cases.push((s, attn, plan));
             }
@@ -760,7 +790,14 @@ fn bench_varlen<T: Dtype>(fa: &FlashAttn, a: &Args, mean: usize) -> flashattn::R
     for &d in &a.head_dims {
         for &causal in causals {
             let heads = (hidden / d.max(1)).max(1);
-            let attn = Attention { causal, softmax_scale: None, window: a.window, softcap: a.softcap, sinks: bench_sinks(fa, a, heads)? };
+            let attn = Attention {
+                causal,
+                softmax_scale: None,
+                window: a.window,
+                softcap: a.softcap,
+                sinks: bench_sinks(fa, a, heads)?,
+                alibi: bench_alibi(fa, a, heads)?,
+            };
             // Fixed length: the batch of MEAN (timed as `bench` times it).
             let fixed =
                 AttnShape { batch: (tokens / mean).max(1), seqlen_q: mean, seqlen_k: mean, heads_q: heads, heads_kv: heads, head_dim: d };

@@ -36,6 +36,14 @@ pub struct Attention {
     /// `wgmma` (automatic selection takes `mma` on Hopper; naming `wgmma` is
     /// [`crate::Error::Unsupported`]).
     pub sinks: Option<crate::Sinks>,
+    /// ALiBi ([`crate::AlibiSlopes`], `[heads_q]` or `[batch, heads_q]`): query head h of
+    /// batch entry b adds -slope |i + seqlen_k - seqlen_q - j| to the score of row i and key j,
+    /// after the scale and the softcap (`None` for none). Every row gets its exact bias (not
+    /// FA2's column-only shortcut under causal masking), so the LSE is that of the biased
+    /// scores. Forward on every family; backward on `mma` and `simt` (automatic selection
+    /// takes `mma` on Hopper; the `wgmma` and atomic families refuse it by name,
+    /// [`crate::Error::Unsupported`]).
+    pub alibi: Option<crate::AlibiSlopes>,
 }
 
 /// A sliding window, FlashAttention's (FA2 >= 2.3): query row i sees key column j only if
@@ -98,10 +106,26 @@ impl Attention {
         Attention { softcap: Some(softcap), ..self }
     }
     /// The kernel entry a forward or backward of this attention takes: a general one
-    /// (`mask::Windowed`) for a sliding window or a softcap, the variable-length one for
-    /// `varlen`, else the plain one.
+    /// (`mask::Windowed`) for a sliding window, a softcap or ALiBi, the variable-length one
+    /// for `varlen`, else the plain one.
     pub fn entry(&self, varlen: bool) -> crate::Entry {
-        crate::Entry::of(!self.window.is_none() || self.softcap.is_some(), varlen)
+        crate::Entry::of(!self.window.is_none() || self.softcap.is_some() || self.alibi.is_some(), varlen)
+    }
+    /// The same attention with ALiBi slopes `slopes` (see [`Attention::alibi`]).
+    pub fn with_alibi(self, slopes: crate::AlibiSlopes) -> Attention {
+        Attention { alibi: Some(slopes), ..self }
+    }
+    /// The ALiBi bias of query row `row` and key `col` (of `seqlen_q` rows and `seqlen_k`
+    /// keys) for query head `h` of batch entry `b`: -slope |row + seqlen_k - seqlen_q - col|,
+    /// 0 without ALiBi.
+    pub fn alibi_bias(&self, (b, h): (usize, usize), row: usize, col: usize, seqlen_q: usize, seqlen_k: usize) -> f64 {
+        match &self.alibi {
+            None => 0.0,
+            Some(a) => {
+                let off = col as i64 - (row as i64 + seqlen_k as i64 - seqlen_q as i64);
+                -(a.slope(b, h) as f64) * off.unsigned_abs() as f64
+            }
+        }
     }
     /// The softmax's score from a scaled score `s` (scale q . k): capped when a softcap is set.
     pub fn capped(&self, s: f64) -> f64 {

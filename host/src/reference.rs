@@ -57,7 +57,7 @@ fn attention_row(
     for j in (0..s.seqlen_k).filter(|&j| !hides(opts, i, j, s)) {
         let k_row = &k[((b * s.seqlen_k + j) * s.heads_kv + hk) * d..][..d];
         let dot: f64 = q_row.iter().zip(k_row).map(|(a, b)| a * b).sum();
-        scores.push((j, opts.capped(dot * sc)));
+        scores.push((j, opts.capped(dot * sc) + opts.alibi_bias((b, h), i, j, s.seqlen_q, s.seqlen_k)));
     }
     // The head's sink joins the denominator as a key of value 0 (-inf: none).
     let sink = opts.sink(h).unwrap_or(f64::NEG_INFINITY);
@@ -84,7 +84,7 @@ fn attention_row(
 
 /// Exact attention in f64. Q [b, sq, hq, d], K and V [b, sk, hkv, d], row-major; options
 /// as the kernels take them (scale, causal bottom-right aligned, sliding window, softcap,
-/// sinks, GQA). Fully masked rows give O = 0 and LSE = -inf (with a sink, LSE = the sink).
+/// ALiBi, sinks, GQA). Fully masked rows give O = 0 and LSE = -inf (with a sink, LSE = the sink).
 ///
 /// # Panics
 /// With sinks given on the device ([`Attention::sink`]).
@@ -174,8 +174,10 @@ pub fn naive_rows<T: Dtype>(
                 } else {
                     let k_row = &k[((b * s.seqlen_k + j) * s.heads_kv + hk) * d..][..d];
                     let x = rt(q_row.iter().zip(k_row).fold(0f32, |a, (x, y)| a + x.to_f32() * y.to_f32())) * scale;
-                    // Capped in f32 and rounded to T, as a framework stores the capped scores.
-                    opts.softcap.map_or(x, |c| rt(c * (x / c).tanh()))
+                    // Capped in f32 and rounded to T, as a framework stores the capped scores;
+                    // the ALiBi bias added in f32.
+                    let x = opts.softcap.map_or(x, |c| rt(c * (x / c).tanh()));
+                    if opts.alibi.is_some() { x + opts.alibi_bias((b, h), i, j, s.seqlen_q, s.seqlen_k) as f32 } else { x }
                 };
             }
             // The head's sink joins the softmax as one more column (-inf: none).
@@ -305,7 +307,8 @@ pub fn attention_backward_f64(q: &[f64], k: &[f64], v: &[f64], d_o: &[f64], s: &
                 p.clear();
                 p.extend(vis.iter().map(|&j| {
                     let dot: f64 = q_row.iter().zip(&k[kj(j)..kj(j) + d]).map(|(a, b)| a * b).sum();
-                    if lse == f64::NEG_INFINITY { 0.0 } else { (opts.capped(dot * sc) - lse).exp() }
+                    let x = opts.capped(dot * sc) + opts.alibi_bias((b, h), i, j, s.seqlen_q, s.seqlen_k);
+                    if lse == f64::NEG_INFINITY { 0.0 } else { (x - lse).exp() }
                 }));
                 // The softcap's derivative d(capped S) / d(scale q . k) = 1 - tanh^2 (1 without).
                 dt.clear();
@@ -374,14 +377,16 @@ pub fn naive_backward<T: Dtype>(q: &[T], k: &[T], v: &[T], d_o: &[T], s: &AttnSh
                     } else {
                         let x = rt((0..d).fold(0f32, |a, c| a + q[qi + c] * k[kj(j) + c])) * scale;
                         // Capped as in `naive_rows`; autograd's tanh backward: 1 - t^2 in T.
-                        match opts.softcap {
+                        let x = match opts.softcap {
                             Some(c) => {
                                 let t = rt((x / c).tanh());
                                 dt[j] = rt(1.0 - t * t);
                                 rt(c * t)
                             }
                             None => x,
-                        }
+                        };
+                        // The ALiBi bias, in f32 as in `naive_rows`.
+                        if opts.alibi.is_some() { x + opts.alibi_bias((b, h), i, j, s.seqlen_q, s.seqlen_k) as f32 } else { x }
                     };
                 }
                 // The sink as one more column of the softmax, with dP = 0 (-inf: none).
@@ -454,7 +459,12 @@ pub fn backward_recompute_bound(q: &[f64], k: &[f64], v: &[f64], d_o: &[f64], s:
                 let vis: Vec<usize> = (0..s.seqlen_k).filter(|&j| !(hides(opts, i, j, s))).collect();
                 let dot = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>();
                 let dot_abs = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| (x * y).abs()).sum::<f64>();
-                let p: Vec<f64> = vis.iter().map(|&j| (opts.capped(dot(q_row, &k[kj(j)..kj(j) + d]) * sc) - lse).exp()).collect();
+                // The biased scores (ALiBi; the plain ones without).
+                let x: Vec<f64> = vis
+                    .iter()
+                    .map(|&j| opts.capped(dot(q_row, &k[kj(j)..kj(j) + d]) * sc) + opts.alibi_bias((b, h), i, j, s.seqlen_q, s.seqlen_k))
+                    .collect();
+                let p: Vec<f64> = x.iter().map(|x| (x - lse).exp()).collect();
                 let dp: Vec<f64> = vis.iter().map(|&j| dot(do_row, &v[kj(j)..kj(j) + d])).collect();
                 // With a softcap, tanh t of each score and its derivative dt = 1 - t^2: the
                 // capped score moves by dt times the score's rounding, and dt by 2 |t| dt / cap
@@ -470,7 +480,10 @@ pub fn backward_recompute_bound(q: &[f64], k: &[f64], v: &[f64], d_o: &[f64], s:
                     })
                     .unzip();
                 let raw_s: Vec<f64> = vis.iter().map(|&j| scale.abs() * u * dot_abs(q_row, &k[kj(j)..kj(j) + d])).collect();
-                let ds_s: Vec<f64> = raw_s.iter().zip(&dt).map(|(e, dt)| e * dt).collect();
+                // With ALiBi the biased score is rounded again, to f32 at its own size: one more
+                // rounding u |x| of its own in each pass.
+                let ds_s: Vec<f64> =
+                    (0..vis.len()).map(|n| raw_s[n] * dt[n] + if opts.alibi.is_some() { u * x[n].abs() } else { 0.0 }).collect();
                 let ddp: Vec<f64> = vis.iter().map(|&j| u * dot_abs(do_row, &v[kj(j)..kj(j) + d])).collect();
                 let dd: f64 = p.iter().zip(&dp).map(|(pj, dpj)| pj * dpj).sum();
                 let d_err: f64 = (0..vis.len()).map(|x| p[x] * (ds_s[x] * dp[x].abs() + ddp[x])).sum();

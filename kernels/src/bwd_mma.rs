@@ -37,6 +37,7 @@
 //! exp2(S - m_i) / l_i = 0 with no special case. Query rows past seqlen_q (zero-filled Q, dO)
 //! get the same, so their P and dS are 0. The forward's O and LSE are not read.
 
+use crate::alibi::{self, Alibi};
 use crate::block_info::BlockInfo;
 use crate::copy::{load_tile_chunks, load_tile_pair};
 use crate::dev::{self, Shared, block, global, math, thread, warp};
@@ -245,6 +246,8 @@ unsafe fn dq_masked<
     // Two passes over the key tiles, one pipeline: iteration `it` reads tile
     // first + it % n_tiles. STATS_ONLY (the atomic backward's first kernel): pass 0 alone.
     let n_iter = if STATS_ONLY { n_tiles } else { 2 * n_tiles };
+    // The head's ALiBi slope (`alibi`; the general entries only).
+    let slope = unsafe { if M::WINDOW { alibi::slope_of(p.alibi, p.alibi_batch, b, h) } else { 0.0 } };
     for it in 0..n_iter {
         let j = first + it % n_tiles;
         // Block: prefetch the next iteration's K, V into the other stage while this one is
@@ -287,6 +290,7 @@ unsafe fn dq_masked<
             row0: row0 + (w * 16) as u32,
             g,
             t,
+            slope,
         };
         match (STATS_ONLY || it < n_tiles, j < n_unmasked && !(M::WINDOW && j < from)) {
             (true, true) => ctx.stats::<M, false, BC, NS>(j, &mut rows),
@@ -331,6 +335,8 @@ struct DqStep<'a, T: Copy, const D: usize, const DK: usize, const QREG: bool, co
     row0: u32,
     g: usize,
     t: usize,
+    /// The head's ALiBi slope (`alibi`; 0: none).
+    slope: f32,
 }
 
 impl<T: MmaElement, const D: usize, const DK: usize, const QREG: bool, const SPLIT: usize> DqStep<'_, T, D, DK, QREG, SPLIT> {
@@ -389,7 +395,12 @@ impl<T: MmaElement, const D: usize, const DK: usize, const QREG: bool, const SPL
     /// Pass 0, warp: folds key tile `j` into the running statistics of rows g and g + 8.
     #[inline(always)]
     fn stats<M: Mask, const MASKED: bool, const BC: usize, const NS: usize>(&self, j: usize, rows: &mut [QuadRow; 2]) {
-        let (x, dp) = self.scores::<M, MASKED, BC, NS>(j);
+        let (mut x, dp) = self.scores::<M, MASKED, BC, NS>(j);
+        // ALiBi, in the log2 domain (`alibi`; a masked -inf stays -inf).
+        let al = Alibi::<M>::new(self.slope, &self.p.pb).log2();
+        if al.on() {
+            al.frag::<NS>(&mut x, 1.0, (j * BC) as u32, self.row0, (self.g, self.t));
+        }
         for (half, row) in rows.iter_mut().enumerate() {
             row.push::<MASKED, NS>(
                 core::array::from_fn::<_, NS, _>(|n| [x[n][2 * half], x[n][2 * half + 1]]),
@@ -411,6 +422,11 @@ impl<T: MmaElement, const D: usize, const DK: usize, const QREG: bool, const SPL
         // With a softcap, dS takes tanh's derivative 1 - t^2, t = S / (cap log2(e)).
         let sc = Softcap::<M>::new(&self.p.pb);
         let inv_cc = 1.0 / (sc.cap() * LOG2_E);
+        // ALiBi's bias in the log2 domain (`alibi`), from the offset of the lane's first
+        // column in each row.
+        let al = Alibi::<M>::new(self.slope, &self.p.pb).log2();
+        let c0 = (j * BC + 2 * self.t) as u32;
+        let base = [al.offset(self.row0 + self.g as u32, c0), al.offset(self.row0 + self.g as u32 + 8, c0)];
         // P_ij = exp2(S_ij - m_i) / l_i (0 where the row sees no key), then dS_ij = P_ij
         // (dP_ij - D_i), in place of S; 0 where masked, whatever the row's statistics and dP.
         for n in 0..NS {
@@ -418,7 +434,8 @@ impl<T: MmaElement, const D: usize, const DK: usize, const QREG: bool, const SPL
                 let (m, inv_l, dd) = fin[e / 2];
                 let hidden = MASKED && s[n][e] == f32::NEG_INFINITY;
                 let dt = if sc.on() { dtanh(s[n][e] * inv_cc) } else { 1.0 };
-                s[n][e] = if hidden { 0.0 } else { math::ex2(s[n][e] - m) * inv_l * (dp[n][e] - dd) * dt };
+                let x = if al.on() { s[n][e] + al.at(base[e / 2], (8 * n + e % 2) as f32) } else { s[n][e] };
+                s[n][e] = if hidden { 0.0 } else { math::ex2(x - m) * inv_l * (dp[n][e] - dd) * dt };
             }
         }
 
@@ -770,6 +787,10 @@ impl<T: MmaElement, const D: usize, const DK: usize, const KVREG: bool, const SP
         // row sees no key); dS^T = P^T (dP^T - D) per query column, in place of dP^T. The
         // window's bounds fresh each tile (`Window::opaque`).
         let win = Window::<M>::new(&p.pb).opaque();
+        // ALiBi's bias in the log2 domain (`alibi`): key key0 + g + 8 (e / 2) against query
+        // i0 + 8 n + 2 t + e % 2, from the lane's first pair's offset.
+        let al = unsafe { Alibi::<M>::load(p.alibi, p.alibi_batch, self.b, self.h, &p.pb) }.log2();
+        let base = al.offset(self.i0 + 2 * t as u32, self.key0 + g as u32);
         for n in 0..NQ {
             let c = n * 8 + 2 * t;
             let stat = |i: usize| (self.m_row.ld(i), self.il_row.ld(i), self.d_row.ld(i));
@@ -784,7 +805,11 @@ impl<T: MmaElement, const D: usize, const DK: usize, const KVREG: bool, const SP
                 // A softcap: t = tanh(S k) in place of the raw score, dS times 1 - t^2.
                 let x = if SPLIT == 1 && sc.on() { kf.tanh_16(s[n][e]) } else { s[n][e] };
                 let dt = if sc.on() { dtanh(x) } else { 1.0 };
-                let pe = if hidden { 0.0 } else { math::ex2(x * factor - m) * inv_l };
+                let xs = match al.on() {
+                    true => x * factor + al.at(base, (8 * (e / 2)) as f32 - (8 * n + e % 2) as f32),
+                    false => x * factor,
+                };
+                let pe = if hidden { 0.0 } else { math::ex2(xs - m) * inv_l };
                 s[n][e] = pe;
                 dp[n][e] = if hidden { 0.0 } else { pe * (dp[n][e] - dd) * dt };
             }

@@ -15,6 +15,7 @@
 //! Each output element is summed by one thread in a fixed order, so the results are bitwise
 //! deterministic (at the price of computing S and dP three times).
 
+use crate::alibi::Alibi;
 use crate::block_info::BlockInfo;
 use crate::copy::{load_tile_f32, store_tile_f32};
 use crate::dev::{self, Shared, block, global, math, thread, warp};
@@ -34,11 +35,12 @@ fn prob(x: f32, m: f32, inv_l: f32, masked: bool) -> f32 {
     if masked || inv_l == 0.0 { 0.0 } else { math::ex2((x - m) * LOG2_E) * inv_l }
 }
 
-/// The softmax's score from a raw one, S_ij * scale (capped: `softcap`), and the factor dS
-/// takes from its derivative (1 without a softcap).
+/// The softmax's score from a raw one of (row, col), S_ij * scale (capped: `softcap`; biased:
+/// `alibi`), and the factor dS takes from its derivative (1 without a softcap).
 #[inline(always)]
-fn scaled<M: Mask>(s: f32, scale: f32, sc: Softcap<M>) -> (f32, f32) {
-    sc.scaled_rcp(s * score_scale(scale))
+fn scaled<M: Mask>(s: f32, scale: f32, (sc, al): (Softcap<M>, Alibi<M>), (row, col): (u32, u32)) -> (f32, f32) {
+    let (x, dt) = sc.scaled_rcp(s * score_scale(scale));
+    if al.on() { (x + al.bias(row, col), dt) } else { (x, dt) }
 }
 
 /// One lane's running softmax statistics of a row, with D_i taken relative to a pivot:
@@ -169,6 +171,7 @@ unsafe fn dkdv_masked<T: Element, C: Config<Tile = SimtKvTile>, M: Mask, const R
     let i_end = if M::WINDOW { ((qt_first + n_qt) as u32 * bm).min(sq) } else { sq };
     for g in 0..group {
         let h = hk * group + g;
+        let al = unsafe { Alibi::<M>::load(p.alibi, p.alibi_batch, b, h, &p.pb) };
         let (q_g, do_g) = unsafe {
             ((p.q as *const T).add(p.q_strides.offset(b, 0, h) as usize), (p.d_o as *const T).add(p.do_strides.offset(b, 0, h) as usize))
         };
@@ -204,7 +207,7 @@ unsafe fn dkdv_masked<T: Element, C: Config<Tile = SimtKvTile>, M: Mask, const R
                 }
                 let j = j0 + jl;
                 let hidden = i >= sq || j >= sk || win.hidden(i, j, sq, sk);
-                let (x, dt) = scaled(s, p.pb.scale, sc);
+                let (x, dt) = scaled(s, p.pb.scale, (sc, al), (i, j));
                 let pij = prob(x, m_i, il_i, hidden);
                 p_s.st((jl * bm + lane) as usize, pij);
                 // dS_ij = P_ij ((dP_ij - c_i) - (D_i - c_i)), c_i the row's pivot (see `RowStats`),
@@ -309,6 +312,7 @@ unsafe fn dq_masked<T: Element, C: Config<Tile = SimtTile>, M: Mask, const ROWS:
     let (n_tiles, first, _) = kv_tiles::<M>(&p.pb, row0, row_end, bc);
     let (n_tiles, first) = (n_tiles as u32, first as u32);
     let (win, sc) = (Window::<M>::new(&p.pb), Softcap::<M>::new(&p.pb));
+    let al = unsafe { Alibi::<M>::load(p.alibi, p.alibi_batch, b, h, &p.pb) };
     let r_w = w * ROWS as u32;
     let ctx = DqTile::<T> { p, q_s, do_s, k_s, v_s, _t: core::marker::PhantomData, b, hk, bc, r_w, lane };
     let hidden = |i: usize, c: usize, c0: u32| {
@@ -324,7 +328,11 @@ unsafe fn dq_masked<T: Element, C: Config<Tile = SimtTile>, M: Mask, const ROWS:
         let (s, dp) = unsafe { ctx.scores::<ROWS, SC>(jt) };
         for i in 0..ROWS {
             for c in 0..SC {
-                part[i].push(if hidden(i, c, jt * bc) { f32::NEG_INFINITY } else { scaled(s[i][c], p.pb.scale, sc).0 }, dp[i][c]);
+                let (row, col) = (row0 + r_w + i as u32, jt * bc + lane + 32 * c as u32);
+                part[i].push(
+                    if hidden(i, c, jt * bc) { f32::NEG_INFINITY } else { scaled(s[i][c], p.pb.scale, (sc, al), (row, col)).0 },
+                    dp[i][c],
+                );
             }
         }
     }
@@ -363,7 +371,7 @@ unsafe fn dq_masked<T: Element, C: Config<Tile = SimtTile>, M: Mask, const ROWS:
             let (m, il, dd, cc) = (m_s.ld(r), il_s.ld(r), d_s.ld(r), c_s.ld(r));
             for c in 0..SC {
                 let hid = hidden(i, c, c0);
-                let (x, dt) = scaled(s[i][c], p.pb.scale, sc);
+                let (x, dt) = scaled(s[i][c], p.pb.scale, (sc, al), (row0 + r as u32, c0 + lane + 32 * c as u32));
                 let pij = prob(x, m, il, hid);
                 let ds = if hid { 0.0 } else { pij * ((dp[i][c] - cc) - dd) * dt };
                 ds_s.st(r * bc as usize + (lane + 32 * c as u32) as usize, ds);

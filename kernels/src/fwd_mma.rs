@@ -10,6 +10,7 @@
 //! every head_dim d <= D: columns d..D are zero-filled in shared memory (they add nothing to
 //! Q K^T) and never stored.
 
+use crate::alibi::{self, Alibi};
 use crate::block_info::BlockInfo;
 use crate::copy::{body_head_dim, by_element, load_tile_in, negate_own_chunks, store_chunk};
 use crate::dev::{self, Shared, block, thread, warp};
@@ -234,6 +235,11 @@ unsafe fn fwd<
     // neither holds a register across it.)
     let sc = Softcap::<M>::new(&p.pb);
     let c = if sc.on() { sc.raw_factors(p.pb.scale.abs()).1 } else { c };
+    // ALiBi (the general entries): FUSED, natural units (x = raw u + bias, c = log2 e), else
+    // the bias in the log2 domain added to the scaled scores (`alibi`).
+    let slope = unsafe { if M::WINDOW { alibi::slope_of(p.alibi, p.alibi_batch, b, h) } else { 0.0 } };
+    let alibi = Alibi::<M>::new(slope, &p.pb);
+    let c = if FUSED { alibi.units(c, 1.0).1 } else { c };
     if FUSED && p.pb.scale < 0.0 {
         negate_q::<D, MT>(q_s.cast());
     }
@@ -271,6 +277,7 @@ unsafe fn fwd<
             k_addr,
             v_addr,
             c,
+            slope,
         };
         if !masked {
             ctx.step::<M, false, DN, BC, NS>(j, &mut acc_o, &mut rows);
@@ -292,7 +299,7 @@ unsafe fn fwd<
     }
 
     let out = Out::<T, D, MT> { p, q_len: br * rs, b, h, d, sq, row0, _elem: PhantomData };
-    let lse_scale = sc.raw_factors(p.pb.scale.abs()).2;
+    let lse_scale = alibi.units(c, sc.raw_factors(p.pb.scale.abs()).2).2;
     out.store_o::<FUSED, DN>(&acc_o, &rows, c, lse_scale);
     // (Written before the loop's last barrier, or with no loop, unwritten and 0.)
     if bad_flag.ld(0) != 0 {
@@ -365,8 +372,10 @@ struct Step<'a, T: Copy, const D: usize, const DK: usize, const MT: usize, const
     k_addr: LaneAddr,
     v_addr: LaneAddr,
     /// Factor from raw scores to the log2 domain (positive when FUSED); with a softcap, from
-    /// tanh's value t.
+    /// tanh's value t; FUSED with ALiBi, from natural units (log2 e).
     c: f32,
+    /// The head's ALiBi slope (`alibi`; 0: none).
+    slope: f32,
 }
 
 impl<T: MmaElement, const D: usize, const DK: usize, const MT: usize, const QREG: bool, const FUSED: bool>
@@ -408,18 +417,26 @@ impl<T: MmaElement, const D: usize, const DK: usize, const MT: usize, const QREG
         // A softcap: tanh(raw k) in place of each raw score, in one uniform branch (`softcap`).
         let sc = Softcap::<M>::new(&p.pb);
         let kf = sc.opaque_k(if FUSED { p.pb.scale.abs() } else { p.pb.scale });
+        // ALiBi after the cap (`alibi`): FUSED, x = raw u + bias in natural units; else
+        // x = raw c + bias log2 e.
+        let al = Alibi::<M>::new(self.slope, &p.pb);
+        let (al, u) =
+            if FUSED { (al, al.units(0.0, sc.raw_factors(p.pb.scale.abs()).2).0) } else { (al.scaled(T::Dm::factor(1.0)), self.c) };
         for mt in 0..MT {
             if sc.on() {
                 for a in acc_s[mt].as_flattened_mut() {
                     *a = kf.tanh_16(*a);
                 }
             }
+            if al.on() {
+                al.frag::<NS>(&mut acc_s[mt], u, c0, self.row0 + (mt * 16) as u32, (g, t));
+            }
             // Raw scores (FUSED) or scaled ones, -inf where MASKED; split by row (g, g + 8).
             let mut s = [[[0f32; 2]; NS]; 2];
             for (n, a) in acc_s[mt].iter().enumerate() {
                 for e in 0..4 {
                     let half = e / 2;
-                    let mut x = if FUSED { a[e] } else { a[e] * self.c };
+                    let mut x = if FUSED || al.on() { a[e] } else { a[e] * self.c };
                     if MASKED {
                         let row = self.row0 + (mt * 16 + g + 8 * half) as u32;
                         let col = c0 + (n * 8 + 2 * t + e % 2) as u32;

@@ -5,6 +5,7 @@
 //! l + 32i and output columns l + 32j, so S, P, m_i, l_i and acc_o of a row live in the
 //! registers of one warp and the only cross-lane traffic is the warp's own max and sum.
 
+use crate::alibi::{self, Alibi};
 use crate::copy::load_tile_f32;
 use crate::dev::{self, Shared, block, global, thread, warp};
 use crate::dtype::Element;
@@ -65,7 +66,8 @@ unsafe fn fwd<T: Element, C: Config<Tile = SimtTile>, M: Mask, const ROWS: usize
 
     let mut acc_o = [[0f32; DCH]; ROWS];
     let mut rows = [RowState::INIT; ROWS];
-    let ctx = Step { p, tile, q_s, k_s, v_s, p_s, k_g, v_g, row0, win };
+    let slope = unsafe { alibi::slope_of(p.alibi, p.alibi_batch, b, h) };
+    let ctx = Step { p, tile, q_s, k_s, v_s, p_s, k_g, v_g, row0, win, slope };
     for j in first..n_unmasked {
         unsafe { ctx.kv_step::<false, ROWS, DCH, SC>(j, &mut acc_o, &mut rows) };
     }
@@ -110,6 +112,8 @@ struct Step<'a, T, M> {
     k_g: *const T,
     v_g: *const T,
     row0: u32,
+    /// The head's ALiBi slope (`alibi`; 0: none).
+    slope: f32,
 }
 
 impl<T: Element, M: Mask> Step<'_, T, M> {
@@ -152,16 +156,20 @@ impl<T: Element, M: Mask> Step<'_, T, M> {
                 }
             }
         }
-        // Capped (`softcap`, in the general entries) before the mask.
+        // Capped (`softcap`) and biased (`alibi`), in the general entries, before the mask.
         let sc = Softcap::<M>::new(&p.pb);
+        let al = Alibi::<M>::new(self.slope, &p.pb);
         for (i, s_row) in s.iter_mut().enumerate() {
             let row = self.row0 + r_w + i as u32;
             for (c, x) in s_row.iter_mut().enumerate() {
+                let col = c0 + lane + 32 * c as u32;
                 *x *= Natural::factor(p.pb.scale);
                 if sc.on() {
                     *x = sc.scaled(*x).0;
                 }
-                let col = c0 + lane + 32 * c as u32;
+                if al.on() {
+                    *x += al.bias(row, col);
+                }
                 if MASKED && (col >= sk || self.win.hidden(row, col, sq, sk)) {
                     *x = f32::NEG_INFINITY;
                 }

@@ -11,6 +11,7 @@
 //! A kernel compiled for D serves every head_dim d <= D (PAD): columns d..D are zero-filled
 //! in shared memory and never stored.
 
+use crate::alibi::Alibi;
 use crate::block_info::{BlockInfo, stream_bytes};
 use crate::copy::{body_head_dim, by_element, load_tile_in, negate_own_chunks};
 use crate::dev::{self, Shared, block, thread, warp, warpgroup};
@@ -155,6 +156,9 @@ unsafe fn fwd<
     // log2 e, LSE's max term m cap (`softcap`).
     let sc = Softcap::<M>::new(&p.pb);
     let (kf, c, lse_scale) = if sc.on() { sc.raw_factors(p.pb.scale.abs()) } else { (sc.k(0.0), c, p.pb.scale.abs()) };
+    // ALiBi (the general entries): natural units, x = raw u + bias, c = log2 e (`alibi`).
+    let alibi = unsafe { Alibi::<M>::load(p.alibi, p.alibi_batch, b, h, &p.pb) };
+    let (u, c, lse_scale) = alibi.units(c, lse_scale);
     if p.pb.scale < 0.0 {
         tiles.negate_q();
     }
@@ -177,6 +181,8 @@ unsafe fn fwd<
         c,
         kf,
         lse_scale,
+        alibi,
+        u,
         _mask: PhantomData,
     };
     if n_tiles > first {
@@ -400,12 +406,16 @@ struct Fwd<
     g: usize,
     t: usize,
     /// Factor from raw scores to the log2 domain (|scale| log2 e); with a softcap, from
-    /// tanh's value t (cap log2 e).
+    /// tanh's value t (cap log2 e); with ALiBi, from natural units (log2 e).
     c: f32,
     /// With a softcap, tanh's argument per raw score; the factor from the row max to the
     /// LSE's max term (`Softcap::raw_factors`).
     kf: TanhArg,
     lse_scale: f32,
+    /// The head's ALiBi bias, and the factor from raw scores (or tanh values) to natural
+    /// units when it is on (`Alibi::units`).
+    alibi: Alibi<M>,
+    u: f32,
     _mask: PhantomData<M>,
 }
 
@@ -460,6 +470,10 @@ impl<
                     *x = self.kf.tanh_mufu(*x);
                 }
             }
+        }
+        // Biased after the cap, before the mask (`alibi`; the general entries only).
+        if self.alibi.on() {
+            self.alibi.frag::<NS>(acc_s, self.u, c0, self.row_w, (g, t));
         }
         mask_frag::<M, NS>(acc_s, c0, self.row_w, (g, t), (sq, sk), masked, f32::NEG_INFINITY, win);
         let mut s = [[[0f32; 2]; NS]; 2];

@@ -85,6 +85,7 @@ macro_rules! with_window_mask {
 #[cfg(not(target_arch = "nvptx64"))]
 extern crate std;
 
+pub mod alibi;
 pub mod block_info;
 pub mod bwd_convert;
 pub mod bwd_mma;

@@ -53,7 +53,8 @@ pub struct Varlen {
 
 /// The attention problem, as both passes' kernels read it: sizes, scale and mask. The last
 /// part of [`FwdParams`] and [`BwdParams`] (4-byte fields after their 8-byte ones: the same
-/// layout as fields of their own). The masks to come (ALiBi, ...) join it here.
+/// layout as fields of their own). Per-head arrays (sinks, ALiBi slopes) are addresses in
+/// the params structs.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Problem {
@@ -140,6 +141,11 @@ pub struct FwdParams {
     /// Attention sinks (`sinks`): f32 [heads_q] logits joined to every row's softmax
     /// denominator; 0 for none.
     pub sinks: u64,
+    /// ALiBi slopes (`alibi`): f32 [heads_q] or [batch, heads_q], `alibi_batch` elements
+    /// apart between batch entries (0 for [heads_q]); 0 for none. Applied by the general
+    /// entries only (`mask::Windowed`), where the host launches them.
+    pub alibi: u64,
+    pub alibi_batch: u64,
     pub q_strides: Strides,
     pub k_strides: Strides,
     pub v_strides: Strides,
@@ -193,6 +199,9 @@ pub struct BwdParams {
     pub sinks: u64,
     pub dsinks: u64,
     pub sink_partials: u64,
+    /// The forward's ALiBi slopes and their batch stride (`FwdParams::alibi`).
+    pub alibi: u64,
+    pub alibi_batch: u64,
     pub q_strides: Strides,
     pub k_strides: Strides,
     pub v_strides: Strides,

@@ -697,6 +697,10 @@ pub struct BwdFamilyDesc {
     /// (sm_90a, 12 to 164 bytes at head_dim 128 to 256); nor the atomic families (no
     /// general entries).
     pub softcap: bool,
+    /// Whether its kernels apply ALiBi (`BwdParams::alibi`, in their general entries), as
+    /// [`BwdFamilyDesc::softcap`] for a softcap: the same families (the others have no
+    /// general entries, or are the `wgmma` kernels, not yet extended).
+    pub alibi: bool,
     /// Whether its kernels take attention sinks (`BwdParams::sinks`): automatic selection
     /// skips the others when the attention has sinks, and naming one is an error. Not
     /// `wgmma`: its dQ kernel's exact correction of D~ (`bwd_wgmma`) assumes the row's dS sum
@@ -727,6 +731,7 @@ const BWD_WGMMA: BwdFamilyDesc = BwdFamilyDesc {
     deterministic: true,
     aligned_only: false,
     softcap: false,
+    alibi: false,
     sinks: false,
     passes: [&[Pass::Prep, Pass::DqSaved, Pass::Dkdv], &[Pass::PrepResidual, Pass::DqSaved, Pass::Dkdv]],
     tiles: BwdTiles::Wgmma(wgmma_bwd_tile),
@@ -740,6 +745,7 @@ const BWD_MMA: BwdFamilyDesc = BwdFamilyDesc {
     deterministic: true,
     aligned_only: true,
     softcap: true,
+    alibi: true,
     sinks: true,
     passes: [&[Pass::Dq, Pass::Dkdv], &[Pass::Dq, Pass::Dkdv]],
     tiles: BwdTiles::Mma(mma_bwd_tile),
@@ -753,6 +759,7 @@ const BWD_SIMT: BwdFamilyDesc = BwdFamilyDesc {
     deterministic: true,
     aligned_only: false,
     softcap: true,
+    alibi: true,
     sinks: true,
     passes: [&[Pass::Dq, Pass::Dkdv], &[Pass::Dq, Pass::Dkdv]],
     tiles: BwdTiles::Simt(simt_dq_tile, simt_kv_tile),
@@ -766,6 +773,7 @@ const BWD_MMA_ATOMIC: BwdFamilyDesc = BwdFamilyDesc {
     deterministic: false,
     aligned_only: true,
     softcap: false,
+    alibi: false,
     sinks: true,
     passes: [&[Pass::Stats, Pass::Dkdvq, Pass::DqConvert], &[Pass::Stats, Pass::Dkdvq, Pass::DqConvert]],
     tiles: BwdTiles::Mma(mma_bwd_tile_atomic),
@@ -779,6 +787,7 @@ const BWD_WGMMA_ATOMIC: BwdFamilyDesc = BwdFamilyDesc {
     deterministic: false,
     aligned_only: true,
     softcap: false,
+    alibi: false,
     sinks: true,
     passes: [&[Pass::Stats, Pass::Dkdvq, Pass::DqConvert], &[Pass::PrepResidual, Pass::Dkdvq, Pass::DqConvert]],
     tiles: BwdTiles::Wgmma(wgmma_bwd_tile_atomic),

@@ -54,13 +54,16 @@ pub struct Case {
     pub softcap: Option<f32>,
     /// Attention sinks, their logits drawn from the seed ([`Case::sink_values`]).
     pub sinks: bool,
+    /// ALiBi, its slopes drawn from the seed ([`Case::alibi_values`]).
+    pub alibi: Option<AlibiDraw>,
 }
 
 impl Case {
     /// The attention the case computes, its sinks on `fa`.
     pub fn attention_on(&self, fa: &FlashAttn) -> flashattn::Result<Attention> {
         let sinks = self.sink_values(self.shape.heads_q).map(|v| fa.sinks(&v)).transpose()?;
-        Ok(Attention { causal: self.causal, softmax_scale: self.softmax_scale, window: self.window, softcap: self.softcap, sinks })
+        let alibi = self.alibi_values(self.shape.batch, self.shape.heads_q).map(|(v, shape)| fa.alibi_slopes(&v, &shape)).transpose()?;
+        Ok(Attention { causal: self.causal, softmax_scale: self.softmax_scale, window: self.window, softcap: self.softcap, sinks, alibi })
     }
     /// The attention the case computes, for the host references (its sinks on the emulator).
     pub fn attention(&self) -> Attention {
@@ -84,6 +87,44 @@ impl Case {
     }
 }
 
+/// How a case draws its ALiBi slopes ([`Case::alibi_values`]): `[heads]` or `[batch, heads]`,
+/// each slope a hash of the case's seed and its place, so that a variable-length batch's
+/// sequence b, checked as a case of batch 1 (`batch0` b), gets the slopes of row b.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AlibiDraw {
+    pub per_batch: bool,
+    /// The batch entry the case's entry 0 stands for.
+    pub batch0: usize,
+}
+
+impl Case {
+    /// The ALiBi slopes and their shape when the case has ALiBi, over every regime: the
+    /// paper's slopes (1/2 to 1/256: the usual locality), 0 (no bias for that head), tiny ones
+    /// (1e-6: the bias below the scores' rounding), steep ones (1 to 8: a row sees its nearest
+    /// keys only) and negative ones (distant keys favoured).
+    pub fn alibi_values(&self, batch: usize, heads: usize) -> Option<(Vec<f32>, Vec<usize>)> {
+        let draw = self.alibi?;
+        let slope = |b: usize, h: usize| {
+            let mut rng = Rng::new(self.seed ^ 0xa11b_1a11_b1a1_1b1a ^ ((b as u64) << 32) ^ h as u64);
+            rng.next_u64();
+            match rng.next_u64() % 8 {
+                0 => 0.0,
+                1 => 1e-6 * (rng.uniform() as f32 + 0.5),
+                2 => 1.0 + 7.0 * rng.uniform() as f32,
+                3 => -0.5 * rng.uniform() as f32,
+                _ => 0.5f32.powi(1 + (rng.next_u64() % 8) as i32),
+            }
+        };
+        Some(match draw.per_batch {
+            false => ((0..heads).map(|h| slope(0, h)).collect(), vec![heads]),
+            true => (
+                (0..batch).flat_map(|b| (0..heads).map(move |h| (b, h))).map(|(b, h)| slope(draw.batch0 + b, h)).collect(),
+                vec![batch, heads],
+            ),
+        })
+    }
+}
+
 impl fmt::Display for Case {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let s = &self.shape;
@@ -97,6 +138,9 @@ impl fmt::Display for Case {
         }
         if let Some(c) = self.softcap {
             write!(f, " softcap={c:e}")?;
+        }
+        if let Some((v, shape)) = self.alibi_values(self.shape.batch, self.shape.heads_q) {
+            write!(f, " alibi{shape:?}={v:?}")?;
         }
         match self.sink_values(self.shape.heads_q) {
             Some(v) => write!(f, " sinks={v:?}"),
@@ -285,6 +329,12 @@ pub fn softcap_strategy() -> impl proptest::strategy::Strategy<Value = Option<f3
     ]
 }
 
+/// ALiBi in a quarter of the draws, its slopes `[heads]` or `[batch, heads]`.
+pub fn alibi_strategy() -> impl proptest::strategy::Strategy<Value = Option<AlibiDraw>> {
+    use proptest::prelude::*;
+    prop_oneof![3 => Just(None), 1 => any::<bool>().prop_map(|per_batch| Some(AlibiDraw { per_batch, batch0: 0 }))]
+}
+
 /// Sliding windows, none in half the draws, else each side unbounded or from 0 (a row sees
 /// its diagonal key only) past `max_seqlen` (as good as unbounded).
 pub fn window_strategy(max_seqlen: usize) -> impl proptest::strategy::Strategy<Value = Window> {
@@ -362,9 +412,9 @@ pub fn case_strategy(
         any::<bool>(),
         scale_strategy(),
         prop_oneof![Just(Dt::F32), Just(Dt::F16), Just(Dt::Bf16)],
-        (any::<u64>(), window_strategy(max_seqlen), softcap_strategy(), proptest::bool::weighted(0.25)),
+        (any::<u64>(), window_strategy(max_seqlen), softcap_strategy(), proptest::bool::weighted(0.25), alibi_strategy()),
     )
-        .prop_map(move |(batch, sq, sk, hkv, group, head_dim, causal, scale, dtype, (seed, window, softcap, sinks))| {
+        .prop_map(move |(batch, sq, sk, hkv, group, head_dim, causal, scale, dtype, (seed, window, softcap, sinks, alibi))| {
             let mut shape = AttnShape { batch, seqlen_q: sq, seqlen_k: sk, heads_q: hkv * group, heads_kv: hkv, head_dim };
             // Shrink the longer sequence until the problem fits the budget.
             while shape.batch * shape.heads_q * shape.seqlen_q * shape.seqlen_k * shape.head_dim > budget
@@ -376,7 +426,7 @@ pub fn case_strategy(
                     shape.seqlen_k = shape.seqlen_k.div_ceil(2)
                 }
             }
-            Case { shape, causal, softmax_scale: scale, dtype, seed, window, softcap, sinks }
+            Case { shape, causal, softmax_scale: scale, dtype, seed, window, softcap, sinks, alibi }
         })
 }
 

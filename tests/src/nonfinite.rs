@@ -88,7 +88,7 @@ fn inputs<T: Dtype>(case: &Case, plants: &[Plant]) -> [Vec<T>; 4] {
 /// against the rule.
 pub fn check_forward(fa: &FlashAttn, case: &Case, plants: &[Plant], kernel: Option<&'static str>) -> Result<(), String> {
     // Without sinks: the rule for rows without weights (O = 0) is not yet defined with them.
-    let case = &Case { sinks: false, ..*case };
+    let case = &Case { sinks: false, alibi: None, ..*case };
     match case.dtype {
         Dt::F32 => forward_typed::<f32>(fa, case, plants, kernel),
         Dt::F16 => forward_typed::<half::f16>(fa, case, plants, kernel),
@@ -154,7 +154,7 @@ fn at(s: &AttnShape, i: usize, kv: bool) -> String {
 /// automatic; `saved`: the forward saves O's residual), against the rule for dQ, dK, dV.
 pub fn check_backward(fa: &FlashAttn, case: &Case, plants: &[Plant], kernel: Option<&'static str>, saved: bool) -> Result<(), String> {
     // Without sinks, as `check_forward`.
-    let case = &Case { sinks: false, ..*case };
+    let case = &Case { sinks: false, alibi: None, ..*case };
     match case.dtype {
         Dt::F32 => backward_typed::<f32>(fa, case, plants, kernel, saved),
         Dt::F16 => backward_typed::<half::f16>(fa, case, plants, kernel, saved),

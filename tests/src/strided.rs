@@ -92,7 +92,7 @@ fn align_elems(d: usize, elem: usize) -> usize {
 pub fn check_strided(fa: &FlashAttn, case: &Case, pattern: Pattern, layout_seed: u64, saved: bool) -> Result<(), String> {
     // Layouts of Q, K, V and their gradients: sinks (a [heads] tensor of their own) are not
     // in question here.
-    let case = &Case { sinks: false, ..*case };
+    let case = &Case { sinks: false, alibi: None, ..*case };
     match case.dtype {
         Dt::F32 => check_typed::<f32>(fa, case, pattern, layout_seed, saved),
         Dt::F16 => check_typed::<half::f16>(fa, case, pattern, layout_seed, saved),
@@ -269,7 +269,7 @@ fn check_typed<T: Dtype>(fa: &FlashAttn, case: &Case, pattern: Pattern, layout_s
 /// of its shape (outer dimensions in a random order, padding, an offset); O, LSE and dO a
 /// random layout each. Checks as [`check_strided`]: the f64 reference, and gaps untouched.
 pub fn check_packed(fa: &FlashAttn, case: &Case, layout_seed: u64, saved: bool) -> Result<(), String> {
-    let mut case = Case { sinks: false, ..*case };
+    let mut case = Case { sinks: false, alibi: None, ..*case };
     case.shape.seqlen_k = case.shape.seqlen_q;
     match case.dtype {
         Dt::F32 => check_packed_typed::<f32>(fa, &case, layout_seed, saved),

@@ -2,7 +2,10 @@
 //! checked as a batch of one of its own lengths (`check_outputs`, `check_grads`: the same
 //! bars, fully masked rows, unwritten elements), with the outputs poisoned before the launch.
 
-use crate::{Case, Dt, GradRefs, Rng, check_grads_against, check_outputs, scale_strategy, softcap_strategy, window_strategy, within};
+use crate::{
+    AlibiDraw, Case, Dt, GradRefs, Rng, alibi_strategy, check_grads_against, check_outputs, scale_strategy, softcap_strategy,
+    window_strategy, within,
+};
 use flashattn::reference::rel_l2;
 use flashattn::{AttnShape, BwdOptions, BwdOutput, Dtype, FlashAttn, FwdOptions, FwdOutput, SeqLenDims, SeqLens, Window};
 use proptest::prelude::*;
@@ -24,6 +27,8 @@ pub struct VarCase {
     pub softcap: Option<f32>,
     /// Attention sinks (logits from the seed, `Case::sink_values`).
     pub sinks: bool,
+    /// ALiBi (slopes from the seed, `Case::alibi_values`; per sequence or per head).
+    pub alibi: Option<AlibiDraw>,
     pub dtype: Dt,
     pub seed: u64,
 }
@@ -32,7 +37,7 @@ impl fmt::Display for VarCase {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{:?} varlen q={:?} k={:?} used_k={:?} hq={} hkv={} d={} causal={} scale={:?} window=({:?}, {:?}) softcap={:?} sinks={} seed={}",
+            "{:?} varlen q={:?} k={:?} used_k={:?} hq={} hkv={} d={} causal={} scale={:?} window=({:?}, {:?}) softcap={:?} sinks={} alibi={:?} seed={}",
             self.dtype,
             self.lens_q,
             self.lens_k,
@@ -46,6 +51,7 @@ impl fmt::Display for VarCase {
             self.window.right,
             self.softcap,
             self.sinks,
+            self.alibi,
             self.seed
         )
     }
@@ -83,7 +89,13 @@ impl VarCase {
             window: self.window,
             softcap: self.softcap,
             sinks: self.sinks,
+            alibi: self.alibi.map(|a| AlibiDraw { batch0: b, ..a }),
         }
+    }
+    /// The attention of the whole batch, its sinks and ALiBi slopes (of every sequence) on `fa`.
+    fn attention_on(&self, fa: &FlashAttn) -> flashattn::Result<flashattn::Attention> {
+        let all = Case { shape: AttnShape { batch: self.lens_q.len(), ..self.seq_case(0).shape }, ..self.seq_case(0) };
+        all.attention_on(fa)
     }
 }
 
@@ -114,9 +126,9 @@ pub fn varlen_strategy(
         window_strategy(max_len),
         any::<u64>(),
         used,
-        (softcap_strategy(), proptest::bool::weighted(0.25)),
+        (softcap_strategy(), proptest::bool::weighted(0.25), alibi_strategy()),
     )
-        .prop_map(|(seqs, head_dim, heads_kv, group, causal, softmax_scale, window, seed, used, (softcap, sinks))| {
+        .prop_map(|(seqs, head_dim, heads_kv, group, causal, softmax_scale, window, seed, used, (softcap, sinks, alibi))| {
             let mut lens_q: Vec<usize> = seqs.iter().map(|s| s.0).collect();
             let mut lens_k: Vec<usize> = seqs.iter().map(|s| if s.2 { s.0 } else { s.1 }).collect();
             // A batch holds at least one query row and one key.
@@ -142,6 +154,7 @@ pub fn varlen_strategy(
                 window,
                 softcap,
                 sinks,
+                alibi,
                 dtype: Dt::F16,
                 seed,
             }
@@ -176,7 +189,7 @@ fn check_typed<T: Dtype>(fa: &FlashAttn, case: &VarCase, family: Option<&'static
         fa.upload(&v, &kvs).map_err(e)?,
         fa.upload(&d_o, &qs).map_err(e)?,
     );
-    let attn = case.seq_case(0).attention_on(fa).map_err(e)?;
+    let attn = case.attention_on(fa).map_err(e)?;
     let fwd_opts = FwdOptions { kernel: family, ..Default::default() };
     let mut out = FwdOutput::from_buffers(fa.full(T::nan(), &qs).map_err(e)?, fa.full(f32::NAN, &[hq, tq]).map_err(e)?, None);
     fa.forward_varlen_into(&qd, &kd, &vd, &seqs, &attn, &fwd_opts, &mut out).map_err(e)?;
@@ -280,7 +293,7 @@ pub fn check_bad_offsets<T: Dtype>(fa: &FlashAttn, family: Option<&'static str>,
         // family's backward takes sinks).
         let takes = family.and_then(flashattn::BwdFamily::from_name).is_none_or(|f| f.desc().sinks);
         let sinks = if window.is_none() || !takes { None } else { Some(fa.sinks(&vec![0.5; hq]).map_err(e)?) };
-        let attn = flashattn::Attention { causal, softmax_scale: None, window, softcap: None, sinks };
+        let attn = flashattn::Attention { causal, softmax_scale: None, window, softcap: None, sinks, alibi: None };
         let out = fa.forward_varlen(&qd, &kd, &vd, &seqs, &attn, &FwdOptions { kernel: family, ..Default::default() }).map_err(e)?;
         let bwd_opts = BwdOptions { kernel: family, deterministic: false };
         match (backward, used_k) {
@@ -325,7 +338,7 @@ pub fn check_device_offsets(fa: &FlashAttn, family: Option<&'static str>, head_d
     let htod = |x: &[u32]| stream.clone_htod(x).map_err(|err| format!("copying offsets: {err}"));
     let dims = SeqLenDims { total_q: tq, total_k: tk, max_seqlen_q: 70, max_seqlen_k: 45 };
     let dev = fa.seqlens_on_device(htod(&cu_q)?, htod(&cu_k)?, None, dims).map_err(e)?;
-    let attn = flashattn::Attention { causal: true, softmax_scale: None, window: Window::NONE, softcap: None, sinks: None };
+    let attn = flashattn::Attention { causal: true, softmax_scale: None, window: Window::NONE, softcap: None, sinks: None, alibi: None };
     let run = |seqs: &SeqLens| -> Result<[Vec<half::f16>; 4], String> {
         let out = fa.forward_varlen(&qd, &kd, &vd, seqs, &attn, &FwdOptions { kernel: family, ..Default::default() }).map_err(e)?;
         let g = fa.backward(&qd, &kd, &vd, &out, &dod, &BwdOptions { kernel: family, deterministic: true }).map_err(e)?;

@@ -9,7 +9,7 @@
 use flashattn::kernels::registry::{BWD_VARIANTS, BwdFamily, Entry, Pass};
 use flashattn::{AttnShape, FlashAttn, Window};
 use flashattn_tests::{
-    BackendKind, Case, Dt, WIDE_WINDOWS, case_strategy, check_backward, check_backward_with, env_usize, gpu_trials, nonfinite,
+    AlibiDraw, BackendKind, Case, Dt, WIDE_WINDOWS, case_strategy, check_backward, check_backward_with, env_usize, gpu_trials, nonfinite,
     push_for_arch, shards, wide_window_plants,
 };
 use libtest_mimic::{Arguments, Failed, Trial};
@@ -26,14 +26,18 @@ fn shape(batch: usize, seqlen_q: usize, seqlen_k: usize, heads_q: usize, heads_k
 
 /// A case `family` serves: head_dim rounded up to a multiple of 8 for the families that
 /// take only those (`BwdFamilyDesc::aligned_only`; automatic selection takes every head_dim);
-/// no sliding window or softcap for those without a general entry (`BwdFamily::takes`: the
-/// atomic families), no softcap or sinks for those whose kernels do not apply them
-/// (`BwdFamilyDesc::softcap`, `sinks`).
+/// no sliding window, softcap or ALiBi for those without a general entry (`BwdFamily::takes`:
+/// the atomic families), no softcap, ALiBi or sinks for those whose kernels do not apply them
+/// (`BwdFamilyDesc::softcap`, `alibi`, `sinks`).
 fn for_family(family: Option<&str>, c: Case) -> Case {
     let windowless = family.and_then(BwdFamily::from_name).is_some_and(|f| !f.takes(Entry::Window));
-    let c = if windowless { Case { window: Default::default(), softcap: None, ..c } } else { c };
+    let c = if windowless { Case { window: Default::default(), softcap: None, alibi: None, ..c } } else { c };
     let c = match family.and_then(BwdFamily::from_name).is_some_and(|f| !f.desc().softcap) {
         true => Case { softcap: None, ..c },
+        false => c,
+    };
+    let c = match family.and_then(BwdFamily::from_name).is_some_and(|f| !f.desc().alibi) {
+        true => Case { alibi: None, ..c },
         false => c,
     };
     let c = match family.and_then(BwdFamily::from_name).is_some_and(|f| !f.desc().sinks) {
@@ -210,6 +214,7 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
             window: Default::default(),
             softcap: None,
             sinks: false,
+            alibi: None,
         };
         let (family, name) = (v.family.name(), v.name);
         // Also with attention sinks, by the families that take them.
@@ -242,7 +247,7 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
         if !v.family.takes(Entry::Window) {
             continue;
         }
-        let (capped, sinks) = (v.family.desc().softcap, v.family.desc().sinks);
+        let (capped, sinks, alibi) = (v.family.desc().softcap, v.family.desc().sinks, v.family.desc().alibi);
         let windows = [
             (shape(1, 100, 150, 2, 1, d), true, Window { left: Some(30), right: None }),
             (shape(1, 140, 90, 2, 1, d), false, Window { left: Some(3), right: Some(20) }),
@@ -252,10 +257,11 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
             Box::new(move |fa| {
                 for (s, causal, window) in windows {
                     // A softcap on the causal window, sinks on the other (rows that see no key
-                    // among its rows), by the families that apply them.
+                    // among its rows), ALiBi on both, by the families that apply them.
                     let softcap = if causal && capped { Some(2.0) } else { None };
                     let sinks = !causal && sinks;
-                    let case = Case { shape: s, causal, softmax_scale: None, dtype, seed: fresh_seed(), window, softcap, sinks };
+                    let alibi = alibi.then_some(AlibiDraw { per_batch: causal, batch0: 0 });
+                    let case = Case { shape: s, causal, softmax_scale: None, dtype, seed: fresh_seed(), window, softcap, sinks, alibi };
                     check_backward_with(fa, &case, false, Some(family), saved).map_err(Failed::from)?;
                 }
                 Ok(())
@@ -281,6 +287,7 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
                         window,
                         softcap: None,
                         sinks: false,
+                        alibi: None,
                     };
                     check_backward_with(fa, &case, false, Some(family), saved).map_err(Failed::from)?;
                     for plants in wide_window_plants(d, true) {
@@ -329,6 +336,7 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
         window: Default::default(),
         softcap,
         sinks: false,
+        alibi: None,
     };
     let mut edge_cases: Vec<(&str, Case)> = edges.into_iter().map(|(name, s, causal)| (name, edge(s, causal, None, None))).collect();
     // Attention sinks: rows that see no key (their gradient terms 0), a single key (its dS no
@@ -383,6 +391,7 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
             window: Default::default(),
             softcap: None,
             sinks: false,
+            alibi: None,
         };
         trials.push(mk(
             format!("{tag}::deterministic{}::{dtype:?}", suffix(saved)).to_lowercase(),
@@ -403,6 +412,7 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
                 window: Default::default(),
                 softcap: None,
                 sinks: false,
+                alibi: None,
             };
             trials.push(mk(
                 format!("{tag}::deterministic_d{d}{}::{dtype:?}", suffix(saved)).to_lowercase(),

@@ -7,8 +7,8 @@
 use flashattn::kernels::registry::FWD_VARIANTS;
 use flashattn::{AttnShape, FlashAttn, FwdOptions, Window};
 use flashattn_tests::{
-    BackendKind, Case, Dt, WIDE_WINDOWS, case_strategy, check_case, check_case_with, env_usize, gpu_trials, nonfinite, push_for_arch,
-    shards, wide_window_plants,
+    AlibiDraw, BackendKind, Case, Dt, WIDE_WINDOWS, case_strategy, check_case, check_case_with, env_usize, gpu_trials, nonfinite,
+    push_for_arch, shards, wide_window_plants,
 };
 use libtest_mimic::{Arguments, Failed, Trial};
 use proptest::strategy::Strategy;
@@ -160,6 +160,7 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
                             window: Default::default(),
                             softcap: Some(cap),
                             sinks: false,
+                            alibi: None,
                         };
                         for value in [f64::INFINITY, f64::NEG_INFINITY] {
                             let plants = [nonfinite::Plant { input: nonfinite::Input::Q, at: 0, value }];
@@ -187,6 +188,7 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
             window: Default::default(),
             softcap: None,
             sinks: false,
+            alibi: None,
         };
         let (family, name) = (v.family.name(), v.name);
         let trial = mk(
@@ -197,9 +199,11 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
                 if got.name != name {
                     return Err(format!("head_dim {d} selects {} instead of {name}", got.name).into());
                 }
-                // Without and with attention sinks (the epilogue's fold, every family).
-                for sinks in [false, true] {
-                    check_case_with(fa, &Case { seed: fresh_seed(), sinks, ..case }, Some(family)).map_err(Failed::from)?;
+                // Without and with attention sinks (the epilogue's fold, every family), and with
+                // ALiBi (slopes per batch entry; the variant's general entry).
+                let alibi = Some(AlibiDraw { per_batch: true, batch0: 0 });
+                for (sinks, alibi) in [(false, None), (true, None), (false, alibi)] {
+                    check_case_with(fa, &Case { seed: fresh_seed(), sinks, alibi, ..case }, Some(family)).map_err(Failed::from)?;
                 }
                 Ok(())
             }),
@@ -234,8 +238,10 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
                         seed: fresh_seed(),
                         window,
                         softcap,
-                        // Sinks with the windows alone, rows that see no key among them.
+                        // Sinks with the windows alone, rows that see no key among them; ALiBi
+                        // with all but the one of odd seqlen_q, softcaps included.
                         sinks: softcap.is_none(),
+                        alibi: (s.seqlen_q % 2 == 0).then_some(AlibiDraw { per_batch: false, batch0: 0 }),
                     };
                     check_case_with(fa, &case, Some(family)).map_err(Failed::from)?;
                 }
@@ -263,6 +269,7 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
                         window,
                         softcap: None,
                         sinks: false,
+                        alibi: None,
                     };
                     check_case_with(fa, &case, Some(family)).map_err(Failed::from)?;
                     for plants in wide_window_plants(d, false) {
@@ -286,8 +293,17 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
     for (name, s, causal, scale) in odd {
         for v in FWD_VARIANTS.iter().filter(|v| v.serves(s.head_dim as u32) && ["wgmma", "mma", "simt"].contains(&v.family.name())) {
             let dtype = Dt::of(v.dtype);
-            let case =
-                Case { shape: s, causal, softmax_scale: scale, dtype, seed: 0, window: Default::default(), softcap: None, sinks: false };
+            let case = Case {
+                shape: s,
+                causal,
+                softmax_scale: scale,
+                dtype,
+                seed: 0,
+                window: Default::default(),
+                softcap: None,
+                sinks: false,
+                alibi: None,
+            };
             let family = v.family.name();
             let trial = mk(
                 format!("{tag}::edge::{name}::{family}::{dtype:?}").to_lowercase(),
@@ -300,8 +316,17 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
     }
     for (name, s, causal, scale) in edge_cases(kind) {
         for dtype in [Dt::F32, Dt::F16, Dt::Bf16] {
-            let case =
-                Case { shape: s, causal, softmax_scale: scale, dtype, seed: 0, window: Default::default(), softcap: None, sinks: false };
+            let case = Case {
+                shape: s,
+                causal,
+                softmax_scale: scale,
+                dtype,
+                seed: 0,
+                window: Default::default(),
+                softcap: None,
+                sinks: false,
+                alibi: None,
+            };
             trials.push(mk(
                 format!("{tag}::edge::{name}::{dtype:?}").to_lowercase(),
                 Box::new(move |fa| {

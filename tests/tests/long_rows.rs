@@ -41,6 +41,7 @@ fn cases() -> Vec<(String, Case)> {
                         window: Default::default(),
                         softcap: None,
                         sinks: false,
+                        alibi: None,
                     },
                 ));
             }

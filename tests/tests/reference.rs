@@ -323,3 +323,54 @@ fn sinks_reference() {
         assert!((g.dsinks[i] - fd).abs() <= 1e-4 * fd.abs().max(1e-3), "head {i}: dsink {} vs {fd}", g.dsinks[i]);
     }
 }
+
+/// ALiBi in the f64 reference: a row by hand (the bias -slope |i + sk - sq - j|, slopes per
+/// batch entry and head, one negative, one 0), 0 slopes equal to no ALiBi, and the backward
+/// reference's dQ and dK against central differences of L = sum dO . O.
+#[test]
+fn alibi_reference() {
+    use flashattn::FlashAttn;
+    use flashattn::reference::attention_backward_f64;
+    let fa = FlashAttn::emulator();
+    // 2 batch entries, 3 rows on 5 keys (diagonal offset 2), 2 heads of 2.
+    let s = shape(2, 3, 5, 2, 1, 2);
+    let (q, k, v) = inputs(&s, 12);
+    let slopes = [0.5f32, -0.25, 0.0, 1.5];
+    let attn = Attention::default().with_scale(0.7).with_alibi(fa.alibi_slopes(&slopes, &[2, 2]).unwrap());
+    let out = attention_f64(&q, &k, &v, &s, &attn);
+    for (b, h, i) in [(0, 0, 0), (0, 1, 2), (1, 1, 1)] {
+        let slope = slopes[b * 2 + h] as f64;
+        let qi = ((b * 3 + i) * 2 + h) * 2;
+        let kj = |j: usize| (b * 5 + j) * 2;
+        let x = |j: usize| 0.7f32 as f64 * (q[qi] * k[kj(j)] + q[qi + 1] * k[kj(j) + 1]) - slope * (j as f64 - (i + 2) as f64).abs();
+        let want_lse = (0..5).map(|j| x(j).exp()).sum::<f64>().ln();
+        let lse = out.lse[(b * 2 + h) * 3 + i];
+        assert!((lse - want_lse).abs() < 1e-13, "({b}, {h}, {i}): LSE {lse} vs {want_lse}");
+        for c in 0..2 {
+            let want: f64 = (0..5).map(|j| (x(j) - want_lse).exp() * v[kj(j) + c]).sum();
+            assert!((out.o[qi + c] - want).abs() < 1e-13, "({b}, {h}, {i}) column {c}");
+        }
+    }
+    // Zero slopes: no bias.
+    let zero = attention_f64(&q, &k, &v, &s, &Attention::default().with_scale(0.7).with_alibi(fa.alibi_slopes(&[0.0; 2], &[2]).unwrap()));
+    let plain = attention_f64(&q, &k, &v, &s, &Attention::default().with_scale(0.7));
+    assert_eq!((zero.o, zero.lse), (plain.o, plain.lse));
+    // dQ and dK of the causal attention against central differences.
+    let attn = Attention { causal: true, ..attn };
+    let d_o: Vec<f64> = (0..q.len()).map(|i| ((i * 7 % 5) as f64 - 2.0) * 0.3).collect();
+    let g = attention_backward_f64(&q, &k, &v, &d_o, &s, &attn);
+    let loss = |q: &[f64], k: &[f64]| attention_f64(q, k, &v, &s, &attn).o.iter().zip(&d_o).map(|(a, b)| a * b).sum::<f64>();
+    let step = 1e-6;
+    for at in [0, 5, 9, 14] {
+        let (mut up, mut dn) = (q.clone(), q.clone());
+        up[at] += step;
+        dn[at] -= step;
+        let fd = (loss(&up, &k) - loss(&dn, &k)) / (2.0 * step);
+        assert!((g.dq[at] - fd).abs() <= 1e-7 * fd.abs().max(1.0), "dQ[{at}] {} vs {fd}", g.dq[at]);
+        let (mut up, mut dn) = (k.clone(), k.clone());
+        up[at] += step;
+        dn[at] -= step;
+        let fd = (loss(&q, &up) - loss(&q, &dn)) / (2.0 * step);
+        assert!((g.dk[at] - fd).abs() <= 1e-7 * fd.abs().max(1.0), "dK[{at}] {} vs {fd}", g.dk[at]);
+    }
+}

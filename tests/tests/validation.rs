@@ -811,3 +811,59 @@ fn sinks_are_validated() {
     .unwrap();
     assert!(auto.iter().all(|v| v.family.desc().sinks), "automatic selection takes a family with sinks");
 }
+
+/// ALiBi slopes: each finite (typed error naming the index and value), shaped `[heads_q]` or
+/// `[batch, heads_q]` to match the call, and small enough for the call's sequences
+/// (`MAX_ALIBI_BIAS`), all before any launch; the backward families without ALiBi refuse it
+/// by name and automatic selection skips them.
+#[test]
+fn alibi_is_validated() {
+    let fa = FlashAttn::emulator();
+    for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+        match fa.alibi_slopes(&[0.5, bad], &[2]) {
+            Err(Error::InvalidAlibiSlope { index: 1, slope, .. }) => assert!(slope.is_nan() || slope == bad),
+            other => panic!("slope {bad}: {other:?}"),
+        }
+    }
+    assert!(matches!(fa.alibi_slopes(&[], &[0]), Err(Error::EmptyDimension { tensor: "alibi_slopes", .. })));
+    assert!(matches!(fa.alibi_slopes(&[0.5; 8], &[2, 2, 2]), Err(Error::Rank { tensor: "alibi_slopes", .. })));
+    assert!(matches!(fa.alibi_slopes(&[0.5; 3], &[2]), Err(Error::HostLength { expected: 2, got: 3 })));
+    let data: Vec<half::f16> = flashattn::rng::Rng::new(6).tensor(2 * 4 * 2 * 8);
+    let q = fa.upload(&data, &[2, 4, 2, 8]).unwrap();
+    let fwd_err = |a: flashattn::AlibiSlopes| fa.forward(&q, &q, &q, &Attention::default().with_alibi(a), &FwdOptions::default());
+    match fwd_err(fa.alibi_slopes(&[0.5, 0.25, 0.125], &[3]).unwrap()) {
+        Err(Error::ShapeMismatch { left: 3, right: 2, .. }) => {}
+        other => panic!("3 slopes for 2 heads: {other:?}"),
+    }
+    match fwd_err(fa.alibi_slopes(&[0.5; 6], &[3, 2]).unwrap()) {
+        Err(Error::ShapeMismatch { left: 3, right: 2, .. }) => {}
+        other => panic!("slopes of 3 batch entries for 2: {other:?}"),
+    }
+    // |slope| (seqlen_q + seqlen_k) = 8 |slope| at most MAX_ALIBI_BIAS.
+    let max = flashattn::MAX_ALIBI_BIAS / 8.0;
+    match fwd_err(fa.alibi_slopes(&[0.5, -2.0 * max], &[2]).unwrap()) {
+        Err(Error::InvalidAlibiSlope { index: 1, max: m, .. }) => assert_eq!(m, max),
+        other => panic!("a slope past the bias limit: {other:?}"),
+    }
+    // Per batch entry, negative and zero slopes: accepted; the backward on the families with
+    // ALiBi, refused by name on the others.
+    let attn = Attention::causal().with_alibi(fa.alibi_slopes(&[0.5, 0.0, -0.25, max], &[2, 2]).unwrap());
+    let fwd = fa.forward(&q, &q, &q, &attn, &FwdOptions::default()).unwrap();
+    fa.backward(&q, &q, &q, &fwd, &q, &BwdOptions::default()).unwrap();
+    for family in ["wgmma", "mma_atomic", "wgmma_atomic"] {
+        let opts = BwdOptions { kernel: Some(family), ..Default::default() };
+        let e = fa.backward(&q, &q, &q, &fwd, &q, &opts).expect_err("a family without ALiBi");
+        assert!(matches!(e, Error::Unsupported { .. }), "{family}: {e}");
+    }
+    let auto = flashattn::select_bwd_variants(
+        flashattn::kernels::dtype::DType::F16,
+        64,
+        &BwdOptions::default(),
+        &[flashattn::Arch::Sm80, flashattn::Arch::Sm90a],
+        false,
+        attn.entry(false),
+        &attn,
+    )
+    .unwrap();
+    assert!(auto.iter().all(|v| v.family.desc().alibi), "automatic selection takes a family with ALiBi");
+}

@@ -9,7 +9,7 @@
 use flashattn::FlashAttn;
 use flashattn::kernels::registry::Arch;
 use flashattn_tests::varlen::{VarCase, check_bad_offsets, check_device_offsets, check_varlen, varlen_strategy};
-use flashattn_tests::{BackendKind, Dt, env_usize, gpu_trials, push_for_arch, shards};
+use flashattn_tests::{AlibiDraw, BackendKind, Dt, env_usize, gpu_trials, push_for_arch, shards};
 use libtest_mimic::{Arguments, Failed, Trial};
 use proptest::strategy::Strategy;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
@@ -63,6 +63,11 @@ fn bwd_sinks(family: &str) -> bool {
     flashattn::BwdFamily::from_name(family).is_some_and(|f| f.desc().sinks)
 }
 
+/// Whether `family`'s backward applies ALiBi (`BwdFamilyDesc::alibi`).
+fn bwd_alibi(family: &str) -> bool {
+    flashattn::BwdFamily::from_name(family).is_some_and(|f| f.desc().alibi)
+}
+
 fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option<String>) -> Vec<Trial> {
     let tag = match kind {
         BackendKind::Gpu => "gpu",
@@ -105,7 +110,8 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
                             let backward = backward
                                 && has_varlen_bwd(family, dtype, c.head_dim)
                                 && (c.softcap.is_none() || bwd_softcap(family))
-                                && (!c.sinks || bwd_sinks(family));
+                                && (!c.sinks || bwd_sinks(family))
+                                && (c.alibi.is_none() || bwd_alibi(family));
                             check_varlen(fa, &c, Some(family), backward).map_err(TestCaseError::fail)
                         })
                         .map_err(|e| Failed::from(format!("{e}")))
@@ -138,12 +144,16 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
                         window: flashattn::Window::NONE,
                         // The softcap through every variant's variable-length entry.
                         softcap: if causal { Some(2.5) } else { None },
-                        // Sinks likewise, without it.
+                        // Sinks likewise, without it; ALiBi (slopes per sequence) with it.
                         sinks: !causal,
+                        alibi: causal.then_some(AlibiDraw { per_batch: true, batch0: 0 }),
                         dtype,
                         seed: fresh_seed(),
                     };
-                    let backward = backward && (case.softcap.is_none() || bwd_softcap(family)) && (!case.sinks || bwd_sinks(family));
+                    let backward = backward
+                        && (case.softcap.is_none() || bwd_softcap(family))
+                        && (!case.sinks || bwd_sinks(family))
+                        && (case.alibi.is_none() || bwd_alibi(family));
                     check_varlen(fa, &case, Some(family), backward).map_err(Failed::from)?;
                 }
                 Ok(())
