@@ -99,6 +99,9 @@ pub fn select_bwd_variants(
             if alibi && !family.desc().alibi {
                 return Err(Error::Unsupported { what: "ALiBi in the backward family", value: name.into() });
             }
+            if alibi && softcap && !family.desc().alibi_softcap {
+                return Err(Error::Unsupported { what: "ALiBi with a softcap in the backward family", value: name.into() });
+            }
             if sinks && !family.desc().sinks {
                 return Err(Error::Unsupported { what: "attention sinks in the backward family", value: name.into() });
             }
@@ -112,6 +115,7 @@ pub fn select_bwd_variants(
                     && archs.contains(&f.arch)
                     && (f.softcap || !softcap)
                     && (f.alibi || !alibi)
+                    && (f.alibi_softcap || !(alibi && softcap))
                     && (f.sinks || !sinks)
             })
             .find_map(|f| get(f.family).filter(|vs| vs.iter().all(|v| v.entry(entry).is_some())))

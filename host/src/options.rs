@@ -42,7 +42,7 @@ pub struct Attention {
     /// FA2's column-only shortcut under causal masking), so the LSE is that of the biased
     /// scores. Forward on every family; backward on `mma` and `simt` (automatic selection
     /// takes `mma` on Hopper; the `wgmma` and atomic families refuse it by name,
-    /// [`crate::Error::Unsupported`]).
+    /// [`crate::Error::Unsupported`]), with a softcap on `simt` only.
     pub alibi: Option<crate::AlibiSlopes>,
 }
 

@@ -71,6 +71,17 @@ impl<M: Mask> Alibi<M> {
         Self::new(if M::WINDOW { unsafe { slope_of(slopes, batch_stride, b, h) } } else { 0.0 }, pb)
     }
 
+    /// The same bias through an opaque move (`Window::opaque`'s reason): LLVM can neither
+    /// hoist what is computed from it out of a loop nor keep that live across one.
+    #[inline(always)]
+    pub fn opaque(self) -> Self {
+        if !M::WINDOW {
+            return self;
+        }
+        let x = crate::dev::thread::opaque(((self.slope.to_bits() as u64) << 32) | self.diag as u64);
+        Alibi { slope: f32::from_bits((x >> 32) as u32), diag: x as u32, _mask: PhantomData }
+    }
+
     /// Whether scores are biased (a uniform branch; constant false outside the general entries).
     #[inline(always)]
     pub fn on(self) -> bool {

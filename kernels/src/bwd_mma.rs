@@ -787,10 +787,25 @@ impl<T: MmaElement, const D: usize, const DK: usize, const KVREG: bool, const SP
         // row sees no key); dS^T = P^T (dP^T - D) per query column, in place of dP^T. The
         // window's bounds fresh each tile (`Window::opaque`).
         let win = Window::<M>::new(&p.pb).opaque();
-        // ALiBi's bias in the log2 domain (`alibi`): key key0 + g + 8 (e / 2) against query
-        // i0 + 8 n + 2 t + e % 2, from the lane's first pair's offset.
+        // ALiBi (`alibi`): the scores in the log2 domain with their bias, in place, before the
+        // loop (factor 1 in it). Not with a softcap, whose dS needs tanh's value beside the
+        // biased score: the host runs that combination on `simt`
+        // (`BwdFamilyDesc::alibi_softcap`). (Biased inside the loop, the d = 64 entry spilled
+        // 16 to 104 bytes on sm_80.)
         let al = unsafe { Alibi::<M>::load(p.alibi, p.alibi_batch, self.b, self.h, &p.pb) }.log2();
-        let base = al.offset(self.i0 + 2 * t as u32, self.key0 + g as u32);
+        if al.on() {
+            if sc.on() {
+                thread::trap();
+            }
+            for (n, x) in s.iter_mut().enumerate() {
+                let c = n * 8 + 2 * t;
+                for (e, x) in x.iter_mut().enumerate() {
+                    let (key, query) = (self.key0 + (g + 8 * (e / 2)) as u32, self.i0 + (c + e % 2) as u32);
+                    *x = *x * factor + al.bias(query, key);
+                }
+            }
+        }
+        let factor = if al.on() { 1.0 } else { factor };
         for n in 0..NQ {
             let c = n * 8 + 2 * t;
             let stat = |i: usize| (self.m_row.ld(i), self.il_row.ld(i), self.d_row.ld(i));
@@ -805,11 +820,7 @@ impl<T: MmaElement, const D: usize, const DK: usize, const KVREG: bool, const SP
                 // A softcap: t = tanh(S k) in place of the raw score, dS times 1 - t^2.
                 let x = if SPLIT == 1 && sc.on() { kf.tanh_16(s[n][e]) } else { s[n][e] };
                 let dt = if sc.on() { dtanh(x) } else { 1.0 };
-                let xs = match al.on() {
-                    true => x * factor + al.at(base, (8 * (e / 2)) as f32 - (8 * n + e % 2) as f32),
-                    false => x * factor,
-                };
-                let pe = if hidden { 0.0 } else { math::ex2(xs - m) * inv_l };
+                let pe = if hidden { 0.0 } else { math::ex2(x * factor - m) * inv_l };
                 s[n][e] = pe;
                 dp[n][e] = if hidden { 0.0 } else { pe * (dp[n][e] - dd) * dt };
             }

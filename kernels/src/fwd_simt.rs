@@ -5,7 +5,7 @@
 //! l + 32i and output columns l + 32j, so S, P, m_i, l_i and acc_o of a row live in the
 //! registers of one warp and the only cross-lane traffic is the warp's own max and sum.
 
-use crate::alibi::{self, Alibi};
+use crate::alibi::Alibi;
 use crate::copy::load_tile_f32;
 use crate::dev::{self, Shared, block, global, thread, warp};
 use crate::dtype::Element;
@@ -66,8 +66,7 @@ unsafe fn fwd<T: Element, C: Config<Tile = SimtTile>, M: Mask, const ROWS: usize
 
     let mut acc_o = [[0f32; DCH]; ROWS];
     let mut rows = [RowState::INIT; ROWS];
-    let slope = unsafe { alibi::slope_of(p.alibi, p.alibi_batch, b, h) };
-    let ctx = Step { p, tile, q_s, k_s, v_s, p_s, k_g, v_g, row0, win, slope };
+    let ctx = Step { p, tile, q_s, k_s, v_s, p_s, k_g, v_g, row0, win };
     for j in first..n_unmasked {
         unsafe { ctx.kv_step::<false, ROWS, DCH, SC>(j, &mut acc_o, &mut rows) };
     }
@@ -112,8 +111,6 @@ struct Step<'a, T, M> {
     k_g: *const T,
     v_g: *const T,
     row0: u32,
-    /// The head's ALiBi slope (`alibi`; 0: none).
-    slope: f32,
 }
 
 impl<T: Element, M: Mask> Step<'_, T, M> {
@@ -158,9 +155,14 @@ impl<T: Element, M: Mask> Step<'_, T, M> {
         }
         // Capped (`softcap`) and biased (`alibi`), in the general entries, before the mask.
         let sc = Softcap::<M>::new(&p.pb);
-        let al = Alibi::<M>::new(self.slope, &p.pb);
+        // The head's slope read each tile, through an opaque address and value, and the bias
+        // from one offset per row (held across the KV loop, or per element, they made the
+        // d = 128 variable-length entry spill 16 bytes on sm_80).
+        let (_, h, b) = block::idx();
+        let al = unsafe { Alibi::<M>::load(thread::opaque(p.alibi), p.alibi_batch, b, h, &p.pb) }.opaque();
         for (i, s_row) in s.iter_mut().enumerate() {
             let row = self.row0 + r_w + i as u32;
+            let base = al.offset(row, c0 + lane);
             for (c, x) in s_row.iter_mut().enumerate() {
                 let col = c0 + lane + 32 * c as u32;
                 *x *= Natural::factor(p.pb.scale);
@@ -168,7 +170,7 @@ impl<T: Element, M: Mask> Step<'_, T, M> {
                     *x = sc.scaled(*x).0;
                 }
                 if al.on() {
-                    *x += al.bias(row, col);
+                    *x += al.at(base, (32 * c) as f32);
                 }
                 if MASKED && (col >= sk || self.win.hidden(row, col, sq, sk)) {
                     *x = f32::NEG_INFINITY;

@@ -11,8 +11,9 @@
 //! Layout, from the ground up: [`dev`] (the device-support layer); the tile layer below every
 //! kernel: [`params`] (the launch parameters shared with the host, and their index helpers),
 //! [`tile`] (every tile decision, in one place), `smem` (shared-memory layouts), `copy`
-//! (global <-> shared copies), `frag` (register fragments), [`dtype`], [`mask`], [`softmax`]
-//! (online softmax and the backward's row statistics), [`nonfinite`] (the NaN/Inf rule),
+//! (global <-> shared copies), `frag` (register fragments), [`dtype`], [`mask`], the score
+//! options ([`softcap`], [`alibi`], [`sinks`]), [`softmax`] (online softmax and the
+//! backward's row statistics), [`nonfinite`] (the NaN/Inf rule),
 //! [`block_info`] (a block's tile, head and batch entry, and the grid's order); one file per
 //! kernel (`fwd_*.rs`, `bwd_*.rs`; no kernel file imports another); and [`registry`] (one
 //! line per variant).

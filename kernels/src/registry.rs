@@ -701,6 +701,10 @@ pub struct BwdFamilyDesc {
     /// [`BwdFamilyDesc::softcap`] for a softcap: the same families (the others have no
     /// general entries, or are the `wgmma` kernels, not yet extended).
     pub alibi: bool,
+    /// Whether its kernels apply ALiBi and a softcap together: not `mma` (its dK/dV kernel
+    /// at d = 64 has no registers left for tanh's value beside the biased score); automatic
+    /// selection skips it for that combination, and naming it is an error.
+    pub alibi_softcap: bool,
     /// Whether its kernels take attention sinks (`BwdParams::sinks`): automatic selection
     /// skips the others when the attention has sinks, and naming one is an error. Not
     /// `wgmma`: its dQ kernel's exact correction of D~ (`bwd_wgmma`) assumes the row's dS sum
@@ -732,6 +736,7 @@ const BWD_WGMMA: BwdFamilyDesc = BwdFamilyDesc {
     aligned_only: false,
     softcap: false,
     alibi: false,
+    alibi_softcap: false,
     sinks: false,
     passes: [&[Pass::Prep, Pass::DqSaved, Pass::Dkdv], &[Pass::PrepResidual, Pass::DqSaved, Pass::Dkdv]],
     tiles: BwdTiles::Wgmma(wgmma_bwd_tile),
@@ -746,6 +751,7 @@ const BWD_MMA: BwdFamilyDesc = BwdFamilyDesc {
     aligned_only: true,
     softcap: true,
     alibi: true,
+    alibi_softcap: false,
     sinks: true,
     passes: [&[Pass::Dq, Pass::Dkdv], &[Pass::Dq, Pass::Dkdv]],
     tiles: BwdTiles::Mma(mma_bwd_tile),
@@ -760,6 +766,7 @@ const BWD_SIMT: BwdFamilyDesc = BwdFamilyDesc {
     aligned_only: false,
     softcap: true,
     alibi: true,
+    alibi_softcap: true,
     sinks: true,
     passes: [&[Pass::Dq, Pass::Dkdv], &[Pass::Dq, Pass::Dkdv]],
     tiles: BwdTiles::Simt(simt_dq_tile, simt_kv_tile),
@@ -774,6 +781,7 @@ const BWD_MMA_ATOMIC: BwdFamilyDesc = BwdFamilyDesc {
     aligned_only: true,
     softcap: false,
     alibi: false,
+    alibi_softcap: false,
     sinks: true,
     passes: [&[Pass::Stats, Pass::Dkdvq, Pass::DqConvert], &[Pass::Stats, Pass::Dkdvq, Pass::DqConvert]],
     tiles: BwdTiles::Mma(mma_bwd_tile_atomic),
@@ -788,6 +796,7 @@ const BWD_WGMMA_ATOMIC: BwdFamilyDesc = BwdFamilyDesc {
     aligned_only: true,
     softcap: false,
     alibi: false,
+    alibi_softcap: false,
     sinks: true,
     passes: [&[Pass::Stats, Pass::Dkdvq, Pass::DqConvert], &[Pass::PrepResidual, Pass::Dkdvq, Pass::DqConvert]],
     tiles: BwdTiles::Wgmma(wgmma_bwd_tile_atomic),

@@ -28,7 +28,7 @@ fn shape(batch: usize, seqlen_q: usize, seqlen_k: usize, heads_q: usize, heads_k
 /// take only those (`BwdFamilyDesc::aligned_only`; automatic selection takes every head_dim);
 /// no sliding window, softcap or ALiBi for those without a general entry (`BwdFamily::takes`:
 /// the atomic families), no softcap, ALiBi or sinks for those whose kernels do not apply them
-/// (`BwdFamilyDesc::softcap`, `alibi`, `sinks`).
+/// (`BwdFamilyDesc::softcap`, `alibi`, `alibi_softcap`, `sinks`).
 fn for_family(family: Option<&str>, c: Case) -> Case {
     let windowless = family.and_then(BwdFamily::from_name).is_some_and(|f| !f.takes(Entry::Window));
     let c = if windowless { Case { window: Default::default(), softcap: None, alibi: None, ..c } } else { c };
@@ -37,6 +37,10 @@ fn for_family(family: Option<&str>, c: Case) -> Case {
         false => c,
     };
     let c = match family.and_then(BwdFamily::from_name).is_some_and(|f| !f.desc().alibi) {
+        true => Case { alibi: None, ..c },
+        false => c,
+    };
+    let c = match family.and_then(BwdFamily::from_name).is_some_and(|f| !f.desc().alibi_softcap) && c.softcap.is_some() {
         true => Case { alibi: None, ..c },
         false => c,
     };
@@ -247,7 +251,8 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
         if !v.family.takes(Entry::Window) {
             continue;
         }
-        let (capped, sinks, alibi) = (v.family.desc().softcap, v.family.desc().sinks, v.family.desc().alibi);
+        let desc = v.family.desc();
+        let (capped, sinks, alibi, both) = (desc.softcap, desc.sinks, desc.alibi, desc.alibi_softcap);
         let windows = [
             (shape(1, 100, 150, 2, 1, d), true, Window { left: Some(30), right: None }),
             (shape(1, 140, 90, 2, 1, d), false, Window { left: Some(3), right: Some(20) }),
@@ -257,10 +262,11 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
             Box::new(move |fa| {
                 for (s, causal, window) in windows {
                     // A softcap on the causal window, sinks on the other (rows that see no key
-                    // among its rows), ALiBi on both, by the families that apply them.
+                    // among its rows), ALiBi on both (with the softcap where the family takes
+                    // the two together), by the families that apply them.
                     let softcap = if causal && capped { Some(2.0) } else { None };
                     let sinks = !causal && sinks;
-                    let alibi = alibi.then_some(AlibiDraw { per_batch: causal, batch0: 0 });
+                    let alibi = (alibi && (softcap.is_none() || both)).then_some(AlibiDraw { per_batch: causal, batch0: 0 });
                     let case = Case { shape: s, causal, softmax_scale: None, dtype, seed: fresh_seed(), window, softcap, sinks, alibi };
                     check_backward_with(fa, &case, false, Some(family), saved).map_err(Failed::from)?;
                 }

@@ -866,4 +866,22 @@ fn alibi_is_validated() {
     )
     .unwrap();
     assert!(auto.iter().all(|v| v.family.desc().alibi), "automatic selection takes a family with ALiBi");
+    // ALiBi with a softcap: `mma` refuses the pair by name, automatic selection takes `simt`.
+    let capped = attn.clone().with_softcap(5.0);
+    let fwd = fa.forward(&q, &q, &q, &capped, &FwdOptions::default()).unwrap();
+    let mma = BwdOptions { kernel: Some("mma"), ..Default::default() };
+    let e = fa.backward(&q, &q, &q, &fwd, &q, &mma).expect_err("mma takes no ALiBi with a softcap");
+    assert!(matches!(e, Error::Unsupported { .. }), "{e}");
+    fa.backward(&q, &q, &q, &fwd, &q, &BwdOptions::default()).unwrap();
+    let auto = flashattn::select_bwd_variants(
+        flashattn::kernels::dtype::DType::F16,
+        64,
+        &BwdOptions::default(),
+        &[flashattn::Arch::Sm80, flashattn::Arch::Sm90a],
+        false,
+        capped.entry(false),
+        &capped,
+    )
+    .unwrap();
+    assert!(auto.iter().all(|v| v.family.desc().alibi_softcap), "automatic selection takes simt for ALiBi with a softcap");
 }

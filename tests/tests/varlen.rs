@@ -63,9 +63,10 @@ fn bwd_sinks(family: &str) -> bool {
     flashattn::BwdFamily::from_name(family).is_some_and(|f| f.desc().sinks)
 }
 
-/// Whether `family`'s backward applies ALiBi (`BwdFamilyDesc::alibi`).
-fn bwd_alibi(family: &str) -> bool {
-    flashattn::BwdFamily::from_name(family).is_some_and(|f| f.desc().alibi)
+/// Whether `family`'s backward applies ALiBi (`BwdFamilyDesc::alibi`), with a softcap when
+/// `softcap` (`alibi_softcap`).
+fn bwd_alibi(family: &str, softcap: bool) -> bool {
+    flashattn::BwdFamily::from_name(family).is_some_and(|f| f.desc().alibi && (f.desc().alibi_softcap || !softcap))
 }
 
 fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option<String>) -> Vec<Trial> {
@@ -111,7 +112,7 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
                                 && has_varlen_bwd(family, dtype, c.head_dim)
                                 && (c.softcap.is_none() || bwd_softcap(family))
                                 && (!c.sinks || bwd_sinks(family))
-                                && (c.alibi.is_none() || bwd_alibi(family));
+                                && (c.alibi.is_none() || bwd_alibi(family, c.softcap.is_some()));
                             check_varlen(fa, &c, Some(family), backward).map_err(TestCaseError::fail)
                         })
                         .map_err(|e| Failed::from(format!("{e}")))
@@ -153,7 +154,7 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
                     let backward = backward
                         && (case.softcap.is_none() || bwd_softcap(family))
                         && (!case.sinks || bwd_sinks(family))
-                        && (case.alibi.is_none() || bwd_alibi(family));
+                        && (case.alibi.is_none() || bwd_alibi(family, case.softcap.is_some()));
                     check_varlen(fa, &case, Some(family), backward).map_err(Failed::from)?;
                 }
                 Ok(())

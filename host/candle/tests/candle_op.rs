@@ -234,6 +234,7 @@ fn cases(dev: &Device, tag: &str) -> Vec<Trial> {
                     window: Default::default(),
                     softcap: None,
                     sinks: false,
+                    alibi: None,
                 };
                 let dev = dev.clone();
                 let trial_name = format!("{tag}::{layout:?}::{name}::{}", if causal { "causal" } else { "negative_scale" }).to_lowercase();
@@ -282,12 +283,13 @@ fn random_trials(dev: &Device, tag: &str) -> Vec<Trial> {
                 let mut runner = proptest::test_runner::TestRunner::new_with_rng(Default::default(), rng);
                 for i in 0..cases {
                     let mut case = strategy.new_tree(&mut runner).map_err(|e| Failed::from(e.to_string()))?.current();
-                    // No sliding window, no softcap, no sinks: the op's signature
+                    // No sliding window, no softcap, no sinks, no ALiBi: the op's signature
                     // (candle-flash-attn's `flash_attn`) has none, and its own FlashAttn
-                    // takes no sinks made on another.
+                    // takes no sinks or slopes made on another.
                     case.window = Default::default();
                     case.softcap = None;
                     case.sinks = false;
+                    case.alibi = None;
                     let layout = [Layout::Contiguous, Layout::Bhsd, Layout::Packed][(i + shard) % 3];
                     if let Layout::Packed = layout {
                         let n = case.shape.seqlen_q.min(case.shape.seqlen_k);
