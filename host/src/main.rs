@@ -461,7 +461,7 @@ fn run<T: Dtype>(fa: &FlashAttn, a: &Args) -> flashattn::Result<bool> {
     let free_after = fa.memory_info()?.map(|(f, _)| f);
     let o_h = fa.download(out.o())?;
     let lse_h = fa.download(out.lse())?;
-    let mut ok = check_forward(&p, &s, &attn, &o_h, &lse_h);
+    let mut ok = check_forward(&p, &s, &attn, &o_h, &lse_h)?;
 
     let flops = s.window_fwd_flops(&attn);
     println!("time:    {ms:.3} ms per forward ({iters} timed runs) = {:.2} TFLOP/s", flops / (ms * 1e-3) / 1e12);
@@ -489,7 +489,7 @@ fn run<T: Dtype>(fa: &FlashAttn, a: &Args) -> flashattn::Result<bool> {
         };
         let bwd_ms = fa.time_backward(&q, &k, &v, &out, &d_o, &plan.bwd_opts, &mut grads, warmup, iters)?;
         let got = [fa.download(&grads.dq)?, fa.download(&grads.dk)?, fa.download(&grads.dv)?];
-        ok &= check_backward(&p, &d_o_h, &s, &attn, &got);
+        ok &= check_backward(&p, &d_o_h, &s, &attn, &got)?;
         println!(
             "time:    {bwd_ms:.3} ms per backward ({iters} timed runs) = {:.2} TFLOP/s (2.5 forwards' FLOPs)",
             2.5 * flops / (bwd_ms * 1e-3) / 1e12
@@ -508,6 +508,22 @@ fn run<T: Dtype>(fa: &FlashAttn, a: &Args) -> flashattn::Result<bool> {
     Ok(ok)
 }
 
+/// `attn` for the sub-problem of query heads `h0..h0 + n` of batch entry `b` (as batch entry
+/// 0): those heads' sinks and ALiBi slopes, on the emulator (the references read their host
+/// values).
+fn sub_attention(attn: &Attention, b: usize, h0: usize, n: usize) -> flashattn::Result<Attention> {
+    let emu = FlashAttn::emulator();
+    let sinks = match attn.sinks.as_ref().and_then(|x| x.host_values()) {
+        Some(v) => Some(emu.sinks(&v[h0..h0 + n])?),
+        None => None,
+    };
+    let alibi = match &attn.alibi {
+        Some(a) => Some(emu.alibi_slopes(&(h0..h0 + n).map(|h| a.slope(b, h)).collect::<Vec<_>>(), &[n])?),
+        None => None,
+    };
+    Ok(Attention { sinks, alibi, ..attn.clone() })
+}
+
 /// Checks O and LSE on sampled rows (first, last, and a spread between) against the f64
 /// reference, with the same bar as the tests: twice naive attention's error in this dtype
 /// (for LSE, always f32, in f32), plus a unit roundoff ([`tolerance`]). Prints the result.
@@ -518,7 +534,7 @@ fn run<T: Dtype>(fa: &FlashAttn, a: &Args) -> flashattn::Result<bool> {
 /// about 4e-6, while a kernel's f32 scores and blockwise sums give about 5e-8 there: an LSE
 /// above the bar (5.9e-6 on an H200 before alpha was exactly 1 while the max stays) is a
 /// kernel error growing with the row, not a bar blind to the long f32 sum.
-fn check_forward<T: Dtype>(p: &Problem<T>, s: &AttnShape, attn: &Attention, o_h: &[T], lse_h: &[f32]) -> bool {
+fn check_forward<T: Dtype>(p: &Problem<T>, s: &AttnShape, attn: &Attention, o_h: &[T], lse_h: &[f32]) -> flashattn::Result<bool> {
     let n_rows = s.batch * s.heads_q * s.seqlen_q;
     let mut rows: Vec<(usize, usize, usize)> = (0..16)
         .map(|i| i * (n_rows - 1) / 15)
@@ -527,13 +543,22 @@ fn check_forward<T: Dtype>(p: &Problem<T>, s: &AttnShape, attn: &Attention, o_h:
     rows.dedup();
     // Each row on its own (its query, the keys it sees): the references then need neither all
     // of K and V in f64 nor one core for every row.
-    let checked = par_map(&rows, "forward check (f64 reference and naive attention per sampled row)", |&r| {
-        let (rp, rs) = row_problem(p, s, attn, r);
-        let one = Attention { causal: false, window: Window::default(), ..attn.clone() };
-        let exact = reference_rows(&rp.q, &rp.k, &rp.v, &rs, &one, &[(0, 0, 0)]).remove(0);
-        let naive = naive_rows(&rp.q, &rp.k, &rp.v, &rs, &one, &[(0, 0, 0)]).remove(0);
-        (exact, naive)
-    });
+    let checked: Vec<_> = match attn.alibi.is_some() {
+        // ALiBi's bias needs the row's and keys' own positions: the references on the whole
+        // problem, every sampled row in one call.
+        true => reference_rows(&p.q, &p.k, &p.v, s, attn, &rows).into_iter().zip(naive_rows(&p.q, &p.k, &p.v, s, attn, &rows)).collect(),
+        false => {
+            let subs: Vec<Attention> = rows.iter().map(|&(b, h, _)| sub_attention(attn, b, h, 1)).collect::<flashattn::Result<_>>()?;
+            let at: Vec<usize> = (0..rows.len()).collect();
+            par_map(&at, "forward check (f64 reference and naive attention per sampled row)", |&x| {
+                let (rp, rs) = row_problem(p, s, attn, rows[x]);
+                let one = Attention { causal: false, window: Window::default(), ..subs[x].clone() };
+                let exact = reference_rows(&rp.q, &rp.k, &rp.v, &rs, &one, &[(0, 0, 0)]).remove(0);
+                let naive = naive_rows(&rp.q, &rp.k, &rp.v, &rs, &one, &[(0, 0, 0)]).remove(0);
+                (exact, naive)
+            })
+        }
+    };
     let d = s.head_dim;
     let (mut got_o, mut got_l, mut ref_o, mut ref_l, mut nv_o, mut nv_l) = (vec![], vec![], vec![], vec![], vec![], vec![]);
     for ((b, h, i), ((eo, el), (no, nl))) in rows.iter().zip(checked) {
@@ -555,7 +580,7 @@ fn check_forward<T: Dtype>(p: &Problem<T>, s: &AttnShape, attn: &Attention, o_h:
         unwritten,
         if ok { "OK" } else { "FAILED" }
     );
-    ok
+    Ok(ok)
 }
 
 /// Checks dQ, dK, dV against the f64 gradients, on up to 4 (batch, KV head) slices spread over
@@ -563,14 +588,17 @@ fn check_forward<T: Dtype>(p: &Problem<T>, s: &AttnShape, attn: &Attention, o_h:
 /// heads depend on nothing outside it. The bar is the tests': twice naive (autograd-style)
 /// attention's error in this dtype plus a unit roundoff, plus the f32 recomputation of S and
 /// dP that naive attention does not incur ([`backward_recompute_bound`]). Prints the result.
-fn check_backward<T: Dtype>(p: &Problem<T>, d_o: &[T], s: &AttnShape, attn: &Attention, got: &[Vec<T>; 3]) -> bool {
+fn check_backward<T: Dtype>(p: &Problem<T>, d_o: &[T], s: &AttnShape, attn: &Attention, got: &[Vec<T>; 3]) -> flashattn::Result<bool> {
     let (d, group) = (s.head_dim, s.heads_q / s.heads_kv);
     let total = s.batch * s.heads_kv;
     let picks: Vec<usize> = if total <= 4 { (0..total).collect() } else { (0..4).map(|x| x * (total - 1) / 3).collect() };
     let sub = AttnShape { batch: 1, heads_q: group, heads_kv: 1, ..*s };
     let w = |x: &[T]| x.iter().map(|e| e.to_f64()).collect::<Vec<_>>();
+    let subs: Vec<Attention> =
+        picks.iter().map(|&bk| sub_attention(attn, bk / s.heads_kv, (bk % s.heads_kv) * group, group)).collect::<flashattn::Result<_>>()?;
     let slices = par_map(&picks, "backward check (f64 gradients and naive backward per slice)", |&bk| {
         let (b, hk) = (bk / s.heads_kv, bk % s.heads_kv);
+        let attn = &subs[picks.iter().position(|&x| x == bk).unwrap_or(0)];
         let qs = |x: &[T]| heads_of(x, s.seqlen_q, s.heads_q, d, (b, hk * group, group));
         let ks = |x: &[T]| heads_of(x, s.seqlen_k, s.heads_kv, d, (b, hk, 1));
         let (q, k, v, d_o) = (qs(&p.q), ks(&p.k), ks(&p.v), qs(d_o));
@@ -611,7 +639,7 @@ fn check_backward<T: Dtype>(p: &Problem<T>, d_o: &[T], s: &AttnShape, attn: &Att
         report.join(", "),
         if ok { "OK" } else { "FAILED" }
     );
-    ok
+    Ok(ok)
 }
 
 /// The window as `LEFT,RIGHT` (-1: unbounded), `None` without one.
