@@ -416,14 +416,7 @@ fn run<T: Dtype>(fa: &FlashAttn, a: &Args) -> flashattn::Result<bool> {
         heads_kv: a.heads_kv.unwrap_or(heads),
         head_dim,
     };
-    let attn = Attention {
-        causal: a.causal,
-        softmax_scale: a.scale,
-        window: a.window,
-        softcap: a.softcap,
-        sinks: bench_sinks(fa, a, heads)?,
-        alibi: bench_alibi(fa, a, heads)?,
-    };
+    let attn = cli_attention(fa, a, a.causal, a.scale, heads)?;
     // The whole request is checked before anything about it is printed.
     let plan = plan::<T>(fa, &s, &attn, a)?;
     println!("device:  {}", fa.device_name());
@@ -648,20 +641,19 @@ fn window_label(w: &Window) -> Option<String> {
     (!w.is_none()).then(|| format!("{},{}", side(w.left), side(w.right)))
 }
 
-/// `bench --sinks`: a logit per head in [-1, 1] (h * 0.37 folded into it), else `None`.
-fn bench_sinks(fa: &FlashAttn, a: &Args, heads: usize) -> flashattn::Result<Option<flashattn::Sinks>> {
-    match a.sinks {
-        true => Ok(Some(fa.sinks(&(0..heads).map(|h| ((h as f32 * 0.37) % 2.0) - 1.0).collect::<Vec<_>>())?)),
-        false => Ok(None),
-    }
-}
-
-/// `--alibi`: the paper's slopes for `heads` query heads, else `None`.
-fn bench_alibi(fa: &FlashAttn, a: &Args, heads: usize) -> flashattn::Result<Option<flashattn::AlibiSlopes>> {
-    match a.alibi {
-        true => Ok(Some(fa.alibi_slopes(&flashattn::alibi_paper_slopes(heads), &[heads])?)),
-        false => Ok(None),
-    }
+/// The attention the command line asks for, with `heads` query heads: its window and
+/// softcap; `--sinks`: a logit per head in [-1, 1] (h * 0.37 folded into it); `--alibi`: the
+/// paper's slopes.
+fn cli_attention(fa: &FlashAttn, a: &Args, causal: bool, softmax_scale: Option<f32>, heads: usize) -> flashattn::Result<Attention> {
+    let sinks = match a.sinks {
+        true => Some(fa.sinks(&(0..heads).map(|h| ((h as f32 * 0.37) % 2.0) - 1.0).collect::<Vec<_>>())?),
+        false => None,
+    };
+    let alibi = match a.alibi {
+        true => Some(fa.alibi_slopes(&flashattn::alibi_paper_slopes(heads), &[heads])?),
+        false => None,
+    };
+    Ok(Attention { causal, softmax_scale, window: a.window, softcap: a.softcap, sinks, alibi })
 }
 
 fn upload_problem<T: Dtype>(fa: &FlashAttn, s: &AttnShape) -> flashattn::Result<(Tensor<T>, Tensor<T>, Tensor<T>)> {
@@ -697,14 +689,7 @@ fn bench<T: Dtype>(fa: &FlashAttn, a: &Args) -> flashattn::Result<bool> {
                     heads_kv: heads,
                     head_dim: d,
                 };
-                let attn = Attention {
-                    causal,
-                    softmax_scale: None,
-                    window: a.window,
-                    softcap: a.softcap,
-                    sinks: bench_sinks(fa, a, heads)?,
-                    alibi: bench_alibi(fa, a, heads)?,
-                };
+                let attn = cli_attention(fa, a, causal, None, heads)?;
                 let plan = plan::<T>(fa, &s, &attn, a)?;
                 cases.push((s, attn, plan));
             }
@@ -818,14 +803,7 @@ fn bench_varlen<T: Dtype>(fa: &FlashAttn, a: &Args, mean: usize) -> flashattn::R
     for &d in &a.head_dims {
         for &causal in causals {
             let heads = (hidden / d.max(1)).max(1);
-            let attn = Attention {
-                causal,
-                softmax_scale: None,
-                window: a.window,
-                softcap: a.softcap,
-                sinks: bench_sinks(fa, a, heads)?,
-                alibi: bench_alibi(fa, a, heads)?,
-            };
+            let attn = cli_attention(fa, a, causal, None, heads)?;
             // Fixed length: the batch of MEAN (timed as `bench` times it).
             let fixed =
                 AttnShape { batch: (tokens / mean).max(1), seqlen_q: mean, seqlen_k: mean, heads_q: heads, heads_kv: heads, head_dim: d };

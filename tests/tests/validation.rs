@@ -264,6 +264,14 @@ fn plain_bwd(
     flashattn::select_bwd_variants(dtype, head_dim, opts, archs, saved, Entry::Plain, &Attention::default())
 }
 
+/// The backward variants automatic selection takes for `attn` (f16, head_dim 64, no
+/// residual) on a machine with sm_80 and sm_90a kernels.
+fn auto_bwd(attn: &Attention) -> Vec<&'static flashattn::kernels::registry::BwdVariant> {
+    let archs = [flashattn::Arch::Sm80, flashattn::Arch::Sm90a];
+    let dtype = flashattn::kernels::dtype::DType::F16;
+    flashattn::select_bwd_variants(dtype, 64, &BwdOptions::default(), &archs, false, attn.entry(false), attn).expect("automatic selection")
+}
+
 #[test]
 fn backward_selection_and_registry_match_tile_functions() {
     use flashattn::Arch;
@@ -799,17 +807,7 @@ fn sinks_are_validated() {
     let wgmma = BwdOptions { kernel: Some("wgmma"), ..Default::default() };
     let e = fa.backward(&q, &q, &q, &fwd, &q, &wgmma).expect_err("wgmma takes no sinks");
     assert!(matches!(e, Error::Unsupported { .. }), "{e}");
-    let auto = flashattn::select_bwd_variants(
-        flashattn::kernels::dtype::DType::F16,
-        64,
-        &BwdOptions::default(),
-        &[flashattn::Arch::Sm80, flashattn::Arch::Sm90a],
-        false,
-        Entry::Plain,
-        &attn,
-    )
-    .unwrap();
-    assert!(auto.iter().all(|v| v.family.desc().sinks), "automatic selection takes a family with sinks");
+    assert!(auto_bwd(&attn).iter().all(|v| v.family.desc().sinks), "automatic selection takes a family with sinks");
 }
 
 /// ALiBi slopes: each finite (typed error naming the index and value), shaped `[heads_q]` or
@@ -855,17 +853,7 @@ fn alibi_is_validated() {
         let e = fa.backward(&q, &q, &q, &fwd, &q, &opts).expect_err("a family without ALiBi");
         assert!(matches!(e, Error::Unsupported { .. }), "{family}: {e}");
     }
-    let auto = flashattn::select_bwd_variants(
-        flashattn::kernels::dtype::DType::F16,
-        64,
-        &BwdOptions::default(),
-        &[flashattn::Arch::Sm80, flashattn::Arch::Sm90a],
-        false,
-        attn.entry(false),
-        &attn,
-    )
-    .unwrap();
-    assert!(auto.iter().all(|v| v.family.desc().alibi), "automatic selection takes a family with ALiBi");
+    assert!(auto_bwd(&attn).iter().all(|v| v.family.desc().alibi), "automatic selection takes a family with ALiBi");
     // ALiBi with a softcap: `mma` refuses the pair by name, automatic selection takes `simt`.
     let capped = attn.clone().with_softcap(5.0);
     let fwd = fa.forward(&q, &q, &q, &capped, &FwdOptions::default()).unwrap();
@@ -873,15 +861,5 @@ fn alibi_is_validated() {
     let e = fa.backward(&q, &q, &q, &fwd, &q, &mma).expect_err("mma takes no ALiBi with a softcap");
     assert!(matches!(e, Error::Unsupported { .. }), "{e}");
     fa.backward(&q, &q, &q, &fwd, &q, &BwdOptions::default()).unwrap();
-    let auto = flashattn::select_bwd_variants(
-        flashattn::kernels::dtype::DType::F16,
-        64,
-        &BwdOptions::default(),
-        &[flashattn::Arch::Sm80, flashattn::Arch::Sm90a],
-        false,
-        capped.entry(false),
-        &capped,
-    )
-    .unwrap();
-    assert!(auto.iter().all(|v| v.family.desc().alibi_softcap), "automatic selection takes simt for ALiBi with a softcap");
+    assert!(auto_bwd(&capped).iter().all(|v| v.family.desc().alibi_softcap), "automatic selection takes simt for ALiBi with a softcap");
 }
