@@ -1,9 +1,9 @@
 //! CPU tensors: the kernels on `flashattn`'s emulator, on contiguous copies of candle's
 //! elements (the emulator's memory is its own, aligned as a GPU's).
 
-use crate::{Elem, wrap};
+use crate::{Elem, FlashAttnOp, wrap};
 use candle_core::{CpuStorage, Layout, Result, Shape, Tensor};
-use flashattn::{Attention, BwdOptions, FlashAttn, FwdOptions};
+use flashattn::{BwdOptions, FlashAttn, FwdOptions};
 use std::sync::OnceLock;
 
 fn emulator() -> &'static FlashAttn {
@@ -31,11 +31,9 @@ fn gather<T: Elem>(s: &CpuStorage, l: &Layout) -> Result<Vec<T>> {
 }
 
 /// The forward: O in `q`'s shape.
-pub(crate) fn forward<T: Elem>(
-    attention: &Attention,
-    [(q, lq), (k, lk), (v, lv)]: [(&CpuStorage, &Layout); 3],
-) -> Result<(CpuStorage, Shape)> {
+pub(crate) fn forward<T: Elem>(op: &FlashAttnOp, [(q, lq), (k, lk), (v, lv)]: [(&CpuStorage, &Layout); 3]) -> Result<(CpuStorage, Shape)> {
     let fa = emulator();
+    let attention = &op.attention_on(fa)?;
     let upload = |s: &CpuStorage, l: &Layout| fa.upload(&gather::<T>(s, l)?, l.dims()).map_err(wrap);
     let (q, k, v) = (upload(q, lq)?, upload(k, lk)?, upload(v, lv)?);
     let out = fa.forward(&q, &k, &v, attention, &FwdOptions::default()).map_err(wrap)?;
@@ -44,8 +42,9 @@ pub(crate) fn forward<T: Elem>(
 
 /// The backward: dQ, dK, dV. The forward runs again first for its O and LSE (the emulator is
 /// deterministic: the O that candle holds).
-pub(crate) fn backward<T: Elem>(attention: &Attention, [q, k, v, d_o]: [&Tensor; 4]) -> Result<[Tensor; 3]> {
+pub(crate) fn backward<T: Elem>(op: &FlashAttnOp, [q, k, v, d_o]: [&Tensor; 4]) -> Result<[Tensor; 3]> {
     let fa = emulator();
+    let attention = &op.attention_on(fa)?;
     let upload = |t: &Tensor| fa.upload(&t.flatten_all()?.to_vec1::<T>()?, t.dims()).map_err(wrap);
     let (qe, ke, ve, doe) = (upload(q)?, upload(k)?, upload(v)?, upload(d_o)?);
     let out = fa.forward(&qe, &ke, &ve, attention, &FwdOptions::default()).map_err(wrap)?;

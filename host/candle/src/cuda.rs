@@ -61,7 +61,7 @@ pub(crate) fn forward<T: Elem>(
     let fwd = {
         let mut out = FwdBuffers { o: ViewMut::cuda(&mut o, lq.dims()), lse: ViewMut::cuda(&mut lse, &lse_dims), o_lo: None };
         let (q, k, v) = (view(q.as_cuda_slice::<T>()?, lq), view(k.as_cuda_slice::<T>()?, lk), view(v.as_cuda_slice::<T>()?, lv));
-        fa.forward_into_views(&q, &k, &v, &op.attention, &FwdOptions::default(), &mut out).map_err(wrap)?
+        fa.forward_into_views(&q, &k, &v, &op.attention_on(&fa)?, &FwdOptions::default(), &mut out).map_err(wrap)?
     };
     match op.backward {
         true => *op.saved.lock().unwrap_or_else(|p| p.into_inner()) = Some(Saved { fwd, lse }),

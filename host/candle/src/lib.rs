@@ -13,9 +13,12 @@
 //!   forward keeps its row statistics (LSE: 4 bytes per query row and head) for the backward.
 //! - On the CPU the same kernels run in `flashattn`'s emulator: slow, for tests and machines
 //!   without a GPU.
+//! - [`flash_attn_with`] takes `flashattn`'s [`Attention`] (sliding window, softcap);
+//!   [`flash_attn_alibi`] and [`flash_attn_alibi_with`] add ALiBi from a candle tensor of
+//!   slopes (candle-flash-attn's `flash_attn_alibi`).
 //! - Invalid input (shapes that do not match, a head_dim above 256, a scale out of range, a
-//!   dtype the kernels do not take) is an error before any launch; `flashattn`'s typed error
-//!   is inside candle's ([`candle_core::Error::Wrapped`]).
+//!   dtype the kernels do not take, slopes of the wrong shape or not finite) is an error before
+//!   any launch; `flashattn`'s typed error is inside candle's ([`candle_core::Error::Wrapped`]).
 //!
 //! ```no_run
 //! use candle_core::{DType, Device, Tensor};
@@ -43,8 +46,45 @@ pub fn flash_attn(q: &Tensor, k: &Tensor, v: &Tensor, softmax_scale: f32, causal
 }
 
 /// [`flash_attn`] with `flashattn`'s [`Attention`] (a scale of `None` is
-/// `1 / sqrt(head_dim)`).
+/// `1 / sqrt(head_dim)`). Its sinks and ALiBi slopes, made on a `flashattn::FlashAttn` of
+/// one's own, are not the op's device's (an error): ALiBi comes in by
+/// [`flash_attn_alibi_with`].
 pub fn flash_attn_with(q: &Tensor, k: &Tensor, v: &Tensor, attention: Attention) -> Result<Tensor> {
+    apply(q, k, v, attention, None)
+}
+
+/// [`flash_attn`] with ALiBi (candle-flash-attn's `flash_attn_alibi`): query head h of
+/// batch entry b adds -slope |i + seqlen_k - seqlen_q - j| to the score of query row i and
+/// key j. `alibi_slopes` is f32, `[heads_q]` or `[batch, heads_q]`, on any device; its values
+/// are read once per call (on CUDA a copy to the host: slopes are a handful of numbers).
+/// Each must be finite; 0 is no bias for that head. The backward uses the same slopes (no
+/// gradient for them).
+pub fn flash_attn_alibi(q: &Tensor, k: &Tensor, v: &Tensor, alibi_slopes: &Tensor, softmax_scale: f32, causal: bool) -> Result<Tensor> {
+    flash_attn_alibi_with(q, k, v, alibi_slopes, Attention { causal, softmax_scale: Some(softmax_scale), ..Default::default() })
+}
+
+/// [`flash_attn_with`] and ALiBi slopes as [`flash_attn_alibi`] takes them (in place of any in
+/// `attention`).
+pub fn flash_attn_alibi_with(q: &Tensor, k: &Tensor, v: &Tensor, alibi_slopes: &Tensor, attention: Attention) -> Result<Tensor> {
+    if alibi_slopes.dtype() != DType::F32 || !(1..=2).contains(&alibi_slopes.rank()) {
+        candle_core::bail!(
+            "flash_attn: alibi_slopes is {:?} of shape {:?}; expected F32 [heads_q] or [batch, heads_q]",
+            alibi_slopes.dtype(),
+            alibi_slopes.dims()
+        );
+    }
+    let slopes = Slopes { values: alibi_slopes.flatten_all()?.to_vec1::<f32>()?, shape: alibi_slopes.dims().to_vec() };
+    apply(q, k, v, Attention { alibi: None, ..attention }, Some(slopes))
+}
+
+/// ALiBi slopes from the host, made into `flashattn`'s on the device the op runs on.
+struct Slopes {
+    values: Vec<f32>,
+    shape: Vec<usize>,
+}
+
+/// The checks and the op, for [`flash_attn_with`] and [`flash_attn_alibi_with`].
+fn apply(q: &Tensor, k: &Tensor, v: &Tensor, attention: Attention, alibi: Option<Slopes>) -> Result<Tensor> {
     for (name, t) in [("q", q), ("k", k), ("v", v)] {
         if t.rank() != 4 {
             candle_core::bail!("flash_attn: {name} has shape {:?}; expected [batch, seqlen, heads, head_dim]", t.dims());
@@ -65,6 +105,7 @@ pub fn flash_attn_with(q: &Tensor, k: &Tensor, v: &Tensor, attention: Attention)
         &v,
         FlashAttnOp {
             attention,
+            alibi,
             backward,
             #[cfg(feature = "cuda")]
             saved: Default::default(),
@@ -117,11 +158,24 @@ macro_rules! with_elem {
 /// wrote beside O for its backward.
 struct FlashAttnOp {
     attention: Attention,
+    /// ALiBi slopes, made on the device at each forward (and backward on the CPU).
+    alibi: Option<Slopes>,
     /// Whether candle may call `bwd` (an input is tracked): the forward keeps its LSE.
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     backward: bool,
     #[cfg(feature = "cuda")]
     saved: std::sync::Mutex<Option<cuda::Saved>>,
+}
+
+impl FlashAttnOp {
+    /// The attention with its ALiBi slopes on `fa` (checked there: each finite).
+    fn attention_on(&self, fa: &flashattn::FlashAttn) -> Result<Attention> {
+        let alibi = match &self.alibi {
+            Some(s) => Some(fa.alibi_slopes(&s.values, &s.shape).map_err(wrap)?),
+            None => self.attention.alibi.clone(),
+        };
+        Ok(Attention { alibi, ..self.attention.clone() })
+    }
 }
 
 impl CustomOp3 for FlashAttnOp {
@@ -138,7 +192,7 @@ impl CustomOp3 for FlashAttnOp {
         v: &CpuStorage,
         lv: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        with_elem!(q.dtype(), T => cpu::forward::<T>(&self.attention, [(q, lq), (k, lk), (v, lv)]))
+        with_elem!(q.dtype(), T => cpu::forward::<T>(self, [(q, lq), (k, lk), (v, lv)]))
     }
 
     #[cfg(feature = "cuda")]
@@ -165,7 +219,7 @@ impl CustomOp3 for FlashAttnOp {
         let d_o = unit_last(d_o)?;
         let _ = o;
         let [dq, dk, dv] = match q.device() {
-            candle_core::Device::Cpu => with_elem!(q.dtype(), T => cpu::backward::<T>(&self.attention, [q, k, v, &d_o]))?,
+            candle_core::Device::Cpu => with_elem!(q.dtype(), T => cpu::backward::<T>(self, [q, k, v, &d_o]))?,
             #[cfg(feature = "cuda")]
             candle_core::Device::Cuda(_) => with_elem!(q.dtype(), T => cuda::backward::<T>(self, [q, k, v, o, &d_o]))?,
             other => candle_core::bail!("flash_attn: no backward on {:?}", other.location()),

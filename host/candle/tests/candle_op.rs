@@ -1,9 +1,9 @@
 //! The candle op against the f64 reference and against candle's own attention (matmul and
 //! softmax in f32, differentiated by candle's autograd): forward and backward on Q, K, V in
 //! three layouts (contiguous; `[b, h, s, d]` transposed; narrowed out of one packed
-//! `[b, s, 3, h, d]` projection), every dtype, causal and not, at fixed odd shapes and at
-//! random ones drawn as the property tests draw them (every scale, GQA, head_dim 1..=256);
-//! and the errors. On the CPU (the emulator) always; on CUDA too when built with
+//! `[b, s, 3, h, d]` projection), every dtype, causal and not, with ALiBi and without, at
+//! fixed odd shapes and at random ones drawn as the property tests draw them (every scale,
+//! GQA, head_dim 1..=256, ALiBi slopes of every sign and size); and the errors. On the CPU (the emulator) always; on CUDA too when built with
 //! `--features cuda` and a GPU is there (`REQUIRE_GPU=1` makes a missing one a failure).
 //!
 //! `FLASHATTN_CANDLE_CPU_CASES` / `FLASHATTN_CANDLE_GPU_CASES` set the number of random cases.
@@ -11,8 +11,8 @@
 use candle_core::{D, DType, Device, Tensor, Var};
 use flashattn::reference::{naive_attention, reference, rel_l2, tolerance};
 use flashattn::{AttnShape, Dtype};
-use flashattn_candle::{Attention, flash_attn, flash_attn_with};
-use flashattn_tests::{Case, Dt, GradRefs, case_strategy, check_grads_against, env_usize, shards, within};
+use flashattn_candle::{Attention, flash_attn, flash_attn_alibi, flash_attn_alibi_with, flash_attn_with};
+use flashattn_tests::{AlibiDraw, Case, Dt, GradRefs, case_strategy, check_grads_against, env_usize, shards, within};
 use libtest_mimic::{Arguments, Failed, Trial};
 use proptest::strategy::{Strategy, ValueTree};
 
@@ -96,7 +96,16 @@ fn check<T: Dtype + candle_core::WithDType>(dev: &Device, case: &Case, layout: L
     let mut rng = flashattn::rng::Rng::new(case.seed);
     let (vars, [q, k, v]) = inputs::<T>(&s, layout, &mut rng, dev).map_err(e)?;
     let attn = case.attention();
-    let o = flash_attn_with(&q, &k, &v, attn.clone()).map_err(e)?;
+    // ALiBi slopes as a candle tensor (the op's own FlashAttn takes no slopes made on another).
+    let slopes = match case.alibi_values(s.batch, s.heads_q) {
+        Some((values, shape)) => Some(Tensor::from_vec(values, shape, dev).map_err(e)?),
+        None => None,
+    };
+    let op = |q: &Tensor, k: &Tensor, v: &Tensor| match &slopes {
+        Some(sl) => flash_attn_alibi_with(q, k, v, sl, Attention { alibi: None, ..attn.clone() }),
+        None => flash_attn_with(q, k, v, attn.clone()),
+    };
+    let o = op(&q, &k, &v).map_err(e)?;
     if o.dims() != q.dims() || o.dtype() != q.dtype() {
         return Err(format!("{case} {layout:?}: O is {:?} {:?}", o.dims(), o.dtype()));
     }
@@ -104,7 +113,7 @@ fn check<T: Dtype + candle_core::WithDType>(dev: &Device, case: &Case, layout: L
     let got: Vec<f64> = elems::<T>(&o).map_err(e)?.iter().map(|&x| Dtype::to_f64(x)).collect();
     // The same forward with no input tracked (no backward can follow: on CUDA its LSE goes to
     // the device's reused scratch buffer): the same O, bit for bit.
-    let untracked = flash_attn_with(&q.detach(), &k.detach(), &v.detach(), attn.clone()).map_err(e)?;
+    let untracked = op(&q.detach(), &k.detach(), &v.detach()).map_err(e)?;
     let bits = |x: &[f64]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
     let got_untracked: Vec<f64> = elems::<T>(&untracked).map_err(e)?.iter().map(|&x| Dtype::to_f64(x)).collect();
     if bits(&got_untracked) != bits(&got) {
@@ -139,7 +148,8 @@ struct Ours<'a> {
 }
 
 /// candle's own attention in f32 on `[b, s, h, d]` inputs: Q K^T (K and V heads repeated for
-/// GQA), scaled, the causal mask as -inf (rows that see no key: O = 0), softmax, P V.
+/// GQA), scaled, ALiBi's bias added, the causal mask as -inf (rows that see no key: O = 0),
+/// softmax, P V.
 fn candle_attention(q: &Tensor, k: &Tensor, v: &Tensor, s: &AttnShape, attn: &Attention) -> candle_core::Result<Tensor> {
     let (b, sq, sk, hq, hk, d) = (s.batch, s.seqlen_q, s.seqlen_k, s.heads_q, s.heads_kv, s.head_dim);
     let heads = |t: &Tensor| -> candle_core::Result<Tensor> {
@@ -148,6 +158,15 @@ fn candle_attention(q: &Tensor, k: &Tensor, v: &Tensor, s: &AttnShape, attn: &At
     };
     let (q, k, v) = (q.transpose(1, 2)?.contiguous()?, heads(k)?, heads(v)?);
     let scores = q.matmul(&k.t()?.contiguous()?)?.affine(attn.scale(d) as f64, 0.0)?;
+    let scores = match attn.alibi {
+        Some(_) => {
+            let bias = (0..b * hq * sq * sk)
+                .map(|x| attn.alibi_bias((x / (hq * sq * sk), x / (sq * sk) % hq), x / sk % sq, x % sk, sq, sk) as f32)
+                .collect::<Vec<_>>();
+            (scores + Tensor::from_vec(bias, (b, hq, sq, sk), q.device())?)?
+        }
+        None => scores,
+    };
     let (scores, seen) = if attn.causal {
         // Query row i sees keys j <= i + sk - sq; a row that sees none gets bias 0 and is
         // zeroed after P V.
@@ -234,7 +253,9 @@ fn cases(dev: &Device, tag: &str) -> Vec<Trial> {
                     window: Default::default(),
                     softcap: None,
                     sinks: false,
-                    alibi: None,
+                    // ALiBi per batch entry with causal masking (a 0, a negative, a steep or
+                    // the paper's slope: whatever the seed draws).
+                    alibi: causal.then_some(AlibiDraw { per_batch: true, batch0: 0 }),
                 };
                 let dev = dev.clone();
                 let trial_name = format!("{tag}::{layout:?}::{name}::{}", if causal { "causal" } else { "negative_scale" }).to_lowercase();
@@ -283,13 +304,12 @@ fn random_trials(dev: &Device, tag: &str) -> Vec<Trial> {
                 let mut runner = proptest::test_runner::TestRunner::new_with_rng(Default::default(), rng);
                 for i in 0..cases {
                     let mut case = strategy.new_tree(&mut runner).map_err(|e| Failed::from(e.to_string()))?.current();
-                    // No sliding window, no softcap, no sinks, no ALiBi: the op's signature
-                    // (candle-flash-attn's `flash_attn`) has none, and its own FlashAttn
-                    // takes no sinks or slopes made on another.
+                    // No sliding window, no softcap (candle's attention here has neither), no
+                    // sinks (the op's own FlashAttn takes none made on another); ALiBi as
+                    // drawn, by `flash_attn_alibi_with`.
                     case.window = Default::default();
                     case.softcap = None;
                     case.sinks = false;
-                    case.alibi = None;
                     let layout = [Layout::Contiguous, Layout::Bhsd, Layout::Packed][(i + shard) % 3];
                     if let Layout::Packed = layout {
                         let n = case.shape.seqlen_q.min(case.shape.seqlen_k);
@@ -329,6 +349,15 @@ fn errors(dev: &Device) -> Result<(), String> {
     let big = t(&[1, 8, 2, 264], DType::BF16)?;
     expect(flash_attn(&big, &big, &big, 0.1, false), "head_dim 264", "264")?;
     expect(flash_attn(&q, &q, &q, f32::NAN, false), "NaN scale", "NaN")?;
+    // ALiBi slopes: f32, [heads_q] or [batch, heads_q] matching the call, each finite.
+    let slopes = |v: &[f32], shape: &[usize], dt: DType| Tensor::from_vec(v.to_vec(), shape, dev).and_then(|t| t.to_dtype(dt));
+    let sl = |v: &[f32], shape: &[usize], dt| slopes(v, shape, dt).map_err(|e| e.to_string());
+    expect(flash_attn_alibi(&q, &q, &q, &sl(&[0.5, 0.25], &[2], DType::BF16)?, 0.1, true), "bf16 slopes", "BF16")?;
+    expect(flash_attn_alibi(&q, &q, &q, &sl(&[0.5; 8], &[2, 2, 2], DType::F32)?, 0.1, true), "rank-3 slopes", "[2, 2, 2]")?;
+    expect(flash_attn_alibi(&q, &q, &q, &sl(&[0.5; 3], &[3], DType::F32)?, 0.1, true), "3 slopes for 2 heads", "heads")?;
+    expect(flash_attn_alibi(&q, &q, &q, &sl(&[0.5; 4], &[2, 2], DType::F32)?, 0.1, true), "slopes of 2 batch entries for 1", "batch")?;
+    expect(flash_attn_alibi(&q, &q, &q, &sl(&[0.5, f32::NAN], &[2], DType::F32)?, 0.1, true), "NaN slope", "NaN")?;
+    flash_attn_alibi(&q, &q, &q, &sl(&[0.5, -0.25], &[1, 2], DType::F32)?, 0.1, true).map_err(|e| format!("[batch, heads] slopes: {e}"))?;
     let _ = Attention::default();
     Ok(())
 }
