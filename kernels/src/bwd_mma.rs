@@ -340,17 +340,18 @@ struct DqStep<'a, T: Copy, const D: usize, const DK: usize, const QREG: bool, co
 }
 
 impl<T: MmaElement, const D: usize, const DK: usize, const QREG: bool, const SPLIT: usize> DqStep<'_, T, D, DK, QREG, SPLIT> {
-    /// Warp: S_ij = Q_i K_j^T times scale log2(e) (-inf where masked, with MASKED) and
-    /// dP_ij = dO_i V_j^T for key tile `j`, as NS m16n8 C fragments each; k over D (over the
-    /// warp's half of D, then the pair's halves summed, with SPLIT).
+    /// Warp: S_ij = Q_i K_j^T times scale log2(e), or with a softcap t_ij = tanh(S_ij k)
+    /// (in (-1, 1): the caller takes it to the log2 domain, [`Self::capped`]) (-inf where
+    /// masked, with MASKED) and dP_ij = dO_i V_j^T for key tile `j`, as NS m16n8 C fragments
+    /// each; k over D (over the warp's half of D, then the pair's halves summed, with SPLIT).
     #[inline(always)]
     fn scores<M: Mask, const MASKED: bool, const BC: usize, const NS: usize>(&self, j: usize) -> ([[f32; 4]; NS], [[f32; 4]; NS]) {
         let p = self.p;
         let (g, t) = (self.g, self.t);
         let c0 = (j * BC) as u32;
-        // With a softcap: tanh(S k) times cap log2(e) (`softcap`).
+        // With a softcap: tanh(S k) (`softcap`), left for the caller to scale.
         let sc = Softcap::<M>::new(&p.pb);
-        let factor = if sc.on() { sc.cap() * LOG2_E } else { crate::softmax::score_scale(p.pb.scale) * LOG2_E };
+        let factor = if sc.on() { 1.0 } else { crate::softmax::score_scale(p.pb.scale) * LOG2_E };
         let mut s = [[0f32; 4]; NS];
         let mut dp = [[0f32; 4]; NS];
         for kk in 0..DK {
@@ -392,10 +393,21 @@ impl<T: MmaElement, const D: usize, const DK: usize, const QREG: bool, const SPL
         (s, dp)
     }
 
+    /// A score of [`Self::scores`] in the log2 domain: with a softcap t cap log2(e), else
+    /// itself (-inf stays -inf).
+    #[inline(always)]
+    fn capped<M: Mask>(&self, s: f32) -> f32 {
+        let sc = Softcap::<M>::new(&self.p.pb);
+        if sc.on() { s * (sc.cap() * LOG2_E) } else { s }
+    }
+
     /// Pass 0, warp: folds key tile `j` into the running statistics of rows g and g + 8.
     #[inline(always)]
     fn stats<M: Mask, const MASKED: bool, const BC: usize, const NS: usize>(&self, j: usize, rows: &mut [QuadRow; 2]) {
         let (mut x, dp) = self.scores::<M, MASKED, BC, NS>(j);
+        for x in x.as_flattened_mut() {
+            *x = self.capped::<M>(*x);
+        }
         // ALiBi, in the log2 domain (`alibi`; a masked -inf stays -inf).
         let al = Alibi::<M>::new(self.slope, &self.p.pb).log2();
         if al.on() {
@@ -419,9 +431,10 @@ impl<T: MmaElement, const D: usize, const DK: usize, const QREG: bool, const SPL
         acc_dq: &mut [[f32; 4]; DN],
     ) {
         let (mut s, dp) = self.scores::<M, MASKED, BC, NS>(j);
-        // With a softcap, dS takes tanh's derivative 1 - t^2, t = S / (cap log2(e)).
+        // With a softcap, dS takes tanh's derivative 1 - t^2 of the scores' t itself (from
+        // the score in the log2 domain divided back, 1 - t^2 took that quotient's rounding:
+        // about 1e-7 where t = 1 and the derivative is 0).
         let sc = Softcap::<M>::new(&self.p.pb);
-        let inv_cc = 1.0 / (sc.cap() * LOG2_E);
         // ALiBi's bias in the log2 domain (`alibi`), from the offset of the lane's first
         // column in each row.
         let al = Alibi::<M>::new(self.slope, &self.p.pb).log2();
@@ -433,8 +446,9 @@ impl<T: MmaElement, const D: usize, const DK: usize, const QREG: bool, const SPL
             for e in 0..4 {
                 let (m, inv_l, dd) = fin[e / 2];
                 let hidden = MASKED && s[n][e] == f32::NEG_INFINITY;
-                let dt = if sc.on() { dtanh(s[n][e] * inv_cc) } else { 1.0 };
-                let x = if al.on() { s[n][e] + al.at(base[e / 2], (8 * n + e % 2) as f32) } else { s[n][e] };
+                let dt = if sc.on() { dtanh(s[n][e]) } else { 1.0 };
+                let x = self.capped::<M>(s[n][e]);
+                let x = if al.on() { x + al.at(base[e / 2], (8 * n + e % 2) as f32) } else { x };
                 s[n][e] = if hidden { 0.0 } else { math::ex2(x - m) * inv_l * (dp[n][e] - dd) * dt };
             }
         }
