@@ -363,6 +363,10 @@ impl std::fmt::Display for Error {
             Error::InvalidSink { head, value } => {
                 write!(f, "the attention sink of head {head} is {value}: each sink must be finite, or -inf for none")
             }
+            // At creation (no sequences yet) `max` is f32::MAX: only finiteness is checked.
+            Error::InvalidAlibiSlope { index, slope, max } if *max == f32::MAX => {
+                write!(f, "ALiBi slope {index} is {slope}: each slope must be finite")
+            }
             Error::InvalidAlibiSlope { index, slope, max } => write!(
                 f,
                 "ALiBi slope {index} is {slope}: each slope must be finite, and of magnitude at most {max:e} for these sequences (|slope| (seqlen_q + seqlen_k) <= {:e})",
