@@ -97,11 +97,11 @@ pub fn check_forward(fa: &FlashAttn, case: &Case, plants: &[Plant], kernel: Opti
     }
 }
 
-/// The case checked: `case` without sinks, and without ALiBi where it has a softcap. ALiBi's bias is finite, so
-/// the rule holds with it as drawn; but with a softcap an infinite input makes scores of
-/// exactly +-cap, which the bias then tells apart only to f32's resolution at the cap (a unit
-/// roundoff of 1e8 is 6: P off by e^6), an error the bars here, taken from the inputs without
-/// the planted values, do not count (found at 2e-1 against 1e-3).
+/// The case checked: `case` without sinks, and without ALiBi where it has a softcap. ALiBi's
+/// bias is finite, so the rule holds with it as drawn; but with a softcap an infinite input
+/// makes scores of exactly +-cap, which the bias then tells apart only to f32's resolution at
+/// the cap (a unit roundoff of 1e8 is 6: P off by e^6), an error the bars here, taken from
+/// the inputs without the planted values, do not count (found at 2e-1 against 1e-3).
 fn checked_case(case: &Case) -> Case {
     Case { sinks: false, alibi: if case.softcap.is_some() { None } else { case.alibi }, ..*case }
 }

@@ -3,8 +3,9 @@
 //! three layouts (contiguous; `[b, h, s, d]` transposed; narrowed out of one packed
 //! `[b, s, 3, h, d]` projection), every dtype, causal and not, with ALiBi and without, at
 //! fixed odd shapes and at random ones drawn as the property tests draw them (every scale,
-//! GQA, head_dim 1..=256, ALiBi slopes of every sign and size); and the errors. On the CPU (the emulator) always; on CUDA too when built with
-//! `--features cuda` and a GPU is there (`REQUIRE_GPU=1` makes a missing one a failure).
+//! GQA, head_dim 1..=256, ALiBi slopes of every sign and size); and the errors. On the CPU
+//! (the emulator) always; on CUDA too when built with `--features cuda` and a GPU is there
+//! (`REQUIRE_GPU=1` makes a missing one a failure).
 //!
 //! `FLASHATTN_CANDLE_CPU_CASES` / `FLASHATTN_CANDLE_GPU_CASES` set the number of random cases.
 
