@@ -439,6 +439,21 @@ pub fn naive_backward<T: Dtype>(q: &[T], k: &[T], v: &[T], d_o: &[T], s: &AttnSh
 /// and 0 in naive attention and dS to exactly 0, while two f32 dot products of the same dP
 /// may differ in their last bit. Fully masked rows contribute nothing.
 pub fn backward_recompute_bound(q: &[f64], k: &[f64], v: &[f64], d_o: &[f64], s: &AttnShape, opts: &Attention) -> RefGrads {
+    backward_bound(q, k, v, d_o, s, opts, 0.0)
+}
+
+/// [`backward_recompute_bound`], with the sinks' gradient also taking the rounding of P to
+/// the inputs' dtype (unit roundoff `unit_t`) in D_i = sum_j P_ij dP_ij: P_sink,i unit_t
+/// sum_j P_ij |dP_ij| per row. A backward that takes D_i from the forward's O (`wgmma_atomic`
+/// with the residual: O + O_lo is the f32 O of a P V product with P rounded to T) carries it,
+/// as naive attention's D from its stored P does; but dsinks has only heads_q elements, too
+/// few for naive attention's error on them to stand for the class (twice it was beaten by 1.1
+/// to 1.5 times).
+pub fn backward_recompute_bound_t(q: &[f64], k: &[f64], v: &[f64], d_o: &[f64], s: &AttnShape, opts: &Attention, unit_t: f64) -> RefGrads {
+    backward_bound(q, k, v, d_o, s, opts, unit_t)
+}
+
+fn backward_bound(q: &[f64], k: &[f64], v: &[f64], d_o: &[f64], s: &AttnShape, opts: &Attention, unit_t: f64) -> RefGrads {
     let d = s.head_dim;
     let scale = opts.scale(d) as f64;
     let sc = score_scale(scale);
@@ -489,7 +504,8 @@ pub fn backward_recompute_bound(q: &[f64], k: &[f64], v: &[f64], d_o: &[f64], s:
                 let d_err: f64 = (0..vis.len()).map(|x| p[x] * (ds_s[x] * dp[x].abs() + ddp[x])).sum();
                 // ds_h = -sum_i P_sink D_i moves by P_sink dD_i.
                 if let (Some(ds), Some(x)) = (g.dsinks.get_mut(h), opts.sink(h)) {
-                    *ds += (x - lse).exp() * d_err;
+                    let d_t: f64 = p.iter().zip(&dp).map(|(pj, dpj)| pj * dpj.abs()).sum();
+                    *ds += (x - lse).exp() * (d_err + unit_t * d_t);
                 }
                 for (x, &j) in vis.iter().enumerate() {
                     let kj = kj(j);

@@ -554,13 +554,13 @@ pub struct GradRefs {
 impl GradRefs {
     /// The references of `case`'s inputs and dO.
     pub fn new<T: Dtype>(case: &Case, q: &[T], k: &[T], v: &[T], d_o: &[T]) -> GradRefs {
-        use flashattn::reference::{attention_backward_f64, backward_recompute_bound, naive_backward};
+        use flashattn::reference::{attention_backward_f64, backward_recompute_bound_t, naive_backward};
         let (s, attn) = (case.shape, case.attention());
         let w = |x: &[T]| x.iter().map(|e| e.to_f64()).collect::<Vec<_>>();
         GradRefs {
             exact: attention_backward_f64(&w(q), &w(k), &w(v), &w(d_o), &s, &attn),
             naive: naive_backward(q, k, v, d_o, &s, &attn),
-            floor: backward_recompute_bound(&w(q), &w(k), &w(v), &w(d_o), &s, &attn),
+            floor: backward_recompute_bound_t(&w(q), &w(k), &w(v), &w(d_o), &s, &attn, T::UNIT_ROUNDOFF),
         }
     }
 
