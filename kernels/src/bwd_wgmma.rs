@@ -46,6 +46,11 @@
 //! - The dK/dV kernel's D_i = D~_i + delta_i: in a row saturated to one key (the others'
 //!   weights below f32 rounding), D_i rounds to that key's dP_ij exactly and its dS^T to 0,
 //!   as naive attention's does.
+//! - With an attention sink (`sinks`) the row's key weights sum to 1 - P_sink,i (P_sink,i =
+//!   exp(s_h - LSE_i), LSE_i the forward's): delta_i = D_i - D~_i (1 - P_sink,i), so D_i =
+//!   D~_i (1 - P_sink,i) + delta_i, the exact dS_ij sum to D_i P_sink,i, and the correction
+//!   takes ((delta~_i - D_i P_sink,i) / sigma_i) B_i where the hot tiles hold at least half
+//!   of the row's key weight. D_i is also what the sink's gradient sums (`bwd_sinks`).
 //!
 //! It passes the tests that made this project recompute the statistics instead (its earlier
 //! default, 9 products per tile pair), at 7 products plus the hot tiles.

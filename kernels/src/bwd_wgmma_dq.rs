@@ -697,14 +697,20 @@ impl<
         // (The row's address rebuilt from an opaque batch index: hoisted from the loads of
         // `fin` it was kept across the loop and spilled at 128 registers.)
         let b_late = thread::opaque(self.b as u64) as u32;
+        // The head's attention sink in the log2 domain of m_i (-inf: none; a uniform branch).
+        let sink2 = unsafe { sinks::of_head(self.p.sinks, self.h) } * LOG2_E;
         for half in 0..2 {
             let (dl, dl_t, sg) = (warp::allreduce_sum_in::<4>(delta[half]), acc_one[0][2 * half], warp::allreduce_sum_in::<4>(sigma[half]));
+            // P_sink = exp(s_h - LSE_i): the row's key weights sum to 1 - P_sink, so delta_i =
+            // D_i - D~_i (1 - P_sink) and the exact dS_ij sum to D_i P_sink over the keys.
+            let ps = if sink2 == f32::NEG_INFINITY { 0.0 } else { math::ex2(sink2 - fin[half].0) };
+            let dd = if ps == 0.0 { fin[half].2 + dl } else { fin[half].2 * (1.0 - ps) + dl };
             let r = self.row_w + (self.g + 8 * half) as u32;
             if self.wg == 0 && self.t == 0 && r < self.sq {
-                unsafe { global::store((self.p.stats as *mut f32).add(self.p.stat_at(2, b_late, self.h, r)), fin[half].2 + dl) };
+                unsafe { global::store((self.p.stats as *mut f32).add(self.p.stat_at(2, b_late, self.h, r)), dd) };
             }
-            if sg >= 0.5 {
-                let c = dl_t / sg;
+            if sg > 0.0 && sg >= 0.5 * (1.0 - ps) {
+                let c = if ps == 0.0 { dl_t / sg } else { (dl_t - dd * ps) / sg };
                 let b_mine: [[f32; 4]; DNW] = core::array::from_fn(|n| if full_b && self.wg == 1 { acc_b[DNW + n] } else { acc_b[n] });
                 for (acc, bb) in acc_dq.iter_mut().zip(b_mine.iter()) {
                     acc[2 * half] -= c * bb[2 * half];

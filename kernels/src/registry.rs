@@ -706,9 +706,8 @@ pub struct BwdFamilyDesc {
     /// selection skips it for that combination, and naming it is an error.
     pub alibi_softcap: bool,
     /// Whether its kernels take attention sinks (`BwdParams::sinks`): automatic selection
-    /// skips the others when the attention has sinks, and naming one is an error. Not
-    /// `wgmma`: its dQ kernel's exact correction of D~ (`bwd_wgmma`) assumes the row's dS sum
-    /// to 0 over its keys, and with a sink they sum to D_i exp(s_h - LSE_i).
+    /// skips the others when the attention has sinks, and naming one is an error. Every
+    /// family does.
     pub sinks: bool,
     /// Its passes in launch order, without and with the forward's O residual at hand
     /// (`FwdParams::o_lo`).
@@ -737,7 +736,7 @@ const BWD_WGMMA: BwdFamilyDesc = BwdFamilyDesc {
     softcap: false,
     alibi: false,
     alibi_softcap: false,
-    sinks: false,
+    sinks: true,
     passes: [&[Pass::Prep, Pass::DqSaved, Pass::Dkdv], &[Pass::PrepResidual, Pass::DqSaved, Pass::Dkdv]],
     tiles: BwdTiles::Wgmma(wgmma_bwd_tile),
 };
