@@ -143,6 +143,23 @@ impl<M: Mask> Alibi<M> {
         }
     }
 
+    /// Thread: as [`Alibi::frag`] for S^T (keys as rows: rows `key_w` + g and + 8, queries
+    /// as columns c0 + 8 n + 2 t and + 1), the backward's transposed products.
+    #[inline(always)]
+    pub fn frag_t<const N: usize>(self, s: &mut [[f32; 4]; N], u: f32, c0: u32, key_w: u32, (g, t): (usize, usize)) {
+        for half in 0..2 {
+            // key - (query + sk - sq): the offset with the roles of row and column swapped,
+            // falling by one per query column.
+            let base = self.offset(c0 + 2 * t as u32, key_w + (g + 8 * half) as u32);
+            for (n, x) in s.iter_mut().enumerate() {
+                for e in 0..2 {
+                    let v = &mut x[2 * half + e];
+                    *v = *v * u + self.at(base, -((8 * n + e) as f32));
+                }
+            }
+        }
+    }
+
     /// For a kernel on raw scores (`softcap::Softcap::raw_factors`' c and lse_scale, the raw
     /// units): with the bias on, (u, log2 e, 1): u the factor taking raw scores to natural
     /// ones (`softmax::score_scale` of lse_scale: a zero scale is the smallest normal one, so
@@ -195,6 +212,27 @@ mod tests {
                     for (e, &v) in x.iter().enumerate() {
                         let (row, col) = (row_w + (g + 8 * (e / 2)) as u32, c0 + (8 * n + 2 * t + e % 2) as u32);
                         assert_eq!(v, 3.0 + a.bias(row, col), "lane {lane} n {n} e {e}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// `frag_t` adds to every element of the transposed fragments (keys as rows) the bias of
+    /// its (query, key).
+    #[test]
+    fn frag_t_adds_each_elements_bias() {
+        let pb = pb(70, 40);
+        let a = Alibi::<Windowed>::new(0.375, &pb);
+        for (c0, key_w) in [(0u32, 0u32), (32, 16), (64, 24)] {
+            for lane in 0..32usize {
+                let (g, t) = (lane / 4, lane % 4);
+                let mut s = [[1.5f32; 4]; 3];
+                a.frag_t::<3>(&mut s, 2.0, c0, key_w, (g, t));
+                for (n, x) in s.iter().enumerate() {
+                    for (e, &v) in x.iter().enumerate() {
+                        let (key, query) = (key_w + (g + 8 * (e / 2)) as u32, c0 + (8 * n + 2 * t + e % 2) as u32);
+                        assert_eq!(v, 3.0 + a.bias(query, key), "lane {lane} n {n} e {e}");
                     }
                 }
             }

@@ -50,7 +50,13 @@
 //!   exp(s_h - LSE_i), LSE_i the forward's): delta_i = D_i - D~_i (1 - P_sink,i), so D_i =
 //!   D~_i (1 - P_sink,i) + delta_i, the exact dS_ij sum to D_i P_sink,i, and the correction
 //!   takes ((delta~_i - D_i P_sink,i) / sigma_i) B_i where the hot tiles hold at least half
-//!   of the row's key weight. D_i is also what the sink's gradient sums (`bwd_sinks`).
+//!   of the row's key weight; a key is hot where P > (1 - P_sink,i) / 8 (a row dominated by
+//!   its sink has keys of small P whose dS still cancel). D_i is also what the sink's
+//!   gradient sums (`bwd_sinks`).
+//!
+//! ALiBi (`alibi`, the general entries): the recomputed P and P^T take the bias in the log2
+//! domain (S scale log2 e + bias log2 e - m_i, m_i from the forward's LSE, which counts it);
+//! dS keeps its form and the correction its reasoning.
 //!
 //! It passes the tests that made this project recompute the statistics instead (its earlier
 //! default, 9 products per tile pair), at 7 products plus the hot tiles.
@@ -69,6 +75,7 @@ use crate::dev::{self, Shared, block, global, math, thread, warp, warpgroup};
 use crate::dtype::MmaElement;
 use crate::frag::{store_rows, to_a};
 
+use crate::alibi::Alibi;
 use crate::block_info::BlockInfo;
 use crate::copy::{body_head_dim, by_element, load_tile_in, load_two};
 use crate::mask::{Mask, Window, q_tiles};
@@ -558,6 +565,27 @@ impl<
         core::array::from_fn(|kq| to_a::<T>(x[2 * kq], x[2 * kq + 1]))
     }
 
+    /// Thread: P^T = exp2(S^T scale log2(e) + bias - m) / l per query column in place of the
+    /// unscaled S^T `s` of query head `h`'s tile from row `i0` (the bias is ALiBi's in the
+    /// log2 domain, in one uniform branch; m, 1 / l from the stage's `m_row`, `il_row`).
+    #[inline(always)]
+    fn probs_t(&self, s: &mut [[f32; 4]; NQ], h: u32, i0: u32, m_row: Shared<f32>, il_row: Shared<f32>) {
+        let al = unsafe { Alibi::<M>::load(self.p.alibi, self.p.alibi_batch, self.b, h, &self.p.pb) }.log2();
+        let u = if al.on() {
+            al.frag_t::<NQ>(s, self.factor, i0, self.key0, (self.g, self.t));
+            1.0
+        } else {
+            self.factor
+        };
+        for (n, x) in s.iter_mut().enumerate() {
+            let c = n * 8 + 2 * self.t;
+            let (ms, ils) = ([m_row.ld(c), m_row.ld(c + 1)], [il_row.ld(c), il_row.ld(c + 1)]);
+            for (e, x) in x.iter_mut().enumerate() {
+                *x = math::ex2(*x * u - ms[e % 2]) * ils[e % 2];
+            }
+        }
+    }
+
     /// Warpgroup (one a block): one query tile (stage `st`, query head h, first row i0):
     /// dV_j += P^T dO_i into `acc_dv`, dK_j += dS^T Q_i into `acc_dk`, with DQ dQ_i +=
     /// dS_ij K_j into the f32 accumulator; `masked` applies the causal mask (and with DQ hides
@@ -578,14 +606,7 @@ impl<
         // Thread: P^T = exp2(S^T scale log2(e) - m) / l per query column (0 where the row sees
         // no key: m = +inf), then 0 where masked: after the exponential, since with a negative
         // scale a masked -inf score would become +inf.
-        for (n, x) in s.iter_mut().enumerate() {
-            let c = n * 8 + 2 * self.t;
-            let ms = [m_row.ld(c), m_row.ld(c + 1)];
-            let ils = [il_row.ld(c), il_row.ld(c + 1)];
-            for (e, x) in x.iter_mut().enumerate() {
-                *x = math::ex2(*x * self.factor - ms[e % 2]) * ils[e % 2];
-            }
-        }
+        self.probs_t(&mut s, h, i0, m_row, il_row);
         // `masked` is uniform and true on diagonal tiles only: one branch around the whole
         // mask (a branch per element became selects in every tile in the forward kernel).
         // The window's bounds fresh each tile (`Window::opaque`).
@@ -700,13 +721,7 @@ impl<
         if self.wg == 0 {
             // Thread: P^T = exp2(S^T scale log2(e) - m) / l per query column, then -0.0 where
             // masked (as in `step`), to the exchange.
-            for (n, x) in x.iter_mut().enumerate() {
-                let c = n * 8 + 2 * self.t;
-                let (ms, ils) = ([m_row.ld(c), m_row.ld(c + 1)], [il_row.ld(c), il_row.ld(c + 1)]);
-                for (e, x) in x.iter_mut().enumerate() {
-                    *x = math::ex2(*x * self.factor - ms[e % 2]) * ils[e % 2];
-                }
-            }
+            self.probs_t(&mut x, h, i0, m_row, il_row);
             if masked {
                 let win = Window::<M>::new(&self.p.pb).opaque();
                 for (n, x) in x.iter_mut().enumerate() {

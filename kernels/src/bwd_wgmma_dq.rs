@@ -1,6 +1,7 @@
 //! The Hopper dQ kernel (sm_90a), the first of the Hopper backward's two kernels: see
 //! [`crate::bwd_wgmma`] for the algorithm, the exact correction and the order of the launches.
 
+use crate::alibi::Alibi;
 use crate::block_info::BlockInfo;
 use crate::copy::{body_head_dim, by_element, load_tile_in, load_two};
 use crate::dev::{self, Shared, block, global, math, thread, warp, warpgroup};
@@ -270,6 +271,8 @@ struct DqBlock<
     n_unmasked: usize,
     /// scale log2(e), for exp2.
     factor: f32,
+    /// The head's ALiBi bias in the log2 domain (`alibi`; off outside the general entries).
+    alibi: Alibi<M>,
     mask: PhantomData<M>,
 }
 
@@ -361,7 +364,30 @@ impl<
             from,
             n_unmasked,
             factor: 0.0,
+            alibi: unsafe { Alibi::<M>::load(p.alibi, p.alibi_batch, b, h, &p.pb) }.log2(),
             mask: PhantomData,
+        }
+    }
+
+    /// Thread (DQ_SAVED): P = exp2(S scale log2(e) + bias - m_i) in place of the unscaled
+    /// scores `s` of the keys from `c0` on (`prep` gives 1 / l_i = 1; the bias is ALiBi's, in
+    /// one uniform branch).
+    #[inline(always)]
+    fn probs<const N: usize>(&self, s: &mut [[f32; 4]; N], c0: u32, fin: &[(f32, f32, f32); 2]) {
+        let al = self.alibi.opaque();
+        if al.on() {
+            al.frag::<N>(s, self.factor, c0, self.row_w, (self.g, self.t));
+            for x in s.iter_mut() {
+                for (e, x) in x.iter_mut().enumerate() {
+                    *x = math::ex2(*x - fin[e / 2].0);
+                }
+            }
+        } else {
+            for x in s.iter_mut() {
+                for (e, x) in x.iter_mut().enumerate() {
+                    *x = math::ex2(math::fma(*x, self.factor, -fin[e / 2].0));
+                }
+            }
         }
     }
 
@@ -596,14 +622,10 @@ impl<
         // fragments (k-step ks: n-tiles 2ks, 2ks + 1); then dQ~_i += dS~ K_j, K_j read
         // MN-major.
         let mut pt = *s;
-        for x in pt.iter_mut() {
-            for (e, x) in x.iter_mut().enumerate() {
-                *x = math::ex2(math::fma(*x, self.factor, -fin[e / 2].0));
-            }
-        }
+        self.probs::<NSW>(&mut pt, (j * BC + self.key_w) as u32, fin);
         self.mask(&mut pt, j, masked, 0.0);
         let mut ds = [[0f32; 4]; NSW];
-        let mut p_max = 0f32; // over both rows: the warp votes on any of its rows
+        let mut p_max = [0f32; 2]; // rows g and g + 8: the warp votes on any of its rows
         for n in 0..NSW {
             for e in 0..4 {
                 ds[n][e] = pt[n][e] * (dp[n][e] - fin[e / 2].2);
@@ -613,7 +635,7 @@ impl<
         self.mask(&mut ds, j, masked, 0.0);
         for n in 0..NSW {
             for e in 0..4 {
-                p_max = p_max.max(pt[n][e]);
+                p_max[e / 2] = p_max[e / 2].max(pt[n][e]);
                 delta[e / 2] += ds[n][e];
             }
         }
@@ -635,9 +657,10 @@ impl<
         warpgroup::fence_operands(acc_one);
         warpgroup::fence_fragments(&mut da);
         if self.saved {
-            // Warp: whether one of its rows has a key with P > HOT_P among its
-            // warpgroup's keys of this tile.
-            let v = warp::any(p_max > HOT_P);
+            // Warp: whether one of its rows has a key with P > HOT_P (1 - P_sink,i), a large
+            // part of the row's key weight, among its warpgroup's keys of this tile.
+            let hot = |half: usize| p_max[half] > HOT_P * (1.0 - self.sink_weight(fin[half].0));
+            let v = warp::any(hot(0) || hot(1));
             if self.lane == 0 {
                 self.votes.st(4 * self.split * (it % 2) + 4 * self.wg + self.w, v as u32);
             }
@@ -697,13 +720,11 @@ impl<
         // (The row's address rebuilt from an opaque batch index: hoisted from the loads of
         // `fin` it was kept across the loop and spilled at 128 registers.)
         let b_late = thread::opaque(self.b as u64) as u32;
-        // The head's attention sink in the log2 domain of m_i (-inf: none; a uniform branch).
-        let sink2 = unsafe { sinks::of_head(self.p.sinks, self.h) } * LOG2_E;
         for half in 0..2 {
             let (dl, dl_t, sg) = (warp::allreduce_sum_in::<4>(delta[half]), acc_one[0][2 * half], warp::allreduce_sum_in::<4>(sigma[half]));
             // P_sink = exp(s_h - LSE_i): the row's key weights sum to 1 - P_sink, so delta_i =
             // D_i - D~_i (1 - P_sink) and the exact dS_ij sum to D_i P_sink over the keys.
-            let ps = if sink2 == f32::NEG_INFINITY { 0.0 } else { math::ex2(sink2 - fin[half].0) };
+            let ps = self.sink_weight(fin[half].0);
             let dd = if ps == 0.0 { fin[half].2 + dl } else { fin[half].2 * (1.0 - ps) + dl };
             let r = self.row_w + (self.g + 8 * half) as u32;
             if self.wg == 0 && self.t == 0 && r < self.sq {
@@ -718,6 +739,15 @@ impl<
                 }
             }
         }
+    }
+
+    /// Thread: P_sink,i = exp(s_h - LSE_i) of a row whose m_i is `m` (0 without a sink, in a
+    /// uniform branch; 0 for m = +inf).
+    #[inline(always)]
+    fn sink_weight(&self, m: f32) -> f32 {
+        // The head's attention sink in the log2 domain of m_i (-inf: none).
+        let sink2 = unsafe { sinks::of_head(self.p.sinks, self.h) } * LOG2_E;
+        if sink2 == f32::NEG_INFINITY { 0.0 } else { math::ex2(sink2 - m) }
     }
 
     /// Block (DQ_SAVED): B_i = sum P_ij K_j over the `n_hot` hot tiles (S and P recomputed:
@@ -767,11 +797,7 @@ impl<
             warpgroup::commit();
             warpgroup::wait::<0, NS>(&mut s);
             self.clean_k(0, bad_k);
-            for x in s.iter_mut() {
-                for (e, x) in x.iter_mut().enumerate() {
-                    *x = math::ex2(math::fma(*x, self.factor, -fin[e / 2].0));
-                }
-            }
+            self.probs::<NS>(&mut s, (j * BC) as u32, fin);
             let win = Window::<M>::new(&self.p.pb).opaque();
             mask_frag::<M, NS>(&mut s, (j * BC) as u32, self.row_w, (self.g, self.t), (self.sq, self.sk), self.tile_masked(j), 0.0, win);
             let mut pa: [[u32; 4]; KS] = core::array::from_fn(|ks| to_a::<T>(s[2 * ks], s[2 * ks + 1]));

@@ -698,8 +698,8 @@ pub struct BwdFamilyDesc {
     /// general entries).
     pub softcap: bool,
     /// Whether its kernels apply ALiBi (`BwdParams::alibi`, in their general entries), as
-    /// [`BwdFamilyDesc::softcap`] for a softcap: the same families (the others have no
-    /// general entries, or are the `wgmma` kernels, not yet extended).
+    /// [`BwdFamilyDesc::softcap`] for a softcap: every family with general entries (not the
+    /// atomic ones).
     pub alibi: bool,
     /// Whether its kernels apply ALiBi and a softcap together: not `mma` (its dK/dV kernel
     /// at d = 64 has no registers left for tanh's value beside the biased score); automatic
@@ -734,7 +734,7 @@ const BWD_WGMMA: BwdFamilyDesc = BwdFamilyDesc {
     deterministic: true,
     aligned_only: false,
     softcap: false,
-    alibi: false,
+    alibi: true,
     alibi_softcap: false,
     sinks: true,
     passes: [&[Pass::Prep, Pass::DqSaved, Pass::Dkdv], &[Pass::PrepResidual, Pass::DqSaved, Pass::Dkdv]],

@@ -604,7 +604,8 @@ pub(crate) const fn exchange_floats(split: usize, cols: usize) -> usize {
 }
 
 /// Capacity of the Hopper dQ kernel's list of hot key tiles (`bwd_wgmma`, in shared memory):
-/// a row has fewer than 8 keys with P > 1/8 (its `HOT_P`), so a 64-row block at most 512.
+/// a row has fewer than 8 keys with P > 1/8 of its key weight (its `HOT_P`), so a 64-row
+/// block at most 512.
 pub const HOT_TILES: usize = 512;
 
 #[cfg(test)]
