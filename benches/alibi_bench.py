@@ -59,6 +59,11 @@ def paper_slopes(n):
 def flex(args, dtype, d, s, causal, backward):
     import torch
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    # The backward is timed by calling autograd.grad on one graph repeatedly (retain_graph),
+    # which compiled backwards with donated buffers refuse (seen at d = 128).
+    import torch._functorch.config
+
+    torch._functorch.config.donated_buffer = False
     heads, batch = args.hidden // d, max(1, args.tokens // s)
     dt = {"f16": torch.float16, "bf16": torch.bfloat16}[dtype]
     slopes = torch.tensor(paper_slopes(heads), device="cuda", dtype=torch.float32)
