@@ -439,7 +439,7 @@ pub fn naive_backward<T: Dtype>(q: &[T], k: &[T], v: &[T], d_o: &[T], s: &AttnSh
 /// and 0 in naive attention and dS to exactly 0, while two f32 dot products of the same dP
 /// may differ in their last bit. Fully masked rows contribute nothing.
 pub fn backward_recompute_bound(q: &[f64], k: &[f64], v: &[f64], d_o: &[f64], s: &AttnShape, opts: &Attention) -> RefGrads {
-    backward_bound(q, k, v, d_o, s, opts, 0.0)
+    backward_recompute_bound_t(q, k, v, d_o, s, opts, 0.0)
 }
 
 /// [`backward_recompute_bound`], with the sinks' gradient also taking the rounding of P to
@@ -450,10 +450,6 @@ pub fn backward_recompute_bound(q: &[f64], k: &[f64], v: &[f64], d_o: &[f64], s:
 /// few for naive attention's error on them to stand for the class (twice it was beaten by 1.1
 /// to 1.5 times).
 pub fn backward_recompute_bound_t(q: &[f64], k: &[f64], v: &[f64], d_o: &[f64], s: &AttnShape, opts: &Attention, unit_t: f64) -> RefGrads {
-    backward_bound(q, k, v, d_o, s, opts, unit_t)
-}
-
-fn backward_bound(q: &[f64], k: &[f64], v: &[f64], d_o: &[f64], s: &AttnShape, opts: &Attention, unit_t: f64) -> RefGrads {
     let d = s.head_dim;
     let scale = opts.scale(d) as f64;
     let sc = score_scale(scale);
