@@ -89,6 +89,7 @@ pub fn select_bwd_variants(
             if !vs.iter().all(|v| v.entry(entry).is_some()) {
                 let what = match entry {
                     Entry::Varlen => "a variable-length batch in the backward family",
+                    Entry::General => "a softcap or ALiBi in the backward family",
                     _ => "a sliding window in the backward family",
                 };
                 return Err(Error::Unsupported { what, value: name.into() });

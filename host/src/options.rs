@@ -105,11 +105,11 @@ impl Attention {
     pub fn with_softcap(self, softcap: f32) -> Attention {
         Attention { softcap: Some(softcap), ..self }
     }
-    /// The kernel entry a forward or backward of this attention takes: a general one
-    /// (`mask::Windowed`) for a sliding window, a softcap or ALiBi, the variable-length one
-    /// for `varlen`, else the plain one.
+    /// The kernel entry a forward or backward of this attention takes: the variable-length one
+    /// for `varlen`, else a general one (`mask::General`) for a softcap or ALiBi, a window one
+    /// (`mask::Windowed`) for a sliding window alone, else the plain one.
     pub fn entry(&self, varlen: bool) -> crate::Entry {
-        crate::Entry::of(!self.window.is_none() || self.softcap.is_some() || self.alibi.is_some(), varlen)
+        crate::Entry::of(!self.window.is_none(), self.softcap.is_some() || self.alibi.is_some(), varlen)
     }
     /// The same attention with ALiBi slopes `slopes` (see [`Attention::alibi`]).
     pub fn with_alibi(self, slopes: crate::AlibiSlopes) -> Attention {

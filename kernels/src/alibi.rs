@@ -6,10 +6,10 @@
 //! causal shortcut (the column term only), every row gets its exact bias, so the LSE is that
 //! of the biased scores in every mode.
 //!
-//! Only the general entries apply it (`mask::Windowed`: [`Alibi`] is constant "off" for the
-//! other masks); the host launches an ALiBi attention on a general entry. The slopes are
-//! f32 `[heads_q]` or `[batch, heads_q]` (`FwdParams::alibi`, `alibi_batch`); a head whose
-//! slope is 0 runs as one without.
+//! Only the general entries apply it (`mask::General`, `Mask::BIAS`: [`Alibi`] is constant
+//! "off" for the other masks); the host launches an ALiBi attention on a general entry. The
+//! slopes are f32 `[heads_q]` or `[batch, heads_q]` (`FwdParams::alibi`, `alibi_batch`); a
+//! head whose slope is 0 runs as one without.
 //!
 //! The kernels that keep raw scores (Q K^T, exponent factor c: `softmax::RowState::update_raw`)
 //! take natural units when a bias is on: x = raw u + bias (u: the score scale, or the softcap
@@ -24,7 +24,7 @@ use core::f32::consts::LOG2_E;
 use core::marker::PhantomData;
 
 /// The ALiBi bias of one (batch entry, query head) for mask M's entries: off unless M is a
-/// general entry's mask (`Mask::WINDOW`), the launch has slopes and this head's is not 0.
+/// general entry's mask (`Mask::BIAS`), the launch has slopes and this head's is not 0.
 pub struct Alibi<M> {
     /// The head's slope (0: off).
     slope: f32,
@@ -58,7 +58,7 @@ impl<M: Mask> Alibi<M> {
     /// The bias of a head of slope `slope` ([`slope_of`]) in the launch (or sequence) `pb`.
     #[inline(always)]
     pub fn new(slope: f32, pb: &Problem) -> Self {
-        Alibi { slope: if M::WINDOW { slope } else { 0.0 }, diag: pb.seqlen_k.wrapping_sub(pb.seqlen_q), _mask: PhantomData }
+        Alibi { slope: if M::BIAS { slope } else { 0.0 }, diag: pb.seqlen_k.wrapping_sub(pb.seqlen_q), _mask: PhantomData }
     }
 
     /// The bias of query head `h` of batch entry `b` from the launch's slopes (`slopes`, 0
@@ -68,14 +68,14 @@ impl<M: Mask> Alibi<M> {
     /// As [`slope_of`].
     #[inline(always)]
     pub unsafe fn load(slopes: u64, batch_stride: u64, b: u32, h: u32, pb: &Problem) -> Self {
-        Self::new(if M::WINDOW { unsafe { slope_of(slopes, batch_stride, b, h) } } else { 0.0 }, pb)
+        Self::new(if M::BIAS { unsafe { slope_of(slopes, batch_stride, b, h) } } else { 0.0 }, pb)
     }
 
     /// The same bias through an opaque move (`Window::opaque`'s reason): LLVM can neither
     /// hoist what is computed from it out of a loop nor keep that live across one.
     #[inline(always)]
     pub fn opaque(self) -> Self {
-        if !M::WINDOW {
+        if !M::BIAS {
             return self;
         }
         let x = crate::dev::thread::opaque(((self.slope.to_bits() as u64) << 32) | self.diag as u64);
@@ -85,7 +85,7 @@ impl<M: Mask> Alibi<M> {
     /// Whether scores are biased (a uniform branch; constant false outside the general entries).
     #[inline(always)]
     pub fn on(self) -> bool {
-        M::WINDOW && self.slope != 0.0
+        M::BIAS && self.slope != 0.0
     }
 
     /// The slope.
@@ -177,7 +177,7 @@ impl<M: Mask> Alibi<M> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mask::{NoMask, Windowed};
+    use crate::mask::{General, NoMask, Windowed};
 
     fn pb(sq: u32, sk: u32) -> Problem {
         Problem { seqlen_q: sq, seqlen_k: sk, ..Problem::default() }
@@ -188,7 +188,7 @@ mod tests {
     fn offsets_are_exact() {
         let big = i32::MAX as u32 - 1024;
         for (sq, sk) in [(5u32, 9u32), (9, 5), (1, big), (big, 1), (big, big)] {
-            let a = Alibi::<Windowed>::new(0.25, &pb(sq, sk));
+            let a = Alibi::<General>::new(0.25, &pb(sq, sk));
             for (row, col) in [(0u32, 0u32), (sq - 1, 0), (0, sk - 1), (sq - 1, sk - 1), (sq / 2, sk / 3)] {
                 let want = col as i64 - (row as i64 + sk as i64 - sq as i64);
                 assert_eq!(a.offset(row, col), want as f32, "sq {sq} sk {sk} row {row} col {col}");
@@ -202,7 +202,7 @@ mod tests {
     #[test]
     fn frag_adds_each_elements_bias() {
         let pb = pb(40, 70);
-        let a = Alibi::<Windowed>::new(0.375, &pb);
+        let a = Alibi::<General>::new(0.375, &pb);
         for (c0, row_w) in [(0u32, 0u32), (32, 16), (64, 24)] {
             for lane in 0..32usize {
                 let (g, t) = (lane / 4, lane % 4);
@@ -223,7 +223,7 @@ mod tests {
     #[test]
     fn frag_t_adds_each_elements_bias() {
         let pb = pb(70, 40);
-        let a = Alibi::<Windowed>::new(0.375, &pb);
+        let a = Alibi::<General>::new(0.375, &pb);
         for (c0, key_w) in [(0u32, 0u32), (32, 16), (64, 24)] {
             for lane in 0..32usize {
                 let (g, t) = (lane / 4, lane % 4);
@@ -243,9 +243,10 @@ mod tests {
     #[test]
     fn on_only_where_applied() {
         assert!(!Alibi::<NoMask>::new(0.5, &pb(4, 4)).on());
-        assert!(!Alibi::<Windowed>::new(0.0, &pb(4, 4)).on());
-        assert!(!Alibi::<Windowed>::new(-0.0, &pb(4, 4)).on());
-        assert!(Alibi::<Windowed>::new(-0.5, &pb(4, 4)).on());
-        assert_eq!(Alibi::<Windowed>::new(-0.5, &pb(4, 4)).bias(0, 3), 1.5);
+        assert!(!Alibi::<Windowed>::new(0.5, &pb(4, 4)).on());
+        assert!(!Alibi::<General>::new(0.0, &pb(4, 4)).on());
+        assert!(!Alibi::<General>::new(-0.0, &pb(4, 4)).on());
+        assert!(Alibi::<General>::new(-0.5, &pb(4, 4)).on());
+        assert_eq!(Alibi::<General>::new(-0.5, &pb(4, 4)).bias(0, 3), 1.5);
     }
 }

@@ -247,7 +247,7 @@ unsafe fn dq_masked<
     // first + it % n_tiles. STATS_ONLY (the atomic backward's first kernel): pass 0 alone.
     let n_iter = if STATS_ONLY { n_tiles } else { 2 * n_tiles };
     // The head's ALiBi slope (`alibi`; the general entries only).
-    let slope = unsafe { if M::WINDOW { alibi::slope_of(p.alibi, p.alibi_batch, b, h) } else { 0.0 } };
+    let slope = unsafe { if M::BIAS { alibi::slope_of(p.alibi, p.alibi_batch, b, h) } else { 0.0 } };
     for it in 0..n_iter {
         let j = first + it % n_tiles;
         // Block: prefetch the next iteration's K, V into the other stage while this one is

@@ -266,7 +266,7 @@ unsafe fn dkdv_masked<T: Element, C: Config<Tile = SimtKvTile>, M: Mask, const R
 }
 
 /// The dQ kernel, one tile shape (the forward's SIMT tile); causal or not at run time, ENTRY:
-/// which entry (plain, window, variable-length: `with_window_mask!`). Also writes D for the dK/dV kernel.
+/// which entry (plain, window, general, variable-length: `with_window_mask!`). Also writes D for the dK/dV kernel.
 ///
 /// # Safety
 /// `p` valid (host-checked); launch with `simt_dq_tile(d)`'s threads and `simt_dq_smem_bytes(d)`.

@@ -31,7 +31,8 @@ use core::marker::PhantomData;
 /// D = head_dim, DK = D / 16 (k-steps of Q K^T), DN = D / 8 (n-tiles of O), MT = m_tiles,
 /// BC = bc, NS = BC / 8 (n-tiles of S), QREG = q_in_regs, PAD = padded (head_dim may be less
 /// than D), FUSED = fused_exp. Causal or not is chosen at run time; ENTRY: which entry
-/// (`crate::ENTRY_PLAIN`, `ENTRY_WINDOW`, `ENTRY_VARLEN`, `with_window_mask!`).
+/// (`crate::ENTRY_PLAIN`, `ENTRY_WINDOW`, `ENTRY_GENERAL`, `ENTRY_VARLEN`,
+/// `with_window_mask!`).
 ///
 /// # Safety
 /// `p` valid (host-checked), `p.pb.head_dim == D`, 128 threads and the tile's
@@ -237,7 +238,7 @@ unsafe fn fwd<
     let c = if sc.on() { sc.raw_factors(p.pb.scale.abs()).1 } else { c };
     // ALiBi (the general entries): FUSED, natural units (x = raw u + bias, c = log2 e), else
     // the bias in the log2 domain added to the scaled scores (`alibi`).
-    let slope = unsafe { if M::WINDOW { alibi::slope_of(p.alibi, p.alibi_batch, b, h) } else { 0.0 } };
+    let slope = unsafe { if M::BIAS { alibi::slope_of(p.alibi, p.alibi_batch, b, h) } else { 0.0 } };
     let alibi = Alibi::<M>::new(slope, &p.pb);
     let c = if FUSED { alibi.units(c, 1.0).1 } else { c };
     if FUSED && p.pb.scale < 0.0 {

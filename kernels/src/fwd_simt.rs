@@ -17,7 +17,7 @@ use crate::softmax::{Domain, Natural, RowState, normalize};
 use crate::tile::{Config, SimtTile};
 
 /// Entry body for one tile shape; causal or not is chosen at run time; ENTRY: which entry
-/// (plain, window, variable-length: `with_window_mask!`).
+/// (plain, window, general, variable-length: `with_window_mask!`).
 ///
 /// # Safety
 /// `p` must describe valid device buffers, checked by the host; the launch must use

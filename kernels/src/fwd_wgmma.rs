@@ -32,7 +32,7 @@ use core::marker::PhantomData;
 /// fields and the counts derived from them, checked against it at compile time (see
 /// `tile::Config`): D = head_dim, WG = warpgroups, BC = bc, NS = BC / 8 (n-tiles of S),
 /// DN = D / 8 (n-tiles of O), KS = BC / 16 (k-steps of P V), PAD = padded; ENTRY: which
-/// entry (plain, window, variable-length: `with_window_mask!`).
+/// entry (plain, window, general, variable-length: `with_window_mask!`).
 ///
 /// # Safety
 /// `p` valid (host-checked), `p.pb.head_dim <= D`, 128 WG threads and the tile's

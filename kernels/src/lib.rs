@@ -55,16 +55,19 @@ macro_rules! with_mask {
 /// A kernel entry for launches of equal lengths without a window (`mask::NoMask`,
 /// `mask::Causal`): the `ENTRY` parameter of every kernel's entry function.
 pub const ENTRY_PLAIN: u8 = 0;
-/// A kernel entry for a sliding window (`mask::Windowed`).
+/// A kernel entry for a sliding window alone (`mask::Windowed`).
 pub const ENTRY_WINDOW: u8 = 1;
-/// A kernel entry for a variable-length batch (`varlen`; `mask::Windowed`, any window).
+/// A kernel entry for a variable-length batch (`varlen`; `mask::General`: any window,
+/// softcap and ALiBi).
 pub const ENTRY_VARLEN: u8 = 2;
+/// A kernel entry for a softcap or ALiBi, with or without a window (`mask::General`).
+pub const ENTRY_GENERAL: u8 = 3;
 
 /// Every kernel's mask switch, by the entry `$e` it is compiled for: `mask::Windowed` in the
-/// window and variable-length entries (causal or not: the window's bounds say), with `$p`
-/// narrowed to the block's sequence in the latter (`varlen::resolve`: the block's tiles are
-/// `$rows` rows of `varlen::Over::$over`, elements `$t`; a block past its sequence's end
-/// returns); else [`with_mask!`]'s.
+/// window entries, `mask::General` in the general and variable-length entries (causal or not:
+/// the window's bounds say), with `$p` narrowed to the block's sequence in the latter
+/// (`varlen::resolve`: the block's tiles are `$rows` rows of `varlen::Over::$over`, elements
+/// `$t`; a block past its sequence's end returns); else [`with_mask!`]'s.
 macro_rules! with_window_mask {
     ($p:ident: $t:ty, $over:ident / $rows:expr, $e:expr, $m:ident => $body:expr) => {
         if $e == $crate::ENTRY_PLAIN {
@@ -72,8 +75,11 @@ macro_rules! with_window_mask {
         } else if $e == $crate::ENTRY_WINDOW {
             type $m = $crate::mask::Windowed;
             $body
+        } else if $e == $crate::ENTRY_GENERAL {
+            type $m = $crate::mask::General;
+            $body
         } else {
-            type $m = $crate::mask::Windowed;
+            type $m = $crate::mask::General;
             let Some(seq) = $crate::varlen::resolve::<$t, _>($p, $crate::varlen::Over::$over, $rows) else {
                 return;
             };

@@ -10,7 +10,8 @@
 //! the loops over keys, [`q_tiles`] for those over query rows), the tiles every row of a block
 //! sees whole run unmasked on the tensor-core paths ([`kv_unmasked`], and
 //! `nonfinite::dkdv_tile_masked` for the dK/dV loops), the others masked (every window tile
-//! on the SIMT path).
+//! on the SIMT path). The general entries take [`General`]: the same window, and the softcap
+//! and ALiBi bias besides (`Mask::BIAS`).
 
 use crate::params::{NO_WINDOW, Problem};
 use core::marker::PhantomData;
@@ -22,6 +23,10 @@ pub trait Mask {
     /// Whether the mask is a sliding window ([`Window`] holds its bounds; the functions
     /// below leave them out).
     const WINDOW: bool = false;
+    /// Whether the entry takes a softcap and ALiBi (`softcap`, `alibi`: both off at run time
+    /// where the launch has neither); only [`General`] does, so that the window entries carry
+    /// no code and no registers for them.
+    const BIAS: bool = false;
     /// Whether key column `col` is hidden from query row `row`.
     fn hides(row: u32, col: u32, seqlen_q: u32, seqlen_k: u32) -> bool;
     /// Number of key columns query rows `..row_end` can see at most (the KV loop's end).
@@ -103,6 +108,32 @@ impl Mask for Windowed {
     #[inline(always)]
     fn first_visible_row(_col: u32, _sq: u32, _sk: u32) -> u32 {
         0
+    }
+}
+
+/// The general entries' mask: [`Windowed`]'s window, and the softcap and ALiBi bias the
+/// launch may set (`Mask::BIAS`).
+pub struct General;
+
+impl Mask for General {
+    const CAUSAL: bool = false;
+    const WINDOW: bool = true;
+    const BIAS: bool = true;
+    #[inline(always)]
+    fn hides(row: u32, col: u32, sq: u32, sk: u32) -> bool {
+        Windowed::hides(row, col, sq, sk)
+    }
+    #[inline(always)]
+    fn visible_cols(row_end: u32, sq: u32, sk: u32) -> u32 {
+        Windowed::visible_cols(row_end, sq, sk)
+    }
+    #[inline(always)]
+    fn unmasked_cols(row_start: u32, sq: u32, sk: u32) -> u32 {
+        Windowed::unmasked_cols(row_start, sq, sk)
+    }
+    #[inline(always)]
+    fn first_visible_row(col: u32, sq: u32, sk: u32) -> u32 {
+        Windowed::first_visible_row(col, sq, sk)
     }
 }
 

@@ -221,6 +221,10 @@ pub struct FwdVariant {
     /// PTX entry name of the same kernel with a sliding window (`mask::Windowed`): an entry of
     /// its own, so that the window's code adds no registers to the entry without one.
     pub window_name: &'static str,
+    /// PTX entry name of the same kernel for a softcap or ALiBi, with or without a window
+    /// (`mask::General`; the entry's name with `_general`): an entry of its own, so that their
+    /// code adds no registers to the window entry.
+    pub general_name: &'static str,
     pub family: FwdFamily,
     /// Element type of Q, K, V, O.
     pub dtype: DType,
@@ -231,6 +235,8 @@ pub struct FwdVariant {
     pub emulate: unsafe fn(&FwdParams),
     /// The windowed entry's body, for the emulator.
     pub emulate_window: unsafe fn(&FwdParams),
+    /// The general entry's body, for the emulator.
+    pub emulate_general: unsafe fn(&FwdParams),
     /// PTX entry name and emulator body of the same kernel for a variable-length batch
     /// (`varlen`, with `mask::Windowed`: any window, causal or not); the families chosen
     /// automatically have one.
@@ -247,19 +253,23 @@ pub enum Entry {
     Plain,
     /// A sliding window: `mask::Windowed` (`crate::ENTRY_WINDOW`).
     Window,
-    /// A variable-length batch, with or without a window (`crate::ENTRY_VARLEN`).
+    /// A softcap or ALiBi, with or without a window: `mask::General` (`crate::ENTRY_GENERAL`).
+    General,
+    /// A variable-length batch, with or without a window, softcap or ALiBi
+    /// (`crate::ENTRY_VARLEN`).
     Varlen,
 }
 
 #[cfg(not(target_arch = "nvptx64"))]
 impl Entry {
-    /// The entry for a launch with a sliding window (`windowed`), a variable-length batch
-    /// (`varlen`), both or neither.
-    pub fn of(windowed: bool, varlen: bool) -> Entry {
-        match (varlen, windowed) {
-            (true, _) => Entry::Varlen,
-            (false, true) => Entry::Window,
-            (false, false) => Entry::Plain,
+    /// The entry for a launch with or without a sliding window (`windowed`), a softcap or
+    /// ALiBi (`biased`) and a variable-length batch (`varlen`).
+    pub fn of(windowed: bool, biased: bool, varlen: bool) -> Entry {
+        match (varlen, biased, windowed) {
+            (true, _, _) => Entry::Varlen,
+            (false, true, _) => Entry::General,
+            (false, false, true) => Entry::Window,
+            (false, false, false) => Entry::Plain,
         }
     }
 }
@@ -275,6 +285,7 @@ impl FwdVariant {
         match e {
             Entry::Plain => Some((self.name, self.emulate)),
             Entry::Window => Some((self.window_name, self.emulate_window)),
+            Entry::General => Some((self.general_name, self.emulate_general)),
             Entry::Varlen => self.varlen_name.zip(self.emulate_varlen),
         }
     }
@@ -326,10 +337,10 @@ macro_rules! bwd_simt_kv {
     }};
 }
 
-/// Emits two entry points (without and with a sliding window; a third for a variable-length
-/// batch where one is named) and one registry row per
-/// line, family by family: `Family { entry_name, window_entry_name [/ varlen_entry_name] =>
-/// body_macro(dtype, class), ... }` (and a variable-length entry where one is named).
+/// Emits three entry points (without and with a sliding window, and the general one named
+/// `entry_name` + `_general`; a fourth for a variable-length batch where one is named) and one
+/// registry row per line, family by family: `Family { entry_name, window_entry_name
+/// [/ varlen_entry_name] => body_macro(dtype, class), ... }`.
 macro_rules! fwd_variants {
     ($( $family:ident @ $arch:ident { $( $name:ident, $wname:ident $(/ $vname:ident)? => $body:ident($dt:ty, $class:literal), )* } )*) => {
         $($(
@@ -343,6 +354,13 @@ macro_rules! fwd_variants {
             pub unsafe extern "ptx-kernel" fn $wname(p: FwdParams) {
                 unsafe { $body!($dt, $class, 1)(&p) }
             });
+            const _: () = {
+                in_module!($arch,
+                #[unsafe(export_name = concat!(stringify!($name), "_general"))]
+                pub unsafe extern "ptx-kernel" fn general(p: FwdParams) {
+                    unsafe { $body!($dt, $class, 3)(&p) }
+                });
+            };
             $(
             in_module!($arch,
             #[unsafe(no_mangle)]
@@ -357,11 +375,13 @@ macro_rules! fwd_variants {
             FwdVariant {
                 name: stringify!($name),
                 window_name: stringify!($wname),
+                general_name: concat!(stringify!($name), "_general"),
                 family: FwdFamily::$family,
                 dtype: <$dt as Element>::DTYPE,
                 class: $class,
                 emulate: $body!($dt, $class, 0),
                 emulate_window: $body!($dt, $class, 1),
+                emulate_general: $body!($dt, $class, 3),
                 varlen_name: opt_entry!($($vname)?),
                 emulate_varlen: opt_entry!($(FwdParams: $vname => $body!($dt, $class, 2))?),
             },
@@ -857,9 +877,10 @@ pub struct BwdVariant {
     pub class: u32,
     /// The same kernel body, for the emulator.
     pub emulate: unsafe fn(&BwdParams),
-    /// PTX entry name and emulator body of the same kernel with a sliding window
-    /// (`mask::Windowed`), for a pass that masks (`None`: no windowed kernel; for the passes
-    /// that take no mask, prep and dq_convert, the entry above serves a window).
+    /// PTX entry name and emulator body of the same kernel with a sliding window, a softcap or
+    /// ALiBi (`mask::General`: the backward's window entries are its general ones), for a pass
+    /// that masks (`None`: no windowed kernel; for the passes that take no mask, prep and
+    /// dq_convert, the entry above serves a window).
     pub window_name: Option<&'static str>,
     pub emulate_window: Option<unsafe fn(&BwdParams)>,
     /// The same for a variable-length batch (`varlen`, `mask::Windowed`); for prep, the
@@ -895,7 +916,8 @@ impl BwdVariant {
     pub fn entry(&self, e: Entry) -> Option<BwdEntry> {
         let (name, body) = match e {
             Entry::Plain => (Some(self.name), Some(self.emulate)),
-            Entry::Window => (self.window_name, self.emulate_window),
+            // The window entries take a softcap and ALiBi too (`bwd_variants!`).
+            Entry::Window | Entry::General => (self.window_name, self.emulate_window),
             Entry::Varlen => (self.varlen_name, self.emulate_varlen),
         };
         match name.zip(body) {
@@ -912,7 +934,8 @@ impl BwdVariant {
 
 /// As `fwd_variants!`, for the backward kernels: `Family { entry_name[, window_entry_name][ / varlen_entry_name]
 /// => Pass: body_macro(dtype, class), ... }` (a window entry where the pass masks and the
-/// family takes windows).
+/// family takes windows). The window entry is the general one (`crate::ENTRY_GENERAL`: window,
+/// softcap and ALiBi): the backward has no window-only entry.
 macro_rules! bwd_variants {
     ($( $family:ident @ $arch:ident { $( $name:ident $(, $wname:ident)? $(/ $vname:ident)? => $pass:ident: $body:ident($dt:ty, $class:literal), )* } )*) => {
         $($(
@@ -925,7 +948,7 @@ macro_rules! bwd_variants {
             in_module!($arch,
             #[unsafe(no_mangle)]
             pub unsafe extern "ptx-kernel" fn $wname(p: BwdParams) {
-                unsafe { $body!($dt, $class, 1)(&p) }
+                unsafe { $body!($dt, $class, 3)(&p) }
             });
             )?
             $(
@@ -947,7 +970,7 @@ macro_rules! bwd_variants {
                 class: $class,
                 emulate: $body!($dt, $class, 0),
                 window_name: opt_entry!($($wname)?),
-                emulate_window: opt_entry!($(BwdParams: $wname => $body!($dt, $class, 1))?),
+                emulate_window: opt_entry!($(BwdParams: $wname => $body!($dt, $class, 3))?),
                 varlen_name: opt_entry!($($vname)?),
                 emulate_varlen: opt_entry!($(BwdParams: $vname => $body!($dt, $class, 2))?),
             },

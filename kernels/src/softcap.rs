@@ -2,9 +2,10 @@
 //! cap tanh(S / cap) before the softmax, so that no score leaves (-cap, cap). The backward
 //! multiplies dS by the derivative, 1 - tanh^2.
 //!
-//! Only the general entries of a kernel (`mask::Windowed`: the window and variable-length
-//! entries) apply it: [`Softcap`] is constant "off" for the other masks, so the plain entries
-//! carry no code for it and the host launches a soft-capped attention on a general entry.
+//! Only the general entries of a kernel (`mask::General`, `Mask::BIAS`: the general and
+//! variable-length entries) apply it: [`Softcap`] is constant "off" for the other masks, so the
+//! plain and window entries carry no code for it and the host launches a soft-capped
+//! attention on a general entry.
 //!
 //! The kernels that keep raw scores (Q K^T, exponent factor c) take t = tanh((S_raw |scale|)
 //! / cap) ([`TanhArg`]; a negative scale is a positive one on -Q, and tanh is odd) in place of
@@ -19,7 +20,7 @@ use core::f32::consts::LOG2_E;
 use core::marker::PhantomData;
 
 /// The launch's softcap for mask M's entries: off unless M is a general entry's mask
-/// (`Mask::WINDOW`) and the launch sets one (`Problem::softcap` > 0).
+/// (`Mask::BIAS`) and the launch sets one (`Problem::softcap` > 0).
 pub struct Softcap<M> {
     cap: f32,
     _mask: PhantomData<M>,
@@ -37,13 +38,13 @@ impl<M: Mask> Softcap<M> {
     /// The launch's softcap (`Problem::softcap`; none outside the general entries).
     #[inline(always)]
     pub fn new(pb: &Problem) -> Self {
-        Softcap { cap: if M::WINDOW { pb.softcap } else { 0.0 }, _mask: PhantomData }
+        Softcap { cap: if M::BIAS { pb.softcap } else { 0.0 }, _mask: PhantomData }
     }
 
     /// Whether scores are capped (a uniform branch; constant false outside the general entries).
     #[inline(always)]
     pub fn on(self) -> bool {
-        M::WINDOW && self.cap > 0.0
+        M::BIAS && self.cap > 0.0
     }
 
     /// The cap.

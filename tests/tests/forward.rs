@@ -210,17 +210,19 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
         );
         push_for_arch(&mut trials, archs.as_deref(), &format!("{tag}::variant::{name}"), v.arch(), trial);
     }
-    // Sliding windows and softcaps (the general entries), by every registered variant at the
-    // largest head_dim its tile serves: key tiles left of every row's window skipped, masked
-    // tiles at both edges, rows that see no key (seqlen_q > seqlen_k), causal and not; a
-    // softcap with and without a window.
+    // Sliding windows, softcaps and ALiBi (the window and general entries), by every
+    // registered variant at the largest head_dim its tile serves: key tiles left of every
+    // row's window skipped, masked tiles at both edges, rows that see no key (seqlen_q >
+    // seqlen_k), causal and not; a softcap with and without a window and ALiBi. The last flag:
+    // ALiBi; without it and a softcap the window entry runs, else the general one.
     let windows = [
-        (shape(1, 100, 230, 2, 1, 0), false, Window { left: Some(37), right: Some(11) }, None),
-        (shape(1, 130, 250, 2, 1, 0), true, Window { left: Some(70), right: None }, Some(1.5)),
-        (shape(1, 150, 90, 2, 1, 0), false, Window { left: Some(0), right: Some(0) }, None),
-        (shape(1, 90, 200, 2, 1, 0), false, Window { left: None, right: Some(5) }, None),
-        (shape(1, 97, 180, 2, 1, 0), true, Window::NONE, Some(4.0)),
-        (shape(1, 70, 70, 2, 1, 0), false, Window::NONE, Some(0.7)),
+        (shape(1, 100, 230, 2, 1, 0), false, Window { left: Some(37), right: Some(11) }, None, true),
+        (shape(1, 130, 250, 2, 1, 0), true, Window { left: Some(70), right: None }, Some(1.5), true),
+        (shape(1, 150, 90, 2, 1, 0), false, Window { left: Some(0), right: Some(0) }, None, false),
+        (shape(1, 90, 200, 2, 1, 0), false, Window { left: None, right: Some(5) }, None, false),
+        (shape(1, 120, 200, 2, 1, 0), true, Window { left: Some(50), right: None }, None, false),
+        (shape(1, 97, 180, 2, 1, 0), true, Window::NONE, Some(4.0), false),
+        (shape(1, 70, 70, 2, 1, 0), false, Window::NONE, Some(0.7), true),
     ];
     for v in FWD_VARIANTS {
         let dtype = Dt::of(v.dtype);
@@ -229,7 +231,7 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
         let trial = mk(
             format!("{tag}::window::{name}"),
             Box::new(move |fa| {
-                for (s, causal, window, softcap) in windows {
+                for (s, causal, window, softcap, alibi) in windows {
                     let case = Case {
                         shape: AttnShape { head_dim: d, ..s },
                         causal,
@@ -238,10 +240,9 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
                         seed: fresh_seed(),
                         window,
                         softcap,
-                        // Sinks with the windows alone, rows that see no key among them; ALiBi
-                        // with all but the one of odd seqlen_q, softcaps included.
+                        // Sinks without a softcap, rows that see no key among them.
                         sinks: softcap.is_none(),
-                        alibi: (s.seqlen_q % 2 == 0).then_some(AlibiDraw { per_batch: false, batch0: 0 }),
+                        alibi: alibi.then_some(AlibiDraw { per_batch: false, batch0: 0 }),
                     };
                     check_case_with(fa, &case, Some(family)).map_err(Failed::from)?;
                 }

@@ -21,8 +21,11 @@ fn every_registered_kernel_is_an_entry() {
     for (target, arch, ptx) in MODULES {
         let names = entries(ptx);
         let bwd = BWD_VARIANTS.iter().filter(|v| v.arch() == *arch).flat_map(|v| [Some(v.name), v.window_name, v.varlen_name]).flatten();
-        let fwd =
-            FWD_VARIANTS.iter().filter(|v| v.arch() == *arch).flat_map(|v| [Some(v.name), Some(v.window_name), v.varlen_name]).flatten();
+        let fwd = FWD_VARIANTS
+            .iter()
+            .filter(|v| v.arch() == *arch)
+            .flat_map(|v| [Some(v.name), Some(v.window_name), Some(v.general_name), v.varlen_name])
+            .flatten();
         let merge = MERGE_VARIANTS.iter().filter(|_| *arch == Arch::Sm80).map(|v| v.name);
         let sinks = SINK_VARIANTS.iter().filter(|_| *arch == Arch::Sm80).map(|v| v.name);
         let registered: Vec<&str> = fwd.chain(bwd).chain(merge).chain(sinks).collect();
@@ -158,7 +161,13 @@ fn ptxas_split_modules(ptxas: PathBuf) {
         .iter()
         .flat_map(|v| {
             let varlen = v.varlen_name.map(|n| (v.family.name(), "fwd_varlen", n, v.arch()));
-            [Some((v.family.name(), "fwd", v.name, v.arch())), Some((v.family.name(), "fwd_window", v.window_name, v.arch())), varlen]
+            let general = Some((v.family.name(), "fwd_general", v.general_name, v.arch()));
+            [
+                Some((v.family.name(), "fwd", v.name, v.arch())),
+                Some((v.family.name(), "fwd_window", v.window_name, v.arch())),
+                general,
+                varlen,
+            ]
         })
         .flatten();
     let bwd = BWD_VARIANTS.iter().map(|v| (v.family.name(), v.pass.name(), v.name, v.arch()));
