@@ -423,7 +423,7 @@ macro_rules! fwd_simt {
 /// The tensor-core forward variant of a class, for a tile function: its tile as a
 /// `tile::Config` type, and the counts the kernel takes as const parameters.
 macro_rules! fwd_mma_with {
-    ($ty:ty, $tile:ident, $d:literal, $w:literal) => {{
+    ($ty:ty, $tile:ident, $d:literal, $w:expr) => {{
         config!(C: MmaTile = tile_const!(MmaTile, $tile($d)));
         crate::fwd_mma::entry::<
             $ty,
@@ -437,13 +437,13 @@ macro_rules! fwd_mma_with {
             { C::TILE.q_in_regs },
             { C::TILE.padded },
             { C::TILE.fused_exp },
-            $w,
+            { $w },
         >
     }};
 }
 macro_rules! fwd_mma {
     ($ty:ty, $d:literal, $w:literal) => {
-        fwd_mma_with!($ty, mma_tile, $d, $w)
+        fwd_mma_with!($ty, mma_tile, $d, crate::tile::mma_entry($d, $w))
     };
 }
 macro_rules! fwd_mma_br64 {

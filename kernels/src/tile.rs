@@ -167,6 +167,17 @@ pub const fn mma_tile(head_dim: u32) -> Option<MmaTile> {
     }
 }
 
+/// The body [`mma_tile`]'s entry `entry` (`crate::ENTRY_*`) runs: the general one for the
+/// window entry at head_dim 128 exactly, where the window-only body spills 4 bytes on sm_80
+/// (ptxas 13.0; the general body, with the softcap's and ALiBi's code, does not); else its
+/// own.
+pub const fn mma_entry(head_dim: u32, entry: u8) -> u8 {
+    match mma_tile(head_dim) {
+        Some(t) if t.head_dim == 128 && !t.padded && entry == crate::ENTRY_WINDOW => crate::ENTRY_GENERAL,
+        _ => entry,
+    }
+}
+
 /// The head_dim the tensor-core kernel is compiled for that serves `head_dim` (zero-padded
 /// up to it): 32, 64, 96, 128, 192 or 256.
 pub const fn mma_head_dim(head_dim: u32) -> Option<u32> {
