@@ -43,7 +43,7 @@ impl AttnShape {
     }
     /// The problem as the kernels read it (`params::Problem`): these sizes (validated to fit
     /// u32), `attention`'s scale (its default from the true head_dim) and mask. `varlen`:
-    /// for the kernels' variable-length entries (`mask::Windowed` whatever the window), where
+    /// for the kernels' variable-length entries (`mask::General` whatever the window), where
     /// causal masking is the window's right side 0.
     pub fn problem(&self, attention: &Attention, varlen: bool) -> Problem {
         Problem {
@@ -56,8 +56,8 @@ impl AttnShape {
             scale: attention.scale(self.head_dim),
             causal: attention.causal as u32,
             // A bound past every sequence (u32::MAX included) is no bound; with causal
-            // masking the right side is 0 (the masks' intersection), which is how the general
-            // entries (`mask::Windowed`: a window, a softcap, a variable-length batch) mask.
+            // masking the right side is 0 (the masks' intersection), which is how the window,
+            // general and variable-length entries (`mask::Windowed`, `mask::General`) mask.
             window_left: attention.window.left.unwrap_or(NO_WINDOW),
             window_right: match attention.entry(varlen) == Entry::Plain {
                 true => NO_WINDOW,

@@ -75,8 +75,8 @@ pub struct Problem {
     pub window_left: u32,
     pub window_right: u32,
     /// Logit soft-capping (`softcap`): scaled scores S become softcap tanh(S / softcap)
-    /// before the softmax; 0 for none. Taken by the general entries only (`mask::Windowed`),
-    /// where the host launches it.
+    /// before the softmax; 0 for none. Taken by the general and variable-length entries only
+    /// (`mask::General`), where the host launches it.
     pub softcap: f32,
 }
 
@@ -103,16 +103,10 @@ impl Default for Problem {
 }
 
 impl Problem {
-    /// Whether a sliding window is set (the `mask::Windowed` kernels).
+    /// Whether a sliding window is set (the window, general and variable-length kernels).
     #[inline(always)]
     pub fn windowed(&self) -> bool {
         self.window_left != NO_WINDOW || self.window_right != NO_WINDOW
-    }
-    /// Whether the launch needs a general entry (`mask::Windowed`): a sliding window or a
-    /// softcap.
-    #[inline(always)]
-    pub fn general(&self) -> bool {
-        self.windowed() || self.softcap != 0.0
     }
 }
 
@@ -142,8 +136,8 @@ pub struct FwdParams {
     /// denominator; 0 for none.
     pub sinks: u64,
     /// ALiBi slopes (`alibi`): f32 [heads_q] or [batch, heads_q], `alibi_batch` elements
-    /// apart between batch entries (0 for [heads_q]); 0 for none. Applied by the general
-    /// entries only (`mask::Windowed`), where the host launches them.
+    /// apart between batch entries (0 for [heads_q]); 0 for none. Applied by the general and
+    /// variable-length entries only (`mask::General`), where the host launches them.
     pub alibi: u64,
     pub alibi_batch: u64,
     pub q_strides: Strides,

@@ -238,7 +238,7 @@ pub struct FwdVariant {
     /// The general entry's body, for the emulator.
     pub emulate_general: unsafe fn(&FwdParams),
     /// PTX entry name and emulator body of the same kernel for a variable-length batch
-    /// (`varlen`, with `mask::Windowed`: any window, causal or not); the families chosen
+    /// (`varlen`, with `mask::General`: any window, causal or not); the families chosen
     /// automatically have one.
     pub varlen_name: Option<&'static str>,
     pub emulate_varlen: Option<unsafe fn(&FwdParams)>,
@@ -883,7 +883,7 @@ pub struct BwdVariant {
     /// dq_convert, the entry above serves a window).
     pub window_name: Option<&'static str>,
     pub emulate_window: Option<unsafe fn(&BwdParams)>,
-    /// The same for a variable-length batch (`varlen`, `mask::Windowed`); for prep, the
+    /// The same for a variable-length batch (`varlen`, `mask::General`); for prep, the
     /// entry above.
     pub varlen_name: Option<&'static str>,
     pub emulate_varlen: Option<unsafe fn(&BwdParams)>,

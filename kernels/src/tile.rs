@@ -472,7 +472,7 @@ pub const fn wgmma_tile(head_dim: u32) -> Option<WgmmaTile> {
     }
 }
 
-/// The tile of the Hopper forward's sliding-window entries (`mask::Windowed`): [`wgmma_tile`]'s,
+/// The tile of the Hopper forward's window, general and variable-length entries: [`wgmma_tile`]'s,
 /// the same launch, at head_dim 192 compiled padded (bounds-checked copies; the window's
 /// bounds take registers the unpadded kernel has not got). Rejected: unpadded at 192, 255
 /// registers and 36 / 44 bytes of spill stores / loads (ptxas, sm_90a).
