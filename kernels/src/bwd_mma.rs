@@ -37,7 +37,7 @@
 //! exp2(S - m_i) / l_i = 0 with no special case. Query rows past seqlen_q (zero-filled Q, dO)
 //! get the same, so their P and dS are 0. The forward's O and LSE are not read.
 
-use crate::alibi::{self, Alibi};
+use crate::alibi::Alibi;
 use crate::block_info::BlockInfo;
 use crate::copy::{load_tile_chunks, load_tile_pair};
 use crate::dev::{self, Shared, block, global, math, thread, warp};
@@ -247,7 +247,7 @@ unsafe fn dq_masked<
     // first + it % n_tiles. STATS_ONLY (the atomic backward's first kernel): pass 0 alone.
     let n_iter = if STATS_ONLY { n_tiles } else { 2 * n_tiles };
     // The head's ALiBi slope (`alibi`; the general entries only).
-    let slope = unsafe { if M::BIAS { alibi::slope_of(p.alibi, p.alibi_batch, b, h) } else { 0.0 } };
+    let slope = unsafe { Alibi::<M>::load(p.alibi, p.alibi_batch, b, h, &p.pb) }.slope();
     for it in 0..n_iter {
         let j = first + it % n_tiles;
         // Block: prefetch the next iteration's K, V into the other stage while this one is

@@ -10,7 +10,7 @@
 //! every head_dim d <= D: columns d..D are zero-filled in shared memory (they add nothing to
 //! Q K^T) and never stored.
 
-use crate::alibi::{self, Alibi};
+use crate::alibi::Alibi;
 use crate::block_info::BlockInfo;
 use crate::copy::{body_head_dim, by_element, load_tile_in, negate_own_chunks, store_chunk};
 use crate::dev::{self, Shared, block, thread, warp};
@@ -238,8 +238,8 @@ unsafe fn fwd<
     let c = if sc.on() { sc.raw_factors(p.pb.scale.abs()).1 } else { c };
     // ALiBi (the general entries): FUSED, natural units (x = raw u + bias, c = log2 e), else
     // the bias in the log2 domain added to the scaled scores (`alibi`).
-    let slope = unsafe { if M::BIAS { alibi::slope_of(p.alibi, p.alibi_batch, b, h) } else { 0.0 } };
-    let alibi = Alibi::<M>::new(slope, &p.pb);
+    let alibi = unsafe { Alibi::<M>::load(p.alibi, p.alibi_batch, b, h, &p.pb) };
+    let slope = alibi.slope();
     let c = if FUSED { alibi.units(c, 1.0).1 } else { c };
     if FUSED && p.pb.scale < 0.0 {
         negate_q::<D, MT>(q_s.cast());
