@@ -2,7 +2,7 @@
 //! one and on the CPU emulator always, so CI (no GPU) and the GPU machine run the same checks.
 
 pub use flashattn::reference::l2;
-use flashattn::reference::{naive_attention, reference, rel_l2, tolerance};
+use flashattn::reference::{lse_tolerance, naive_attention, reference, rel_l2, tolerance};
 use flashattn::{Attention, AttnShape, BwdOptions, Dtype, FlashAttn, FwdOptions, FwdOutput, Window};
 use std::fmt;
 
@@ -163,7 +163,8 @@ pub struct Measured {
 /// Fresh random inputs (from the case's seed); outputs poisoned with NaN before the launch, so
 /// an element the kernel does not write fails the check (NaN never passes `rel_l2`).
 /// Tolerances: twice naive attention's error in the same dtype plus one unit roundoff
-/// ([`tolerance`]); for LSE (always f32) the same rule with the f32 unit roundoff.
+/// ([`tolerance`]); for LSE (always f32) the same rule with the f32 unit roundoff, naive's
+/// error at least one rounding of each row's sum ([`lse_tolerance`]).
 pub fn check_case(fa: &FlashAttn, case: &Case) -> Result<Measured, String> {
     check_case_with(fa, case, None)
 }
@@ -207,7 +208,7 @@ pub fn check_outputs<T: Dtype>(case: &Case, q: &[T], k: &[T], v: &[T], o: &[f64]
         o_err: rel_l2(o, &exact.o),
         o_tol: tolerance::<T>(rel_l2(&naive.o, &exact.o)),
         lse_err: rel_l2(lse, &exact.lse),
-        lse_tol: tolerance::<f32>(rel_l2(&naive.lse, &exact.lse)),
+        lse_tol: lse_tolerance(rel_l2(&naive.lse, &exact.lse), &exact.lse),
     };
     // Rows that see no key (causal, seqlen_q > seqlen_k) must be exactly 0 with LSE -inf.
     let d = s.head_dim;
