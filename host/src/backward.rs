@@ -427,7 +427,7 @@ impl FlashAttn {
         let launches = passes
             .iter()
             .map(|v| {
-                let l = v.launch(d).ok_or_else(|| Error::NoVariant {
+                let l = v.launch_entry(d, entry).ok_or_else(|| Error::NoVariant {
                     family: v.family.name().into(),
                     dtype: T::DTYPE.name(),
                     head_dim: shape.head_dim,

@@ -272,6 +272,15 @@ impl Entry {
             (false, false, false) => Entry::Plain,
         }
     }
+    /// Its `ENTRY` code, the kernels' const parameter (`crate::ENTRY_*`).
+    pub fn code(self) -> u8 {
+        match self {
+            Entry::Plain => crate::ENTRY_PLAIN,
+            Entry::Window => crate::ENTRY_WINDOW,
+            Entry::General => crate::ENTRY_GENERAL,
+            Entry::Varlen => crate::ENTRY_VARLEN,
+        }
+    }
 }
 
 /// A forward entry: its PTX name and its emulator body.
@@ -649,8 +658,8 @@ impl BwdTiles {
             BwdTiles::Wgmma(f) => f(head_dim) == f(class),
         }
     }
-    /// The launch of `pass` at `head_dim` (one the family serves).
-    fn launch(self, pass: Pass, head_dim: u32) -> Option<Launch> {
+    /// The launch of `pass` at `head_dim` (one the family serves) for entry `e`.
+    fn launch(self, pass: Pass, head_dim: u32, e: Entry) -> Option<Launch> {
         let plain = |rows, threads, smem_bytes| Some(Launch { rows, threads, smem_bytes, max_regs: None });
         match (self, pass) {
             (_, Pass::Prep | Pass::PrepResidual) => plain(crate::bwd_prep::PREP_ROWS as u32, 128, 0),
@@ -668,6 +677,7 @@ impl BwdTiles {
             }
             (BwdTiles::Wgmma(f), _) => {
                 let t = f(head_dim)?;
+                let t = if pass == Pass::Dkdv { t.dkdv_entry(e.code()) } else { t };
                 let (rows, smem, regs) = match pass {
                     Pass::Dkdv => (WgmmaBwdTile::KEYS, t.dkdv_smem_bytes(), t.dkdv_max_regs),
                     Pass::Dkdvq => (WgmmaBwdTile::KEYS, t.dkdvq_smem_bytes(), 0),
@@ -902,9 +912,14 @@ impl BwdVariant {
     pub fn arch(&self) -> Arch {
         self.family.desc().arch
     }
-    /// Its launch at `head_dim`, if it serves it.
+    /// Its plain entry's launch at `head_dim`, if it serves it.
     pub fn launch(&self, head_dim: u32) -> Option<Launch> {
-        if self.serves(head_dim) { self.family.desc().tiles.launch(self.pass, head_dim) } else { None }
+        self.launch_entry(head_dim, Entry::Plain)
+    }
+    /// The launch of its entry `e` at `head_dim`, if it serves it (an entry may take
+    /// another tile: `WgmmaBwdTile::dkdv_entry`).
+    pub fn launch_entry(&self, head_dim: u32, e: Entry) -> Option<Launch> {
+        if self.serves(head_dim) { self.family.desc().tiles.launch(self.pass, head_dim, e) } else { None }
     }
     /// The smallest and largest head_dim it serves.
     pub fn head_dims(&self) -> (u32, u32) {
@@ -928,7 +943,7 @@ impl BwdVariant {
     }
     /// The `.maxnreg` its entry is loaded with, if any (the tile's, `wgmma_bwd_tile`).
     pub fn max_regs(&self) -> Option<u32> {
-        self.family.desc().tiles.launch(self.pass, self.class)?.max_regs
+        self.family.desc().tiles.launch(self.pass, self.class, Entry::Plain)?.max_regs
     }
 }
 
@@ -1052,7 +1067,7 @@ macro_rules! bwd_mma_kvq {
 /// to the f32 accumulator with atomics (the atomic backward's main kernel).
 macro_rules! bwd_wgmma_kv_with {
     ($ty:ty, $d:literal, $dq:literal, $w:literal) => {{
-        config!(C: WgmmaBwdTile = tile_const!(WgmmaBwdTile, wgmma_bwd_tile($d)));
+        config!(C: WgmmaBwdTile = tile_const!(WgmmaBwdTile, wgmma_bwd_tile($d)).dkdv_entry($w));
         crate::bwd_wgmma::dkdv::<
             $ty,
             C,
@@ -1158,17 +1173,16 @@ bwd_variants! {
         flash_bwd_wgmma_dqs_bf16_d192, flash_bwd_wgmma_dqs_bf16_d192_window / flash_bwd_wgmma_dqs_bf16_d192_varlen => DqSaved: bwd_wgmma_dq_saved(Bf16, 192),
         flash_bwd_wgmma_dqs_bf16_d256p, flash_bwd_wgmma_dqs_bf16_d256p_window / flash_bwd_wgmma_dqs_bf16_d256p_varlen => DqSaved: bwd_wgmma_dq_saved(Bf16, 248),
         flash_bwd_wgmma_dqs_bf16_d256, flash_bwd_wgmma_dqs_bf16_d256_window / flash_bwd_wgmma_dqs_bf16_d256_varlen => DqSaved: bwd_wgmma_dq_saved(Bf16, 256),
-        // No variable-length dK/dV entry at d = 128: narrowed, it takes all 255 registers and
-        // spilled 12-16 bytes in a build from another checkout path (ptxas 13.0 moves there by
-        // symbol names alone); head_dim 65..128 goes to `simt` for a variable-length backward.
+        // The variable-length dK/dV entries at d = 128 split over two warpgroups
+        // (`WgmmaBwdTile::dkdv_entry`).
         flash_bwd_wgmma_dkdv_f16_d64p, flash_bwd_wgmma_dkdv_f16_d64p_window / flash_bwd_wgmma_dkdv_f16_d64p_varlen => Dkdv: bwd_wgmma_kv(F16, 56),
         flash_bwd_wgmma_dkdv_f16_d64, flash_bwd_wgmma_dkdv_f16_d64_window / flash_bwd_wgmma_dkdv_f16_d64_varlen => Dkdv: bwd_wgmma_kv(F16, 64),
-        flash_bwd_wgmma_dkdv_f16_d128p, flash_bwd_wgmma_dkdv_f16_d128p_window => Dkdv: bwd_wgmma_kv(F16, 120),
-        flash_bwd_wgmma_dkdv_f16_d128, flash_bwd_wgmma_dkdv_f16_d128_window => Dkdv: bwd_wgmma_kv(F16, 128),
+        flash_bwd_wgmma_dkdv_f16_d128p, flash_bwd_wgmma_dkdv_f16_d128p_window / flash_bwd_wgmma_dkdv_f16_d128p_varlen => Dkdv: bwd_wgmma_kv(F16, 120),
+        flash_bwd_wgmma_dkdv_f16_d128, flash_bwd_wgmma_dkdv_f16_d128_window / flash_bwd_wgmma_dkdv_f16_d128_varlen => Dkdv: bwd_wgmma_kv(F16, 128),
         flash_bwd_wgmma_dkdv_bf16_d64p, flash_bwd_wgmma_dkdv_bf16_d64p_window / flash_bwd_wgmma_dkdv_bf16_d64p_varlen => Dkdv: bwd_wgmma_kv(Bf16, 56),
         flash_bwd_wgmma_dkdv_bf16_d64, flash_bwd_wgmma_dkdv_bf16_d64_window / flash_bwd_wgmma_dkdv_bf16_d64_varlen => Dkdv: bwd_wgmma_kv(Bf16, 64),
-        flash_bwd_wgmma_dkdv_bf16_d128p, flash_bwd_wgmma_dkdv_bf16_d128p_window => Dkdv: bwd_wgmma_kv(Bf16, 120),
-        flash_bwd_wgmma_dkdv_bf16_d128, flash_bwd_wgmma_dkdv_bf16_d128_window => Dkdv: bwd_wgmma_kv(Bf16, 128),
+        flash_bwd_wgmma_dkdv_bf16_d128p, flash_bwd_wgmma_dkdv_bf16_d128p_window / flash_bwd_wgmma_dkdv_bf16_d128p_varlen => Dkdv: bwd_wgmma_kv(Bf16, 120),
+        flash_bwd_wgmma_dkdv_bf16_d128, flash_bwd_wgmma_dkdv_bf16_d128_window / flash_bwd_wgmma_dkdv_bf16_d128_varlen => Dkdv: bwd_wgmma_kv(Bf16, 128),
         flash_bwd_wgmma_dkdv_f16_d192p, flash_bwd_wgmma_dkdv_f16_d192p_window / flash_bwd_wgmma_dkdv_f16_d192p_varlen => Dkdv: bwd_wgmma_kv(F16, 184),
         flash_bwd_wgmma_dkdv_f16_d192, flash_bwd_wgmma_dkdv_f16_d192_window / flash_bwd_wgmma_dkdv_f16_d192_varlen => Dkdv: bwd_wgmma_kv(F16, 192),
         flash_bwd_wgmma_dkdv_f16_d256p, flash_bwd_wgmma_dkdv_f16_d256p_window / flash_bwd_wgmma_dkdv_f16_d256p_varlen => Dkdv: bwd_wgmma_kv(F16, 248),

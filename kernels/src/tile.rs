@@ -541,6 +541,15 @@ impl WgmmaBwdTile {
     pub const fn stats_tile(self) -> Self {
         Self { split: 1, ..self }
     }
+    /// The dK/dV kernel's tile in entry `entry` (`crate::ENTRY_*`): this one, but the
+    /// variable-length entry at d = 128 splits its products between two warpgroups (S^T and
+    /// dV, dP^T and dK, as above 128): with one, the sequence's narrowed lengths and shifted
+    /// pointers took it to 255 registers, spilling 12-16 bytes in some checkouts (ptxas
+    /// 13.0 moves by symbol names alone at 255), and the variable-length backward at d 65..128
+    /// ran on SIMT, 100x slower (benches/RESULTS.md, f0e21ce).
+    pub const fn dkdv_entry(self, entry: u8) -> Self {
+        if entry == crate::ENTRY_VARLEN && self.head_dim == 128 { Self { split: 2, ..self } } else { self }
+    }
     /// Query rows per block of the dQ kernel.
     pub const ROWS: u32 = 64;
     /// The dQ kernel's shared memory in bytes: Q, dO [64] rows and two stages of K, V [dq_bc]

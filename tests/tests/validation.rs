@@ -317,6 +317,12 @@ fn backward_selection_and_registry_match_tile_functions() {
                     assert!(t.head_dim >= d && hop.iter().all(|v| v.serves(d)));
                     assert_eq!(fl(hop[1], d), (WgmmaBwdTile::ROWS, t.threads(), t.dq_smem_bytes()));
                     assert_eq!(fl(hop[2], d), (WgmmaBwdTile::KEYS, t.threads(), t.dkdv_smem_bytes()));
+                    // A variable-length batch's dK/dV entry may take its own tile (two
+                    // warpgroups at d = 128), launched as that tile says.
+                    let tv = t.dkdv_entry(flashattn::kernels::ENTRY_VARLEN);
+                    let lv = hop[2].launch_entry(d, flashattn::Entry::Varlen).expect("a varlen launch");
+                    assert_eq!((lv.rows, lv.threads, lv.smem_bytes), (WgmmaBwdTile::KEYS, tv.threads(), tv.dkdv_smem_bytes()), "d={d}");
+                    assert_eq!(tv.threads(), if t.head_dim == 128 { 256 } else { t.threads() }, "d={d}");
                     // With the forward's O residual: D~_i from O + O_lo, then the same dQ and
                     // dK/dV kernels.
                     let hs = plain_bwd(dtype, d as usize, &opts, &[Arch::Sm80, Arch::Sm90a], true).unwrap_or_else(|e| panic!("d={d}: {e}"));
