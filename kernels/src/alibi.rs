@@ -143,6 +143,42 @@ impl<M: Mask> Alibi<M> {
         }
     }
 
+    /// Thread: as [`Alibi::frag`], each score x = fma(x, u, bias) (one rounding), and where
+    /// the tile's columns c0..c0 + 8 N lie on one side of the diagonal of every row of the
+    /// warp's 16 (every tile but those of the row block's diagonal band) the bias one FFMA
+    /// from the row's offset at its first column: -slope |o| = ss o, ss = slope left of the
+    /// diagonal (o <= 0), -slope right of it. Two FP operations a score there, three on the
+    /// band (four in [`Alibi::frag`]).
+    #[inline(always)]
+    pub fn frag_fused<const N: usize>(self, s: &mut [[f32; 4]; N], u: f32, c0: u32, row_w: u32, (g, t): (usize, usize)) {
+        use crate::dev::math::fma;
+        // The warp's largest and smallest offsets, exact in i32's wrapping arithmetic.
+        let hi = (c0 + 8 * N as u32 - 1).wrapping_sub(row_w).wrapping_sub(self.diag) as i32;
+        let lo = c0.wrapping_sub(row_w + 15).wrapping_sub(self.diag) as i32;
+        if hi <= 0 || lo >= 0 {
+            let ss = if hi <= 0 { self.slope } else { -self.slope };
+            for half in 0..2 {
+                let b0 = ss * self.offset(row_w + (g + 8 * half) as u32, c0 + 2 * t as u32);
+                for (n, x) in s.iter_mut().enumerate() {
+                    for e in 0..2 {
+                        let v = &mut x[2 * half + e];
+                        *v = fma(*v, u, fma(ss, (8 * n + e) as f32, b0));
+                    }
+                }
+            }
+        } else {
+            for half in 0..2 {
+                let base = self.offset(row_w + (g + 8 * half) as u32, c0 + 2 * t as u32);
+                for (n, x) in s.iter_mut().enumerate() {
+                    for e in 0..2 {
+                        let v = &mut x[2 * half + e];
+                        *v = fma(*v, u, self.at(base, (8 * n + e) as f32));
+                    }
+                }
+            }
+        }
+    }
+
     /// Thread: as [`Alibi::frag`] for S^T (keys as rows: rows `key_w` + g and + 8, queries
     /// as columns c0 + 8 n + 2 t and + 1), the backward's transposed products.
     #[inline(always)]
@@ -212,6 +248,30 @@ mod tests {
                     for (e, &v) in x.iter().enumerate() {
                         let (row, col) = (row_w + (g + 8 * (e / 2)) as u32, c0 + (8 * n + 2 * t + e % 2) as u32);
                         assert_eq!(v, 3.0 + a.bias(row, col), "lane {lane} n {n} e {e}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// `frag_fused` adds the same biases, on tiles left of, right of and across the
+    /// diagonal (exact here: small integers times a slope of few bits).
+    #[test]
+    fn frag_fused_adds_each_elements_bias() {
+        let pb = pb(40, 70);
+        for slope in [0.375f32, -0.375] {
+            let a = Alibi::<General>::new(slope, &pb);
+            // Offsets col - row - 30: (0, 0) all <= 0, (64, 0) all >= 0, (32, 16) both.
+            for (c0, row_w) in [(0u32, 0u32), (64, 0), (32, 16), (64, 24)] {
+                for lane in 0..32usize {
+                    let (g, t) = (lane / 4, lane % 4);
+                    let mut s = [[1.5f32; 4]; 3];
+                    a.frag_fused::<3>(&mut s, 2.0, c0, row_w, (g, t));
+                    for (n, x) in s.iter().enumerate() {
+                        for (e, &v) in x.iter().enumerate() {
+                            let (row, col) = (row_w + (g + 8 * (e / 2)) as u32, c0 + (8 * n + 2 * t + e % 2) as u32);
+                            assert_eq!(v, 3.0 + a.bias(row, col), "slope {slope} c0 {c0} lane {lane} n {n} e {e}");
+                        }
                     }
                 }
             }

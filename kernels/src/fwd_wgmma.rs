@@ -473,7 +473,7 @@ impl<
         }
         // Biased after the cap, before the mask (`alibi`; the general entries only).
         if self.alibi.on() {
-            self.alibi.frag::<NS>(acc_s, self.u, c0, self.row_w, (g, t));
+            self.alibi.frag_fused::<NS>(acc_s, self.u, c0, self.row_w, (g, t));
         }
         mask_frag::<M, NS>(acc_s, c0, self.row_w, (g, t), (sq, sk), masked, f32::NEG_INFINITY, win);
         let mut s = [[[0f32; 2]; NS]; 2];
