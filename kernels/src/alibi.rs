@@ -143,39 +143,45 @@ impl<M: Mask> Alibi<M> {
         }
     }
 
-    /// Thread: as [`Alibi::frag`], each score x = fma(x, u, bias) (one rounding), and where
+    /// Thread: as [`Alibi::frag`], each score x = fma(x, u, bias) (one rounding), except where
     /// the tile's columns c0..c0 + 8 N lie on one side of the diagonal of every row of the
-    /// warp's 16 (every tile but those of the row block's diagonal band) the bias one FFMA
-    /// from the row's offset at its first column: -slope |o| = ss o, ss = slope left of the
-    /// diagonal (o <= 0), -slope right of it. Two FP operations a score there, three on the
-    /// band (four in [`Alibi::frag`]).
+    /// warp's 16 (every tile but those of the row block's diagonal band). There the bias
+    /// -slope |o| = ss o (ss = slope left of the diagonal, o <= 0; -slope right of it) splits
+    /// into a column part, ss (2 t + 8 n + e), shared by the lane's two rows, and a row part,
+    /// ss (c0 - row - seqlen_k + seqlen_q), which a softmax row may leave out of its scores
+    /// (`RowState::update_raw_shifted`): x = fma(x, u, column part), returned the two rows'
+    /// parts (0 on the band). 1.5 FP operations a score off the band, 3 on it (4 in
+    /// [`Alibi::frag`]).
     #[inline(always)]
-    pub fn frag_fused<const N: usize>(self, s: &mut [[f32; 4]; N], u: f32, c0: u32, row_w: u32, (g, t): (usize, usize)) {
+    pub fn frag_split<const N: usize>(self, s: &mut [[f32; 4]; N], u: f32, c0: u32, row_w: u32, (g, t): (usize, usize)) -> [f32; 2] {
         use crate::dev::math::fma;
+        // Fresh each tile: no product of it hoisted out of the KV loop (`opaque`).
+        let a = self.opaque();
         // The warp's largest and smallest offsets, exact in i32's wrapping arithmetic.
-        let hi = (c0 + 8 * N as u32 - 1).wrapping_sub(row_w).wrapping_sub(self.diag) as i32;
-        let lo = c0.wrapping_sub(row_w + 15).wrapping_sub(self.diag) as i32;
+        let hi = (c0 + 8 * N as u32 - 1).wrapping_sub(row_w).wrapping_sub(a.diag) as i32;
+        let lo = c0.wrapping_sub(row_w + 15).wrapping_sub(a.diag) as i32;
         if hi <= 0 || lo >= 0 {
-            let ss = if hi <= 0 { self.slope } else { -self.slope };
-            for half in 0..2 {
-                let b0 = ss * self.offset(row_w + (g + 8 * half) as u32, c0 + 2 * t as u32);
-                for (n, x) in s.iter_mut().enumerate() {
-                    for e in 0..2 {
-                        let v = &mut x[2 * half + e];
-                        *v = fma(*v, u, fma(ss, (8 * n + e) as f32, b0));
-                    }
+            let ss = if hi <= 0 { a.slope } else { -a.slope };
+            let col_t = ss * (2 * t) as f32;
+            for (n, x) in s.iter_mut().enumerate() {
+                for e in 0..2 {
+                    let b = fma(ss, (8 * n + e) as f32, col_t);
+                    x[e] = fma(x[e], u, b);
+                    x[2 + e] = fma(x[2 + e], u, b);
                 }
             }
+            [0, 1].map(|half| ss * a.offset(row_w + (g + 8 * half) as u32, c0))
         } else {
             for half in 0..2 {
-                let base = self.offset(row_w + (g + 8 * half) as u32, c0 + 2 * t as u32);
+                let base = a.offset(row_w + (g + 8 * half) as u32, c0 + 2 * t as u32);
                 for (n, x) in s.iter_mut().enumerate() {
                     for e in 0..2 {
                         let v = &mut x[2 * half + e];
-                        *v = fma(*v, u, self.at(base, (8 * n + e) as f32));
+                        *v = fma(*v, u, a.at(base, (8 * n + e) as f32));
                     }
                 }
             }
+            [0.0; 2]
         }
     }
 
@@ -254,23 +260,25 @@ mod tests {
         }
     }
 
-    /// `frag_fused` adds the same biases, on tiles left of, right of and across the
-    /// diagonal (exact here: small integers times a slope of few bits).
+    /// `frag_split` adds the same biases, less the row part it returns, on tiles left of,
+    /// right of and across the diagonal (exact here: small integers times a slope of few
+    /// bits).
     #[test]
-    fn frag_fused_adds_each_elements_bias() {
+    fn frag_split_adds_each_elements_bias() {
         let pb = pb(40, 70);
         for slope in [0.375f32, -0.375] {
             let a = Alibi::<General>::new(slope, &pb);
             // Offsets col - row - 30: (0, 0) all <= 0, (64, 0) all >= 0, (32, 16) both.
-            for (c0, row_w) in [(0u32, 0u32), (64, 0), (32, 16), (64, 24)] {
+            for (c0, row_w, sided) in [(0u32, 0u32, true), (64, 0, true), (32, 16, false), (64, 24, false)] {
                 for lane in 0..32usize {
                     let (g, t) = (lane / 4, lane % 4);
                     let mut s = [[1.5f32; 4]; 3];
-                    a.frag_fused::<3>(&mut s, 2.0, c0, row_w, (g, t));
+                    let r = a.frag_split::<3>(&mut s, 2.0, c0, row_w, (g, t));
+                    assert_eq!(r != [0.0; 2], sided, "c0 {c0} row_w {row_w} lane {lane}");
                     for (n, x) in s.iter().enumerate() {
                         for (e, &v) in x.iter().enumerate() {
                             let (row, col) = (row_w + (g + 8 * (e / 2)) as u32, c0 + (8 * n + 2 * t + e % 2) as u32);
-                            assert_eq!(v, 3.0 + a.bias(row, col), "slope {slope} c0 {c0} lane {lane} n {n} e {e}");
+                            assert_eq!(v + r[e / 2], 3.0 + a.bias(row, col), "slope {slope} c0 {c0} lane {lane} n {n} e {e}");
                         }
                     }
                 }

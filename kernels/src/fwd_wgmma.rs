@@ -59,8 +59,8 @@ pub unsafe fn entry<
     }
     unsafe {
         with_window_mask!(p: T, QueryRows / C::TILE.br(), ENTRY, M => match by_element(PAD, p.pb.head_dim) {
-            false => fwd::<T, C, M, D, WG, BC, NS, DN, KS, PAD, false>(p),
-            true => fwd::<T, C, M, D, WG, BC, NS, DN, KS, PAD, true>(p),
+            false => fwd::<T, C, M, D, WG, BC, NS, DN, KS, PAD, false, ENTRY>(p),
+            true => fwd::<T, C, M, D, WG, BC, NS, DN, KS, PAD, true, ENTRY>(p),
         })
     }
 }
@@ -84,7 +84,7 @@ fn pv_k_step<const DN: usize>(a: [u32; 4], b: warpgroup::Desc, acc: &mut [[f32; 
 /// Block (its WG warpgroups): the forward pass of one (Br query rows, head, batch): the first
 /// copy groups, tile 0's S and softmax, then the KV loop, whose iteration j issues S_j and
 /// P_(j-1) V_(j-1) and folds tile j into the online softmax ([`Fwd::step`]), the last P V and
-/// the epilogue.
+/// the epilogue. ENTRY as [`entry`]'s.
 #[inline(always)]
 unsafe fn fwd<
     T: MmaElement,
@@ -98,6 +98,7 @@ unsafe fn fwd<
     const KS: usize,
     const PAD: bool,
     const EL: bool,
+    const ENTRY: u8,
 >(
     p: &FwdParams,
 ) {
@@ -167,7 +168,7 @@ unsafe fn fwd<
     let mut acc_s = [[0f32; 4]; NS];
     let mut pa = [[0u32; 4]; KS];
     let mut rows = [RowState::INIT; 2]; // rows g and g + 8 of this warp's 16
-    let f = Fwd::<T, M, D, WG, BC, NS, DN, KS, PAD> {
+    let f = Fwd::<T, M, D, WG, BC, NS, DN, KS, PAD, ENTRY> {
         tiles,
         n_tiles: &n_tiles,
         row_w: row0 + (wg * 64 + w * 16) as u32,
@@ -376,7 +377,8 @@ impl<T: MmaElement, const D: usize, const WG: usize, const BC: usize, const PAD:
 }
 
 /// What the KV loop's steps and the epilogue read, per warp: the block's [`Tiles`], the key
-/// tile counts, the warp's rows ([`fwd`] builds it once Q and the first K, V are in flight).
+/// tile counts, the warp's rows ([`fwd`] builds it once Q and the first K, V are in flight);
+/// ENTRY as [`entry`]'s.
 struct Fwd<
     'a,
     T: Copy,
@@ -388,6 +390,7 @@ struct Fwd<
     const DN: usize,
     const KS: usize,
     const PAD: bool,
+    const ENTRY: u8,
 > {
     tiles: Tiles<'a, T, D, WG, BC, PAD>,
     /// Key tiles any row of the block sees (the end of the loop). By reference, as the
@@ -429,7 +432,8 @@ impl<
     const DN: usize,
     const KS: usize,
     const PAD: bool,
-> Fwd<'_, T, M, D, WG, BC, NS, DN, KS, PAD>
+    const ENTRY: u8,
+> Fwd<'_, T, M, D, WG, BC, NS, DN, KS, PAD, ENTRY>
 {
     /// Warpgroup: issue S_j = Q K_j (D / 16 k-steps of m64n{BC}k16, both operands in shared
     /// memory) as one wgmma group.
@@ -471,10 +475,20 @@ impl<
                 }
             }
         }
-        // Biased after the cap, before the mask (`alibi`; the general entries only).
-        if self.alibi.on() {
-            self.alibi.frag_fused::<NS>(acc_s, self.u, c0, self.row_w, (g, t));
-        }
+        // Biased after the cap, before the mask (`alibi`; the general entries only), less a
+        // constant per row off the diagonal band (`r`, added back in the row update).
+        // The general entries split ALiBi's bias (`Alibi::frag_split`); the variable-length
+        // ones add it whole (`Alibi::frag`): with the split their loop ran 2.5% slower at
+        // d = 128, ALiBi or not (benches/RESULTS.md).
+        let split = M::BIAS && ENTRY == crate::ENTRY_GENERAL;
+        let r = match (self.alibi.on(), split) {
+            (true, true) => self.alibi.frag_split::<NS>(acc_s, self.u, c0, self.row_w, (g, t)),
+            (true, false) => {
+                self.alibi.frag::<NS>(acc_s, self.u, c0, self.row_w, (g, t));
+                [0.0; 2]
+            }
+            (false, _) => [0.0; 2],
+        };
         mask_frag::<M, NS>(acc_s, c0, self.row_w, (g, t), (sq, sk), masked, f32::NEG_INFINITY, win);
         let mut s = [[[0f32; 2]; NS]; 2];
         for (n, a) in acc_s.iter().enumerate() {
@@ -484,7 +498,10 @@ impl<
         }
         let mut alpha = [1f32; 2];
         for half in 0..2 {
-            alpha[half] = rows[half].update_raw::<4>(s[half].as_flattened_mut(), self.c);
+            alpha[half] = match split {
+                true => rows[half].update_raw_shifted::<4>(s[half].as_flattened_mut(), self.c, r[half]),
+                false => rows[half].update_raw::<4>(s[half].as_flattened_mut(), self.c),
+            };
         }
         for (n, a) in acc_s.iter_mut().enumerate() {
             *a = [s[0][n][0], s[0][n][1], s[1][n][0], s[1][n][1]];

@@ -185,6 +185,18 @@ impl RowState {
         alpha
     }
 
+    /// As [`RowState::update_raw`] for scores that leave out a constant `r` of this tile's row
+    /// (`alibi::Alibi::frag_split`): the row's true scores are s + r. m_i stays in true
+    /// units, unchanged (not rounded through m_i - r + r) while the tile brings no new max.
+    #[inline(always)]
+    pub fn update_raw_shifted<const W: u32>(&mut self, s: &mut [f32], c: f32, r: f32) -> f32 {
+        let (m_old, m_shifted) = (self.m, self.m - r);
+        self.m = m_shifted;
+        let alpha = self.update_raw::<W>(s, c);
+        self.m = if self.m == m_shifted { m_old } else { self.m + r };
+        alpha
+    }
+
     /// [`RowState::finish`] for a row kept by [`RowState::update_raw`] with factor `c`
     /// (`Log2::factor(scale)`): the LSE's max term is the raw max times `scale` (> 0, as the
     /// score scale) in f64, rounded once with the log: c itself is rounded, and at tiny
