@@ -543,10 +543,7 @@ impl WgmmaBwdTile {
     }
     /// The dK/dV kernel's tile in entry `entry` (`crate::ENTRY_*`): this one, but the
     /// variable-length entry at d = 128 splits its products between two warpgroups (S^T and
-    /// dV, dP^T and dK, as above 128): with one, the sequence's narrowed lengths and shifted
-    /// pointers took it to 255 registers, spilling 12-16 bytes in some checkouts (ptxas
-    /// 13.0 moves by symbol names alone at 255), and the variable-length backward at d 65..128
-    /// ran on SIMT, 100x slower (benches/RESULTS.md, f0e21ce).
+    /// dV, dP^T and dK, as above 128; why: [`wgmma_bwd_tile`]).
     pub const fn dkdv_entry(self, entry: u8) -> Self {
         if entry == crate::ENTRY_VARLEN && self.head_dim == 128 { Self { split: 2, ..self } } else { self }
     }
@@ -575,6 +572,10 @@ impl WgmmaBwdTile {
 ///   with 96 columns each at 192 after it.
 ///
 /// Rejected:
+/// - The variable-length dK/dV entry at d = 128 with one warpgroup (`dkdv_entry` splits it
+///   over two: 185-190 registers): the sequence's narrowed lengths and shifted pointers took
+///   it to 255 registers, spilling 12-16 bytes in another checkout (ptxas 13.0 moves by
+///   symbol names alone there).
 /// - The mma.sync kernels above 128 (`mma_bwd_tile`): 0.29-0.58x FA2 at 215be52, against
 ///   0.56-1.04x for the two warpgroups at 4de1846.
 /// - `.maxnreg` 168 / 128 at d = 64 (three and four blocks per SM, 1.2x at 7fde370): with the
