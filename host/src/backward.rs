@@ -97,6 +97,9 @@ pub fn select_bwd_variants(
             if softcap && !family.desc().softcap {
                 return Err(Error::Unsupported { what: "a softcap in the backward family", value: name.into() });
             }
+            if softcap && !family.desc().softcap_in(entry) {
+                return Err(Error::Unsupported { what: "a softcap on a variable-length batch in the backward family", value: name.into() });
+            }
             if alibi && !family.desc().alibi {
                 return Err(Error::Unsupported { what: "ALiBi in the backward family", value: name.into() });
             }
@@ -114,7 +117,7 @@ pub fn select_bwd_variants(
                 f.auto
                     && (f.deterministic || !opts.deterministic)
                     && archs.contains(&f.arch)
-                    && (f.softcap || !softcap)
+                    && (f.softcap_in(entry) || !softcap)
                     && (f.alibi || !alibi)
                     && (f.alibi_softcap || !(alibi && softcap))
                     && (f.sinks || !sinks)

@@ -92,7 +92,7 @@ pub fn loaded(arch: flashattn_kernels::registry::Arch) -> &'static str {
             if let Some(regs) = v.max_regs() {
                 // A registered variant is always an entry, and so are its windowed and
                 // variable-length twins (tests/tests/ptx.rs); the twins take the same cap.
-                for name in [Some(v.name), v.window_name, v.varlen_name].into_iter().flatten() {
+                for name in v.entry_names() {
                     ptx = with_maxnreg(&ptx, name, regs).unwrap_or(ptx);
                 }
             }

@@ -82,6 +82,7 @@ use crate::mask::{Mask, Window, q_tiles};
 use crate::nonfinite::{clean_own_pair, dkdv_tile_masked, own_chunks_nonfinite, warp_fix_stored_dv, zero_own_nonfinite};
 use crate::params::BwdParams;
 use crate::smem::Sw;
+use crate::softcap::{Softcap, dtanh};
 use crate::tile::{Config, WgmmaBwdTile};
 use crate::wg_tile::{issue_abt, wg_warp_lane};
 use core::f32::consts::LOG2_E;
@@ -132,8 +133,8 @@ pub unsafe fn dkdv<
     }
     unsafe {
         with_window_mask!(p: T, Keys / WgmmaBwdTile::KEYS, ENTRY, M => match !DQ && by_element(PAD, p.pb.head_dim) {
-            false => dkdv_masked::<T, M, D, DN, BR, NQ, KQ, THREADS, NACC, PAD, DQ, false>(p),
-            true => dkdv_masked::<T, M, D, DN, BR, NQ, KQ, THREADS, NACC, PAD, DQ, true>(p),
+            false => dkdv_masked::<T, M, D, DN, BR, NQ, KQ, THREADS, NACC, PAD, DQ, false, ENTRY>(p),
+            true => dkdv_masked::<T, M, D, DN, BR, NQ, KQ, THREADS, NACC, PAD, DQ, true, ENTRY>(p),
         })
     }
 }
@@ -156,6 +157,7 @@ unsafe fn dkdv_masked<
     const PAD: bool,
     const DQ: bool,
     const EL: bool,
+    const ENTRY: u8,
 >(
     p: &BwdParams,
 ) {
@@ -164,7 +166,7 @@ unsafe fn dkdv_masked<
     if p.pb.head_dim > D as u32 || (!PAD && p.pb.head_dim != D as u32) || d == 0 || block::dim() != THREADS as u32 {
         thread::trap();
     }
-    let mut kb = DkdvBlock::<T, M, D, DN, BR, NQ, KQ, THREADS, NACC, PAD, DQ, EL>::new(p, d);
+    let mut kb = DkdvBlock::<T, M, D, DN, BR, NQ, KQ, THREADS, NACC, PAD, DQ, EL, ENTRY>::new(p, d);
 
     // Block: K_j, V_j (zero rows past seqlen_k: their dK, dV are computed and not stored).
     kb.load_k();
@@ -313,6 +315,7 @@ struct DkdvBlock<
     const PAD: bool,
     const DQ: bool,
     const EL: bool,
+    const ENTRY: u8,
 > {
     p: &'a BwdParams,
     /// head_dim as the body sees it (`body_head_dim`).
@@ -370,7 +373,8 @@ impl<
     const PAD: bool,
     const DQ: bool,
     const EL: bool,
-> DkdvBlock<'a, T, M, D, DN, BR, NQ, KQ, THREADS, NACC, PAD, DQ, EL>
+    const ENTRY: u8,
+> DkdvBlock<'a, T, M, D, DN, BR, NQ, KQ, THREADS, NACC, PAD, DQ, EL, ENTRY>
 {
     /// Thread: the block's indices and shared tiles (the query tiles, `factor` and `key0`
     /// are set by [`dkdv_masked`] once K and V are in flight).
@@ -565,17 +569,36 @@ impl<
         core::array::from_fn(|kq| to_a::<T>(x[2 * kq], x[2 * kq + 1]))
     }
 
-    /// Thread: P^T = exp2(S^T scale log2(e) + bias - m) / l per query column in place of the
-    /// unscaled S^T `s` of query head `h`'s tile from row `i0` (the bias is ALiBi's in the
-    /// log2 domain, in one uniform branch; m, 1 / l from the stage's `m_row`, `il_row`).
+    /// The launch's softcap: off but in the general entries (the variable-length ones leave
+    /// it to another family: `registry::BwdFamilyDesc::softcap_varlen`).
     #[inline(always)]
-    fn probs_t(&self, s: &mut [[f32; 4]; NQ], h: u32, i0: u32, m_row: Shared<f32>, il_row: Shared<f32>) {
+    fn softcap(&self) -> Softcap<M> {
+        Softcap::new_if(ENTRY == crate::ENTRY_GENERAL && !DQ, &self.p.pb)
+    }
+
+    /// Thread: P^T = exp2(x u + bias - m) / l per query column in place of the unscaled S^T
+    /// `s` of query head `h`'s tile from row `i0`: x the raw score and u = scale log2(e), or
+    /// with a softcap x = t = tanh(S^T k) and u = cap log2(e), 1 - t^2 into `dt` (`softcap`);
+    /// the bias is ALiBi's in the log2 domain (each in one uniform branch; m, 1 / l from the
+    /// stage's `m_row`, `il_row`).
+    #[inline(always)]
+    fn probs_t(&self, s: &mut [[f32; 4]; NQ], dt: &mut [[f32; 4]; NQ], h: u32, i0: u32, m_row: Shared<f32>, il_row: Shared<f32>) {
+        let sc = self.softcap();
+        let mut u = self.factor;
+        if sc.on() {
+            let kf = sc.opaque_k(self.p.pb.scale);
+            for (x, d) in s.as_flattened_mut().iter_mut().zip(dt.as_flattened_mut()) {
+                *x = kf.tanh_mufu(*x);
+                *d = dtanh(*x);
+            }
+            u = sc.cap() * LOG2_E;
+        }
         let al = unsafe { Alibi::<M>::load(self.p.alibi, self.p.alibi_batch, self.b, h, &self.p.pb) }.log2();
         let u = if al.on() {
-            al.frag_t::<NQ>(s, self.factor, i0, self.key0, (self.g, self.t));
+            al.frag_t::<NQ>(s, u, i0, self.key0, (self.g, self.t));
             1.0
         } else {
-            self.factor
+            u
         };
         for (n, x) in s.iter_mut().enumerate() {
             let c = n * 8 + 2 * self.t;
@@ -584,6 +607,57 @@ impl<
                 *x = math::ex2(*x * u - ms[e % 2]) * ils[e % 2];
             }
         }
+    }
+
+    /// Thread: whether element e of n-tile n of S^T (query tile from row `i0`) is a masked
+    /// pair under the window `win` (with DQ, also a key past seqlen_k). For the masked tiles
+    /// only: `masked` is uniform and true on diagonal and window-edge tiles, one branch around
+    /// the whole mask (a branch per element became selects in every tile in the forward
+    /// kernel); the window's bounds fresh each tile (`Window::opaque`).
+    #[inline(always)]
+    fn hidden_t(&self, win: Window<M>, n: usize, e: usize, i0: u32) -> bool {
+        let (key, query) = (self.key0 + (self.g + 8 * (e / 2)) as u32, i0 + (n * 8 + 2 * self.t + e % 2) as u32);
+        (DQ && key >= self.sk) || query >= self.sq || win.hidden(query, key, self.sq, self.sk)
+    }
+
+    /// Thread, with a softcap (`probs_t`'s work, fused): per pair of n-tiles, t = tanh(S^T k),
+    /// P^T = exp2(t cap log2(e) + bias - m) / l (-0.0 where `masked` hides the pair), P^T to
+    /// its 16-bit A fragment (returned), then P^T (1 - t^2) in place of S^T, dS^T's factor (a
+    /// masked -0.0 stays): the derivative is never held for the whole tile (with a tile of it,
+    /// the entry spilled at d = 128).
+    #[inline(always)]
+    fn probs_capped_t(
+        &self,
+        s: &mut [[f32; 4]; NQ],
+        h: u32,
+        i0: u32,
+        (m_row, il_row): (Shared<f32>, Shared<f32>),
+        masked: bool,
+        win: Window<M>,
+    ) -> [[u32; 4]; KQ] {
+        let sc = self.softcap();
+        let (kf, u) = (sc.opaque_k(self.p.pb.scale), sc.cap() * LOG2_E);
+        // ALiBi's bias in the log2 domain, from each key row's offset (as `Alibi::frag_t`).
+        let al = unsafe { Alibi::<M>::load(self.p.alibi, self.p.alibi_batch, self.b, h, &self.p.pb) }.log2();
+        let base = core::array::from_fn::<_, 2, _>(|half| al.offset(i0 + 2 * self.t as u32, self.key0 + (self.g + 8 * half) as u32));
+        core::array::from_fn(|kq| {
+            let mut q = [[0f32; 4]; 2];
+            for (k, q) in q.iter_mut().enumerate() {
+                let n = 2 * kq + k;
+                let c = n * 8 + 2 * self.t;
+                let (ms, ils) = ([m_row.ld(c), m_row.ld(c + 1)], [il_row.ld(c), il_row.ld(c + 1)]);
+                for (e, q) in q.iter_mut().enumerate() {
+                    let t = kf.tanh_mufu(s[n][e]);
+                    let x = if al.on() { t * u + al.at(base[e / 2], -((8 * n + e % 2) as f32)) } else { t * u };
+                    let hidden = masked && self.hidden_t(win, n, e, i0);
+                    s[n][e] = if hidden { -0.0 } else { math::ex2(x - ms[e % 2]) * ils[e % 2] };
+                    *q = if hidden { -0.0 } else { s[n][e] * dtanh(t) };
+                }
+            }
+            let a = to_a::<T>(s[2 * kq], s[2 * kq + 1]);
+            (s[2 * kq], s[2 * kq + 1]) = (q[0], q[1]);
+            a
+        })
     }
 
     /// Warpgroup (one a block): one query tile (stage `st`, query head h, first row i0):
@@ -605,27 +679,24 @@ impl<
         warpgroup::wait::<0, NQ>(&mut s);
         // Thread: P^T = exp2(S^T scale log2(e) - m) / l per query column (0 where the row sees
         // no key: m = +inf), then 0 where masked: after the exponential, since with a negative
-        // scale a masked -inf score would become +inf.
-        self.probs_t(&mut s, h, i0, m_row, il_row);
-        // `masked` is uniform and true on diagonal tiles only: one branch around the whole
-        // mask (a branch per element became selects in every tile in the forward kernel).
-        // The window's bounds fresh each tile (`Window::opaque`).
+        // scale a masked -inf score would become +inf. With a softcap, `probs_capped_t`.
         let win = Window::<M>::new(&self.p.pb).opaque();
-        let hidden = |n: usize, e: usize| {
-            let (key, query) = (self.key0 + (self.g + 8 * (e / 2)) as u32, i0 + (n * 8 + 2 * self.t + e % 2) as u32);
-            (DQ && key >= self.sk) || query >= self.sq || win.hidden(query, key, self.sq, self.sk)
-        };
-        if masked {
-            // -0.0 marks a masked pair for dS below (a visible P is +0.0 or more).
-            for (n, x) in s.iter_mut().enumerate() {
-                for (e, x) in x.iter_mut().enumerate() {
-                    if hidden(n, e) {
-                        *x = -0.0;
+        let mut pa = if self.softcap().on() {
+            self.probs_capped_t(&mut s, h, i0, (m_row, il_row), masked, win)
+        } else {
+            self.probs_t(&mut s, &mut [[0f32; 4]; NQ], h, i0, m_row, il_row);
+            if masked {
+                // -0.0 marks a masked pair for dS below (a visible P is +0.0 or more).
+                for (n, x) in s.iter_mut().enumerate() {
+                    for (e, x) in x.iter_mut().enumerate() {
+                        if self.hidden_t(win, n, e, i0) {
+                            *x = -0.0;
+                        }
                     }
                 }
             }
-        }
-        let mut pa = Self::pack(&s);
+            Self::pack(&s)
+        };
         // dV_j += P^T dO_i, then dP^T = V_j dO_i^T, two groups.
         let mut dp = [[0f32; 4]; NQ];
         warpgroup::fence_operands(acc_dv);
@@ -720,8 +791,9 @@ impl<
         warpgroup::wait::<0, NQ>(&mut x);
         if self.wg == 0 {
             // Thread: P^T = exp2(S^T scale log2(e) - m) / l per query column, then -0.0 where
-            // masked (as in `step`), to the exchange.
-            self.probs_t(&mut x, h, i0, m_row, il_row);
+            // masked (as in `step`), to the exchange; with a softcap P^T (1 - t^2) to it.
+            let mut dt = [[0f32; 4]; NQ];
+            self.probs_t(&mut x, &mut dt, h, i0, m_row, il_row);
             if masked {
                 let win = Window::<M>::new(&self.p.pb).opaque();
                 for (n, x) in x.iter_mut().enumerate() {
@@ -729,13 +801,15 @@ impl<
                         let (key, query) = (self.key0 + (self.g + 8 * (e / 2)) as u32, i0 + (n * 8 + 2 * self.t + e % 2) as u32);
                         if (DQ && key >= self.sk) || query >= self.sq || win.hidden(query, key, self.sq, self.sk) {
                             *x = -0.0;
+                            dt[n][e] = 0.0;
                         }
                     }
                 }
             }
+            let cap = self.softcap().on();
             for (n, x) in x.iter().enumerate() {
                 for (e, x) in x.iter().enumerate() {
-                    pf.st(at(n, e), *x);
+                    pf.st(at(n, e), if cap { *x * dt[n][e] } else { *x });
                 }
             }
         }

@@ -12,6 +12,7 @@ use crate::nonfinite::{own_chunks_nonfinite, zero_own_nonfinite};
 use crate::params::BwdParams;
 use crate::sinks;
 use crate::smem::Sw;
+use crate::softcap::{Softcap, dtanh};
 use crate::softmax::QuadRow;
 use crate::tile::{Config, HOT_TILES, WgmmaBwdTile};
 use crate::wg_tile::{add_pk, issue_abt, mask_frag, wg_warp_lane};
@@ -75,8 +76,8 @@ pub unsafe fn dq<
     }
     unsafe {
         with_window_mask!(p: T, QueryRows / WgmmaBwdTile::ROWS, ENTRY, M => match MODE != DQ_STATS && by_element(PAD, p.pb.head_dim) {
-            false => dq_masked::<T, M, D, DN, BC, NS, KS, NSW, KSW, THREADS, DW, DNW, PAD, MODE, false>(p),
-            true => dq_masked::<T, M, D, DN, BC, NS, KS, NSW, KSW, THREADS, DW, DNW, PAD, MODE, true>(p),
+            false => dq_masked::<T, M, D, DN, BC, NS, KS, NSW, KSW, THREADS, DW, DNW, PAD, MODE, false, ENTRY>(p),
+            true => dq_masked::<T, M, D, DN, BC, NS, KS, NSW, KSW, THREADS, DW, DNW, PAD, MODE, true, ENTRY>(p),
         })
     }
 }
@@ -104,6 +105,7 @@ unsafe fn dq_masked<
     const PAD: bool,
     const MODE: u8,
     const EL: bool,
+    const ENTRY: u8,
 >(
     p: &BwdParams,
 ) {
@@ -114,7 +116,7 @@ unsafe fn dq_masked<
     if p.pb.head_dim > D as u32 || (!PAD && p.pb.head_dim != D as u32) || d == 0 || block::dim() != THREADS as u32 {
         thread::trap();
     }
-    let mut qb = DqBlock::<T, M, D, DN, BC, NS, KS, NSW, KSW, THREADS, DW, DNW, PAD, MODE, EL>::new(p, d, saved);
+    let mut qb = DqBlock::<T, M, D, DN, BC, NS, KS, NSW, KSW, THREADS, DW, DNW, PAD, MODE, EL, ENTRY>::new(p, d, saved);
     let (n_tiles, first) = (qb.n_tiles, qb.first);
 
     // Block: Q_i, dO_i and the first K, V tile in flight.
@@ -222,6 +224,7 @@ struct DqBlock<
     const PAD: bool,
     const MODE: u8,
     const EL: bool,
+    const ENTRY: u8,
 > {
     p: &'a BwdParams,
     /// head_dim as the body sees it (`body_head_dim`).
@@ -293,7 +296,8 @@ impl<
     const PAD: bool,
     const MODE: u8,
     const EL: bool,
-> DqBlock<'a, T, M, D, DN, BC, NS, KS, NSW, KSW, THREADS, DW, DNW, PAD, MODE, EL>
+    const ENTRY: u8,
+> DqBlock<'a, T, M, D, DN, BC, NS, KS, NSW, KSW, THREADS, DW, DNW, PAD, MODE, EL, ENTRY>
 {
     /// Thread: the block's indices, shared tiles and key tiles (`factor` is set by
     /// [`dq_masked`] once the first tiles are in flight).
@@ -369,14 +373,22 @@ impl<
         }
     }
 
+    /// The launch's softcap (DQ_SAVED): off but in the general entries (the variable-length
+    /// ones leave it to another family: `registry::BwdFamilyDesc::softcap_varlen`).
+    #[inline(always)]
+    fn softcap(&self) -> Softcap<M> {
+        Softcap::new_if(ENTRY == crate::ENTRY_GENERAL && MODE == DQ_SAVED, &self.p.pb)
+    }
+
     /// Thread (DQ_SAVED): P = exp2(S scale log2(e) + bias - m_i) in place of the unscaled
     /// scores `s` of the keys from `c0` on (`prep` gives 1 / l_i = 1; the bias is ALiBi's, in
-    /// one uniform branch).
+    /// one uniform branch). Without a softcap (`capped`).
     #[inline(always)]
     fn probs<const N: usize>(&self, s: &mut [[f32; 4]; N], c0: u32, fin: &[(f32, f32, f32); 2]) {
+        let u = self.factor;
         let al = self.alibi.opaque();
         if al.on() {
-            al.frag::<N>(s, self.factor, c0, self.row_w, (self.g, self.t));
+            al.frag::<N>(s, u, c0, self.row_w, (self.g, self.t));
             for x in s.iter_mut() {
                 for (e, x) in x.iter_mut().enumerate() {
                     *x = math::ex2(*x - fin[e / 2].0);
@@ -385,7 +397,48 @@ impl<
         } else {
             for x in s.iter_mut() {
                 for (e, x) in x.iter_mut().enumerate() {
-                    *x = math::ex2(math::fma(*x, self.factor, -fin[e / 2].0));
+                    *x = math::ex2(math::fma(*x, u, -fin[e / 2].0));
+                }
+            }
+        }
+    }
+
+    /// Thread (DQ_SAVED), with a softcap: for each element of the unscaled scores `s` of the
+    /// keys from `c0` on, t = tanh(S k) and P = exp2(t cap log2(e) + bias - m_i) (the bias
+    /// ALiBi's, as `Alibi::frag`), then `f(row half, n-tile, element, P, 1 - t^2, hidden)` in
+    /// the element's place, with P = 1 - t^2 = 0 where `masked` hides the key (as
+    /// `mask_frag`); element by element, so that no
+    /// tile of t or P is held beside the scores (with a tile of 1 - t^2 the entry spilled
+    /// at d = 192).
+    #[inline(always)]
+    fn capped<const N: usize>(
+        &self,
+        s: &mut [[f32; 4]; N],
+        c0: u32,
+        fin: &[(f32, f32, f32); 2],
+        masked: bool,
+        mut f: impl FnMut(usize, usize, usize, f32, f32, bool) -> f32,
+    ) {
+        let sc = self.softcap();
+        let (kf, u) = (sc.opaque_k(self.p.pb.scale), sc.cap() * LOG2_E);
+        let al = self.alibi.opaque();
+        let win = Window::<M>::new(&self.p.pb).opaque();
+        for half in 0..2 {
+            let row = self.row_w + (self.g + 8 * half) as u32;
+            let lane_c0 = c0 + 2 * self.t as u32;
+            let base = al.offset(row, lane_c0);
+            // The row's visible keys lo..hi from the lane's first column (`mask_frag`).
+            let span = 8 * N as i64 + 1;
+            let lo = (win.first_col(row, self.sq, self.sk) as i64 - lane_c0 as i64).clamp(-1, span) as i32;
+            let hi = (win.end_col(row + 1, self.sq, self.sk) as i64 - lane_c0 as i64).clamp(-1, span) as i32;
+            for (n, x) in s.iter_mut().enumerate() {
+                for e in 0..2 {
+                    let t = kf.tanh_mufu(x[2 * half + e]);
+                    let k = (n * 8 + e) as i32;
+                    let y = if al.on() { t * u + al.at(base, k as f32) } else { t * u };
+                    let hidden = masked && (k < lo || k >= hi);
+                    let (p, dt) = if hidden { (0.0, 0.0) } else { (math::ex2(y - fin[half].0), dtanh(t)) };
+                    x[2 * half + e] = f(half, n, 2 * half + e, p, dt, hidden);
                 }
             }
         }
@@ -621,22 +674,34 @@ impl<
         // to rows with no visible key), 0 where masked; dS~ = P (dP - D~_i) to 16-bit A
         // fragments (k-step ks: n-tiles 2ks, 2ks + 1); then dQ~_i += dS~ K_j, K_j read
         // MN-major.
-        let mut pt = *s;
-        self.probs::<NSW>(&mut pt, (j * BC + self.key_w) as u32, fin);
-        self.mask(&mut pt, j, masked, 0.0);
         let mut ds = [[0f32; 4]; NSW];
         let mut p_max = [0f32; 2]; // rows g and g + 8: the warp votes on any of its rows
-        for n in 0..NSW {
-            for e in 0..4 {
-                ds[n][e] = pt[n][e] * (dp[n][e] - fin[e / 2].2);
+        if self.softcap().on() {
+            // With a softcap (`capped`): delta from dS~ as above, the product's dS~ times
+            // 1 - t^2 (0 where masked, whatever the row's D and dP hold).
+            ds = *s;
+            self.capped::<NSW>(&mut ds, (j * BC + self.key_w) as u32, fin, masked, |half, n, e, p, dt, hidden| {
+                let x = if hidden { 0.0 } else { p * (dp[n][e] - fin[half].2) };
+                p_max[half] = p_max[half].max(p);
+                delta[half] += x;
+                x * dt
+            });
+        } else {
+            let mut pt = *s;
+            self.probs::<NSW>(&mut pt, (j * BC + self.key_w) as u32, fin);
+            self.mask(&mut pt, j, masked, 0.0);
+            for n in 0..NSW {
+                for e in 0..4 {
+                    ds[n][e] = pt[n][e] * (dp[n][e] - fin[e / 2].2);
+                }
             }
-        }
-        // 0 where masked, whatever the row's D and dP hold.
-        self.mask(&mut ds, j, masked, 0.0);
-        for n in 0..NSW {
-            for e in 0..4 {
-                p_max[e / 2] = p_max[e / 2].max(pt[n][e]);
-                delta[e / 2] += ds[n][e];
+            // 0 where masked, whatever the row's D and dP hold.
+            self.mask(&mut ds, j, masked, 0.0);
+            for n in 0..NSW {
+                for e in 0..4 {
+                    p_max[e / 2] = p_max[e / 2].max(pt[n][e]);
+                    delta[e / 2] += ds[n][e];
+                }
             }
         }
         let mut da: [[u32; 4]; KSW] = core::array::from_fn(|ks| to_a::<T>(ds[2 * ks], ds[2 * ks + 1]));
@@ -730,8 +795,16 @@ impl<
             if self.wg == 0 && self.t == 0 && r < self.sq {
                 unsafe { global::store((self.p.stats as *mut f32).add(self.p.stat_at(2, b_late, self.h, r)), dd) };
             }
-            if sg > 0.0 && sg >= 0.5 * (1.0 - ps) {
-                let c = if ps == 0.0 { dl_t / sg } else { (dl_t - dd * ps) / sg };
+            // With a softcap the exact dS_ij = P_ij (1 - t_ij^2) (dP_ij - D_i) do not sum to
+            // 0: dQ_i -= (D_i - D~_i) B_i, B_i over P (1 - t^2) (`hot_sums`), wherever a tile
+            // is hot; the other keys keep FA2's error.
+            let cap = self.softcap().on();
+            if (cap && n_hot > 0) || (!cap && sg > 0.0 && sg >= 0.5 * (1.0 - ps)) {
+                let c = match (cap, ps == 0.0) {
+                    (true, _) => dd - fin[half].2,
+                    (false, true) => dl_t / sg,
+                    (false, false) => (dl_t - dd * ps) / sg,
+                };
                 let b_mine: [[f32; 4]; DNW] = core::array::from_fn(|n| if full_b && self.wg == 1 { acc_b[DNW + n] } else { acc_b[n] });
                 for (acc, bb) in acc_dq.iter_mut().zip(b_mine.iter()) {
                     acc[2 * half] -= c * bb[2 * half];
@@ -797,9 +870,23 @@ impl<
             warpgroup::commit();
             warpgroup::wait::<0, NS>(&mut s);
             self.clean_k(0, bad_k);
-            self.probs::<NS>(&mut s, (j * BC) as u32, fin);
-            let win = Window::<M>::new(&self.p.pb).opaque();
-            mask_frag::<M, NS>(&mut s, (j * BC) as u32, self.row_w, (self.g, self.t), (self.sq, self.sk), self.tile_masked(j), 0.0, win);
+            if self.softcap().on() {
+                // With a softcap, B_i over P (1 - t^2), dQ's coefficients (`correct`).
+                self.capped::<NS>(&mut s, (j * BC) as u32, fin, self.tile_masked(j), |_, _, _, p, dt, _| p * dt);
+            } else {
+                self.probs::<NS>(&mut s, (j * BC) as u32, fin);
+                let win = Window::<M>::new(&self.p.pb).opaque();
+                mask_frag::<M, NS>(
+                    &mut s,
+                    (j * BC) as u32,
+                    self.row_w,
+                    (self.g, self.t),
+                    (self.sq, self.sk),
+                    self.tile_masked(j),
+                    0.0,
+                    win,
+                );
+            }
             let mut pa: [[u32; 4]; KS] = core::array::from_fn(|ks| to_a::<T>(s[2 * ks], s[2 * ks + 1]));
             for f in pa.iter() {
                 for (e, w) in f.iter().enumerate() {

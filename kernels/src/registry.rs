@@ -723,10 +723,13 @@ pub struct BwdFamilyDesc {
     pub aligned_only: bool,
     /// Whether its kernels apply a softcap (`Problem::softcap`, in their general entries):
     /// automatic selection skips the others for a soft-capped attention, and naming one is
-    /// an error. Not `wgmma` yet: with it, its dQ kernel's variable-length entries spilled
-    /// (sm_90a, 12 to 164 bytes at head_dim 128 to 256); nor the atomic families (no
-    /// general entries).
+    /// an error. Not the atomic families (no general entries).
     pub softcap: bool,
+    /// Whether its variable-length entries apply it too (as `softcap` for a soft-capped
+    /// variable-length batch). Not `wgmma`'s: with it, its dQ kernel's variable-length
+    /// entries spilled (sm_90a, 12 to 164 bytes at head_dim 128 to 256), so their softcap
+    /// is off at compile time (`softcap::Softcap::new_if`).
+    pub softcap_varlen: bool,
     /// Whether its kernels apply ALiBi (`BwdParams::alibi`, in their general entries), as
     /// [`BwdFamilyDesc::softcap`] for a softcap: every family with general entries (not the
     /// atomic ones).
@@ -763,9 +766,10 @@ const BWD_WGMMA: BwdFamilyDesc = BwdFamilyDesc {
     auto: true,
     deterministic: true,
     aligned_only: false,
-    softcap: false,
+    softcap: true,
+    softcap_varlen: false,
     alibi: true,
-    alibi_softcap: false,
+    alibi_softcap: true,
     sinks: true,
     passes: [&[Pass::Prep, Pass::DqSaved, Pass::Dkdv], &[Pass::PrepResidual, Pass::DqSaved, Pass::Dkdv]],
     tiles: BwdTiles::Wgmma(wgmma_bwd_tile),
@@ -779,6 +783,7 @@ const BWD_MMA: BwdFamilyDesc = BwdFamilyDesc {
     deterministic: true,
     aligned_only: true,
     softcap: true,
+    softcap_varlen: true,
     alibi: true,
     alibi_softcap: false,
     sinks: true,
@@ -794,6 +799,7 @@ const BWD_SIMT: BwdFamilyDesc = BwdFamilyDesc {
     deterministic: true,
     aligned_only: false,
     softcap: true,
+    softcap_varlen: true,
     alibi: true,
     alibi_softcap: true,
     sinks: true,
@@ -809,6 +815,7 @@ const BWD_MMA_ATOMIC: BwdFamilyDesc = BwdFamilyDesc {
     deterministic: false,
     aligned_only: true,
     softcap: false,
+    softcap_varlen: false,
     alibi: false,
     alibi_softcap: false,
     sinks: true,
@@ -824,12 +831,21 @@ const BWD_WGMMA_ATOMIC: BwdFamilyDesc = BwdFamilyDesc {
     deterministic: false,
     aligned_only: true,
     softcap: false,
+    softcap_varlen: false,
     alibi: false,
     alibi_softcap: false,
     sinks: true,
     passes: [&[Pass::Stats, Pass::Dkdvq, Pass::DqConvert], &[Pass::PrepResidual, Pass::Dkdvq, Pass::DqConvert]],
     tiles: BwdTiles::Wgmma(wgmma_bwd_tile_atomic),
 };
+
+#[cfg(not(target_arch = "nvptx64"))]
+impl BwdFamilyDesc {
+    /// Whether its kernels of entry `e` apply a softcap (`softcap`, `softcap_varlen`).
+    pub fn softcap_in(&self, e: Entry) -> bool {
+        self.softcap && (e != Entry::Varlen || self.softcap_varlen)
+    }
+}
 
 #[cfg(not(target_arch = "nvptx64"))]
 impl BwdFamily {
@@ -887,12 +903,16 @@ pub struct BwdVariant {
     pub class: u32,
     /// The same kernel body, for the emulator.
     pub emulate: unsafe fn(&BwdParams),
-    /// PTX entry name and emulator body of the same kernel with a sliding window, a softcap or
-    /// ALiBi (`mask::General`: the backward's window entries are its general ones), for a pass
+    /// PTX entry name and emulator body of the same kernel with a sliding window, for a pass
     /// that masks (`None`: no windowed kernel; for the passes that take no mask, prep and
-    /// dq_convert, the entry above serves a window).
+    /// dq_convert, the entry above serves a window); also with a softcap or ALiBi
+    /// (`mask::General`) where the variant has no general entry below.
     pub window_name: Option<&'static str>,
     pub emulate_window: Option<unsafe fn(&BwdParams)>,
+    /// The same with a softcap or ALiBi, a window or not (`mask::General`), where it has an
+    /// entry of its own (`wgmma`; the window entry above is then window-only).
+    pub general_name: Option<&'static str>,
+    pub emulate_general: Option<unsafe fn(&BwdParams)>,
     /// The same for a variable-length batch (`varlen`, `mask::General`); for prep, the
     /// entry above.
     pub varlen_name: Option<&'static str>,
@@ -931,8 +951,11 @@ impl BwdVariant {
     pub fn entry(&self, e: Entry) -> Option<BwdEntry> {
         let (name, body) = match e {
             Entry::Plain => (Some(self.name), Some(self.emulate)),
-            // The window entries take a softcap and ALiBi too (`bwd_variants!`).
-            Entry::Window | Entry::General => (self.window_name, self.emulate_window),
+            Entry::Window => (self.window_name, self.emulate_window),
+            // Without a general entry the window entry takes a softcap and ALiBi too
+            // (`bwd_variants!`).
+            Entry::General if self.general_name.is_some() => (self.general_name, self.emulate_general),
+            Entry::General => (self.window_name, self.emulate_window),
             Entry::Varlen => (self.varlen_name, self.emulate_varlen),
         };
         match name.zip(body) {
@@ -941,18 +964,65 @@ impl BwdVariant {
             None => Some((self.name, self.emulate)),
         }
     }
+    /// Its PTX entry names: plain, window, general, variable-length (those it has).
+    pub fn entry_names(&self) -> impl Iterator<Item = &'static str> {
+        [Some(self.name), self.window_name, self.general_name, self.varlen_name].into_iter().flatten()
+    }
     /// The `.maxnreg` its entry is loaded with, if any (the tile's, `wgmma_bwd_tile`).
     pub fn max_regs(&self) -> Option<u32> {
         self.family.desc().tiles.launch(self.pass, self.class, Entry::Plain)?.max_regs
     }
 }
 
-/// As `fwd_variants!`, for the backward kernels: `Family { entry_name[, window_entry_name][ / varlen_entry_name]
-/// => Pass: body_macro(dtype, class), ... }` (a window entry where the pass masks and the
-/// family takes windows). The window entry is the general one (`crate::ENTRY_GENERAL`: window,
-/// softcap and ALiBi): the backward has no window-only entry.
+/// The window entry of a backward variant, and its general entry where it has one
+/// (`bwd_variants!`): the window entry is then window-only (`crate::ENTRY_WINDOW`), else it
+/// is the general one (`crate::ENTRY_GENERAL`).
+macro_rules! bwd_window_entries {
+    ($arch:ident, $body:ident, $dt:ty, $class:literal, $wname:ident) => {
+        in_module!(
+            $arch,
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn $wname(p: BwdParams) {
+                unsafe { $body!($dt, $class, 3)(&p) }
+            }
+        );
+    };
+    ($arch:ident, $body:ident, $dt:ty, $class:literal, $wname:ident, $gname:ident) => {
+        in_module!(
+            $arch,
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn $wname(p: BwdParams) {
+                unsafe { $body!($dt, $class, 1)(&p) }
+            }
+        );
+        in_module!(
+            $arch,
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn $gname(p: BwdParams) {
+                unsafe { $body!($dt, $class, 3)(&p) }
+            }
+        );
+    };
+}
+
+/// The window entry's body (as `bwd_window_entries!`).
+macro_rules! bwd_window_body {
+    ($body:ident, $dt:ty, $class:literal) => {
+        $body!($dt, $class, 3)
+    };
+    ($body:ident, $dt:ty, $class:literal, $gname:ident) => {
+        $body!($dt, $class, 1)
+    };
+}
+
+/// As `fwd_variants!`, for the backward kernels: `Family { entry_name[, window_entry_name[ +
+/// general_entry_name]][ / varlen_entry_name] => Pass: body_macro(dtype, class), ... }` (a
+/// window entry where the pass masks and the family takes windows). Without a general entry
+/// of its own the window entry is the general one (`crate::ENTRY_GENERAL`: window, softcap and
+/// ALiBi); with one, window-only (`crate::ENTRY_WINDOW`), so that a window launch carries no
+/// code and no registers for the others.
 macro_rules! bwd_variants {
-    ($( $family:ident @ $arch:ident { $( $name:ident $(, $wname:ident)? $(/ $vname:ident)? => $pass:ident: $body:ident($dt:ty, $class:literal), )* } )*) => {
+    ($( $family:ident @ $arch:ident { $( $name:ident $(, $wname:ident $(+ $gname:ident)?)? $(/ $vname:ident)? => $pass:ident: $body:ident($dt:ty, $class:literal), )* } )*) => {
         $($(
             in_module!($arch,
             #[unsafe(no_mangle)]
@@ -960,11 +1030,7 @@ macro_rules! bwd_variants {
                 unsafe { $body!($dt, $class, 0)(&p) }
             });
             $(
-            in_module!($arch,
-            #[unsafe(no_mangle)]
-            pub unsafe extern "ptx-kernel" fn $wname(p: BwdParams) {
-                unsafe { $body!($dt, $class, 3)(&p) }
-            });
+            bwd_window_entries!($arch, $body, $dt, $class, $wname $(, $gname)?);
             )?
             $(
             in_module!($arch,
@@ -985,7 +1051,9 @@ macro_rules! bwd_variants {
                 class: $class,
                 emulate: $body!($dt, $class, 0),
                 window_name: opt_entry!($($wname)?),
-                emulate_window: opt_entry!($(BwdParams: $wname => $body!($dt, $class, 3))?),
+                emulate_window: opt_entry!($(BwdParams: $wname => bwd_window_body!($body, $dt, $class $(, $gname)?))?),
+                general_name: opt_entry!($($($gname)?)?),
+                emulate_general: opt_entry!($($(BwdParams: $gname => $body!($dt, $class, 3))?)?),
                 varlen_name: opt_entry!($($vname)?),
                 emulate_varlen: opt_entry!($(BwdParams: $vname => $body!($dt, $class, 2))?),
             },
@@ -1157,40 +1225,40 @@ bwd_variants! {
         flash_bwd_prep_bf16 => Prep: bwd_prep(Bf16, 0),
         flash_bwd_prep_residual_f16 => PrepResidual: bwd_prep_residual(F16, 0),
         flash_bwd_prep_residual_bf16 => PrepResidual: bwd_prep_residual(Bf16, 0),
-        flash_bwd_wgmma_dqs_f16_d64p, flash_bwd_wgmma_dqs_f16_d64p_window / flash_bwd_wgmma_dqs_f16_d64p_varlen => DqSaved: bwd_wgmma_dq_saved(F16, 56),
-        flash_bwd_wgmma_dqs_f16_d64, flash_bwd_wgmma_dqs_f16_d64_window / flash_bwd_wgmma_dqs_f16_d64_varlen => DqSaved: bwd_wgmma_dq_saved(F16, 64),
-        flash_bwd_wgmma_dqs_f16_d128p, flash_bwd_wgmma_dqs_f16_d128p_window / flash_bwd_wgmma_dqs_f16_d128p_varlen => DqSaved: bwd_wgmma_dq_saved(F16, 120),
-        flash_bwd_wgmma_dqs_f16_d128, flash_bwd_wgmma_dqs_f16_d128_window / flash_bwd_wgmma_dqs_f16_d128_varlen => DqSaved: bwd_wgmma_dq_saved(F16, 128),
-        flash_bwd_wgmma_dqs_bf16_d64p, flash_bwd_wgmma_dqs_bf16_d64p_window / flash_bwd_wgmma_dqs_bf16_d64p_varlen => DqSaved: bwd_wgmma_dq_saved(Bf16, 56),
-        flash_bwd_wgmma_dqs_bf16_d64, flash_bwd_wgmma_dqs_bf16_d64_window / flash_bwd_wgmma_dqs_bf16_d64_varlen => DqSaved: bwd_wgmma_dq_saved(Bf16, 64),
-        flash_bwd_wgmma_dqs_bf16_d128p, flash_bwd_wgmma_dqs_bf16_d128p_window / flash_bwd_wgmma_dqs_bf16_d128p_varlen => DqSaved: bwd_wgmma_dq_saved(Bf16, 120),
-        flash_bwd_wgmma_dqs_bf16_d128, flash_bwd_wgmma_dqs_bf16_d128_window / flash_bwd_wgmma_dqs_bf16_d128_varlen => DqSaved: bwd_wgmma_dq_saved(Bf16, 128),
-        flash_bwd_wgmma_dqs_f16_d192p, flash_bwd_wgmma_dqs_f16_d192p_window / flash_bwd_wgmma_dqs_f16_d192p_varlen => DqSaved: bwd_wgmma_dq_saved(F16, 184),
-        flash_bwd_wgmma_dqs_f16_d192, flash_bwd_wgmma_dqs_f16_d192_window / flash_bwd_wgmma_dqs_f16_d192_varlen => DqSaved: bwd_wgmma_dq_saved(F16, 192),
-        flash_bwd_wgmma_dqs_f16_d256p, flash_bwd_wgmma_dqs_f16_d256p_window / flash_bwd_wgmma_dqs_f16_d256p_varlen => DqSaved: bwd_wgmma_dq_saved(F16, 248),
-        flash_bwd_wgmma_dqs_f16_d256, flash_bwd_wgmma_dqs_f16_d256_window / flash_bwd_wgmma_dqs_f16_d256_varlen => DqSaved: bwd_wgmma_dq_saved(F16, 256),
-        flash_bwd_wgmma_dqs_bf16_d192p, flash_bwd_wgmma_dqs_bf16_d192p_window / flash_bwd_wgmma_dqs_bf16_d192p_varlen => DqSaved: bwd_wgmma_dq_saved(Bf16, 184),
-        flash_bwd_wgmma_dqs_bf16_d192, flash_bwd_wgmma_dqs_bf16_d192_window / flash_bwd_wgmma_dqs_bf16_d192_varlen => DqSaved: bwd_wgmma_dq_saved(Bf16, 192),
-        flash_bwd_wgmma_dqs_bf16_d256p, flash_bwd_wgmma_dqs_bf16_d256p_window / flash_bwd_wgmma_dqs_bf16_d256p_varlen => DqSaved: bwd_wgmma_dq_saved(Bf16, 248),
-        flash_bwd_wgmma_dqs_bf16_d256, flash_bwd_wgmma_dqs_bf16_d256_window / flash_bwd_wgmma_dqs_bf16_d256_varlen => DqSaved: bwd_wgmma_dq_saved(Bf16, 256),
+        flash_bwd_wgmma_dqs_f16_d64p, flash_bwd_wgmma_dqs_f16_d64p_window + flash_bwd_wgmma_dqs_f16_d64p_general / flash_bwd_wgmma_dqs_f16_d64p_varlen => DqSaved: bwd_wgmma_dq_saved(F16, 56),
+        flash_bwd_wgmma_dqs_f16_d64, flash_bwd_wgmma_dqs_f16_d64_window + flash_bwd_wgmma_dqs_f16_d64_general / flash_bwd_wgmma_dqs_f16_d64_varlen => DqSaved: bwd_wgmma_dq_saved(F16, 64),
+        flash_bwd_wgmma_dqs_f16_d128p, flash_bwd_wgmma_dqs_f16_d128p_window + flash_bwd_wgmma_dqs_f16_d128p_general / flash_bwd_wgmma_dqs_f16_d128p_varlen => DqSaved: bwd_wgmma_dq_saved(F16, 120),
+        flash_bwd_wgmma_dqs_f16_d128, flash_bwd_wgmma_dqs_f16_d128_window + flash_bwd_wgmma_dqs_f16_d128_general / flash_bwd_wgmma_dqs_f16_d128_varlen => DqSaved: bwd_wgmma_dq_saved(F16, 128),
+        flash_bwd_wgmma_dqs_bf16_d64p, flash_bwd_wgmma_dqs_bf16_d64p_window + flash_bwd_wgmma_dqs_bf16_d64p_general / flash_bwd_wgmma_dqs_bf16_d64p_varlen => DqSaved: bwd_wgmma_dq_saved(Bf16, 56),
+        flash_bwd_wgmma_dqs_bf16_d64, flash_bwd_wgmma_dqs_bf16_d64_window + flash_bwd_wgmma_dqs_bf16_d64_general / flash_bwd_wgmma_dqs_bf16_d64_varlen => DqSaved: bwd_wgmma_dq_saved(Bf16, 64),
+        flash_bwd_wgmma_dqs_bf16_d128p, flash_bwd_wgmma_dqs_bf16_d128p_window + flash_bwd_wgmma_dqs_bf16_d128p_general / flash_bwd_wgmma_dqs_bf16_d128p_varlen => DqSaved: bwd_wgmma_dq_saved(Bf16, 120),
+        flash_bwd_wgmma_dqs_bf16_d128, flash_bwd_wgmma_dqs_bf16_d128_window + flash_bwd_wgmma_dqs_bf16_d128_general / flash_bwd_wgmma_dqs_bf16_d128_varlen => DqSaved: bwd_wgmma_dq_saved(Bf16, 128),
+        flash_bwd_wgmma_dqs_f16_d192p, flash_bwd_wgmma_dqs_f16_d192p_window + flash_bwd_wgmma_dqs_f16_d192p_general / flash_bwd_wgmma_dqs_f16_d192p_varlen => DqSaved: bwd_wgmma_dq_saved(F16, 184),
+        flash_bwd_wgmma_dqs_f16_d192, flash_bwd_wgmma_dqs_f16_d192_window + flash_bwd_wgmma_dqs_f16_d192_general / flash_bwd_wgmma_dqs_f16_d192_varlen => DqSaved: bwd_wgmma_dq_saved(F16, 192),
+        flash_bwd_wgmma_dqs_f16_d256p, flash_bwd_wgmma_dqs_f16_d256p_window + flash_bwd_wgmma_dqs_f16_d256p_general / flash_bwd_wgmma_dqs_f16_d256p_varlen => DqSaved: bwd_wgmma_dq_saved(F16, 248),
+        flash_bwd_wgmma_dqs_f16_d256, flash_bwd_wgmma_dqs_f16_d256_window + flash_bwd_wgmma_dqs_f16_d256_general / flash_bwd_wgmma_dqs_f16_d256_varlen => DqSaved: bwd_wgmma_dq_saved(F16, 256),
+        flash_bwd_wgmma_dqs_bf16_d192p, flash_bwd_wgmma_dqs_bf16_d192p_window + flash_bwd_wgmma_dqs_bf16_d192p_general / flash_bwd_wgmma_dqs_bf16_d192p_varlen => DqSaved: bwd_wgmma_dq_saved(Bf16, 184),
+        flash_bwd_wgmma_dqs_bf16_d192, flash_bwd_wgmma_dqs_bf16_d192_window + flash_bwd_wgmma_dqs_bf16_d192_general / flash_bwd_wgmma_dqs_bf16_d192_varlen => DqSaved: bwd_wgmma_dq_saved(Bf16, 192),
+        flash_bwd_wgmma_dqs_bf16_d256p, flash_bwd_wgmma_dqs_bf16_d256p_window + flash_bwd_wgmma_dqs_bf16_d256p_general / flash_bwd_wgmma_dqs_bf16_d256p_varlen => DqSaved: bwd_wgmma_dq_saved(Bf16, 248),
+        flash_bwd_wgmma_dqs_bf16_d256, flash_bwd_wgmma_dqs_bf16_d256_window + flash_bwd_wgmma_dqs_bf16_d256_general / flash_bwd_wgmma_dqs_bf16_d256_varlen => DqSaved: bwd_wgmma_dq_saved(Bf16, 256),
         // The variable-length dK/dV entries at d = 128 split over two warpgroups
         // (`WgmmaBwdTile::dkdv_entry`).
-        flash_bwd_wgmma_dkdv_f16_d64p, flash_bwd_wgmma_dkdv_f16_d64p_window / flash_bwd_wgmma_dkdv_f16_d64p_varlen => Dkdv: bwd_wgmma_kv(F16, 56),
-        flash_bwd_wgmma_dkdv_f16_d64, flash_bwd_wgmma_dkdv_f16_d64_window / flash_bwd_wgmma_dkdv_f16_d64_varlen => Dkdv: bwd_wgmma_kv(F16, 64),
-        flash_bwd_wgmma_dkdv_f16_d128p, flash_bwd_wgmma_dkdv_f16_d128p_window / flash_bwd_wgmma_dkdv_f16_d128p_varlen => Dkdv: bwd_wgmma_kv(F16, 120),
-        flash_bwd_wgmma_dkdv_f16_d128, flash_bwd_wgmma_dkdv_f16_d128_window / flash_bwd_wgmma_dkdv_f16_d128_varlen => Dkdv: bwd_wgmma_kv(F16, 128),
-        flash_bwd_wgmma_dkdv_bf16_d64p, flash_bwd_wgmma_dkdv_bf16_d64p_window / flash_bwd_wgmma_dkdv_bf16_d64p_varlen => Dkdv: bwd_wgmma_kv(Bf16, 56),
-        flash_bwd_wgmma_dkdv_bf16_d64, flash_bwd_wgmma_dkdv_bf16_d64_window / flash_bwd_wgmma_dkdv_bf16_d64_varlen => Dkdv: bwd_wgmma_kv(Bf16, 64),
-        flash_bwd_wgmma_dkdv_bf16_d128p, flash_bwd_wgmma_dkdv_bf16_d128p_window / flash_bwd_wgmma_dkdv_bf16_d128p_varlen => Dkdv: bwd_wgmma_kv(Bf16, 120),
-        flash_bwd_wgmma_dkdv_bf16_d128, flash_bwd_wgmma_dkdv_bf16_d128_window / flash_bwd_wgmma_dkdv_bf16_d128_varlen => Dkdv: bwd_wgmma_kv(Bf16, 128),
-        flash_bwd_wgmma_dkdv_f16_d192p, flash_bwd_wgmma_dkdv_f16_d192p_window / flash_bwd_wgmma_dkdv_f16_d192p_varlen => Dkdv: bwd_wgmma_kv(F16, 184),
-        flash_bwd_wgmma_dkdv_f16_d192, flash_bwd_wgmma_dkdv_f16_d192_window / flash_bwd_wgmma_dkdv_f16_d192_varlen => Dkdv: bwd_wgmma_kv(F16, 192),
-        flash_bwd_wgmma_dkdv_f16_d256p, flash_bwd_wgmma_dkdv_f16_d256p_window / flash_bwd_wgmma_dkdv_f16_d256p_varlen => Dkdv: bwd_wgmma_kv(F16, 248),
-        flash_bwd_wgmma_dkdv_f16_d256, flash_bwd_wgmma_dkdv_f16_d256_window / flash_bwd_wgmma_dkdv_f16_d256_varlen => Dkdv: bwd_wgmma_kv(F16, 256),
-        flash_bwd_wgmma_dkdv_bf16_d192p, flash_bwd_wgmma_dkdv_bf16_d192p_window / flash_bwd_wgmma_dkdv_bf16_d192p_varlen => Dkdv: bwd_wgmma_kv(Bf16, 184),
-        flash_bwd_wgmma_dkdv_bf16_d192, flash_bwd_wgmma_dkdv_bf16_d192_window / flash_bwd_wgmma_dkdv_bf16_d192_varlen => Dkdv: bwd_wgmma_kv(Bf16, 192),
-        flash_bwd_wgmma_dkdv_bf16_d256p, flash_bwd_wgmma_dkdv_bf16_d256p_window / flash_bwd_wgmma_dkdv_bf16_d256p_varlen => Dkdv: bwd_wgmma_kv(Bf16, 248),
-        flash_bwd_wgmma_dkdv_bf16_d256, flash_bwd_wgmma_dkdv_bf16_d256_window / flash_bwd_wgmma_dkdv_bf16_d256_varlen => Dkdv: bwd_wgmma_kv(Bf16, 256),
+        flash_bwd_wgmma_dkdv_f16_d64p, flash_bwd_wgmma_dkdv_f16_d64p_window + flash_bwd_wgmma_dkdv_f16_d64p_general / flash_bwd_wgmma_dkdv_f16_d64p_varlen => Dkdv: bwd_wgmma_kv(F16, 56),
+        flash_bwd_wgmma_dkdv_f16_d64, flash_bwd_wgmma_dkdv_f16_d64_window + flash_bwd_wgmma_dkdv_f16_d64_general / flash_bwd_wgmma_dkdv_f16_d64_varlen => Dkdv: bwd_wgmma_kv(F16, 64),
+        flash_bwd_wgmma_dkdv_f16_d128p, flash_bwd_wgmma_dkdv_f16_d128p_window + flash_bwd_wgmma_dkdv_f16_d128p_general / flash_bwd_wgmma_dkdv_f16_d128p_varlen => Dkdv: bwd_wgmma_kv(F16, 120),
+        flash_bwd_wgmma_dkdv_f16_d128, flash_bwd_wgmma_dkdv_f16_d128_window + flash_bwd_wgmma_dkdv_f16_d128_general / flash_bwd_wgmma_dkdv_f16_d128_varlen => Dkdv: bwd_wgmma_kv(F16, 128),
+        flash_bwd_wgmma_dkdv_bf16_d64p, flash_bwd_wgmma_dkdv_bf16_d64p_window + flash_bwd_wgmma_dkdv_bf16_d64p_general / flash_bwd_wgmma_dkdv_bf16_d64p_varlen => Dkdv: bwd_wgmma_kv(Bf16, 56),
+        flash_bwd_wgmma_dkdv_bf16_d64, flash_bwd_wgmma_dkdv_bf16_d64_window + flash_bwd_wgmma_dkdv_bf16_d64_general / flash_bwd_wgmma_dkdv_bf16_d64_varlen => Dkdv: bwd_wgmma_kv(Bf16, 64),
+        flash_bwd_wgmma_dkdv_bf16_d128p, flash_bwd_wgmma_dkdv_bf16_d128p_window + flash_bwd_wgmma_dkdv_bf16_d128p_general / flash_bwd_wgmma_dkdv_bf16_d128p_varlen => Dkdv: bwd_wgmma_kv(Bf16, 120),
+        flash_bwd_wgmma_dkdv_bf16_d128, flash_bwd_wgmma_dkdv_bf16_d128_window + flash_bwd_wgmma_dkdv_bf16_d128_general / flash_bwd_wgmma_dkdv_bf16_d128_varlen => Dkdv: bwd_wgmma_kv(Bf16, 128),
+        flash_bwd_wgmma_dkdv_f16_d192p, flash_bwd_wgmma_dkdv_f16_d192p_window + flash_bwd_wgmma_dkdv_f16_d192p_general / flash_bwd_wgmma_dkdv_f16_d192p_varlen => Dkdv: bwd_wgmma_kv(F16, 184),
+        flash_bwd_wgmma_dkdv_f16_d192, flash_bwd_wgmma_dkdv_f16_d192_window + flash_bwd_wgmma_dkdv_f16_d192_general / flash_bwd_wgmma_dkdv_f16_d192_varlen => Dkdv: bwd_wgmma_kv(F16, 192),
+        flash_bwd_wgmma_dkdv_f16_d256p, flash_bwd_wgmma_dkdv_f16_d256p_window + flash_bwd_wgmma_dkdv_f16_d256p_general / flash_bwd_wgmma_dkdv_f16_d256p_varlen => Dkdv: bwd_wgmma_kv(F16, 248),
+        flash_bwd_wgmma_dkdv_f16_d256, flash_bwd_wgmma_dkdv_f16_d256_window + flash_bwd_wgmma_dkdv_f16_d256_general / flash_bwd_wgmma_dkdv_f16_d256_varlen => Dkdv: bwd_wgmma_kv(F16, 256),
+        flash_bwd_wgmma_dkdv_bf16_d192p, flash_bwd_wgmma_dkdv_bf16_d192p_window + flash_bwd_wgmma_dkdv_bf16_d192p_general / flash_bwd_wgmma_dkdv_bf16_d192p_varlen => Dkdv: bwd_wgmma_kv(Bf16, 184),
+        flash_bwd_wgmma_dkdv_bf16_d192, flash_bwd_wgmma_dkdv_bf16_d192_window + flash_bwd_wgmma_dkdv_bf16_d192_general / flash_bwd_wgmma_dkdv_bf16_d192_varlen => Dkdv: bwd_wgmma_kv(Bf16, 192),
+        flash_bwd_wgmma_dkdv_bf16_d256p, flash_bwd_wgmma_dkdv_bf16_d256p_window + flash_bwd_wgmma_dkdv_bf16_d256p_general / flash_bwd_wgmma_dkdv_bf16_d256p_varlen => Dkdv: bwd_wgmma_kv(Bf16, 248),
+        flash_bwd_wgmma_dkdv_bf16_d256, flash_bwd_wgmma_dkdv_bf16_d256_window + flash_bwd_wgmma_dkdv_bf16_d256_general / flash_bwd_wgmma_dkdv_bf16_d256_varlen => Dkdv: bwd_wgmma_kv(Bf16, 256),
     }
     WgmmaAtomic @ Sm90a {
         flash_bwd_wgmma_atomic_stats_f16_d64p => Stats: bwd_wgmma_stats(F16, 56),

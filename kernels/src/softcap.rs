@@ -41,6 +41,14 @@ impl<M: Mask> Softcap<M> {
         Softcap { cap: if M::BIAS { pb.softcap } else { 0.0 }, _mask: PhantomData }
     }
 
+    /// [`new`](Self::new) in an entry that `applies` it, else off (constant: no code): the
+    /// Hopper backward caps in its general entries, not its variable-length ones (with it,
+    /// their dQ kernel spilled).
+    #[inline(always)]
+    pub fn new_if(applies: bool, pb: &Problem) -> Self {
+        Softcap { cap: if M::BIAS && applies { pb.softcap } else { 0.0 }, _mask: PhantomData }
+    }
+
     /// Whether scores are capped (a uniform branch; constant false outside the general entries).
     #[inline(always)]
     pub fn on(self) -> bool {

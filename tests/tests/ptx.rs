@@ -20,7 +20,7 @@ type PtxasCheck = fn(PathBuf);
 fn every_registered_kernel_is_an_entry() {
     for (target, arch, ptx) in MODULES {
         let names = entries(ptx);
-        let bwd = BWD_VARIANTS.iter().filter(|v| v.arch() == *arch).flat_map(|v| [Some(v.name), v.window_name, v.varlen_name]).flatten();
+        let bwd = BWD_VARIANTS.iter().filter(|v| v.arch() == *arch).flat_map(|v| v.entry_names());
         let fwd = FWD_VARIANTS
             .iter()
             .filter(|v| v.arch() == *arch)
@@ -51,7 +51,7 @@ fn loaded_modules_carry_the_register_caps() {
         let mut added = 0;
         for v in BWD_VARIANTS.iter().filter(|v| v.arch() == *arch) {
             if let Some(regs) = v.max_regs() {
-                for name in [Some(v.name), v.window_name, v.varlen_name].into_iter().flatten() {
+                for name in v.entry_names() {
                     let one = entry_module(loaded(*arch), name).unwrap_or_else(|| panic!("{target}: {name} not split"));
                     assert!(one.contains(&format!(")\n.maxnreg {regs}\n{{\n")), "{target} {name}: no .maxnreg {regs}");
                     added += format!(".maxnreg {regs}\n").len();

@@ -53,9 +53,10 @@ fn has_varlen_bwd(family: &str, dtype: Dt, head_dim: usize) -> bool {
     !passes.is_empty() && passes.iter().all(|v| v.entry(Entry::Varlen).is_some())
 }
 
-/// Whether `family`'s backward applies a softcap (`BwdFamilyDesc::softcap`).
+/// Whether `family`'s backward applies a softcap to a variable-length batch
+/// (`BwdFamilyDesc::softcap_in`).
 fn bwd_softcap(family: &str) -> bool {
-    flashattn::BwdFamily::from_name(family).is_some_and(|f| f.desc().softcap)
+    flashattn::BwdFamily::from_name(family).is_some_and(|f| f.desc().softcap_in(flashattn::Entry::Varlen))
 }
 
 /// Whether `family`'s backward takes attention sinks (`BwdFamilyDesc::sinks`).
