@@ -77,6 +77,12 @@ pub fn select_bwd_variants(
 ) -> Result<Vec<&'static BwdVariant>> {
     let d = head_dim as u32;
     let (softcap, alibi, sinks) = (attention.softcap.is_some(), attention.alibi.is_some(), attention.sinks.is_some());
+    // A softcap or ALiBi runs the general entries whatever window the caller's entry says
+    // (`Entry::of`; the Hopper backward's window entries are window-only).
+    let entry = match entry {
+        Entry::Plain | Entry::Window if softcap || alibi => Entry::General,
+        e => e,
+    };
     let get = |family: BwdFamily| family.passes(saved).iter().map(|&pass| bwd_variant(family, pass, dtype, d)).collect::<Option<Vec<_>>>();
     match opts.kernel {
         Some(name) => {

@@ -58,6 +58,15 @@
 //! domain (S scale log2 e + bias log2 e - m_i, m_i from the forward's LSE, which counts it);
 //! dS keeps its form and the correction its reasoning.
 //!
+//! A softcap (`softcap`, the general entries, not the variable-length ones): P and P^T from
+//! t = tanh(S k) (`tanh.approx`, as the forward computed it) in the log2 domain, t cap log2 e
+//! (+ ALiBi's bias) - m_i, and dS_ij = P_ij (1 - t_ij^2) (dP_ij - D_i), the derivative taken
+//! element by element beside P (a tile of it held spilled the d = 128 dK/dV and d = 192 dQ
+//! entries). The exact dS then no longer sum to 0 over a row: the dQ kernel's delta_i (from
+//! P (dP - D~_i), without the derivative) still gives D_i = D~_i + delta_i, and the
+//! correction becomes dQ_i -= (D_i - D~_i) B_i with B_i = sum_j P_ij (1 - t_ij^2) K_j over
+//! the hot tiles (wherever there are any): the keys left out keep FA2's error, as above.
+//!
 //! It passes the tests that made this project recompute the statistics instead (its earlier
 //! default, 9 products per tile pair), at 7 products plus the hot tiles.
 //!

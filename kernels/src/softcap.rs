@@ -5,7 +5,8 @@
 //! Only the general entries of a kernel (`mask::General`, `Mask::BIAS`: the general and
 //! variable-length entries) apply it: [`Softcap`] is constant "off" for the other masks, so the
 //! plain and window entries carry no code for it and the host launches a soft-capped
-//! attention on a general entry.
+//! attention on a general entry. The Hopper backward applies it in its general entries only
+//! ([`Softcap::new_if`]; `registry::BwdFamilyDesc::softcap_varlen`).
 //!
 //! The kernels that keep raw scores (Q K^T, exponent factor c) take t = tanh((S_raw |scale|)
 //! / cap) ([`TanhArg`]; a negative scale is a positive one on -Q, and tanh is odd) in place of

@@ -351,32 +351,28 @@ fn backward_selection_and_registry_match_tile_functions() {
             let simt = BwdOptions { kernel: Some("simt"), ..Default::default() };
             let s = plain_bwd(dtype, d as usize, &simt, &[Arch::Sm80, Arch::Sm90a], false).unwrap_or_else(|e| panic!("d={d}: {e}"));
             assert!(s.iter().all(|v| v.family.name() == "simt"), "d={d}");
-            // A softcap: only families whose kernels apply one (named, the others are refused).
+            // A softcap: only families whose kernels apply one, for the launch's entry (named,
+            // the others are refused): `wgmma` in its general entries, not its
+            // variable-length ones (`BwdFamilyDesc::softcap_varlen`). A window with a softcap
+            // is a general launch whichever entry the caller names.
             let hop = [Arch::Sm80, Arch::Sm90a];
-            let capped = flashattn::select_bwd_variants(
-                dtype,
-                d as usize,
-                &BwdOptions::default(),
-                &hop,
-                false,
-                Entry::Window,
-                &Attention::default().with_softcap(30.0),
-            )
-            .unwrap_or_else(|e| panic!("d={d}: {e}"));
-            assert!(capped.iter().all(|v| v.family.desc().softcap), "d={d}");
-            for name in ["wgmma", "mma_atomic"] {
+            let cap = Attention::default().with_softcap(30.0);
+            for entry in [Entry::Window, Entry::General, Entry::Varlen] {
+                let capped = flashattn::select_bwd_variants(dtype, d as usize, &BwdOptions::default(), &hop, false, entry, &cap)
+                    .unwrap_or_else(|e| panic!("d={d}: {e}"));
+                assert!(capped.iter().all(|v| v.family.desc().softcap_in(entry)), "d={d} {entry:?}");
+            }
+            if dtype != DType::F32 {
+                let wgmma = BwdOptions { kernel: Some("wgmma"), ..Default::default() };
+                let vs = flashattn::select_bwd_variants(dtype, d as usize, &wgmma, &hop, false, Entry::Window, &cap)
+                    .unwrap_or_else(|e| panic!("d={d}: wgmma takes a softcap: {e}"));
+                // Its dQ and dK/dV passes run their general entries (`_general`).
+                assert_eq!(vs.iter().filter(|v| v.general_name.is_some()).count(), 2, "d={d}");
+            }
+            for (name, entry) in [("wgmma", Entry::Varlen), ("mma_atomic", Entry::General)] {
                 let named = BwdOptions { kernel: Some(name), ..Default::default() };
                 if dtype != DType::F32 && d % 8 == 0 {
-                    let e = flashattn::select_bwd_variants(
-                        dtype,
-                        d as usize,
-                        &named,
-                        &hop,
-                        false,
-                        Entry::Window,
-                        &Attention::default().with_softcap(30.0),
-                    )
-                    .expect_err("refused");
+                    let e = flashattn::select_bwd_variants(dtype, d as usize, &named, &hop, false, entry, &cap).expect_err("refused");
                     // (A family with no kernel at this head_dim says that first: `NoVariant`.)
                     let serves = BWD_VARIANTS.iter().any(|v| v.family.name() == name && v.dtype == dtype && v.serves(d));
                     match serves {
@@ -862,12 +858,13 @@ fn alibi_is_validated() {
         assert!(matches!(e, Error::Unsupported { .. }), "{family}: {e}");
     }
     assert!(auto_bwd(&attn).iter().all(|v| v.family.desc().alibi), "automatic selection takes a family with ALiBi");
-    // ALiBi with a softcap: `mma` refuses the pair by name, automatic selection takes `simt`.
+    // ALiBi with a softcap: `mma` refuses the pair by name, automatic selection takes a
+    // family that applies both (`wgmma` on Hopper, else `simt`).
     let capped = attn.clone().with_softcap(5.0);
     let fwd = fa.forward(&q, &q, &q, &capped, &FwdOptions::default()).unwrap();
     let mma = BwdOptions { kernel: Some("mma"), ..Default::default() };
     let e = fa.backward(&q, &q, &q, &fwd, &q, &mma).expect_err("mma takes no ALiBi with a softcap");
     assert!(matches!(e, Error::Unsupported { .. }), "{e}");
     fa.backward(&q, &q, &q, &fwd, &q, &BwdOptions::default()).unwrap();
-    assert!(auto_bwd(&capped).iter().all(|v| v.family.desc().alibi_softcap), "automatic selection takes simt for ALiBi with a softcap");
+    assert!(auto_bwd(&capped).iter().all(|v| v.family.desc().alibi_softcap), "automatic selection takes a family with ALiBi and a softcap");
 }
