@@ -227,7 +227,16 @@ unsafe fn dkdv_masked<
         // masked tiles Q's and dO's NaNs and infinities replaced by 0 first, and with DQ at
         // the first tile the block votes on K's (`nonfinite`).
         let (mut bad, mut kv) = (false, false);
-        if masked {
+        // With a softcap an infinite Q element gives finite scores (+-cap, tanh' = 0): S^T
+        // must see Q as it is, so only dO is cleaned here and Q once S^T is done (`q_late`).
+        let capped = kb.softcap().on();
+        if masked && capped {
+            bad = own_chunks_nonfinite::<T, Sw<BR, D>, D, BR, THREADS>(kb.q_s(it % 2))
+                | own_chunks_nonfinite::<T, Sw<BR, D>, D, BR, THREADS>(kb.do_s(it % 2));
+            if bad {
+                zero_own_nonfinite::<T, Sw<BR, D>, D, BR, THREADS>(kb.do_s(it % 2));
+            }
+        } else if masked {
             bad = clean_own_pair::<T, Sw<BR, D>, D, BR, THREADS>(kb.q_s(it % 2), kb.do_s(it % 2));
         }
         if DQ && it == 0 {
@@ -243,12 +252,13 @@ unsafe fn dkdv_masked<
         } else {
             block::sync();
         }
+        let q_late = capped && bad;
         if kb.split {
             kb.prefetch(it, n_iter);
-            kb.step_split(it % 2, h, i0, masked, k_bad, &mut acc[0]);
+            kb.step_split(it % 2, h, i0, (masked, k_bad, q_late), &mut acc[0]);
         } else {
             let (dv, dk) = acc.split_at_mut(1);
-            kb.step(it % 2, h, i0, masked, k_bad, &mut dk[0], &mut dv[0]);
+            kb.step(it % 2, h, i0, (masked, k_bad, q_late), &mut dk[0], &mut dv[0]);
         }
         // dO's NaNs and infinities are added back into dV after the store.
         any_bad |= bad;
@@ -669,13 +679,32 @@ impl<
         })
     }
 
+    /// Block, once every S^T of stage `st` is done: Q's NaNs and infinities replaced by 0
+    /// (each thread's own chunks), visible to the async proxy before dK's product.
+    #[inline(always)]
+    fn clean_q_late(&self, st: usize) {
+        block::sync();
+        zero_own_nonfinite::<T, Sw<BR, D>, D, BR, THREADS>(self.q_s(st));
+        thread::fence_proxy_async();
+        block::sync();
+    }
+
     /// Warpgroup (one a block): one query tile (stage `st`, query head h, first row i0):
     /// dV_j += P^T dO_i into `acc_dv`, dK_j += dS^T Q_i into `acc_dk`, with DQ dQ_i +=
     /// dS_ij K_j into the f32 accumulator; `masked` applies the causal mask (and with DQ hides
     /// the keys past seqlen_k). `k_bad`: K holds a NaN or an infinity (with DQ; `nonfinite`).
+    /// `q_late`: Q's NaNs and infinities are replaced by 0 once S^T is done, for dK's product
+    /// (with a softcap, on masked tiles where the block found one).
     #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
-    fn step(&self, st: usize, h: u32, i0: u32, masked: bool, k_bad: bool, acc_dk: &mut [[f32; 4]; DN], acc_dv: &mut [[f32; 4]; DN]) {
+    fn step(
+        &self,
+        st: usize,
+        h: u32,
+        i0: u32,
+        (masked, k_bad, q_late): (bool, bool, bool),
+        acc_dk: &mut [[f32; 4]; DN],
+        acc_dv: &mut [[f32; 4]; DN],
+    ) {
         let (m_row, il_row, d_row) = (self.m_s(st), self.il_s(st), self.dd_s(st));
         // Thread: the statistics of its query columns n * 8 + 2t, + 1 of n-tile n.
         let stat = |i: usize| (m_row.ld(i), il_row.ld(i), d_row.ld(i));
@@ -686,6 +715,10 @@ impl<
         warpgroup::fence();
         Self::issue_t(self.k_s, self.q_s(st), &mut s);
         warpgroup::wait::<0, NQ>(&mut s);
+        if q_late {
+            // Every warp's S^T read Q: its NaNs and infinities as 0 for dK's product.
+            self.clean_q_late(st);
+        }
         // Thread: P^T = exp2(S^T scale log2(e) - m) / l per query column (0 where the row sees
         // no key: m = +inf), then 0 where masked: after the exponential, since with a negative
         // scale a masked -inf score would become +inf. With a softcap, `probs_capped_t`.
@@ -785,7 +818,7 @@ impl<
     /// while one warpgroup waits for the exchange or computes its elementwise step the other's
     /// product runs. The same arithmetic as `step`.
     #[inline(always)]
-    fn step_split(&self, st: usize, h: u32, i0: u32, masked: bool, k_bad: bool, acc: &mut [[f32; 4]; DN]) {
+    fn step_split(&self, st: usize, h: u32, i0: u32, (masked, k_bad, q_late): (bool, bool, bool), acc: &mut [[f32; 4]; DN]) {
         let (m_row, il_row, d_row) = (self.m_s(st), self.il_s(st), self.dd_s(st));
         let pf: Shared<f32> = self.pt_s.cast();
         let at = |n: usize, e: usize| (n * 4 + e) * warpgroup::SIZE as usize + self.w * 32 + self.lane;
@@ -824,6 +857,10 @@ impl<
         }
         // P^T landed.
         block::sync();
+        if q_late {
+            // The first warpgroup's S^T read Q (waited before the barrier): as `step`.
+            self.clean_q_late(st);
+        }
         if self.wg == 1 {
             // Thread: dS^T = P^T (dP^T - D) per query column, 0 where masked (P = -0.0).
             for (n, x) in x.iter_mut().enumerate() {
