@@ -75,7 +75,7 @@ pub fn is_overridden(arch: flashattn_kernels::registry::Arch) -> bool {
 }
 
 /// The module of `arch` as the driver gets it: [`module`] with `.maxnreg` on every entry whose
-/// variant asks for one ([`BwdVariant::max_regs`](flashattn_kernels::registry::BwdVariant::max_regs)).
+/// variant asks for one there ([`BwdVariant::max_regs_in`](flashattn_kernels::registry::BwdVariant::max_regs_in)).
 /// Built once per process.
 pub fn loaded(arch: flashattn_kernels::registry::Arch) -> &'static str {
     use flashattn_kernels::registry::{Arch, BWD_VARIANTS};
@@ -89,10 +89,10 @@ pub fn loaded(arch: flashattn_kernels::registry::Arch) -> &'static str {
     cell.get_or_init(|| {
         let mut ptx = module(arch).to_string();
         for v in BWD_VARIANTS.iter().filter(|v| v.arch() == arch) {
-            if let Some(regs) = v.max_regs() {
-                // A registered variant is always an entry, and so are its windowed and
-                // variable-length twins (tests/tests/ptx.rs); the twins take the same cap.
-                for name in v.entry_names() {
+            // A registered variant is always an entry, and so are its window, general and
+            // variable-length twins (tests/tests/ptx.rs); each takes its entry's cap.
+            for (e, name) in v.entries() {
+                if let Some(regs) = v.max_regs_in(e) {
                     ptx = with_maxnreg(&ptx, name, regs).unwrap_or(ptx);
                 }
             }

@@ -677,7 +677,7 @@ impl BwdTiles {
             }
             (BwdTiles::Wgmma(f), _) => {
                 let t = f(head_dim)?;
-                let t = if pass == Pass::Dkdv { t.dkdv_entry(e.code()) } else { t };
+                let t = if pass == Pass::Dkdv { t.dkdv_entry(e.code()) } else { t }.caps_in(e.code());
                 let (rows, smem, regs) = match pass {
                     Pass::Dkdv => (WgmmaBwdTile::KEYS, t.dkdv_smem_bytes(), t.dkdv_max_regs),
                     Pass::Dkdvq => (WgmmaBwdTile::KEYS, t.dkdvq_smem_bytes(), 0),
@@ -966,11 +966,22 @@ impl BwdVariant {
     }
     /// Its PTX entry names: plain, window, general, variable-length (those it has).
     pub fn entry_names(&self) -> impl Iterator<Item = &'static str> {
-        [Some(self.name), self.window_name, self.general_name, self.varlen_name].into_iter().flatten()
+        self.entries().map(|(_, name)| name)
     }
-    /// The `.maxnreg` its entry is loaded with, if any (the tile's, `wgmma_bwd_tile`).
-    pub fn max_regs(&self) -> Option<u32> {
-        self.family.desc().tiles.launch(self.pass, self.class, Entry::Plain)?.max_regs
+    /// Its PTX entries, each with the entry kind it is ([`Entry`]).
+    pub fn entries(&self) -> impl Iterator<Item = (Entry, &'static str)> {
+        let named = [
+            (Entry::Plain, Some(self.name)),
+            (Entry::Window, self.window_name),
+            (Entry::General, self.general_name),
+            (Entry::Varlen, self.varlen_name),
+        ];
+        named.into_iter().filter_map(|(e, n)| Some((e, n?)))
+    }
+    /// The `.maxnreg` its entry `e` is loaded with, if any (the tile's, `wgmma_bwd_tile`,
+    /// `WgmmaBwdTile::caps_in`).
+    pub fn max_regs_in(&self, e: Entry) -> Option<u32> {
+        self.family.desc().tiles.launch(self.pass, self.class, e)?.max_regs
     }
 }
 

@@ -547,6 +547,12 @@ impl WgmmaBwdTile {
     pub const fn dkdv_entry(self, entry: u8) -> Self {
         if entry == crate::ENTRY_VARLEN && self.head_dim == 128 { Self { split: 2, ..self } } else { self }
     }
+    /// The register caps of entry `entry` (`crate::ENTRY_*`): none for the variable-length
+    /// entries, whose sequence lookup needs the registers (under `.maxnreg 168` at d = 64 their
+    /// dK/dV kernel spilled 68-124 bytes, their dQ kernel 16-24).
+    pub const fn caps_in(self, entry: u8) -> Self {
+        if entry == crate::ENTRY_VARLEN { Self { dkdv_max_regs: 0, dq_max_regs: 0, ..self } } else { self }
+    }
     /// Query rows per block of the dQ kernel.
     pub const ROWS: u32 = 64;
     /// The dQ kernel's shared memory in bytes: Q, dO [64] rows and two stages of K, V [dq_bc]
@@ -597,13 +603,20 @@ impl WgmmaBwdTile {
 ///   256 (295e7aa).
 /// - Statistics recomputed in the dQ kernel instead of read from the forward's LSE: 0.75x
 ///   (74fc232).
+/// - d = 64 without `.maxnreg 168` on the window and general entries (ptxas's 179-192
+///   registers there, two blocks per SM): 0.85x with a window of 512, 0.76x with ALiBi
+///   (23dda39, H100).
 pub const fn wgmma_bwd_tile(head_dim: u32) -> Option<WgmmaBwdTile> {
     const fn t(head_dim: u32, d: u32, split: u32) -> Option<WgmmaBwdTile> {
         Some(WgmmaBwdTile { br: 64, dq_bc: 64, head_dim: d, padded: head_dim != d, dkdv_max_regs: 0, dq_max_regs: 0, split })
     }
     match head_dim {
         0 | 257.. => None,
-        1..=64 => t(head_dim, 64, 1),
+        // Three blocks per SM: at most 170 registers a thread (`caps_in`).
+        1..=64 => match t(head_dim, 64, 1) {
+            Some(t) => Some(WgmmaBwdTile { dkdv_max_regs: 168, dq_max_regs: 168, ..t }),
+            None => None,
+        },
         65..=128 => t(head_dim, 128, 1),
         129..=192 => t(head_dim, 192, 2),
         _ => t(head_dim, 256, 2),
