@@ -27,6 +27,8 @@ import json
 import subprocess
 import sys
 
+from flex_time import flex_ms
+
 
 def log(msg):
     print(msg, file=sys.stderr, flush=True)
@@ -58,14 +60,7 @@ def paper_slopes(n):
 
 def flex(args, dtype, d, s, causal, backward):
     import torch
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-    # The backward is timed by calling autograd.grad on one graph repeatedly (retain_graph),
-    # which compiled backwards with donated buffers refuse (seen at d = 128).
-    import torch._functorch.config
-
-    torch._functorch.config.donated_buffer = False
     heads, batch = args.hidden // d, max(1, args.tokens // s)
-    dt = {"f16": torch.float16, "bf16": torch.bfloat16}[dtype]
     slopes = torch.tensor(paper_slopes(heads), device="cuda", dtype=torch.float32)
 
     def score_mod(score, b, h, q, kv):
@@ -74,25 +69,8 @@ def flex(args, dtype, d, s, causal, backward):
     def mask_mod(b, h, q, kv):
         return q >= kv
 
-    block_mask = create_block_mask(mask_mod, None, None, s, s, device="cuda") if causal else None
-    fn = flex._compiled = getattr(flex, "_compiled", None) or torch.compile(flex_attention)
-    q, k, v = (torch.randn(batch, heads, s, d, dtype=dt, device="cuda", requires_grad=backward) for _ in range(3))
-    if backward:
-        out = fn(q, k, v, score_mod=score_mod, block_mask=block_mask)
-        d_o = torch.randn_like(out)
-        call = lambda: torch.autograd.grad(out, (q, k, v), d_o, retain_graph=True)
-    else:
-        call = lambda: fn(q, k, v, score_mod=score_mod, block_mask=block_mask)
-    for _ in range(3):
-        call()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(args.iters):
-        call()
-    end.record()
-    torch.cuda.synchronize()
-    ms = start.elapsed_time(end) / args.iters
+    ms = flex_ms(dtype, batch, heads, s, d, backward, args.iters, score_mod=score_mod,
+                 mask_mod=mask_mod if causal else None)
     flops = 4 * batch * heads * s * s * d * (0.5 if causal else 1) * (2.5 if backward else 1)
     return {"side": "flex", "dtype": dtype, "head_dim": d, "seqlen": s, "causal_": causal,
             "pass_": "bwd" if backward else "fwd", "ms": ms, "tflops": flops / (ms * 1e-3) / 1e12}

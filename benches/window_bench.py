@@ -25,6 +25,8 @@ import json
 import subprocess
 import sys
 
+from flex_time import flex_ms
+
 
 def log(msg):
     print(msg, file=sys.stderr, flush=True)
@@ -56,33 +58,13 @@ def ours(args, dtype, window, backward):
 
 def flex(args, dtype, d, window, backward):
     import torch
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
     s, heads, batch = args.seqlen, args.hidden // d, max(1, args.tokens // args.seqlen)
-    dt = {"f16": torch.float16, "bf16": torch.bfloat16}[dtype]
     w = torch.tensor(window if window is not None else s, device="cuda")
 
     def mask_mod(b, h, q, kv):
         return (q >= kv) & (q - kv <= w)
 
-    block_mask = create_block_mask(mask_mod, None, None, s, s, device="cuda")
-    fn = flex._compiled = getattr(flex, "_compiled", None) or torch.compile(flex_attention)
-    q, k, v = (torch.randn(batch, heads, s, d, dtype=dt, device="cuda", requires_grad=backward) for _ in range(3))
-    if backward:
-        out = fn(q, k, v, block_mask=block_mask)
-        d_o = torch.randn_like(out)
-        call = lambda: torch.autograd.grad(out, (q, k, v), d_o, retain_graph=True)
-    else:
-        call = lambda: fn(q, k, v, block_mask=block_mask)
-    for _ in range(3):
-        call()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(args.iters):
-        call()
-    end.record()
-    torch.cuda.synchronize()
-    ms = start.elapsed_time(end) / args.iters
+    ms = flex_ms(dtype, batch, heads, s, d, backward, args.iters, mask_mod=mask_mod)
     flops = 4 * batch * heads * pairs(s, window) * d * (2.5 if backward else 1)
     return {"side": "flex", "dtype": dtype, "head_dim": d, "seqlen": s, "window": window,
             "pass_": "bwd" if backward else "fwd", "ms": ms, "tflops": flops / (ms * 1e-3) / 1e12}
