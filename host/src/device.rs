@@ -210,6 +210,12 @@ impl FlashAttn {
         self.upload_plain(data, shape)
     }
 
+    /// Copies u32 values to the device as a 1-D tensor: a KV cache's lengths
+    /// ([`crate::KvCache`]) made on the host.
+    pub fn upload_u32(&self, data: &[u32]) -> Result<Tensor<u32>> {
+        self.upload_plain(data, &[data.len()])
+    }
+
     /// [`FlashAttn::upload`] for any plain element type (the offsets of a variable-length batch).
     pub(crate) fn upload_plain<T: cudarc::driver::DeviceRepr + Copy>(&self, data: &[T], shape: &[usize]) -> Result<Tensor<T>> {
         let n: usize = shape.iter().product();
@@ -452,6 +458,7 @@ pub(crate) trait KernelParams: Copy + Sync {}
 impl KernelParams for flashattn_kernels::params::FwdParams {}
 impl KernelParams for flashattn_kernels::params::BwdParams {}
 impl KernelParams for flashattn_kernels::params::MergeParams {}
+impl KernelParams for flashattn_kernels::params::AppendParams {}
 
 #[repr(transparent)]
 struct ParamsArg<P>(P);

@@ -271,6 +271,10 @@ impl<T> FwdOutput<T> {
     pub fn from_buffers(o: Tensor<T>, lse: Tensor<f32>, o_lo: Option<Tensor<T>>) -> FwdOutput<T> {
         FwdOutput { o, lse, o_lo, written: None }
     }
+    /// Its O and LSE buffers as views to write (no residual).
+    pub(crate) fn buffers(&mut self) -> FwdBuffers<'_, T> {
+        FwdBuffers { o: self.o.view_mut(), lse: self.lse.view_mut(), o_lo: None }
+    }
     /// O: [batch, seqlen_q, heads_q, head_dim], in the input dtype.
     pub fn o(&self) -> &Tensor<T> {
         &self.o
@@ -473,11 +477,11 @@ impl FlashAttn {
         let prev = out.written.take();
         let FwdOutput { o, lse, o_lo, .. } = out;
         let mut bufs = FwdBuffers { o: o.view_mut(), lse: lse.view_mut(), o_lo: o_lo.as_mut().map(|t| t.view_mut()) };
-        let mut launched = false;
-        match self.forward_views(q, k, v, seqs, attention, opts, &mut bufs, &mut launched) {
+        let mut run = Run::Launch;
+        match self.forward_views(q, k, v, seqs, attention, opts, &mut bufs, &mut run) {
             Ok(record) => out.written = Some(record),
             Err(e) => {
-                if !launched {
+                if run != Run::Launched {
                     out.written = prev;
                 }
                 return Err(e);
@@ -498,12 +502,13 @@ impl FlashAttn {
         opts: &FwdOptions,
         out: &mut FwdBuffers<'_, T>,
     ) -> Result<Forward> {
-        self.forward_views(q, k, v, None, attention, opts, out, &mut false)
+        self.forward_views(q, k, v, None, attention, opts, out, &mut Run::Launch)
     }
 
-    /// The forward: every check, then the launch (`launched` set when the buffers may change).
+    /// The forward: every check, then the launch (`run` becomes [`Run::Launched`] when the
+    /// buffers may change); with [`Run::CheckOnly`] every check and no launch.
     #[allow(clippy::too_many_arguments)]
-    fn forward_views<T: Dtype>(
+    pub(crate) fn forward_views<T: Dtype>(
         &self,
         q: &impl AsView<T>,
         k: &impl AsView<T>,
@@ -512,7 +517,7 @@ impl FlashAttn {
         attention: &Attention,
         opts: &FwdOptions,
         out: &mut FwdBuffers<'_, T>,
-        launched: &mut bool,
+        run: &mut Run,
     ) -> Result<Forward> {
         let (q, k, v) = (q.as_view(), k.as_view(), v.as_view());
         let shape = validate_seqs(q.shape(), k.shape(), v.shape(), seqs, attention)?;
@@ -611,19 +616,35 @@ impl FlashAttn {
             smem: l.smem_bytes as usize,
             emulate,
         };
-        *launched = true;
-        // SAFETY: every view was checked above against the memory it is in; the kernel reads
-        // q, k, v and writes o, lse (and o_lo) within their shapes.
-        unsafe { self.launch("launching the forward kernel", &[launch], params, &regions) }?;
-        Ok(Forward {
+        let record = Forward {
             attention: attention.clone(),
             shape,
             inputs: [bq.id(), bk.id(), bv.id()],
             outputs: [Some(bo.id()), Some(blse.id()), bo_lo.as_ref().map(|b| b.id())],
             residual,
             seqs: seqs.cloned(),
-        })
+        };
+        if *run == Run::CheckOnly {
+            return Ok(record);
+        }
+        *run = Run::Launched;
+        // SAFETY: every view was checked above against the memory it is in; the kernel reads
+        // q, k, v and writes o, lse (and o_lo) within their shapes.
+        unsafe { self.launch("launching the forward kernel", &[launch], params, &regions) }?;
+        Ok(record)
     }
+}
+
+/// What [`FlashAttn::forward_views`] is to do, and what it did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Run {
+    /// Every check, then the launch.
+    Launch,
+    /// Every check, no launch (a caller that changes memory only once the forward is sure to
+    /// run, as the KV cache's append).
+    CheckOnly,
+    /// The launch was queued (the buffers may have changed, even if it then failed).
+    Launched,
 }
 
 /// Outputs must not share an element with each other or with an input.

@@ -30,6 +30,7 @@ mod device;
 mod dtype;
 mod error;
 mod forward;
+mod kvcache;
 mod merge;
 mod options;
 #[doc(hidden)]
@@ -55,6 +56,7 @@ pub use forward::{
     AttnShape, Forward, FwdBuffers, FwdOutput, MAX_GRID_YZ, MAX_SCALE, MAX_SEQLEN, MAX_SOFTCAP, MIN_SOFTCAP, select_variant,
     select_variant_for, validate, validate_varlen,
 };
+pub use kvcache::KvCache;
 pub use options::{Attention, BwdOptions, FwdOptions, Window};
 pub use sinks::Sinks;
 pub use varlen::{SeqLenDims, SeqLens};

@@ -73,6 +73,17 @@ impl std::fmt::Debug for SeqLens {
 }
 
 impl SeqLens {
+    /// A batch from offsets and lengths already on the device (the KV cache's: `used_k`
+    /// written by its append), unchecked as [`FlashAttn::seqlens_on_device`]'s.
+    pub(crate) fn from_device(
+        cu_q: Tensor<u32>,
+        cu_k: Tensor<u32>,
+        used_k: Option<Tensor<u32>>,
+        batch: usize,
+        dims: SeqLenDims,
+    ) -> SeqLens {
+        SeqLens(Arc::new(Inner { cu_q, cu_k, used_k, batch, dims, host: None }))
+    }
     /// Sequences in the batch.
     pub fn batch(&self) -> usize {
         self.0.batch

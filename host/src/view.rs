@@ -363,6 +363,11 @@ impl<'a, T> ViewMut<'a, T> {
     pub fn into_view(self) -> View<'a, T> {
         View { mem: Mem::Mut(self.mem), layout: self.layout }
     }
+    /// The same memory and layout read while `self` is borrowed (the KV cache's checks
+    /// before its append writes it).
+    pub(crate) fn reader(&self) -> View<'_, T> {
+        View { mem: Mem::Mut(self.mem), layout: self.layout.clone() }
+    }
     /// Another layout over the same memory. Only the methods that consume `self` make pieces,
     /// so the borrow is the pieces' alone (the elements they write are checked apart when a
     /// call takes several, [`check_no_overlap`](crate::forward::check_no_overlap)).

@@ -109,6 +109,7 @@ mod frag;
 pub mod fwd_mma;
 pub mod fwd_simt;
 pub mod fwd_wgmma;
+pub mod kvcache;
 pub mod mask;
 pub mod merge;
 pub mod nonfinite;

@@ -240,6 +240,29 @@ impl BwdParams {
     }
 }
 
+/// A KV cache's append (`kvcache`): new K and V [batch, new, heads_kv, head_dim] into the
+/// caches [batch, capacity, heads_kv, head_dim] at each sequence's `lens[b]` (u32 [batch]),
+/// and the keys each holds after it into `used` (u32 [batch]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AppendParams {
+    pub k_new: u64,
+    pub v_new: u64,
+    pub k_cache: u64,
+    pub v_cache: u64,
+    pub lens: u64,
+    pub used: u64,
+    pub k_new_strides: Strides,
+    pub v_new_strides: Strides,
+    pub k_cache_strides: Strides,
+    pub v_cache_strides: Strides,
+    /// Keys of each sequence's slot.
+    pub capacity: u32,
+    /// New keys of each sequence (0: `used` only).
+    pub new: u32,
+    pub head_dim: u32,
+}
+
 /// The merge of partial results by their LSE (`merge`): parts O_s [splits, batch, seqlen,
 /// heads, head_dim] and LSE_s [splits, batch, heads, seqlen] (f32), into O (the output dtype,
 /// [batch, seqlen, heads, head_dim]) and LSE (f32, [batch, heads, seqlen]). LSE strides as

@@ -15,7 +15,7 @@
 use crate::dtype::{Bf16, F16};
 #[cfg(not(target_arch = "nvptx64"))]
 use crate::dtype::{DType, Element};
-use crate::params::{BwdParams, FwdParams, MergeParams};
+use crate::params::{AppendParams, BwdParams, FwdParams, MergeParams};
 use crate::tile::{
     Config, MmaBwdTile, MmaTile, SimtKvTile, SimtTile, WgmmaBwdTile, WgmmaTile, mma_bwd_tile, mma_bwd_tile_atomic, mma_tile, mma_tile_br64,
     mma_tile_unfused, simt_dq_smem_bytes, simt_dq_tile, simt_kv_tile, simt_tile, wgmma_bwd_tile, wgmma_bwd_tile_atomic, wgmma_tile,
@@ -1422,6 +1422,46 @@ merge_variants! {
 #[cfg(not(target_arch = "nvptx64"))]
 pub fn merge_variant(dtype: DType) -> Option<&'static MergeVariant> {
     MERGE_VARIANTS.iter().find(|v| v.dtype == dtype)
+}
+
+/// A KV cache's append (`kvcache`), one entry per dtype, in the portable module.
+#[cfg(not(target_arch = "nvptx64"))]
+#[derive(Clone, Copy, Debug)]
+pub struct AppendVariant {
+    pub name: &'static str,
+    pub dtype: DType,
+    /// Its body, for the emulator.
+    pub emulate: unsafe fn(&AppendParams),
+}
+
+/// `entry_name => dtype` for each append entry.
+macro_rules! append_variants {
+    ($( $name:ident => $dt:ty, )*) => {
+        $(
+            in_module!(Sm80,
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn $name(p: AppendParams) {
+                unsafe { crate::kvcache::append::<$dt>(&p) }
+            });
+        )*
+        /// Every append entry.
+        #[cfg(not(target_arch = "nvptx64"))]
+        pub const APPEND_VARIANTS: &[AppendVariant] = &[$(
+            AppendVariant { name: stringify!($name), dtype: <$dt as Element>::DTYPE, emulate: crate::kvcache::append::<$dt> },
+        )*];
+    };
+}
+
+append_variants! {
+    flash_kv_append_f32 => f32,
+    flash_kv_append_f16 => F16,
+    flash_kv_append_bf16 => Bf16,
+}
+
+/// The append entry of `dtype`.
+#[cfg(not(target_arch = "nvptx64"))]
+pub fn append_variant(dtype: DType) -> Option<&'static AppendVariant> {
+    APPEND_VARIANTS.iter().find(|v| v.dtype == dtype)
 }
 
 /// The attention sinks' gradient (`bwd_sinks`): its partial sums from statistics with D_i or

@@ -6,6 +6,7 @@ use flashattn::reference::{lse_tolerance, naive_attention, reference, rel_l2, to
 use flashattn::{Attention, AttnShape, BwdOptions, Dtype, FlashAttn, FwdOptions, FwdOutput, Window};
 use std::fmt;
 
+pub mod kvcache;
 pub mod merge;
 pub mod nonfinite;
 pub mod strided;

@@ -71,7 +71,7 @@ impl VarCase {
         self.used_k.as_ref().map_or(self.lens_k[b], |u| u[b])
     }
     /// Sequence b as a fixed-length case of batch 1 (its used keys).
-    fn seq_case(&self, b: usize) -> Case {
+    pub(crate) fn seq_case(&self, b: usize) -> Case {
         let shape = AttnShape {
             batch: 1,
             seqlen_q: self.lens_q[b],
@@ -93,7 +93,7 @@ impl VarCase {
         }
     }
     /// The attention of the whole batch, its sinks and ALiBi slopes (of every sequence) on `fa`.
-    fn attention_on(&self, fa: &FlashAttn) -> flashattn::Result<flashattn::Attention> {
+    pub(crate) fn attention_on(&self, fa: &FlashAttn) -> flashattn::Result<flashattn::Attention> {
         let all = Case { shape: AttnShape { batch: self.lens_q.len(), ..self.seq_case(0).shape }, ..self.seq_case(0) };
         all.attention_on(fa)
     }

@@ -8,7 +8,7 @@
 //! `PTXAS`, then PATH, then the Python package. `REQUIRE_PTXAS=1` (set by .ci/run) makes a
 //! missing ptxas a failure; otherwise the ptxas test says loudly that it did not run.
 
-use flashattn::kernels::registry::{Arch, BWD_VARIANTS, FWD_VARIANTS, MERGE_VARIANTS, SINK_VARIANTS};
+use flashattn::kernels::registry::{APPEND_VARIANTS, Arch, BWD_VARIANTS, FWD_VARIANTS, MERGE_VARIANTS, SINK_VARIANTS};
 use flashattn::ptx::{MODULES, entries, entry_module, loaded, unresolved, with_maxnreg};
 use libtest_mimic::{Arguments, Failed, Trial};
 use std::path::PathBuf;
@@ -28,7 +28,8 @@ fn every_registered_kernel_is_an_entry() {
             .flatten();
         let merge = MERGE_VARIANTS.iter().filter(|_| *arch == Arch::Sm80).map(|v| v.name);
         let sinks = SINK_VARIANTS.iter().filter(|_| *arch == Arch::Sm80).map(|v| v.name);
-        let registered: Vec<&str> = fwd.chain(bwd).chain(merge).chain(sinks).collect();
+        let append = APPEND_VARIANTS.iter().filter(|_| *arch == Arch::Sm80).map(|v| v.name);
+        let registered: Vec<&str> = fwd.chain(bwd).chain(merge).chain(sinks).chain(append).collect();
         for name in &registered {
             assert!(names.contains(name), "{target}: no entry {name} in the PTX");
         }
@@ -174,8 +175,9 @@ fn ptxas_split_modules(ptxas: PathBuf) {
     let bwd = BWD_VARIANTS.iter().map(|v| (v.family.name(), v.pass.name(), v.name, v.arch()));
     let merge = MERGE_VARIANTS.iter().map(|v| ("merge", "merge", v.name, Arch::Sm80));
     let sinks = SINK_VARIANTS.iter().map(|v| ("sinks", v.name, v.name, Arch::Sm80));
+    let append = APPEND_VARIANTS.iter().map(|v| ("kv_append", "kv_append", v.name, Arch::Sm80));
     let mut seen = std::collections::HashSet::new();
-    for (family, pass, name, arch) in fwd.chain(bwd).chain(merge).chain(sinks).filter(|k| seen.insert((k.0, k.1))) {
+    for (family, pass, name, arch) in fwd.chain(bwd).chain(merge).chain(sinks).chain(append).filter(|k| seen.insert((k.0, k.1))) {
         let one = entry_module(loaded(arch), name).unwrap_or_else(|| panic!("{name} not split"));
         let file = dir.join(format!("{name}.ptx"));
         std::fs::write(&file, one).unwrap();

@@ -4,10 +4,15 @@
 //! tensors. On the CPU emulator (always) and on the GPU (when there is one; ignored, loudly,
 //! when not; failed when REQUIRE_GPU=1).
 //!
-//! `FLASHATTN_GPU_VARLEN_CASES` / `FLASHATTN_EMU_VARLEN_CASES` set the number of random cases.
+//! Attention against a KV cache (`FlashAttn::forward_kvcache`, on the same entries): its
+//! append and its rows, random calls and refused ones.
+//!
+//! `FLASHATTN_GPU_VARLEN_CASES` / `FLASHATTN_EMU_VARLEN_CASES` set the number of random cases,
+//! `FLASHATTN_GPU_KVCACHE_CASES` / `FLASHATTN_EMU_KVCACHE_CASES` those of the KV cache.
 
 use flashattn::FlashAttn;
 use flashattn::kernels::registry::Arch;
+use flashattn_tests::kvcache::{KvCase, check_kvcache, check_kvcache_errors, kvcache_strategy};
 use flashattn_tests::varlen::{VarCase, check_bad_offsets, check_device_offsets, check_varlen, varlen_strategy};
 use flashattn_tests::{AlibiDraw, BackendKind, Dt, env_usize, gpu_trials, push_for_arch, shards};
 use libtest_mimic::{Arguments, Failed, Trial};
@@ -184,6 +189,37 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
             push_for_arch(&mut trials, archs.as_deref(), &name, arch, trial);
         }
     }
+    // Attention against a KV cache with its append, random calls over the whole option space
+    // (lengths past the capacity included), each family by name.
+    let (total, size) = match kind {
+        BackendKind::Gpu => (env_usize("FLASHATTN_GPU_KVCACHE_CASES", 900), 50),
+        BackendKind::Emulator => (env_usize("FLASHATTN_EMU_KVCACHE_CASES", 12), 4),
+    };
+    let (max_batch, max_capacity, max_q, d_units, group) = match kind {
+        BackendKind::Gpu => (6, 400, 16, 32, 4),
+        BackendKind::Emulator => (3, 40, 5, 16, 2),
+    };
+    let per = shards(total / FAMILIES.len(), size);
+    for (family, dtypes, arch, _) in FAMILIES {
+        for (i, &cases) in per.iter().enumerate() {
+            let dtype = dtypes[i % dtypes.len()];
+            let name = format!("{tag}::kvcache::{family}::{dtype:?}::{i:03}").to_lowercase();
+            let trial = mk(
+                name.clone(),
+                Box::new(move |fa| {
+                    let mut runner = TestRunner::new(Config { cases: cases as u32, failure_persistence: None, ..Config::default() });
+                    let strategy = kvcache_strategy(max_batch, max_capacity, max_q, d_units, group)
+                        .prop_map(move |c| KvCase { dtype, ..c })
+                        .prop_filter("a variant with a variable-length entry", move |c| has_varlen(family, dtype, c.head_dim));
+                    runner
+                        .run(&strategy, |c| check_kvcache(fa, &c, Some(family)).map_err(TestCaseError::fail))
+                        .map_err(|e| Failed::from(format!("{e}")))
+                }),
+            );
+            push_for_arch(&mut trials, archs.as_deref(), &name, arch, trial);
+        }
+    }
+    trials.push(mk(format!("{tag}::kvcache::refused"), Box::new(|fa| check_kvcache_errors(fa).map_err(Failed::from))));
     // Offsets already on the device: the same result as from the host (GPU only: the
     // emulator has no device buffers).
     if kind == BackendKind::Gpu {
