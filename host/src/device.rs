@@ -236,6 +236,18 @@ impl FlashAttn {
         self.upload(&vec![value; n], shape)
     }
 
+    /// An uninitialised u32 tensor of `n` elements (all ones on the emulator), for a kernel to
+    /// fill (the KV cache's offsets and lengths).
+    pub(crate) fn alloc_u32(&self, n: usize) -> Result<Tensor<u32>> {
+        self.allocations.fetch_add(1, Ordering::Relaxed);
+        let storage = match &self.backend {
+            // SAFETY: the kernel writes every element before anyone reads it.
+            Backend::Cuda(c) => Storage::Cuda(cuda("allocating device memory", unsafe { c.stream.alloc::<u32>(n) })?),
+            Backend::Emulator => Storage::Host(HostBuf::from_slice(&vec![u32::MAX; n])),
+        };
+        Ok(Tensor { storage, shape: vec![n], owner: self.id })
+    }
+
     /// An uninitialised tensor (device memory as the allocator left it).
     pub(crate) fn alloc<T: Dtype>(&self, shape: &[usize]) -> Result<Tensor<T>> {
         let n: usize = shape.iter().product();

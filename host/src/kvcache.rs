@@ -103,6 +103,9 @@ impl FlashAttn {
     ) -> Result<FwdOutput<T>> {
         let sh = q.as_view().shape().to_vec();
         let [batch, seqlen_q, heads_q, head_dim] = rank4("q", &sh)?;
+        if batch * seqlen_q * heads_q * head_dim == 0 {
+            return Err(Error::EmptyDimension { tensor: "q", shape: sh });
+        }
         let o = self.alloc::<T>(&[batch * seqlen_q, heads_q, head_dim])?;
         let mut out = FwdOutput::from_buffers(o, self.alloc::<f32>(&[heads_q, batch * seqlen_q])?, None);
         self.forward_kvcache_into(q, cache, new_kv, attention, opts, &mut out)?;
@@ -125,27 +128,26 @@ impl FlashAttn {
         let q = q.as_view();
         let dims = self.kvcache_dims(&q, &k_cache, &v_cache, &lens, new_kv.as_ref())?;
         let Dims { batch, seqlen_q, capacity, slot, .. } = dims;
-        // Sequence b's query rows and slot (the last slot `capacity` rows: the cache's end);
-        // the keys it holds (seqused_k) are written by the append.
-        let cu_q: Vec<u32> = (0..=batch).map(|b| (b * seqlen_q) as u32).collect();
-        let cu_k: Vec<u32> = (0..=batch).map(|b| if b < batch { b * slot } else { (batch - 1) * slot + capacity } as u32).collect();
-        let seq_dims =
-            SeqLenDims { total_q: batch * seqlen_q, total_k: cu_k[batch] as usize, max_seqlen_q: seqlen_q, max_seqlen_k: capacity };
-        let offsets = |used| -> Result<SeqLens> {
-            let (q, k) = (self.upload_plain(&cu_q, &[batch + 1])?, self.upload_plain(&cu_k, &[batch + 1])?);
-            Ok(SeqLens::from_device(q, k, used, batch, seq_dims))
-        };
-        let mut used = self.upload_plain(&vec![0u32; batch], &[batch])?;
+        // The forward's offsets and the keys each sequence holds (seqused_k), written on the
+        // device by the append (nothing copied from the host); a batch of other tensors of
+        // the same sizes for the checks before it (never read).
+        let total_k = (batch - 1) * slot + capacity;
+        let seq_dims = SeqLenDims { total_q: batch * seqlen_q, total_k, max_seqlen_q: seqlen_q, max_seqlen_k: capacity };
+        let offsets = || -> Result<(Tensor<u32>, Tensor<u32>)> { Ok((self.alloc_u32(batch + 1)?, self.alloc_u32(batch + 1)?)) };
+        let (check_q, check_k) = offsets()?;
+        let (mut cu_q, mut cu_k) = offsets()?;
+        let mut used = self.alloc_u32(batch)?;
         let opts = FwdOptions { save_residual: false, ..*opts };
         let qp = packed(q.clone(), seqlen_q, seqlen_q);
         // Every check of the forward, before the append changes the cache.
         {
             let (kp, vp) = (packed(k_cache.reader(), slot, capacity), packed(v_cache.reader(), slot, capacity));
             let mut bufs = out.buffers();
-            self.forward_views(&qp, &kp, &vp, Some(&offsets(None)?), attention, &opts, &mut bufs, &mut Run::CheckOnly)?;
+            let seqs = SeqLens::from_device(check_q, check_k, None, batch, seq_dims);
+            self.forward_views(&qp, &kp, &vp, Some(&seqs), attention, &opts, &mut bufs, &mut Run::CheckOnly)?;
         }
-        self.append(&mut k_cache, &mut v_cache, &lens, new_kv.as_ref(), &mut used, &dims)?;
-        let seqs = offsets(Some(used))?;
+        self.append(&mut k_cache, &mut v_cache, &lens, new_kv.as_ref(), [&mut cu_q, &mut cu_k, &mut used], &dims)?;
+        let seqs = SeqLens::from_device(cu_q, cu_k, Some(used), batch, seq_dims);
         let (kp, vp) = (packed(k_cache.into_view(), slot, capacity), packed(v_cache.into_view(), slot, capacity));
         self.forward_varlen_into(&qp, &kp, &vp, &seqs, attention, &opts, out)
     }
@@ -218,14 +220,15 @@ impl FlashAttn {
     }
 
     /// The append (see [`FlashAttn::forward_kvcache`]): new keys and values into the cache,
-    /// the keys each sequence holds after it into `used`.
+    /// the forward's offsets into `cu_q`, `cu_k` and the keys each sequence holds after it
+    /// into `used`.
     fn append<T: Dtype>(
         &self,
         k_cache: &mut ViewMut<'_, T>,
         v_cache: &mut ViewMut<'_, T>,
         lens: &View<'_, u32>,
         new_kv: Option<&(View<'_, T>, View<'_, T>)>,
-        used: &mut Tensor<u32>,
+        [cu_q, cu_k, used]: [&mut Tensor<u32>; 3],
         dims: &Dims,
     ) -> Result<()> {
         let variant = append_variant(T::DTYPE).ok_or(Error::NoVariant {
@@ -235,8 +238,10 @@ impl FlashAttn {
         })?;
         let align = row_align(dims.head_dim, std::mem::size_of::<T>());
         let cache_shape = [dims.batch, dims.capacity, dims.heads_kv, dims.head_dim];
-        let mut used = used.view_mut();
-        let mut binds = Binds::new(&[("k_cache", k_cache.key()), ("v_cache", v_cache.key()), ("seqused_k", used.key())]);
+        let (mut cu_q, mut cu_k, mut used) = (cu_q.view_mut(), cu_k.view_mut(), used.view_mut());
+        let outputs =
+            [("k_cache", k_cache.key()), ("v_cache", v_cache.key()), ("cu_q", cu_q.key()), ("cu_k", cu_k.key()), ("seqused_k", used.key())];
+        let mut binds = Binds::new(&outputs);
         let blens = self.bind_input(&mut binds, "cache_lens", lens, &[dims.batch], 4)?;
         let new_shape = [dims.batch, dims.new, dims.heads_kv, dims.head_dim];
         // Zero new keys: nothing of K_new, V_new is read (an empty view binds nowhere).
@@ -255,8 +260,12 @@ impl FlashAttn {
         check(&bv, &cache_shape, align, true)?;
         let bused = self.bind_mut(&mut binds, "seqused_k", &mut used)?;
         check(&bused, &[dims.batch], 4, true)?;
+        let bcu_q = self.bind_mut(&mut binds, "cu_q", &mut cu_q)?;
+        check(&bcu_q, &[dims.batch + 1], 4, true)?;
+        let bcu_k = self.bind_mut(&mut binds, "cu_k", &mut cu_k)?;
+        check(&bcu_k, &[dims.batch + 1], 4, true)?;
         let inputs: Vec<_> = [&blens].into_iter().chain(bnew.iter().flat_map(|(k, v)| [k, v])).collect();
-        check_no_overlap(&[&bk, &bv, &bused], &inputs)?;
+        check_no_overlap(&[&bk, &bv, &bused, &bcu_q, &bcu_k], &inputs)?;
         let params = AppendParams {
             k_new: bnew.as_ref().map_or(0, |b| b.0.addr()),
             v_new: bnew.as_ref().map_or(0, |b| b.1.addr()),
@@ -264,6 +273,8 @@ impl FlashAttn {
             v_cache: bv.addr(),
             lens: blens.addr(),
             used: bused.addr(),
+            cu_q: bcu_q.addr(),
+            cu_k: bcu_k.addr(),
             k_new_strides: bnew.as_ref().map_or(Default::default(), |b| b.0.strides4()),
             v_new_strides: bnew.as_ref().map_or(Default::default(), |b| b.1.strides4()),
             k_cache_strides: bk.strides4(),
@@ -271,6 +282,9 @@ impl FlashAttn {
             capacity: dims.capacity as u32,
             new: dims.new as u32,
             head_dim: dims.head_dim as u32,
+            batch: dims.batch as u32,
+            seqlen_q: dims.seqlen_q as u32,
+            slot: dims.slot as u32,
         };
         let launch = Launch {
             name: variant.name,
@@ -280,10 +294,10 @@ impl FlashAttn {
             smem: 0,
             emulate: variant.emulate,
         };
-        let regions: Vec<_> = [&bk, &bv, &bused].into_iter().chain(inputs).map(|b| b.region()).collect();
+        let regions: Vec<_> = [&bk, &bv, &bused, &bcu_q, &bcu_k].into_iter().chain(inputs).map(|b| b.region()).collect();
         // SAFETY: every view was checked above against the memory it is in; the kernel reads
-        // the lengths and the new rows, and writes `used` and rows of the caches below their
-        // capacity only.
+        // the lengths and the new rows, and writes `used`, the offsets and rows of the caches
+        // below their capacity only.
         unsafe { self.launch("launching the KV cache's append", &[launch], params, &regions) }
     }
 }

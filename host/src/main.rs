@@ -27,6 +27,10 @@ usage: flashattn [run] [--batch B] [--seqlen S] [--seqlen-k S] [--heads H] [--he
                        [--window LEFT[,RIGHT]] [--softcap C] [--sinks] [--alibi] [--varlen MEAN]
                        [--iters N] [--json]
                        [--backward|--fwdbwd [--deterministic] [--residual]]
+       flashattn bench --decode [--batch B] [--heads H] [--heads-kv H] [--head-dims 128]
+                       [--seqlens 8192,...] [--seqlen ROWS] [--dtype ...] [--causal on|off]
+                       [--window ...] [--softcap C] [--sinks] [--alibi] [--kernel NAME]
+                       [--iters N] [--json]
 run:   one shape (GPU default: batch 8, seqlen 2048, 32 heads of 64, f16 -- the FA paper's
        hidden 2048 with 16k tokens; emulator default: batch 1, seqlen 128, 2 heads of 64),
        checked on sampled rows against the f64 reference, timed with CUDA events;
@@ -47,7 +51,11 @@ bench: the FA paper's settings (hidden 2048, batch * seqlen = 16k; emulator defa
        --backward times dQ, dK, dV instead (--deterministic: only bitwise-deterministic
        kernels; --residual: after a forward that saves O's residual, so that D~ comes
        from the unrounded O, see FwdOptions::save_residual); --fwdbwd times the forward
-       and the backward together (a training step's attention; FLOPs 3.5x the forward's).";
+       and the backward together (a training step's attention; FLOPs 3.5x the forward's);
+       --decode: attention against a KV cache (FlashAttn::forward_kvcache) holding each of
+       --seqlens keys per sequence after appending --seqlen new keys and values (default 1:
+       one decode step; GPU default: batch 8, 32 query heads on 8 KV heads, head_dim 128,
+       8k, 32k and 128k keys), time and effective bandwidth (K and V bytes held / time).";
 
 #[derive(Clone, Debug)]
 struct Args {
@@ -79,6 +87,8 @@ struct Args {
     json: bool,
     /// `bench --varlen MEAN`: the mean sequence length of a variable-length batch.
     varlen: Option<usize>,
+    /// `bench --decode`: attention against a KV cache.
+    decode: bool,
     backward: bool,
     fwdbwd: bool,
     deterministic: bool,
@@ -120,6 +130,7 @@ fn parse() -> Result<Args, String> {
         tokens: None,
         json: false,
         varlen: None,
+        decode: false,
         backward: false,
         fwdbwd: false,
         deterministic: false,
@@ -187,6 +198,7 @@ fn parse() -> Result<Args, String> {
             "--tokens" => a.tokens = Some(val(&flag, it.next())?),
             "--json" => a.json = true,
             "--varlen" => a.varlen = Some(val(&flag, it.next())?),
+            "--decode" => a.decode = true,
             "--backward" => a.backward = true,
             "--fwdbwd" => {
                 a.backward = true;
@@ -209,6 +221,9 @@ fn parse() -> Result<Args, String> {
     }
     if a.varlen.is_some_and(|m| m == 0) || (a.varlen.is_some() && (a.cmd != "bench" || a.fwdbwd)) {
         return Err("--varlen MEAN: bench only, MEAN at least 1, with or without --backward (not --fwdbwd)".into());
+    }
+    if a.decode && (a.cmd != "bench" || a.backward || a.fwdbwd || a.varlen.is_some()) {
+        return Err("--decode: bench only, forward only (not with --backward, --fwdbwd or --varlen)".into());
     }
     if !["on", "off", "both"].contains(&a.causal_mode.as_str()) {
         return Err(format!("--causal: `{}` is not one of on, off, both", a.causal_mode));
@@ -662,6 +677,9 @@ fn upload_problem<T: Dtype>(fa: &FlashAttn, s: &AttnShape) -> flashattn::Result<
 }
 
 fn bench<T: Dtype>(fa: &FlashAttn, a: &Args) -> flashattn::Result<bool> {
+    if a.decode {
+        return bench_decode::<T>(fa, a);
+    }
     if let Some(mean) = a.varlen {
         return bench_varlen::<T>(fa, a, mean);
     }
@@ -864,6 +882,66 @@ fn bench_varlen<T: Dtype>(fa: &FlashAttn, a: &Args, mean: usize) -> flashattn::R
                     a.dtype,
                     tf_v / tf_f
                 );
+            }
+        }
+    }
+    Ok(true)
+}
+
+/// `bench --decode`: per cache length, attention of `--seqlen` new rows per sequence against a
+/// KV cache holding that many keys after appending theirs (`FlashAttn::forward_kvcache`),
+/// causal unless `--causal off`; effective bandwidth counts the K and V bytes each sequence
+/// holds once (what a decode step must read), over the whole call (append included).
+fn bench_decode<T: Dtype>(fa: &FlashAttn, a: &Args) -> flashattn::Result<bool> {
+    let emu = fa.is_emulator();
+    let batch = a.batch.unwrap_or(if emu { 2 } else { 8 });
+    let heads = a.heads.unwrap_or(if emu { 4 } else { 32 });
+    let heads_kv = a.heads_kv.unwrap_or(if emu { 2 } else { 8 });
+    let rows = a.seqlen.unwrap_or(1);
+    let lengths = a.seqlens.clone().unwrap_or(if emu { vec![64, 256] } else { vec![8192, 32768, 131072] });
+    let head_dims: Vec<usize> = if a.head_dims == [64, 128] { vec![if emu { 64 } else { 128 }] } else { a.head_dims.clone() };
+    let causal = a.causal_mode != "off";
+    let iters = a.iters.unwrap_or(if emu { 2 } else { 20 });
+    if let Some(&keys) = lengths.iter().find(|&&keys| keys < rows) {
+        return Err(Error::TooLarge { what: "--seqlen (new rows per sequence, at most the keys held)", value: rows, max: keys });
+    }
+    if !a.json {
+        println!(
+            "device: {}; decode: batch {batch}, {heads} query heads on {heads_kv} KV heads, {rows} new rows per sequence",
+            fa.device_name()
+        );
+        println!("{:>5} {:>4} {:>8} {:>6} {:>10} {:>8}", "dtype", "d", "keys", "causal", "us", "TB/s");
+    }
+    for &d in &head_dims {
+        let attn = cli_attention(fa, a, causal, None, heads)?;
+        for &keys in &lengths {
+            let cache = [batch, keys, heads_kv, d];
+            let (mut k_cache, mut v_cache) = (
+                fa.upload(&random_tensor::<T>(0xc1, batch * keys * heads_kv * d), &cache)?,
+                fa.upload(&random_tensor::<T>(0xc2, batch * keys * heads_kv * d), &cache)?,
+            );
+            let new = [batch, rows, heads_kv, d];
+            let (k_new, v_new) = (
+                fa.upload(&random_tensor::<T>(0xc3, batch * rows * heads_kv * d), &new)?,
+                fa.upload(&random_tensor::<T>(0xc4, batch * rows * heads_kv * d), &new)?,
+            );
+            let q = fa.upload(&random_tensor::<T>(0xc5, batch * rows * heads * d), &[batch, rows, heads, d])?;
+            let lens = fa.upload_u32(&vec![(keys - rows) as u32; batch])?;
+            let mut out =
+                FwdOutput::from_buffers(fa.full(T::nan(), &[batch * rows, heads, d])?, fa.full(f32::NAN, &[heads, batch * rows])?, None);
+            let opts = FwdOptions { kernel: a.kernel, ..Default::default() };
+            let ms =
+                fa.time_forward_kvcache(&q, &mut k_cache, &mut v_cache, &lens, Some((&k_new, &v_new)), &attn, &opts, &mut out, 3, iters)?;
+            let bytes = 2.0 * (batch * keys * heads_kv * d * std::mem::size_of::<T>()) as f64;
+            let tbs = bytes / (ms * 1e-3) / 1e12;
+            if a.json {
+                println!(
+                    "{{\"impl\":\"flashattn-rs\",\"pass\":\"decode\",\"dtype\":\"{}\",\"batch\":{batch},\"heads\":{heads},\"heads_kv\":{heads_kv},\"head_dim\":{d},\"keys\":{keys},\"rows\":{rows},\"causal\":{causal},\"us\":{:.2},\"tbs\":{tbs:.3}}}",
+                    a.dtype,
+                    ms * 1e3
+                );
+            } else {
+                println!("{:>5} {d:>4} {keys:>8} {causal:>6} {:>10.1} {tbs:>8.3}", a.dtype, ms * 1e3);
             }
         }
     }

@@ -43,6 +43,29 @@ impl FlashAttn {
         self.time_calls(warmup, iters, || self.forward_varlen_into(q, k, v, seqs, attention, opts, out))
     }
 
+    /// As [`FlashAttn::time_forward`], for attention against a KV cache
+    /// ([`FlashAttn::forward_kvcache_into`]: the append of `new_kv`, then the forward; `lens`
+    /// is not advanced, so every call appends at the same rows).
+    #[allow(clippy::too_many_arguments)]
+    pub fn time_forward_kvcache<T: Dtype>(
+        &self,
+        q: &Tensor<T>,
+        k_cache: &mut Tensor<T>,
+        v_cache: &mut Tensor<T>,
+        lens: &Tensor<u32>,
+        new_kv: Option<(&Tensor<T>, &Tensor<T>)>,
+        attention: &Attention,
+        opts: &FwdOptions,
+        out: &mut crate::FwdOutput<T>,
+        warmup: usize,
+        iters: usize,
+    ) -> Result<f64> {
+        self.time_calls(warmup, iters, || {
+            let cache = crate::KvCache { k: k_cache.view_mut(), v: v_cache.view_mut(), lens: lens.view() };
+            self.forward_kvcache_into(q, cache, new_kv.map(|(k, v)| (k.view(), v.view())), attention, opts, out)
+        })
+    }
+
     /// Mean milliseconds per backward pass (its launches, and the allocation of its
     /// statistics workspace) from the forward's output `fwd` (with its O residual if it has
     /// one) over `iters` passes, after `warmup` passes.

@@ -1,6 +1,7 @@
 //! A KV cache's append (`FlashAttn::forward_kvcache`): the new keys and values of each
-//! sequence written into its cache slot in place, at the keys it already holds, and the keys
-//! it holds after them (what the forward then attends to, as `seqused_k`).
+//! sequence written into its cache slot in place, at the keys it already holds; the keys it
+//! holds after them (what the forward then attends to, as `seqused_k`) and the forward's
+//! variable-length offsets, so that a decode step copies nothing from the host.
 //!
 //! The lengths live on the device, so the host cannot check them: new key i of sequence b goes
 //! to row `len[b] + i` of its slot only while that row is below the capacity (the keys past
@@ -29,7 +30,18 @@ pub unsafe fn append<T: Element>(p: &AppendParams) {
     // The keys it holds after it, at most the capacity (u64: len + new may pass u32).
     let held = (len as u64 + p.new as u64).min(p.capacity as u64) as u32;
     if i == 0 && h == 0 && t == 0 {
-        unsafe { global::store((p.used as *mut u32).add(b as usize), held) };
+        // The forward's batch: sequence b's rows, its slot and the keys it holds (the host
+        // checked that every offset fits u32).
+        let at = |a: u64, i: u32| (a as *mut u32).wrapping_add(i as usize);
+        unsafe {
+            global::store(at(p.used, b), held);
+            global::store(at(p.cu_q, b), b * p.seqlen_q);
+            global::store(at(p.cu_k, b), b * p.slot);
+            if b + 1 == p.batch {
+                global::store(at(p.cu_q, p.batch), p.batch * p.seqlen_q);
+                global::store(at(p.cu_k, p.batch), b * p.slot + p.capacity);
+            }
+        }
     }
     // Row len + i of the slot, when it is below the capacity (len + i < held).
     if i >= p.new || len as u64 + i as u64 >= held as u64 {

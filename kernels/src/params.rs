@@ -241,8 +241,10 @@ impl BwdParams {
 }
 
 /// A KV cache's append (`kvcache`): new K and V [batch, new, heads_kv, head_dim] into the
-/// caches [batch, capacity, heads_kv, head_dim] at each sequence's `lens[b]` (u32 [batch]),
-/// and the keys each holds after it into `used` (u32 [batch]).
+/// caches [batch, capacity, heads_kv, head_dim] at each sequence's `lens[b]` (u32 [batch]);
+/// the keys each holds after it into `used` (u32 [batch]), and the variable-length offsets the
+/// forward then takes into `cu_q`, `cu_k` (u32 [batch + 1]: sequence b's query rows from
+/// `b * seqlen_q`, its slot from `b * slot`, the last `capacity` rows long).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct AppendParams {
@@ -252,15 +254,22 @@ pub struct AppendParams {
     pub v_cache: u64,
     pub lens: u64,
     pub used: u64,
+    pub cu_q: u64,
+    pub cu_k: u64,
     pub k_new_strides: Strides,
     pub v_new_strides: Strides,
     pub k_cache_strides: Strides,
     pub v_cache_strides: Strides,
     /// Keys of each sequence's slot.
     pub capacity: u32,
-    /// New keys of each sequence (0: `used` only).
+    /// New keys of each sequence (0: `used` and the offsets only).
     pub new: u32,
     pub head_dim: u32,
+    pub batch: u32,
+    /// Query rows of each sequence.
+    pub seqlen_q: u32,
+    /// Rows from one slot to the next.
+    pub slot: u32,
 }
 
 /// The merge of partial results by their LSE (`merge`): parts O_s [splits, batch, seqlen,
