@@ -91,7 +91,7 @@ use crate::mask::{Mask, Window, q_tiles};
 use crate::nonfinite::{clean_own_pair, dkdv_tile_masked, own_chunks_nonfinite, warp_fix_stored_dv, zero_own_nonfinite};
 use crate::params::BwdParams;
 use crate::smem::Sw;
-use crate::softcap::{Softcap, dtanh};
+use crate::softcap::{Softcap, dtanh_mufu};
 use crate::tile::{Config, WgmmaBwdTile};
 use crate::wg_tile::{issue_abt, wg_warp_lane};
 use core::f32::consts::LOG2_E;
@@ -608,7 +608,7 @@ impl<
             let kf = sc.opaque_k(self.p.pb.scale);
             for (x, d) in s.as_flattened_mut().iter_mut().zip(dt.as_flattened_mut()) {
                 *x = kf.tanh_mufu(*x);
-                *d = dtanh(*x);
+                *d = dtanh_mufu(*x);
             }
             u = sc.cap() * LOG2_E;
         }
@@ -670,7 +670,7 @@ impl<
                     let x = if al.on() { t * u + al.at(base[e / 2], -((8 * n + e % 2) as f32)) } else { t * u };
                     let hidden = masked && self.hidden_t(win, n, e, i0);
                     s[n][e] = if hidden { -0.0 } else { math::ex2(x - ms[e % 2]) * ils[e % 2] };
-                    *q = if hidden { -0.0 } else { s[n][e] * dtanh(t) };
+                    *q = if hidden { -0.0 } else { s[n][e] * dtanh_mufu(t) };
                 }
             }
             let a = to_a::<T>(s[2 * kq], s[2 * kq + 1]);

@@ -12,7 +12,7 @@ use crate::nonfinite::{own_chunks_nonfinite, zero_own_nonfinite};
 use crate::params::BwdParams;
 use crate::sinks;
 use crate::smem::Sw;
-use crate::softcap::{Softcap, dtanh};
+use crate::softcap::{Softcap, dtanh_mufu};
 use crate::softmax::QuadRow;
 use crate::tile::{Config, HOT_TILES, WgmmaBwdTile};
 use crate::wg_tile::{add_pk, issue_abt, mask_frag, wg_warp_lane};
@@ -437,7 +437,7 @@ impl<
                     let k = (n * 8 + e) as i32;
                     let y = if al.on() { t * u + al.at(base, k as f32) } else { t * u };
                     let hidden = masked && (k < lo || k >= hi);
-                    let (p, dt) = if hidden { (0.0, 0.0) } else { (math::ex2(y - fin[half].0), dtanh(t)) };
+                    let (p, dt) = if hidden { (0.0, 0.0) } else { (math::ex2(y - fin[half].0), dtanh_mufu(t)) };
                     x[2 * half + e] = f(half, n, 2 * half + e, p, dt, hidden);
                 }
             }
