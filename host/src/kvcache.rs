@@ -129,24 +129,26 @@ impl FlashAttn {
         let dims = self.kvcache_dims(&q, &k_cache, &v_cache, &lens, new_kv.as_ref())?;
         let Dims { batch, seqlen_q, capacity, slot, .. } = dims;
         // The forward's offsets and the keys each sequence holds (seqused_k), written on the
-        // device by the append (nothing copied from the host); a batch of other tensors of
-        // the same sizes for the checks before it (never read).
+        // device by the append (nothing copied from the host).
         let total_k = (batch - 1) * slot + capacity;
         let seq_dims = SeqLenDims { total_q: batch * seqlen_q, total_k, max_seqlen_q: seqlen_q, max_seqlen_k: capacity };
-        let offsets = || -> Result<(Tensor<u32>, Tensor<u32>)> { Ok((self.alloc_u32(batch + 1)?, self.alloc_u32(batch + 1)?)) };
-        let (check_q, check_k) = offsets()?;
-        let (mut cu_q, mut cu_k) = offsets()?;
-        let mut used = self.alloc_u32(batch)?;
+        let (cu_q, cu_k, used) = (self.alloc_u32(batch + 1)?, self.alloc_u32(batch + 1)?, self.alloc_u32(batch)?);
         let opts = FwdOptions { save_residual: false, ..*opts };
         let qp = packed(q.clone(), seqlen_q, seqlen_q);
-        // Every check of the forward, before the append changes the cache.
+        // Every check of the forward, before the append changes the cache (the offsets are
+        // not read: nothing is launched).
+        let seqs = SeqLens::from_device(cu_q, cu_k, Some(used), batch, seq_dims);
         {
             let (kp, vp) = (packed(k_cache.reader(), slot, capacity), packed(v_cache.reader(), slot, capacity));
             let mut bufs = out.buffers();
-            let seqs = SeqLens::from_device(check_q, check_k, None, batch, seq_dims);
             self.forward_views(&qp, &kp, &vp, Some(&seqs), attention, &opts, &mut bufs, &mut Run::CheckOnly)?;
         }
-        self.append(&mut k_cache, &mut v_cache, &lens, new_kv.as_ref(), [&mut cu_q, &mut cu_k, &mut used], &dims)?;
+        // The check's record is dropped: the offsets come back (else fresh ones).
+        let (mut cu_q, mut cu_k, mut used) = match seqs.into_tensors() {
+            Some(t) => t,
+            None => (self.alloc_u32(batch + 1)?, self.alloc_u32(batch + 1)?, self.alloc_u32(batch)?),
+        };
+        self.append(&q, &mut k_cache, &mut v_cache, &lens, new_kv.as_ref(), [&mut cu_q, &mut cu_k, &mut used], &dims)?;
         let seqs = SeqLens::from_device(cu_q, cu_k, Some(used), batch, seq_dims);
         let (kp, vp) = (packed(k_cache.into_view(), slot, capacity), packed(v_cache.into_view(), slot, capacity));
         self.forward_varlen_into(&qp, &kp, &vp, &seqs, attention, &opts, out)
@@ -221,9 +223,11 @@ impl FlashAttn {
 
     /// The append (see [`FlashAttn::forward_kvcache`]): new keys and values into the cache,
     /// the forward's offsets into `cu_q`, `cu_k` and the keys each sequence holds after it
-    /// into `used`.
+    /// into `used`. Q is bound only to be kept apart from what the append writes.
+    #[allow(clippy::too_many_arguments)]
     fn append<T: Dtype>(
         &self,
+        q: &View<'_, T>,
         k_cache: &mut ViewMut<'_, T>,
         v_cache: &mut ViewMut<'_, T>,
         lens: &View<'_, u32>,
@@ -264,7 +268,9 @@ impl FlashAttn {
         check(&bcu_q, &[dims.batch + 1], 4, true)?;
         let bcu_k = self.bind_mut(&mut binds, "cu_k", &mut cu_k)?;
         check(&bcu_k, &[dims.batch + 1], 4, true)?;
-        let inputs: Vec<_> = [&blens].into_iter().chain(bnew.iter().flat_map(|(k, v)| [k, v])).collect();
+        // Q is read by the forward after the append: the cache's new rows must not be in it.
+        let bq = self.bind(&mut binds, "q", q)?;
+        let inputs: Vec<_> = [&blens, &bq].into_iter().chain(bnew.iter().flat_map(|(k, v)| [k, v])).collect();
         check_no_overlap(&[&bk, &bv, &bused, &bcu_q, &bcu_k], &inputs)?;
         let params = AppendParams {
             k_new: bnew.as_ref().map_or(0, |b| b.0.addr()),

@@ -440,8 +440,10 @@ pub fn naive_backward<T: Dtype>(q: &[T], k: &[T], v: &[T], d_o: &[T], s: &AttnSh
 /// bound per gradient element: it never stores P, so each pass (the forward, the dQ pass, the
 /// dK/dV pass) recomputes S_ij = q_i . k_j and dP_ij = dO_i . v_j in f32, and two
 /// recomputations differ by a rounding of each, dS_ij = u_f32 sum_c |q_ic k_jc| in the score
-/// and ddP_ij = u_f32 sum_c |dO_ic v_jc| in dP (twice that: one rounding in each pass). P_ij
-/// then moves by a relative |scale| dS_ij, and to first order:
+/// and ddP_ij = u_f32 sum_c |dO_ic v_jc| in dP (twice that: one rounding in each pass); and
+/// it takes P_ij = exp(S_ij - LSE_i) from the f32 LSE the forward returned, u_f32 |LSE_i| in
+/// the exponent (as FA2 and FA3 do: the LSE is the one row statistic the forward keeps). P_ij
+/// then moves by a relative |scale| dS_ij + u_f32 |LSE_i|, and to first order:
 /// - dV_jc by sum_i P_ij |scale| dS_ij |dO_ic|;
 /// - D_i by dD_i = sum_j P_ij (|scale| dS_ij |dP_ij| + ddP_ij);
 /// - dS_ij by P_ij (|scale| dS_ij |dP_ij - D_i| + ddP_ij + dD_i), hence dQ_ic by |scale|
@@ -504,10 +506,15 @@ pub fn backward_recompute_bound_t(q: &[f64], k: &[f64], v: &[f64], d_o: &[f64], 
                     })
                     .unzip();
                 let raw_s: Vec<f64> = vis.iter().map(|&j| scale.abs() * u * dot_abs(q_row, &k[kj(j)..kj(j) + d])).collect();
-                // With ALiBi the biased score is rounded again, to f32 at its own size: one more
-                // rounding u |x| of its own in each pass.
+                // With ALiBi the biased score, and with a softcap the capped one, is rounded
+                // again, to f32 at its own size: one more rounding u |x| of its own in each pass.
+                // And each pass recomputes P_ij = exp(x_ij - LSE_i) from the forward's f32 LSE
+                // (stored, then scaled by log2 e: u |LSE_i|), where naive attention takes the
+                // row's max and sum directly; at large scores (|LSE| ~ 1e4: 1e-3) that is as
+                // large as a 16-bit rounding.
+                let rounded_x = opts.alibi.is_some() || opts.softcap.is_some();
                 let ds_s: Vec<f64> =
-                    (0..vis.len()).map(|n| raw_s[n] * dt[n] + if opts.alibi.is_some() { u * x[n].abs() } else { 0.0 }).collect();
+                    (0..vis.len()).map(|n| raw_s[n] * dt[n] + if rounded_x { u * x[n].abs() } else { 0.0 } + u * lse.abs()).collect();
                 let ddp: Vec<f64> = vis.iter().map(|&j| u * dot_abs(do_row, &v[kj(j)..kj(j) + d])).collect();
                 let dd: f64 = p.iter().zip(&dp).map(|(pj, dpj)| pj * dpj).sum();
                 let d_err: f64 = (0..vis.len()).map(|x| p[x] * (ds_s[x] * dp[x].abs() + ddp[x])).sum();
