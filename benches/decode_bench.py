@@ -24,6 +24,8 @@ import json
 import subprocess
 import sys
 
+from cuda_time import cuda_ms
+
 
 def log(msg):
     print(msg, file=sys.stderr, flush=True)
@@ -62,18 +64,9 @@ def sdpa(args, dtype, d, s, backend_name):
     try:
         with sdpa_kernel(backend):
             call = lambda: scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=hq != hkv)
-            for _ in range(3):
-                call()
-            torch.cuda.synchronize()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(args.iters):
-                call()
-            end.record()
-            torch.cuda.synchronize()
+            us = cuda_ms(call, args.iters) * 1e3
     except Exception as e:  # an unsupported shape or backend
         return {"error": (str(e).splitlines() or [type(e).__name__])[0][:200]}
-    us = start.elapsed_time(end) / args.iters * 1e3
     kv_bytes = 2 * b * keys * hkv * d * q.element_size()
     return {"us": us, "tbs": kv_bytes / (us * 1e-6) / 1e12}
 

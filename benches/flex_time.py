@@ -1,10 +1,13 @@
 """PyTorch FlexAttention timed one way for every bench that sets it beside this project
 (softcap_bench.py, alibi_bench.py, window_bench.py): torch.compile'd `flex_attention` with the
-caller's score_mod and mask_mod, 3 warm-up calls, then CUDA events around `iters` calls.
+caller's score_mod and mask_mod, timed by `cuda_time.cuda_ms` (3 warm-up calls, then CUDA
+events around `iters` calls).
 
 The backward is timed by calling autograd.grad on one graph repeatedly (retain_graph), which
 compiled backwards with donated buffers refuse (seen at d = 128), so donated buffers are off.
 """
+
+from cuda_time import cuda_ms
 
 _compiled = None
 
@@ -29,13 +32,4 @@ def flex_ms(dtype, batch, heads, s, d, backward, iters, score_mod=None, mask_mod
         call = lambda: torch.autograd.grad(out, (q, k, v), d_o, retain_graph=True)
     else:
         call = lambda: _compiled(q, k, v, score_mod=score_mod, block_mask=block_mask)
-    for _ in range(3):
-        call()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        call()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / iters
+    return cuda_ms(call, iters)

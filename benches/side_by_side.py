@@ -38,6 +38,8 @@ import sys
 import warnings
 from pathlib import Path
 
+from cuda_time import cuda_ms
+
 IMPLS = ("ours", "flash", "cudnn")
 LABELS = {"ours": "ours", "flash": "SDPA flash", "cudnn": "SDPA cuDNN"}
 COLORS = {"ours": "tab:blue", "flash": "tab:orange", "cudnn": "tab:green"}
@@ -209,19 +211,10 @@ def time_sdpa(torch, backend, q, k, v, causal, iters):
                 call = lambda: torch.autograd.grad(out, (q, k, v), d_o, retain_graph=True)
             else:
                 call = lambda: sdpa(q, k, v, is_causal=causal)
-            for _ in range(WARMUP):
-                call()
-            torch.cuda.synchronize()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(iters):
-                call()
-            end.record()
-            torch.cuda.synchronize()
+            return cuda_ms(call, iters, WARMUP)
         except Exception as e:
             why = [first_line(e) or type(e).__name__] + [first_line(w.message) for w in caught[:2]]
             raise RuntimeError("; ".join(filter(None, why))) from None
-    return start.elapsed_time(end) / iters
 
 
 def torch_row(side, s, ms=None, error=None):

@@ -20,6 +20,8 @@ import json
 import subprocess
 import sys
 
+from cuda_time import cuda_ms
+
 
 def log(msg):
     print(msg, file=sys.stderr, flush=True)
@@ -63,16 +65,7 @@ def torch_njt(args, dtype, d, lengths, causal, backward):
             torch.autograd.grad(out, (q, k, v), grad, retain_graph=True)
     else:
         call = fwd
-    for _ in range(3):
-        call()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(args.iters):
-        call()
-    end.record()
-    torch.cuda.synchronize()
-    ms = start.elapsed_time(end) / args.iters
+    ms = cuda_ms(call, args.iters)
     flops = pairs(lengths, causal) * 4 * heads * d * (2.5 if backward else 1.0)
     return ms, flops / (ms * 1e-3) / 1e12
 
