@@ -212,6 +212,7 @@ fn backward_typed<T: Dtype>(
     let exact0 = attention_backward_f64(&w(&q0), &w(&k0), &w(&v0), &w(&do0), &s, &case.attention());
     let floor = flashattn::reference::backward_recompute_bound(&w(&q0), &w(&k0), &w(&v0), &w(&do0), &s, &case.attention());
     let nan_only = plants.iter().all(|p| p.value.is_nan());
+    let unresolved = unresolved_keys::<T>(&exact_lse(&q, &k, &v, &s, case), &s);
     for (name, g, ex, (nv, ex0, fl), kv) in [
         ("dQ", &got[0], &exact.dq, (&naive.dq, &exact0.dq, &floor.dq), false),
         ("dK", &got[1], &exact.dk, (&naive.dk, &exact0.dk, &floor.dk), true),
@@ -242,7 +243,9 @@ fn backward_typed<T: Dtype>(
         if let Some(i) = class_mismatch(g, &ex_t, nan_only, !nan_only) {
             return Err(format!("{what}: {name}[{i}] = {} where exact attention gives {} ({})", g[i], ex[i], at(&s, i, kv)));
         }
-        let keep: Vec<usize> = (0..g.len()).filter(|&i| g[i].is_finite() && ex_t[i].is_finite()).collect();
+        // dV's element i is of key (b, j, KV head) i / head_dim.
+        let resolved = |i: usize| name != "dV" || !unresolved[i / s.head_dim];
+        let keep: Vec<usize> = (0..g.len()).filter(|&i| g[i].is_finite() && ex_t[i].is_finite() && resolved(i)).collect();
         let pick = |x: &[f64]| keep.iter().map(|&i| x[i]).collect::<Vec<_>>();
         let (gp, ep, fp) = (pick(g), pick(ex), pick(fl));
         if ex0.iter().all(|&x| x == 0.0) || ep.iter().all(|&x| x == 0.0) {
@@ -271,6 +274,36 @@ fn backward_typed<T: Dtype>(
         }
     }
     Ok(())
+}
+
+/// The exact LSE ([batch, heads_q, seqlen_q]) of the planted inputs.
+fn exact_lse<T: Dtype>(q: &[T], k: &[T], v: &[T], s: &AttnShape, case: &Case) -> Vec<f64> {
+    let w = |x: &[T]| x.iter().map(|e| e.to_f64()).collect::<Vec<_>>();
+    attention_f64(&w(q), &w(k), &w(v), s, &case.attention()).lse
+}
+
+/// Which (batch, key, KV head) a row sees whose P the backward cannot resolve: it recomputes
+/// P_ij = exp(S_ij - LSE_i) from the forward's f32 LSE, which moves P by a factor e^(u |LSE_i|)
+/// (`backward_recompute_bound`). The bar's floor comes from the unplanted inputs; a planted
+/// row can have an LSE they do not: an infinite query element with a softcap makes the row's
+/// scores +-cap (LSE ~ 1e8 at the largest cap: P off by e^12, as in FA2 and FA3, whose
+/// backward also keeps the LSE alone). The dV of keys such a row sees (u |LSE| > 2^-10, or
+/// T's unit roundoff where larger; any key of its batch entry and KV head) is left out.
+fn unresolved_keys<T: Dtype>(lse: &[f64], s: &AttnShape) -> Vec<bool> {
+    let limit = T::UNIT_ROUNDOFF.max(2f64.powi(-10)) / f32::UNIT_ROUNDOFF;
+    let group = s.heads_q / s.heads_kv;
+    let mut out = vec![false; s.batch * s.seqlen_k * s.heads_kv];
+    for b in 0..s.batch {
+        for h in 0..s.heads_q {
+            let rows = &lse[(b * s.heads_q + h) * s.seqlen_q..][..s.seqlen_q];
+            if rows.iter().any(|x| x.is_finite() && x.abs() > limit) {
+                for j in 0..s.seqlen_k {
+                    out[(b * s.seqlen_k + j) * s.heads_kv + h / group] = true;
+                }
+            }
+        }
+    }
+    out
 }
 
 /// The smallest positive value of T (its smallest subnormal).
