@@ -141,13 +141,13 @@ impl SeqLens {
     pub fn lse_shape(&self, heads_q: usize) -> [usize; 2] {
         [heads_q, self.0.dims.total_q]
     }
-    /// The device offsets: cu_seqlens_q, cu_seqlens_k, seqused_k.
     /// The offsets and seqused_k back, when nothing else holds this batch and it has
     /// seqused_k.
     pub(crate) fn into_tensors(self) -> Option<(Tensor<u32>, Tensor<u32>, Tensor<u32>)> {
         let inner = Arc::try_unwrap(self.0).ok()?;
         Some((inner.cu_q, inner.cu_k, inner.used_k?))
     }
+    /// The device offsets: cu_seqlens_q, cu_seqlens_k, seqused_k.
     pub(crate) fn tensors(&self) -> (&Tensor<u32>, &Tensor<u32>, Option<&Tensor<u32>>) {
         (&self.0.cu_q, &self.0.cu_k, self.0.used_k.as_ref())
     }
