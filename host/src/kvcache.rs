@@ -132,7 +132,8 @@ impl FlashAttn {
         // device by the append (nothing copied from the host).
         let total_k = (batch - 1) * slot + capacity;
         let seq_dims = SeqLenDims { total_q: batch * seqlen_q, total_k, max_seqlen_q: seqlen_q, max_seqlen_k: capacity };
-        let (cu_q, cu_k, used) = (self.alloc_u32(batch + 1)?, self.alloc_u32(batch + 1)?, self.alloc_u32(batch)?);
+        let offsets = || -> Result<_> { Ok((self.alloc_u32(batch + 1)?, self.alloc_u32(batch + 1)?, self.alloc_u32(batch)?)) };
+        let (cu_q, cu_k, used) = offsets()?;
         let opts = FwdOptions { save_residual: false, ..*opts };
         let qp = packed(q.clone(), seqlen_q, seqlen_q);
         // Every check of the forward, before the append changes the cache (the offsets are
@@ -146,7 +147,7 @@ impl FlashAttn {
         // The check's record is dropped: the offsets come back (else fresh ones).
         let (mut cu_q, mut cu_k, mut used) = match seqs.into_tensors() {
             Some(t) => t,
-            None => (self.alloc_u32(batch + 1)?, self.alloc_u32(batch + 1)?, self.alloc_u32(batch)?),
+            None => offsets()?,
         };
         self.append(&q, &mut k_cache, &mut v_cache, &lens, new_kv.as_ref(), [&mut cu_q, &mut cu_k, &mut used], &dims)?;
         let seqs = SeqLens::from_device(cu_q, cu_k, Some(used), batch, seq_dims);

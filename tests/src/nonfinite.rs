@@ -212,7 +212,7 @@ fn backward_typed<T: Dtype>(
     let exact0 = attention_backward_f64(&w(&q0), &w(&k0), &w(&v0), &w(&do0), &s, &case.attention());
     let floor = flashattn::reference::backward_recompute_bound(&w(&q0), &w(&k0), &w(&v0), &w(&do0), &s, &case.attention());
     let nan_only = plants.iter().all(|p| p.value.is_nan());
-    let unresolved = unresolved_keys::<T>(&exact_lse(&q, &k, &v, &s, case), &s);
+    let unresolved = unresolved_keys::<T>(&attention_f64(&w(&q), &w(&k), &w(&v), &s, &case.attention()).lse, &s);
     for (name, g, ex, (nv, ex0, fl), kv) in [
         ("dQ", &got[0], &exact.dq, (&naive.dq, &exact0.dq, &floor.dq), false),
         ("dK", &got[1], &exact.dk, (&naive.dk, &exact0.dk, &floor.dk), true),
@@ -276,12 +276,6 @@ fn backward_typed<T: Dtype>(
     Ok(())
 }
 
-/// The exact LSE ([batch, heads_q, seqlen_q]) of the planted inputs.
-fn exact_lse<T: Dtype>(q: &[T], k: &[T], v: &[T], s: &AttnShape, case: &Case) -> Vec<f64> {
-    let w = |x: &[T]| x.iter().map(|e| e.to_f64()).collect::<Vec<_>>();
-    attention_f64(&w(q), &w(k), &w(v), s, &case.attention()).lse
-}
-
 /// Which (batch, key, KV head) a row sees whose P the backward cannot resolve: it recomputes
 /// P_ij = exp(S_ij - LSE_i) from the forward's f32 LSE, which moves P by a factor e^(u |LSE_i|)
 /// (`backward_recompute_bound`). The bar's floor comes from the unplanted inputs; a planted
@@ -289,6 +283,7 @@ fn exact_lse<T: Dtype>(q: &[T], k: &[T], v: &[T], s: &AttnShape, case: &Case) ->
 /// scores +-cap (LSE ~ 1e8 at the largest cap: P off by e^12, as in FA2 and FA3, whose
 /// backward also keeps the LSE alone). The dV of keys such a row sees (u |LSE| > 2^-10, or
 /// T's unit roundoff where larger; any key of its batch entry and KV head) is left out.
+/// `lse`: the exact LSE of the planted inputs, [batch, heads_q, seqlen_q].
 fn unresolved_keys<T: Dtype>(lse: &[f64], s: &AttnShape) -> Vec<bool> {
     let limit = T::UNIT_ROUNDOFF.max(2f64.powi(-10)) / f32::UNIT_ROUNDOFF;
     let group = s.heads_q / s.heads_kv;
