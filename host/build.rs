@@ -3,6 +3,8 @@
 //! sources are those of the `flashattn-kernels` dependency, wherever cargo has them (this
 //! workspace, a git checkout, a registry), staged into OUT_DIR as a crate of their own.
 //! A compile error in a kernel fails this build with the kernel compiler's own messages.
+//! The two modules build side by side, and their PTX is kept in the outer target directory
+//! for the crate's other builds there (see [`PtxCache`]).
 //! No CUDA toolkit is involved: rustc's NVPTX backend writes the PTX.
 //!
 //! The workspace builds on stable Rust; only the kernels' nvptx build needs nightly
@@ -38,13 +40,118 @@ fn main() {
     let kernels = kernel_sources();
     println!("cargo::rerun-if-changed={}", kernels.join("src").display());
     println!("cargo::rerun-if-changed={}", kernels.join("Cargo.toml").display());
-    let crate_dir = stage_kernel_crate(&kernels, &out.join("kernels"));
     let toolchain = env::var("FLASHATTN_KERNEL_TOOLCHAIN").unwrap_or_else(|_| KERNEL_TOOLCHAIN.into());
+    let cache = PtxCache::new(&out, &kernels, &toolchain);
+    let missing: Vec<_> = PTX_TARGETS.iter().filter(|(stem, ..)| !cache.restore(stem, &out.join(format!("{stem}.ptx")))).collect();
+    if missing.is_empty() {
+        return;
+    }
+    let crate_dir = stage_kernel_crate(&kernels, &out.join("kernels"));
     let rustup = rustup();
     ensure_toolchain(&rustup, &toolchain);
-    for (stem, cpu, features) in PTX_TARGETS {
-        let ptx = build_ptx(&rustup, &toolchain, &crate_dir, &out.join(format!("ptx-{cpu}")), cpu, features);
-        fs::write(out.join(format!("{stem}.ptx")), ptx).expect("write PTX to OUT_DIR");
+    // One nested build per module, side by side (each is one codegen unit: one core).
+    std::thread::scope(|s| {
+        for &&(stem, cpu, features) in &missing {
+            let (rustup, toolchain, crate_dir, out, cache) = (&rustup, &toolchain, &crate_dir, &out, &cache);
+            s.spawn(move || {
+                let ptx = build_ptx(rustup, toolchain, crate_dir, &out.join(format!("ptx-{cpu}")), cpu, features);
+                fs::write(out.join(format!("{stem}.ptx")), &ptx).expect("write PTX to OUT_DIR");
+                cache.store(stem, &ptx);
+            });
+        }
+    });
+}
+
+/// PTX already built from the same kernel sources with the same toolchain, kept in the outer
+/// target directory (`<target>/flashattn-ptx/`), so that the other builds of this crate
+/// there (another profile, other features, clippy) copy it instead of compiling the kernels
+/// again (minutes per module). An entry's name holds a hash of everything the PTX depends on:
+/// the sources, the toolchain's name and this script (targets, flags, settings). A toolchain
+/// named by channel alone (`FLASHATTN_KERNEL_TOOLCHAIN=nightly`) that rustup updates keeps
+/// its old entries: `cargo clean` drops them.
+struct PtxCache {
+    dir: Option<PathBuf>,
+    key: u64,
+}
+
+impl PtxCache {
+    fn new(out: &Path, kernels: &Path, toolchain: &str) -> Self {
+        // OUT_DIR is <target>[/<triple>]/<profile>/build/<package>-<hash>/out.
+        let dir = out
+            .ancestors()
+            .nth(2)
+            .filter(|b| b.file_name().is_some_and(|n| n == "build"))
+            .and_then(|b| b.ancestors().nth(2))
+            .map(|t| t.join("flashattn-ptx"));
+        let mut key = Fnv::default();
+        key.add(toolchain.as_bytes());
+        // This script's own text: the targets, flags and settings of the nested build.
+        key.add(include_bytes!("build.rs"));
+        let mut files = Vec::new();
+        collect_rs(&kernels.join("src"), &mut files);
+        files.sort();
+        for f in files {
+            key.add(f.strip_prefix(kernels).unwrap_or(&f).to_string_lossy().as_bytes());
+            key.add(&fs::read(&f).unwrap_or_else(|e| fail(&format!("reading {}: {e}", f.display()))));
+        }
+        PtxCache { dir, key: key.0 }
+    }
+
+    fn entry(&self, stem: &str) -> Option<PathBuf> {
+        self.dir.as_ref().map(|d| d.join(format!("{stem}-{:016x}.ptx", self.key)))
+    }
+
+    /// Copies the cached module to `to`; false when there is none.
+    fn restore(&self, stem: &str, to: &Path) -> bool {
+        self.entry(stem).and_then(|e| fs::read(e).ok()).filter(|ptx| !ptx.is_empty()).is_some_and(|ptx| fs::write(to, ptx).is_ok())
+    }
+
+    /// Keeps `ptx` as the module's only entry (written whole, then renamed: a concurrent
+    /// reader sees the old file or the new one). A cache that cannot be written is no error.
+    fn store(&self, stem: &str, ptx: &str) {
+        let (Some(dir), Some(entry)) = (&self.dir, self.entry(stem)) else { return };
+        if fs::create_dir_all(dir).is_err() {
+            return;
+        }
+        for old in fs::read_dir(dir).into_iter().flatten().filter_map(|e| e.ok()) {
+            if old.file_name().to_string_lossy().starts_with(&format!("{stem}-")) {
+                let _ = fs::remove_file(old.path());
+            }
+        }
+        let tmp = dir.join(format!(".{stem}-{}.tmp", std::process::id()));
+        if fs::write(&tmp, ptx).is_ok() {
+            let _ = fs::rename(&tmp, &entry);
+        }
+    }
+}
+
+/// FNV-1a, 64 bits: a hash that is the same in every build (std's hasher makes no such
+/// promise). Each part is followed by its length, so that parts cannot run together.
+#[derive(Clone, Copy)]
+struct Fnv(u64);
+
+impl Default for Fnv {
+    fn default() -> Self {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl Fnv {
+    fn add(&mut self, bytes: &[u8]) {
+        for &b in bytes.iter().chain(&(bytes.len() as u64).to_le_bytes()) {
+            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+}
+
+fn collect_rs(dir: &Path, files: &mut Vec<PathBuf>) {
+    for entry in fs::read_dir(dir).unwrap_or_else(|e| fail(&format!("reading {}: {e}", dir.display()))).filter_map(|e| e.ok()) {
+        let p = entry.path();
+        if p.is_dir() {
+            collect_rs(&p, files);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            files.push(p);
+        }
     }
 }
 
@@ -171,19 +278,29 @@ fn ensure_toolchain(rustup: &Path, toolchain: &str) {
     println!("cargo:warning=installed the kernels' toolchain {toolchain} with rust-src (a one-time step of the first build)");
 }
 
-fn build_ptx(rustup: &Path, toolchain: &str, crate_dir: &Path, target_dir: &Path, cpu: &str, features: &str) -> String {
-    let mut rustflags = vec![format!("-Ctarget-cpu={cpu}"), "-Zunstable-options".into(), "-Cpanic=immediate-abort".into()];
+/// The nested build's rustc flags for one module.
+fn rustflags(cpu: &str, features: &str) -> Vec<String> {
+    let mut flags = vec![format!("-Ctarget-cpu={cpu}"), "-Zunstable-options".into(), "-Cpanic=immediate-abort".into()];
     if !features.is_empty() {
-        rustflags.push(format!("-Ctarget-feature={features}"));
+        flags.push(format!("-Ctarget-feature={features}"));
     }
+    flags
+}
+
+/// The nested build's arguments after `--`. PTX is the assembly output; a full unroll keeps
+/// register arrays in registers.
+const NESTED_ARGS: &[&str] = &["--emit=asm", "-Cllvm-args=-unroll-threshold=4000"];
+
+fn build_ptx(rustup: &Path, toolchain: &str, crate_dir: &Path, target_dir: &Path, cpu: &str, features: &str) -> String {
+    let rustflags = rustflags(cpu, features);
     let mut cmd = rustup_cmd(rustup);
     cmd.args(["run", toolchain, "cargo", "rustc", "--lib", "--release", "--target", "nvptx64-nvidia-cuda", "-Zbuild-std=core"])
         .arg("--manifest-path")
         .arg(crate_dir.join("Cargo.toml"))
         .arg("--target-dir")
         .arg(target_dir)
-        // PTX is the assembly output; a full unroll keeps register arrays in registers.
-        .args(["--", "--emit=asm", "-Cllvm-args=-unroll-threshold=4000"])
+        .arg("--")
+        .args(NESTED_ARGS)
         .env("CARGO_ENCODED_RUSTFLAGS", rustflags.join("\x1f"))
         // One codegen unit: one .s file holding every kernel.
         .env("CARGO_PROFILE_RELEASE_CODEGEN_UNITS", "1")
