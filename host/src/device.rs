@@ -31,6 +31,9 @@ pub(crate) struct CudaBackend {
     functions: Mutex<HashMap<&'static str, Arc<LoadedFn>>>,
     /// Largest dynamic shared memory a block may opt into.
     pub(crate) max_smem_optin: usize,
+    /// Multiprocessors, and the shared memory each holds (split-KV's automatic count).
+    pub(crate) sms: usize,
+    pub(crate) smem_per_sm: usize,
 }
 
 /// One kernel as loaded: the function (or why it could not be loaded) and its shared-memory
@@ -131,8 +134,23 @@ impl FlashAttn {
             "reading the device's shared-memory limit",
             ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN),
         )? as usize;
+        let sms =
+            cuda("reading the multiprocessor count", ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT))? as usize;
+        let smem_per_sm = cuda(
+            "reading the shared memory per multiprocessor",
+            ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR),
+        )? as usize;
         Ok(FlashAttn {
-            backend: Backend::Cuda(CudaBackend { ctx, stream, modules, maxnreg, functions: Mutex::new(HashMap::new()), max_smem_optin }),
+            backend: Backend::Cuda(CudaBackend {
+                ctx,
+                stream,
+                modules,
+                maxnreg,
+                functions: Mutex::new(HashMap::new()),
+                max_smem_optin,
+                sms,
+                smem_per_sm,
+            }),
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             allocations: AtomicU64::new(0),
         })
@@ -158,6 +176,15 @@ impl FlashAttn {
         match &self.backend {
             Backend::Cuda(c) => c.modules.iter().map(|(a, _)| *a).collect(),
             Backend::Emulator => vec![Arch::Sm80, Arch::Sm90a],
+        }
+    }
+
+    /// The device's multiprocessors and the shared memory (bytes) each holds; the emulator
+    /// answers as an H100 SXM would (132, 228 KiB), so that it chooses as one does.
+    pub fn multiprocessors(&self) -> (usize, usize) {
+        match &self.backend {
+            Backend::Cuda(c) => (c.sms, c.smem_per_sm),
+            Backend::Emulator => (132, 228 << 10),
         }
     }
 

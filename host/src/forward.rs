@@ -492,8 +492,8 @@ impl FlashAttn {
 
     /// The forward on views (the caller's memory, strided layouts), writing O, LSE and O's
     /// residual into `out`; returns the record the backward ([`FlashAttn::backward_into_views`])
-    /// takes with the same views. Allocates nothing but split-KV's parts
-    /// ([`FwdOptions::splits`]).
+    /// takes with the same views. Allocates nothing but split-KV's parts when a count is asked
+    /// for ([`FwdOptions::splits`]; `None` is no split here).
     pub fn forward_into_views<T: Dtype>(
         &self,
         q: &impl AsView<T>,
@@ -503,7 +503,9 @@ impl FlashAttn {
         opts: &FwdOptions,
         out: &mut FwdBuffers<'_, T>,
     ) -> Result<Forward> {
-        self.forward_views(q, k, v, None, attention, opts, out, &mut Run::Launch)
+        // Nothing allocated: no automatic split (its parts are allocated).
+        let opts = FwdOptions { splits: Some(opts.splits.unwrap_or(1)), ..*opts };
+        self.forward_views(q, k, v, None, attention, &opts, out, &mut Run::Launch)
     }
 
     /// The forward: every check, then the launch (`run` becomes [`Run::Launched`] when the
@@ -527,8 +529,16 @@ impl FlashAttn {
         if residual && out.o_lo.is_none() {
             return Err(Error::MissingOutput { tensor: "o_lo", why: "save_residual is set and the selected forward kernel writes it" });
         }
-        let splits = split_count(opts, variant, residual, shape.heads_q)?;
         let (qs, kvs, ls) = shape.shapes(seqs);
+        let l = variant.launch(shape.head_dim as u32).ok_or_else(|| Error::NoVariant {
+            family: variant.family.name().into(),
+            dtype: T::DTYPE.name(),
+            head_dim: shape.head_dim,
+        })?;
+        let blocks = (shape.seqlen_q as u64).div_ceil(l.rows as u64) * (shape.heads_q * shape.batch) as u64;
+        let slots = crate::split::slots(self.multiprocessors(), l.smem_bytes as usize);
+        let dims = (shape.heads_q, shape.seqlen_k, shape.head_dim);
+        let splits = crate::split::split_count(opts, variant, residual, dims, (blocks, slots))?;
         // Split-KV: the parts' f32 O and LSE, [splits] x O's and LSE's shapes, for a launch.
         let mut parts = match splits > 1 && *run != Run::CheckOnly {
             true => Some((
@@ -594,11 +604,6 @@ impl FlashAttn {
             _ => None,
         };
 
-        let l = variant.launch(shape.head_dim as u32).ok_or_else(|| Error::NoVariant {
-            family: variant.family.name().into(),
-            dtype: T::DTYPE.name(),
-            head_dim: shape.head_dim,
-        })?;
         let mut params = FwdParams {
             q: bq.addr(),
             k: bk.addr(),
@@ -692,25 +697,6 @@ impl FlashAttn {
         }
         Ok(record)
     }
-}
-
-/// The parts a forward splits each block's keys into (`FwdOptions::splits`; 1: no split),
-/// checked before any launch.
-fn split_count(opts: &FwdOptions, variant: &FwdVariant, residual: bool, heads_q: usize) -> Result<u32> {
-    let splits = opts.splits.unwrap_or(1);
-    let why = match splits {
-        0 => "the count must be at least 1 (1 or None: no split)".to_string(),
-        1 => return Ok(1),
-        _ if !variant.family.desc().splits => {
-            format!("the forward family {} does not split the keys (the Hopper families do)", variant.family.name())
-        }
-        _ if residual => "save_residual is set: only an unsplit forward writes O's residual".to_string(),
-        s if heads_q * s as usize > MAX_GRID_YZ => {
-            format!("heads_q ({heads_q}) x splits is {}, over the launch grid's limit {MAX_GRID_YZ}", heads_q * s as usize)
-        }
-        _ => return Ok(splits),
-    };
-    Err(Error::Splits { splits, why })
 }
 
 /// The kernels' layouts (strides, elements from one part to the next) of split-KV's

@@ -197,12 +197,12 @@ pub fn check_case_opts(fa: &FlashAttn, case: &Case, opts: &FwdOptions) -> Result
     })
 }
 
-/// Split-KV parts for a case (`FwdOptions::splits`), drawn from its seed where the forward
-/// `fa` selects for it splits the keys (`family`, or the automatic choice): none in half the
-/// draws, else 2 to 6.
+/// Split-KV parts for a case (`FwdOptions::splits`), drawn from its seed: the automatic
+/// choice in half the draws, else where the forward `fa` selects for it splits the keys
+/// (`family`, or the automatic choice) no split (1) or 2 to 6 parts.
 pub fn splits_for(fa: &FlashAttn, seed: u64, dtype: Dt, head_dim: usize, family: Option<&'static str>) -> Option<u32> {
-    let x = Rng::new(seed ^ 0x5b11_75b1_175b_1175).next_u64() % 10;
-    (x >= 5 && family_splits(fa, dtype, head_dim, family)).then_some(2 + (x - 5) as u32)
+    let x = Rng::new(seed ^ 0x5b11_75b1_175b_1175).next_u64() % 12;
+    (x >= 6 && family_splits(fa, dtype, head_dim, family)).then_some(1 + (x - 6) as u32)
 }
 
 /// Whether the forward `fa` selects for `dtype` and `head_dim` (`family`, or the automatic

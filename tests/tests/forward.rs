@@ -102,7 +102,8 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
     }
     // Split-KV (`FwdOptions::splits`), by every family that splits: few query rows (decoding,
     // 1 to 16) against keys over several key tiles, in 1 to 8 parts (more parts than tiles
-    // too: empty parts), over the whole option space (FLASHATTN_GPU_SPLIT_CASES / _EMU_).
+    // too: empty parts) or the automatic count, over the whole option space
+    // (FLASHATTN_GPU_SPLIT_CASES / _EMU_).
     let (total, size) = match kind {
         BackendKind::Gpu => (env_usize("FLASHATTN_GPU_SPLIT_CASES", 600), 50),
         BackendKind::Emulator => (env_usize("FLASHATTN_EMU_SPLIT_CASES", 12), 6),
@@ -120,7 +121,7 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
                         BackendKind::Emulator => (400, 16, 150_000),
                     };
                     let heads = if kind == BackendKind::Gpu { 4 } else { 2 };
-                    let strategy = (case_strategy(max_k, d_units, heads, heads, 2, usize::MAX), 1..=16usize, 1..=max_k, 1..=8u32);
+                    let strategy = (case_strategy(max_k, d_units, heads, heads, 2, usize::MAX), 1..=16usize, 1..=max_k, 0..=8u32);
                     let mut runner = TestRunner::new(Config { cases: cases as u32, failure_persistence: None, ..Config::default() });
                     runner
                         .run(&strategy, |(c, rows, keys, splits)| {
@@ -142,7 +143,8 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
                                 shape.seqlen_k = shape.seqlen_k.div_ceil(2);
                             }
                             let case = Case { shape, dtype, ..c };
-                            let opts = FwdOptions { kernel: Some(name), splits: Some(splits), ..Default::default() };
+                            // 0: the automatic choice.
+                            let opts = FwdOptions { kernel: Some(name), splits: (splits > 0).then_some(splits), ..Default::default() };
                             check_case_opts(fa, &case, &opts).map(|_| ()).map_err(TestCaseError::fail)
                         })
                         .map_err(|e| Failed::from(format!("{e}")))
