@@ -303,6 +303,22 @@ impl FlashAttn {
         }
     }
 
+    /// Sets `n` f32 at device (or emulator host) address `addr` to `value`, queued on the
+    /// stream.
+    pub(crate) fn memset_f32(&self, addr: u64, value: f32, n: usize) -> Result<()> {
+        match &self.backend {
+            // SAFETY: the caller checked that the range is inside memory the call may write.
+            Backend::Cuda(c) => cuda("filling split-KV's LSE parts", unsafe {
+                cudarc::driver::sys::cuMemsetD32Async(addr, value.to_bits(), n, c.stream.cu_stream()).result()
+            }),
+            Backend::Emulator => {
+                // SAFETY: as above; host memory on the emulator, f32-aligned.
+                unsafe { std::slice::from_raw_parts_mut(addr as *mut f32, n).fill(value) };
+                Ok(())
+            }
+        }
+    }
+
     /// Zeroes `height` rows of `width` bytes, `pitch` bytes apart, from device (or emulator
     /// host) address `addr`, queued on the stream.
     pub(crate) fn memset_zero_2d(&self, addr: u64, pitch: usize, width: usize, height: usize) -> Result<()> {

@@ -540,6 +540,10 @@ impl FlashAttn {
         let dims = (shape.heads_q, shape.seqlen_k, shape.head_dim);
         let splits = crate::split::split_count(opts, variant, residual, dims, (blocks, slots))?;
         // Split-KV: the parts' f32 O and LSE, [splits] x O's and LSE's shapes, for a launch.
+        // A variable-length batch's packed rows that no sequence holds (offsets only the
+        // device knows may leave gaps) are written by no block: their parts' LSE is set to
+        // -inf first (below), so the merge gives them O = 0, LSE = -inf, not what the memory
+        // held.
         let mut parts = match splits > 1 && *run != Run::CheckOnly {
             true => Some((
                 self.alloc::<f32>(&[&[splits as usize], &qs[..]].concat())?,
@@ -665,6 +669,9 @@ impl FlashAttn {
             return Ok(record);
         }
         *run = Run::Launched;
+        if let (Some((_, blp)), Some(_)) = (&bparts, seqs) {
+            self.memset_f32(blp.addr(), f32::NEG_INFINITY, params.lse_split as usize * splits as usize)?;
+        }
         // SAFETY: every view was checked above against the memory it is in; the kernel reads
         // q, k, v and writes o, lse (and o_lo) within their shapes.
         unsafe { self.launch("launching the forward kernel", &[launch], params, &regions) }?;
