@@ -118,7 +118,8 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
                 Box::new(move |fa| {
                     let (max_k, d_units, budget) = match kind {
                         BackendKind::Gpu => (1500, 32, 4_000_000),
-                        BackendKind::Emulator => (400, 16, 150_000),
+                        // Keys over several tiles at every head_dim (128-key tiles to 64).
+                        BackendKind::Emulator => (1200, 16, 1_500_000),
                     };
                     let heads = if kind == BackendKind::Gpu { 4 } else { 2 };
                     let strategy = (case_strategy(max_k, d_units, heads, heads, 2, usize::MAX), 1..=16usize, 1..=max_k, 0..=8u32);
