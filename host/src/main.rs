@@ -354,6 +354,7 @@ fn plan<T: Dtype>(fa: &FlashAttn, s: &AttnShape, attn: &Attention, a: &Args) -> 
     let fwd_opts = FwdOptions { kernel: fwd_kernel, save_residual: a.backward && a.residual, splits: a.splits };
     let fwd = flashattn::select_variant(T::DTYPE, s.head_dim, &fwd_opts, &archs)?;
     runs(fwd.name, fwd.arch())?;
+    flashattn::check_splits(&fwd_opts, fwd, s.heads_q)?;
     let saved = fwd_opts.save_residual && fwd.family.desc().writes_residual;
     let bwd_opts = BwdOptions { kernel: bwd_kernel, deterministic: a.deterministic };
     let bwd = match a.backward {

@@ -43,6 +43,14 @@ pub(crate) fn split_count(
     Err(Error::Splits { splits, why })
 }
 
+/// Whether the part count asked for ([`FwdOptions::splits`]) can run on `variant` with
+/// `heads_q` query heads: [`Error::Splits`] where it cannot, as the forward would refuse it
+/// (before any allocation: for a caller that reports its plan first, as the CLI).
+pub fn check_splits(opts: &FwdOptions, variant: &FwdVariant, heads_q: usize) -> Result<()> {
+    let residual = opts.save_residual && variant.family.desc().writes_residual;
+    split_count(opts, variant, residual, (heads_q, 0, 0), (0, 1)).map(|_| ())
+}
+
 /// Keys per key tile of the variant's kernel at `head_dim` (the families that split).
 fn key_tile(variant: &FwdVariant, head_dim: usize) -> Option<u32> {
     match variant.family.desc().tiles {
