@@ -6,7 +6,7 @@ Usage (GPU machine, PyTorch with CUDA):
 
     python3 benches/decode_bench.py --ours PATH/flashattn --commit SHA --date YYYY-MM-DD \
         [--dtypes bf16,f16] [--head-dims 128,64] [--rows 1] [--iters 20] [--out FILE.json] \
-        [--shapes 8x32x8x131072,64x32x8x8192,8x32x32x32768]
+        [--shapes 8x32x8x131072,64x32x8x8192,8x32x32x32768] [--splits auto,1,4]
 
 A shape is BATCH x QUERY_HEADS x KV_HEADS x KEYS (the issue's three by default); each
 sequence holds KEYS keys after appending ROWS new ones, and ROWS query rows attend to them
@@ -17,6 +17,9 @@ Ours times `forward_kvcache` (the append of ROWS keys and values, then the atten
 times `scaled_dot_product_attention` alone (no append) on Q [b, hq, rows, d] and K, V [b, hkv,
 keys, d] with `enable_gqa=True`, 3 warm-up calls then CUDA events around `iters` calls; a
 backend that cannot run a shape is reported "n/a" with the reason.
+
+--splits: ours once per split-KV count (`--splits N`; `auto`: the automatic choice, the
+default), each a column of its own.
 """
 
 import argparse
@@ -36,16 +39,22 @@ def parse_shape(text):
     return {"batch": b, "heads": hq, "heads_kv": hkv, "keys": keys}
 
 
-def ours(args, dtype, d, s):
+def ours(args, dtype, d, s, splits):
     cmd = [args.ours, "bench", "--decode", "--dtype", dtype, "--head-dims", str(d), "--batch", str(s["batch"]),
            "--heads", str(s["heads"]), "--heads-kv", str(s["heads_kv"]), "--seqlens", str(s["keys"]),
            "--seqlen", str(args.rows), "--iters", str(args.iters), "--json"]
+    if splits != "auto":
+        cmd += ["--splits", splits]
     log("  $ " + " ".join(cmd))
     proc = subprocess.run(cmd, check=False, capture_output=True, text=True)
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not rows:
         return {"error": f"exit {proc.returncode}: {proc.stderr.strip()[-300:]}"}
     return {"us": rows[0]["us"], "tbs": rows[0]["tbs"]}
+
+
+def ours_key(splits):
+    return "ours" if splits == "auto" else f"ours_s{splits}"
 
 
 def sdpa(args, dtype, d, s, backend_name):
@@ -81,6 +90,7 @@ def main():
     p.add_argument("--shapes", default="8x32x8x131072,64x32x8x8192,8x32x32x32768",
                    type=lambda x: [parse_shape(v) for v in x.split(",")])
     p.add_argument("--rows", default=1, type=int)
+    p.add_argument("--splits", default="auto", type=lambda x: x.split(","))
     p.add_argument("--iters", default=20, type=int)
     p.add_argument("--no-torch", action="store_true")
     p.add_argument("--out", default=None)
@@ -89,22 +99,27 @@ def main():
     for dtype in args.dtypes.split(","):
         for d in args.head_dims:
             for s in args.shapes:
-                row = {"dtype": dtype, "head_dim": d, "rows": args.rows, **s, "ours": ours(args, dtype, d, s)}
+                row = {"dtype": dtype, "head_dim": d, "rows": args.rows, **s}
+                for sp in args.splits:
+                    row[ours_key(sp)] = ours(args, dtype, d, s, sp)
                 if not args.no_torch:
                     for side in ("flash", "cudnn"):
                         row[side] = sdpa(args, dtype, d, s, side)
                 results.append(row)
+                keys = [ours_key(sp) for sp in args.splits] + ["flash", "cudnn"]
                 log(f"  {dtype} d{d} {s}: " + ", ".join(f"{k} {row[k].get('tbs', row[k].get('error'))}"
-                                                      for k in ("ours", "flash", "cudnn") if k in row))
-    print(f"commit {args.commit}, {args.date}, {args.rows} query row(s) per sequence")
-    print("| dtype | d | batch | hq | hkv | keys | ours us | ours TB/s | flash TB/s | cuDNN TB/s | ours / cuDNN |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    cell = lambda r, k: f"{r[k]:.2f}" if k in r else "n/a"
+                                                      for k in keys if k in row))
+    print(f"commit {args.commit}, {args.date}, {args.rows} query row(s) per sequence; TB/s, ours per split-KV count")
+    ours_cols = [ours_key(sp) for sp in args.splits]
+    print("| dtype | d | batch | hq | hkv | keys | " + " | ".join(ours_cols) + " | flash | cuDNN | best ours / cuDNN |")
+    print("|---|---|---|---|---|---|" + "---|" * (len(ours_cols) + 3))
+    cell = lambda r: f"{r['tbs']:.2f}" if "tbs" in r else "n/a"
     for r in results:
-        o, f, c = r["ours"], r.get("flash", {}), r.get("cudnn", {})
-        ratio = f"{o['tbs'] / c['tbs']:.2f}" if "tbs" in o and "tbs" in c else "n/a"
+        f, c = r.get("flash", {}), r.get("cudnn", {})
+        best = max((r[k]["tbs"] for k in ours_cols if "tbs" in r[k]), default=None)
+        ratio = f"{best / c['tbs']:.2f}" if best and "tbs" in c else "n/a"
         print(f"| {r['dtype']} | {r['head_dim']} | {r['batch']} | {r['heads']} | {r['heads_kv']} | {r['keys']} | "
-              f"{cell(o, 'us')} | {cell(o, 'tbs')} | {cell(f, 'tbs')} | {cell(c, 'tbs')} | {ratio} |")
+              + " | ".join(cell(r[k]) for k in ours_cols) + f" | {cell(f)} | {cell(c)} | {ratio} |")
     if args.out:
         with open(args.out, "w") as fh:
             json.dump({"commit": args.commit, "date": args.date, "rows": results}, fh, indent=1)

@@ -31,6 +31,9 @@ pub(crate) struct CudaBackend {
     functions: Mutex<HashMap<&'static str, Arc<LoadedFn>>>,
     /// Largest dynamic shared memory a block may opt into.
     pub(crate) max_smem_optin: usize,
+    /// Multiprocessors, and the shared memory each holds (split-KV's automatic count).
+    pub(crate) sms: usize,
+    pub(crate) smem_per_sm: usize,
 }
 
 /// One kernel as loaded: the function (or why it could not be loaded) and its shared-memory
@@ -131,8 +134,23 @@ impl FlashAttn {
             "reading the device's shared-memory limit",
             ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN),
         )? as usize;
+        let sms =
+            cuda("reading the multiprocessor count", ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT))? as usize;
+        let smem_per_sm = cuda(
+            "reading the shared memory per multiprocessor",
+            ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR),
+        )? as usize;
         Ok(FlashAttn {
-            backend: Backend::Cuda(CudaBackend { ctx, stream, modules, maxnreg, functions: Mutex::new(HashMap::new()), max_smem_optin }),
+            backend: Backend::Cuda(CudaBackend {
+                ctx,
+                stream,
+                modules,
+                maxnreg,
+                functions: Mutex::new(HashMap::new()),
+                max_smem_optin,
+                sms,
+                smem_per_sm,
+            }),
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             allocations: AtomicU64::new(0),
         })
@@ -158,6 +176,15 @@ impl FlashAttn {
         match &self.backend {
             Backend::Cuda(c) => c.modules.iter().map(|(a, _)| *a).collect(),
             Backend::Emulator => vec![Arch::Sm80, Arch::Sm90a],
+        }
+    }
+
+    /// The device's multiprocessors and the shared memory (bytes) each holds; the emulator
+    /// answers as an H100 SXM would (132, 228 KiB), so that it chooses as one does.
+    pub fn multiprocessors(&self) -> (usize, usize) {
+        match &self.backend {
+            Backend::Cuda(c) => (c.sms, c.smem_per_sm),
+            Backend::Emulator => (132, 228 << 10),
         }
     }
 
@@ -271,6 +298,22 @@ impl FlashAttn {
             Backend::Emulator => {
                 // SAFETY: as above; host memory on the emulator.
                 unsafe { std::ptr::write_bytes(addr as *mut u8, 0, bytes) };
+                Ok(())
+            }
+        }
+    }
+
+    /// Sets `n` f32 at device (or emulator host) address `addr` to `value`, queued on the
+    /// stream.
+    pub(crate) fn memset_f32(&self, addr: u64, value: f32, n: usize) -> Result<()> {
+        match &self.backend {
+            // SAFETY: the caller checked that the range is inside memory the call may write.
+            Backend::Cuda(c) => cuda("filling split-KV's LSE parts", unsafe {
+                cudarc::driver::sys::cuMemsetD32Async(addr, value.to_bits(), n, c.stream.cu_stream()).result()
+            }),
+            Backend::Emulator => {
+                // SAFETY: as above; host memory on the emulator, f32-aligned.
+                unsafe { std::slice::from_raw_parts_mut(addr as *mut f32, n).fill(value) };
                 Ok(())
             }
         }

@@ -262,6 +262,13 @@ pub enum Error {
         /// The value given.
         value: String,
     },
+    /// A split-KV forward (`FwdOptions::splits`) that cannot run as asked.
+    Splits {
+        /// The parts asked for.
+        splits: u32,
+        /// Why not.
+        why: String,
+    },
     /// A variable-length batch's offsets or lengths are inconsistent (`crate::SeqLens`).
     SeqLens {
         /// Which list (`cu_seqlens_q`, `cu_seqlens_k`, `seqused_k`).
@@ -373,6 +380,7 @@ impl std::fmt::Display for Error {
                 crate::alibi::MAX_ALIBI_BIAS
             ),
             Error::Unsupported { what, value } => write!(f, "{what} is not implemented yet (given {value})"),
+            Error::Splits { splits, why } => write!(f, "a split-KV forward in {splits} parts cannot run: {why}"),
             Error::SeqLens { what, index, value, why } => write!(f, "{what}[{index}] is {value}: {why}"),
             Error::SharedMemory { kernel, needed, available } => {
                 write!(f, "kernel {kernel} needs {needed} bytes of shared memory per block; the device allows {available}")

@@ -6,7 +6,7 @@ use crate::error::{Error, Result};
 use crate::options::{Attention, FwdOptions};
 use crate::varlen::SeqLens;
 use crate::view::{AsView, Binds, Bound, View, ViewId, ViewMut, check, overlap, row_align};
-use flashattn_kernels::params::{FwdParams, NO_WINDOW, Problem, Strides, Varlen};
+use flashattn_kernels::params::{FwdParams, MergeParams, NO_WINDOW, Problem, Strides, Varlen};
 use flashattn_kernels::registry::{Arch, Entry, FWD_FAMILIES, FwdFamily, FwdVariant, fwd_variant};
 
 /// The problem's dimensions, as validated from Q and K.
@@ -492,7 +492,8 @@ impl FlashAttn {
 
     /// The forward on views (the caller's memory, strided layouts), writing O, LSE and O's
     /// residual into `out`; returns the record the backward ([`FlashAttn::backward_into_views`])
-    /// takes with the same views. Allocates nothing.
+    /// takes with the same views. Allocates nothing but split-KV's parts when a count is asked
+    /// for ([`FwdOptions::splits`]; `None` is no split here).
     pub fn forward_into_views<T: Dtype>(
         &self,
         q: &impl AsView<T>,
@@ -502,7 +503,9 @@ impl FlashAttn {
         opts: &FwdOptions,
         out: &mut FwdBuffers<'_, T>,
     ) -> Result<Forward> {
-        self.forward_views(q, k, v, None, attention, opts, out, &mut Run::Launch)
+        // Nothing allocated: no automatic split (its parts are allocated).
+        let opts = FwdOptions { splits: Some(opts.splits.unwrap_or(1)), ..*opts };
+        self.forward_views(q, k, v, None, attention, &opts, out, &mut Run::Launch)
     }
 
     /// The forward: every check, then the launch (`run` becomes [`Run::Launched`] when the
@@ -527,6 +530,28 @@ impl FlashAttn {
             return Err(Error::MissingOutput { tensor: "o_lo", why: "save_residual is set and the selected forward kernel writes it" });
         }
         let (qs, kvs, ls) = shape.shapes(seqs);
+        let l = variant.launch(shape.head_dim as u32).ok_or_else(|| Error::NoVariant {
+            family: variant.family.name().into(),
+            dtype: T::DTYPE.name(),
+            head_dim: shape.head_dim,
+        })?;
+        let blocks = (shape.seqlen_q as u64).div_ceil(l.rows as u64) * (shape.heads_q * shape.batch) as u64;
+        let slots = crate::split::slots(self.multiprocessors(), l.smem_bytes as usize);
+        let dims = (shape.heads_q, shape.seqlen_k, shape.head_dim);
+        let splits = crate::split::split_count(opts, variant, residual, dims, (blocks, slots))?;
+        // Split-KV: the parts' f32 O and LSE, [splits] x O's and LSE's shapes, for a launch.
+        // A variable-length batch's packed rows that no sequence holds (offsets only the
+        // device knows may leave gaps) are written by no block: their parts' LSE is set to
+        // -inf first (below), so the merge gives them O = 0, LSE = -inf, not what the memory
+        // held.
+        let mut parts = match splits > 1 && *run != Run::CheckOnly {
+            true => Some((
+                self.alloc::<f32>(&[&[splits as usize], &qs[..]].concat())?,
+                self.alloc::<f32>(&[&[splits as usize], &ls[..]].concat())?,
+            )),
+            false => None,
+        };
+        let mut part_views = parts.as_mut().map(|(o, l)| (o.view_mut(), l.view_mut()));
         let align = row_align(shape.head_dim, std::mem::size_of::<T>());
         let offset_views = seqs.map(offset_views);
         let sink_view = attention.sinks.as_ref().map(|s| s.tensor().view());
@@ -535,7 +560,14 @@ impl FlashAttn {
         let o_lo = o_lo.as_mut().filter(|_| residual);
         // Each memory bound once for the call, mutably where an output writes it; the binds
         // (cudarc's stream-order records) are kept until the launch is queued.
-        let mut binds = Binds::new(&[("o", o.key()), ("lse", lse.key()), ("o_lo", o_lo.as_ref().and_then(|t| t.key()))]);
+        let part_keys = part_views.as_ref().map_or((None, None), |(o, l)| (o.key(), l.key()));
+        let mut binds = Binds::new(&[
+            ("o", o.key()),
+            ("lse", lse.key()),
+            ("o_lo", o_lo.as_ref().and_then(|t| t.key())),
+            ("o_parts", part_keys.0),
+            ("lse_parts", part_keys.1),
+        ]);
         let (bq, bk, bv) = (self.bind(&mut binds, "q", &q)?, self.bind(&mut binds, "k", &k)?, self.bind(&mut binds, "v", &v)?);
         for (b, expected) in [(&bq, &qs), (&bk, &kvs), (&bv, &kvs)] {
             check(b, expected, align, false)?;
@@ -556,6 +588,10 @@ impl FlashAttn {
             }
             None => None,
         };
+        let bparts = match part_views.as_mut() {
+            Some((o, l)) => Some((self.bind_mut(&mut binds, "o_parts", o)?, self.bind_mut(&mut binds, "lse_parts", l)?)),
+            None => None,
+        };
         let bsinks = match &sink_view {
             Some(v) => Some(self.bind_input(&mut binds, "sinks", v, &[shape.heads_q], 4)?),
             None => None,
@@ -572,12 +608,7 @@ impl FlashAttn {
             _ => None,
         };
 
-        let l = variant.launch(shape.head_dim as u32).ok_or_else(|| Error::NoVariant {
-            family: variant.family.name().into(),
-            dtype: T::DTYPE.name(),
-            head_dim: shape.head_dim,
-        })?;
-        let params = FwdParams {
+        let mut params = FwdParams {
             q: bq.addr(),
             k: bk.addr(),
             v: bv.addr(),
@@ -594,9 +625,19 @@ impl FlashAttn {
             lse_strides: blse.lse_strides(),
             varlen: offsets.as_ref().map_or(Varlen::default(), |o| o.params),
             pb: shape.problem(attention, seqs.is_some()),
+            ..FwdParams::default()
         };
+        if let Some((bop, blp)) = &bparts {
+            // Split-KV: the kernel writes the parts; the merge then O and LSE.
+            let (o_part, lse_part) = part_layouts(&qs, &ls);
+            (params.o, params.o_strides, params.o_split) = (bop.addr(), o_part.0, o_part.1);
+            (params.lse, params.lse_strides, params.lse_split) = (blp.addr(), lse_part.0, lse_part.1);
+            params.splits = splits;
+        }
+        let part_bounds: Vec<&Bound<'_>> = bparts.iter().flat_map(|(o, l)| [o, l]).collect();
         let regions: Vec<_> = [&bq, &bk, &bv, &bo, &blse]
             .into_iter()
+            .chain(part_bounds.iter().copied())
             .chain(bo_lo.as_ref())
             .chain(bsinks.as_ref())
             .chain(balibi.as_ref())
@@ -611,7 +652,7 @@ impl FlashAttn {
         let launch = Launch {
             name,
             arch: variant.arch(),
-            grid: ((shape.seqlen_q as u32).div_ceil(l.rows), shape.heads_q as u32, shape.batch as u32),
+            grid: ((shape.seqlen_q as u32).div_ceil(l.rows), shape.heads_q as u32 * params.splits.max(1), shape.batch as u32),
             threads: l.threads,
             smem: l.smem_bytes as usize,
             emulate,
@@ -628,11 +669,54 @@ impl FlashAttn {
             return Ok(record);
         }
         *run = Run::Launched;
+        if let (Some((_, blp)), Some(_)) = (&bparts, seqs) {
+            self.memset_f32(blp.addr(), f32::NEG_INFINITY, params.lse_split as usize * splits as usize)?;
+        }
         // SAFETY: every view was checked above against the memory it is in; the kernel reads
         // q, k, v and writes o, lse (and o_lo) within their shapes.
         unsafe { self.launch("launching the forward kernel", &[launch], params, &regions) }?;
+        if let Some((bop, blp)) = &bparts {
+            // The parts into O and LSE: rows of [batch, seqlen_q], or the packed total_q.
+            let (batch, seqlen) = match seqs {
+                Some(s) => (1, s.total_q() as u32),
+                None => (shape.batch as u32, shape.seqlen_q as u32),
+            };
+            let merge = MergeParams {
+                o_parts: bop.addr(),
+                lse_parts: blp.addr(),
+                o: bo.addr(),
+                lse: blse.addr(),
+                o_parts_split: params.o_split,
+                lse_parts_split: params.lse_split,
+                o_parts_strides: params.o_strides,
+                lse_parts_strides: params.lse_strides,
+                o_strides: bo.strides4(),
+                lse_strides: blse.lse_strides(),
+                splits,
+                batch,
+                seqlen,
+                heads: shape.heads_q as u32,
+                head_dim: shape.head_dim as u32,
+            };
+            let regions: Vec<_> = [bop, blp, &bo, &blse].iter().map(|b| b.region()).collect();
+            // SAFETY: the parts were allocated above with these layouts, O and LSE checked.
+            unsafe { self.queue_merge::<T>(merge, &regions) }?;
+        }
         Ok(record)
     }
+}
+
+/// The kernels' layouts (strides, elements from one part to the next) of split-KV's
+/// contiguous parts of O ([splits] x `qs`) and of LSE ([splits] x `ls`): `qs` is [batch,
+/// seqlen, heads, head_dim] or a variable-length batch's [total_q, heads, head_dim] (batch
+/// stride 0), `ls` [batch, heads, seqlen] or [heads, total_q].
+fn part_layouts(qs: &[usize], ls: &[usize]) -> ((Strides, u64), (Strides, u64)) {
+    let n = |s: &[usize]| s.iter().product::<usize>() as u64;
+    let (rows, heads, d) = (qs[qs.len() - 3] as u64, qs[qs.len() - 2] as u64, qs[qs.len() - 1] as u64);
+    let batch = |full: u64| if qs.len() == 4 { full } else { 0 };
+    let o = Strides { batch: batch(rows * heads * d), row: heads * d, head: d };
+    let lse = Strides { batch: batch(heads * rows), row: 1, head: rows };
+    ((o, n(qs)), (lse, n(ls)))
 }
 
 /// What [`FlashAttn::forward_views`] is to do, and what it did.

@@ -39,6 +39,7 @@ pub mod reference;
 #[doc(hidden)]
 pub mod rng;
 mod sinks;
+mod split;
 mod timing;
 mod varlen;
 mod view;
@@ -59,5 +60,6 @@ pub use forward::{
 pub use kvcache::KvCache;
 pub use options::{Attention, BwdOptions, FwdOptions, Window};
 pub use sinks::Sinks;
+pub use split::{MAX_AUTO_SPLITS, MIN_AUTO_PART_TILES, auto_splits, check_splits};
 pub use varlen::{SeqLenDims, SeqLens};
 pub use view::{AsView, View, ViewMut, contiguous_strides};

@@ -6,6 +6,7 @@ use crate::dtype::Dtype;
 use crate::error::{Error, Result};
 use crate::forward::{MAX_GRID_YZ, check_no_overlap};
 use crate::view::{AsView, Binds, Bound, ViewMut, check};
+use flashattn_kernels::dev::emu::GlobalRegion;
 use flashattn_kernels::merge::{MERGE_ROWS, MERGE_THREADS};
 use flashattn_kernels::params::{MergeParams, Strides};
 use flashattn_kernels::registry::{Arch, merge_variant};
@@ -77,7 +78,6 @@ impl FlashAttn {
         if head_dim > u32::MAX as usize {
             return Err(Error::TooLarge { what: "head_dim", value: head_dim, max: u32::MAX as usize });
         }
-        let variant = merge_variant(T::DTYPE).ok_or(Error::NoVariant { family: "merge".into(), dtype: T::DTYPE.name(), head_dim })?;
         let mut binds = Binds::new(&[("o", o.key()), ("lse", lse.key())]);
         let (bop, blp) = (self.bind(&mut binds, "o_parts", &op)?, self.bind(&mut binds, "lse_parts", &lp)?);
         check(&bop, &sh, 4, false)?;
@@ -111,17 +111,33 @@ impl FlashAttn {
             heads: heads as u32,
             head_dim: head_dim as u32,
         };
+        let regions: Vec<_> = [&bop, &blp, &bo, &bl].iter().map(|b| b.region()).collect();
+        // SAFETY: every view was checked above against the memory it is in.
+        unsafe { self.queue_merge::<T>(params, &regions) }
+    }
+
+    /// Queues the merge kernel on `params` (no launch for no rows).
+    ///
+    /// # Safety
+    /// Every part, O and LSE inside the memory of `regions` (bound for the call): the kernel
+    /// reads the parts and writes O and LSE within their shapes.
+    pub(crate) unsafe fn queue_merge<T: Dtype>(&self, params: MergeParams, regions: &[GlobalRegion]) -> Result<()> {
+        let variant = merge_variant(T::DTYPE).ok_or(Error::NoVariant {
+            family: "merge".into(),
+            dtype: T::DTYPE.name(),
+            head_dim: params.head_dim as usize,
+        })?;
+        if params.batch as u64 * params.seqlen as u64 * params.heads as u64 == 0 {
+            return Ok(());
+        }
         let launch = Launch {
             name: variant.name,
             arch: Arch::Sm80,
-            grid: ((seqlen as u32).div_ceil(MERGE_ROWS), heads as u32, batch as u32),
+            grid: (params.seqlen.div_ceil(MERGE_ROWS), params.heads, params.batch),
             threads: MERGE_THREADS,
             smem: 0,
             emulate: variant.emulate,
         };
-        let regions: Vec<_> = [&bop, &blp, &bo, &bl].iter().map(|b| b.region()).collect();
-        // SAFETY: every view was checked above against the memory it is in; the kernel reads
-        // the parts and writes O and LSE within their shapes.
-        unsafe { self.launch("launching the merge kernel", &[launch], params, &regions) }
+        unsafe { self.launch("launching the merge kernel", &[launch], params, regions) }
     }
 }

@@ -169,6 +169,19 @@ pub struct FwdOptions {
     /// softmax weight above 1/8, `bwd_wgmma`), where the default carries FA2's error. The same
     /// kernels otherwise, about the same speed.
     pub save_residual: bool,
+    /// Split-KV (flash-decoding): each block of query rows takes its key tiles in this many
+    /// parts, each part a block of its own, and a merge kernel combines the parts' f32
+    /// outputs by their LSE ([`crate::FlashAttn::merge_partials`]). For few query rows
+    /// against many keys (decoding, small batches), where one block per row tile and head
+    /// leaves most of the GPU idle. `None`: the automatic choice ([`crate::auto_splits`]: no
+    /// split when the unsplit launch fills the GPU; none in
+    /// [`crate::FlashAttn::forward_into_views`], which allocates nothing); `Some(1)`: no split.
+    /// Taken by the families that split ([`crate::kernels::registry::FwdFamilyDesc::splits`]:
+    /// the Hopper ones), without `save_residual`; the parts ([splits] x O's size in f32, and
+    /// LSE's) are allocated for each call. In a variable-length batch whose device-side
+    /// offsets leave packed rows outside every sequence, a split forward writes those rows as
+    /// rows without keys (O = 0, LSE = -inf), where an unsplit one leaves them as they were.
+    pub splits: Option<u32>,
 }
 
 /// How the backward pass runs (the attention is the forward's).

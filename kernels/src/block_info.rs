@@ -40,6 +40,24 @@ impl BlockInfo {
         Self::of::<M>(block::idx(), n_blk, heads_q, batch, section_heads(stream_bytes, heads_q / heads_kv))
     }
 
+    /// Block: [`BlockInfo::rows`] on a grid whose y is heads_q x `splits` (split-KV), and
+    /// which part of the keys it takes: y = split heads_q + h. With one part, the same tile
+    /// as [`BlockInfo::rows`] and part 0.
+    #[inline(always)]
+    pub fn rows_split<M: Mask>(
+        n_blk: u32,
+        (heads_q, heads_kv, batch): (u32, u32, u32),
+        stream_bytes: u64,
+        splits: u32,
+    ) -> (BlockInfo, u32) {
+        if splits <= 1 {
+            return (Self::rows::<M>(n_blk, heads_q, heads_kv, batch, stream_bytes), 0);
+        }
+        let group = heads_q / heads_kv;
+        let bi = Self::of::<M>(block::idx(), n_blk, heads_q * splits, batch, section_heads(stream_bytes, group));
+        (BlockInfo { h: bi.h % heads_q, ..bi }, bi.h / heads_q)
+    }
+
     /// Block: its tile of a (n_blk, heads, batch) grid of query-row tiles, heaviest first
     /// within each head only, its head and batch entry the grid's (the backward kernels:
     /// with the whole-grid order the Hopper backward ran 0.93-0.97x at d = 64 and at 512-1k
@@ -79,6 +97,17 @@ impl BlockInfo {
         let hb = sec * section + (in_sec - k * width);
         BlockInfo { blk: n_blk - 1 - k, h: hb % heads, b: hb / heads }
     }
+}
+
+/// Part `split` of `splits` of the key tiles first..end: consecutive runs whose lengths
+/// differ by at most one, the longer ones first; empty when there are fewer tiles than parts.
+#[inline(always)]
+pub fn split_tiles(first: usize, end: usize, split: u32, splits: u32) -> (usize, usize) {
+    let (s, k) = (split as usize, splits.max(1) as usize);
+    let n = end.saturating_sub(first);
+    let (len, extra) = (n / k, n % k);
+    let a = first + s * len + s.min(extra);
+    (a, a + len + usize::from(s < extra))
 }
 
 /// Bytes of two [rows][d] tensors of `T` (K and V of a KV head).
@@ -147,6 +176,29 @@ mod tests {
         let sec1: Vec<(u32, u32, u32)> = order[16..].iter().map(|b| (b.blk, b.h, b.b)).collect();
         assert_eq!(sec1, [(3, 1, 1), (3, 2, 1), (2, 1, 1), (2, 2, 1), (1, 1, 1), (1, 2, 1), (0, 1, 1), (0, 2, 1)]);
         assert_eq!(BlockInfo::of::<NoMask>((2, 1, 0), n_blk, heads, batch, section), BlockInfo { blk: 2, h: 1, b: 0 });
+    }
+
+    /// The parts of a tile range cover it once, in order, their lengths within one.
+    #[test]
+    fn split_tiles_cover_the_range() {
+        for first in [0, 1, 5] {
+            for n in [0, 1, 2, 3, 7, 64, 65] {
+                for splits in [1, 2, 3, 4, 8, 70] {
+                    let mut at = first;
+                    let (mut lo, mut hi) = (usize::MAX, 0);
+                    for s in 0..splits {
+                        let (a, b) = split_tiles(first, first + n, s, splits);
+                        assert_eq!(a, at, "{first} {n} {splits} {s}");
+                        assert!(b >= a);
+                        (lo, hi) = (lo.min(b - a), hi.max(b - a));
+                        at = b;
+                    }
+                    assert_eq!(at, first + n);
+                    assert!(hi - lo <= 1, "{first} {n} {splits}");
+                }
+            }
+        }
+        assert_eq!(split_tiles(3, 1, 0, 2), (3, 3));
     }
 
     #[test]

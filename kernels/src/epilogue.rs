@@ -26,6 +26,38 @@ pub(crate) fn warp_stage_o<T: MmaElement, const DN: usize>(
     }
 }
 
+/// Lane, split-KV: its values of one row half of an m16 tile (row `r`; columns 8 n + 2 t and
+/// 8 n + 2 t + 1 of n-tile n), O = acc / l_i (`inv_l`) in f32, into row r of a part `dst`
+/// (row stride `stride`): rows below `sq`, columns below `d`.
+///
+/// # Safety
+/// `dst` points to the head's rows below `sq`, `d` f32 each.
+#[inline(always)]
+pub(crate) unsafe fn lane_store_o_part<const DN: usize>(
+    dst: *mut f32,
+    stride: u64,
+    (r, sq, d): (u32, u32, u32),
+    t: usize,
+    acc: &[[f32; 4]; DN],
+    upper: bool,
+    inv_l: f32,
+) {
+    if r >= sq {
+        return;
+    }
+    let row = unsafe { dst.add((r as u64 * stride) as usize) };
+    for (n, a) in acc.iter().enumerate() {
+        let c = (n * 8 + 2 * t) as u32;
+        let (x0, x1) = if upper { (a[2], a[3]) } else { (a[0], a[1]) };
+        if c < d {
+            unsafe { global::store(row.add(c as usize), normalize(x0, inv_l)) };
+        }
+        if c + 1 < d {
+            unsafe { global::store(row.add(c as usize + 1), normalize(x1, inv_l)) };
+        }
+    }
+}
+
 /// Lane quad (its lane t = 0 stores): LSE of query row `r` of the head at `lse_g`, rows
 /// below `sq` only.
 ///

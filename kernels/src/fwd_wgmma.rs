@@ -12,11 +12,11 @@
 //! in shared memory and never stored.
 
 use crate::alibi::Alibi;
-use crate::block_info::{BlockInfo, stream_bytes};
+use crate::block_info::{BlockInfo, split_tiles, stream_bytes};
 use crate::copy::{body_head_dim, by_element, load_tile_in, negate_own_chunks};
 use crate::dev::{self, Shared, block, thread, warp, warpgroup};
 use crate::dtype::MmaElement;
-use crate::epilogue::{quad_store_lse, warp_stage_o, warp_store_staged};
+use crate::epilogue::{lane_store_o_part, quad_store_lse, warp_stage_o, warp_store_staged};
 use crate::mask::{Mask, Window, kv_tiles, kv_unmasked};
 use crate::nonfinite::{add_nonfinite, own_chunks_nonfinite, row_at, zero_own_nonfinite};
 use crate::params::FwdParams;
@@ -110,8 +110,9 @@ unsafe fn fwd<
         thread::trap();
     }
     let kv_bytes = stream_bytes::<T>(p.pb.seqlen_k, D);
-    let BlockInfo { blk: q_blk, h, b } =
-        BlockInfo::rows::<M>(p.pb.seqlen_q.div_ceil(br as u32), p.pb.heads_q, p.pb.heads_kv, p.pb.batch, kv_bytes);
+    let n_blk = p.pb.seqlen_q.div_ceil(br as u32);
+    let (BlockInfo { blk: q_blk, h, b }, split) =
+        BlockInfo::rows_split::<M>(n_blk, (p.pb.heads_q, p.pb.heads_kv, p.pb.batch), kv_bytes, p.splits);
     let (wg, w, lane) = (warpgroup::id() as usize, (warp::id() % 4) as usize, warp::lane() as usize);
     let (g, t) = (lane / 4, lane % 4);
     let (sq, sk) = (p.pb.seqlen_q, p.pb.seqlen_k);
@@ -128,8 +129,15 @@ unsafe fn fwd<
     // Key tiles first..n_tiles (a window's left edge first), masked from n_unmasked on;
     // with a window, masked outside from..to, the tiles every row sees whole.
     let row_end = (row0 + br as u32).min(sq);
-    let (n_tiles, first, n_unmasked) = kv_tiles::<M>(&p.pb, row0, row_end, BC as u32);
-    let (from, to) = kv_unmasked::<M>(&p.pb, row0, row_end, BC as u32);
+    let (mut n_tiles, mut first, mut n_unmasked) = kv_tiles::<M>(&p.pb, row0, row_end, BC as u32);
+    let (mut from, mut to) = kv_unmasked::<M>(&p.pb, row0, row_end, BC as u32);
+    if p.split_kv() {
+        // Split-KV: the block's part of those tiles, and the bounds within it (the same
+        // tiles masked).
+        (first, n_tiles) = split_tiles(first, n_tiles, split, p.splits);
+        let within = |j: usize| j.clamp(first, n_tiles);
+        (n_unmasked, from, to) = (within(n_unmasked), within(from), within(to));
+    }
     let tile_masked = |j: usize| match M::WINDOW {
         true => j < from || j >= to,
         false => j >= n_unmasked,
@@ -176,6 +184,7 @@ unsafe fn fwd<
         r_warp: wg * 64 + w * 16,
         b,
         h,
+        split,
         lane,
         g,
         t,
@@ -402,9 +411,10 @@ struct Fwd<
     row_w: u32,
     q_off: usize,
     r_warp: usize,
-    /// Batch and query head.
+    /// Batch and query head; the part of the keys (split-KV).
     b: u32,
     h: u32,
+    split: u32,
     lane: usize,
     g: usize,
     t: usize,
@@ -603,10 +613,32 @@ impl<
         };
     }
 
+    /// Lane, split-KV: its part's O = acc_o / l_i in f32 from registers into the part's
+    /// rows of `o`, and the part's LSE (the merge reads them, `merge`); the sink joins part 0
+    /// only (so it joins the merged denominator once).
+    #[inline(always)]
+    fn epilogue_part(&self, acc_o: &[[f32; 4]; DN], rows: &[RowState; 2]) {
+        let (p, b, h, t, d, sq) = (self.tiles.p, self.b, self.h, self.t, self.tiles.d, self.tiles.sq);
+        let split = self.split as u64;
+        let o_g = unsafe { (p.o as *mut f32).add((split * p.o_split + p.o_strides.offset(b, 0, h)) as usize) };
+        let lse_g = unsafe { (p.lse as *mut f32).add((split * p.lse_split + p.lse_row(b, h)) as usize) };
+        let sink = if split == 0 { unsafe { sinks::of_head(p.sinks, h) } } else { f32::NEG_INFINITY };
+        let r = self.row_w + self.g as u32;
+        let (inv_l, lse) = sinks::fold(rows[0].finish_raw::<4>(self.c, self.lse_scale), sink);
+        unsafe { lane_store_o_part::<DN>(o_g, p.o_strides.row, (r, sq, d), t, acc_o, false, inv_l) };
+        unsafe { quad_store_lse(lse_g, r, sq, t, lse) };
+        let (inv_l, lse) = sinks::fold(rows[1].finish_raw::<4>(self.c, self.lse_scale), sink);
+        unsafe { lane_store_o_part::<DN>(o_g, p.o_strides.row, (r + 8, sq, d), t, acc_o, true, inv_l) };
+        unsafe { quad_store_lse(lse_g, r + 8, sq, t, lse) };
+    }
+
     /// Warp: O = acc_o / l_i, LSE = m_i + log l_i. The warp stages its 16 rows of O in its own
     /// rows of the Q tile, then writes whole 16-byte chunks; on request O_lo too.
     #[inline(always)]
     fn epilogue(&self, acc_o: &[[f32; 4]; DN], rows: &[RowState; 2]) {
+        if self.tiles.p.split_kv() {
+            return self.epilogue_part(acc_o, rows);
+        }
         let (p, b, h, g, t, lane, d, sq, row0, q_s, r_warp) = (
             self.tiles.p,
             self.b,

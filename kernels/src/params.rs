@@ -140,6 +140,11 @@ pub struct FwdParams {
     /// variable-length entries only (`mask::General`), where the host launches them.
     pub alibi: u64,
     pub alibi_batch: u64,
+    /// Split-KV (`splits` > 1, [`FwdParams::split_kv`]): elements from one part to the next
+    /// in `o` and in `lse`, which then hold each part's f32 O (normalised over the part's
+    /// keys) and its LSE for the merge (`merge`); `o_strides` and `lse_strides` are a part's.
+    pub o_split: u64,
+    pub lse_split: u64,
     pub q_strides: Strides,
     pub k_strides: Strides,
     pub v_strides: Strides,
@@ -149,9 +154,18 @@ pub struct FwdParams {
     pub varlen: Varlen,
     /// Sizes, scale and mask.
     pub pb: Problem,
+    /// Parts the key tiles of each block's rows are split into (the grid's y is heads_q x
+    /// splits, `block_info::BlockInfo::rows_split`); 0 or 1: no split, O and LSE the
+    /// outputs. Taken by the families that split (`registry::FwdFamilyDesc::splits`).
+    pub splits: u32,
 }
 
 impl FwdParams {
+    /// Whether the keys are split: `o` and `lse` are the parts (f32) for the merge.
+    #[inline(always)]
+    pub fn split_kv(&self) -> bool {
+        self.splits > 1
+    }
     /// Element index in LSE of row 0 of (batch b, query head h).
     #[inline(always)]
     pub fn lse_row(&self, b: u32, h: u32) -> u64 {

@@ -116,6 +116,9 @@ pub struct FwdFamilyDesc {
     /// Whether its kernels write O's rounding residual when asked (`FwdParams::o_lo`, for the
     /// backward's `prep_residual` pass).
     pub writes_residual: bool,
+    /// Whether its kernels split the keys of a block's rows into parts (split-KV,
+    /// `FwdParams::splits`).
+    pub splits: bool,
     /// Its tile function.
     pub tiles: FwdTiles,
 }
@@ -135,6 +138,7 @@ const FWD_WGMMA: FwdFamilyDesc = FwdFamilyDesc {
     arch: Arch::Sm90a,
     auto: true,
     writes_residual: true,
+    splits: true,
     tiles: FwdTiles::Wgmma(wgmma_tile),
 };
 #[cfg(not(target_arch = "nvptx64"))]
@@ -144,6 +148,7 @@ const FWD_MMA: FwdFamilyDesc = FwdFamilyDesc {
     arch: Arch::Sm80,
     auto: true,
     writes_residual: false,
+    splits: false,
     tiles: FwdTiles::Mma(mma_tile),
 };
 #[cfg(not(target_arch = "nvptx64"))]
@@ -153,6 +158,7 @@ const FWD_SIMT: FwdFamilyDesc = FwdFamilyDesc {
     arch: Arch::Sm80,
     auto: true,
     writes_residual: false,
+    splits: false,
     tiles: FwdTiles::Simt(simt_tile),
 };
 #[cfg(not(target_arch = "nvptx64"))]
@@ -162,6 +168,7 @@ const FWD_MMA_BR64: FwdFamilyDesc = FwdFamilyDesc {
     arch: Arch::Sm80,
     auto: false,
     writes_residual: false,
+    splits: false,
     tiles: FwdTiles::Mma(mma_tile_br64),
 };
 #[cfg(not(target_arch = "nvptx64"))]
@@ -171,6 +178,7 @@ const FWD_MMA_UNFUSED: FwdFamilyDesc = FwdFamilyDesc {
     arch: Arch::Sm80,
     auto: false,
     writes_residual: false,
+    splits: false,
     tiles: FwdTiles::Mma(mma_tile_unfused),
 };
 #[cfg(not(target_arch = "nvptx64"))]
@@ -180,6 +188,7 @@ const FWD_WGMMA_WG2: FwdFamilyDesc = FwdFamilyDesc {
     arch: Arch::Sm90a,
     auto: false,
     writes_residual: true,
+    splits: true,
     tiles: FwdTiles::Wgmma(wgmma_tile_wg2),
 };
 

@@ -160,7 +160,8 @@ pub fn check_kvcache(fa: &FlashAttn, case: &KvCase, family: Option<&'static str>
         Dt::F16 => check_typed::<half::f16>(fa, case, family),
         Dt::Bf16 => check_typed::<half::bf16>(fa, case, family),
     };
-    r.map_err(|e| format!("[{}] {case}: {e}", family.unwrap_or("auto")))
+    let splits = crate::splits_for(fa, case.seed, case.dtype, case.head_dim, family);
+    r.map_err(|e| format!("[{}, splits {splits:?}] {case}: {e}", family.unwrap_or("auto")))
 }
 
 fn check_typed<T: Dtype>(fa: &FlashAttn, case: &KvCase, family: Option<&'static str>) -> Result<(), String> {
@@ -178,7 +179,7 @@ fn check_typed<T: Dtype>(fa: &FlashAttn, case: &KvCase, family: Option<&'static 
     let lens = fa.upload_u32(&case.lens).map_err(e)?;
     let var = case.var_case();
     let attn = var.attention_on(fa).map_err(e)?;
-    let opts = FwdOptions { kernel: family, ..Default::default() };
+    let opts = FwdOptions { kernel: family, splits: crate::splits_for(fa, case.seed, case.dtype, d, family), ..Default::default() };
     let mut out = FwdOutput::from_buffers(
         fa.full(T::nan(), &[batch * sq, hq, d]).map_err(e)?,
         fa.full(f32::NAN, &[hq, batch * sq]).map_err(e)?,

@@ -30,6 +30,15 @@ pub enum Dt {
 }
 
 impl Dt {
+    /// The kernels' element type of a case dtype.
+    pub fn dtype(self) -> flashattn::kernels::dtype::DType {
+        use flashattn::kernels::dtype::DType;
+        match self {
+            Dt::F32 => DType::F32,
+            Dt::F16 => DType::F16,
+            Dt::Bf16 => DType::Bf16,
+        }
+    }
     /// The case dtype of a kernel's element type.
     pub fn of(d: flashattn::kernels::dtype::DType) -> Dt {
         use flashattn::kernels::dtype::DType;
@@ -172,18 +181,41 @@ pub fn check_case(fa: &FlashAttn, case: &Case) -> Result<Measured, String> {
 
 /// As [`check_case`], with the kernel family named (`None`: the automatic choice).
 pub fn check_case_with(fa: &FlashAttn, case: &Case, kernel: Option<&'static str>) -> Result<Measured, String> {
-    match case.dtype {
-        Dt::F32 => check_typed::<f32>(fa, case, kernel),
-        Dt::F16 => check_typed::<half::f16>(fa, case, kernel),
-        Dt::Bf16 => check_typed::<half::bf16>(fa, case, kernel),
-    }
+    check_case_opts(fa, case, &FwdOptions { kernel, ..Default::default() })
 }
 
-fn check_typed<T: Dtype>(fa: &FlashAttn, case: &Case, kernel: Option<&'static str>) -> Result<Measured, String> {
+/// As [`check_case`], with the forward's options (a kernel family, split-KV).
+pub fn check_case_opts(fa: &FlashAttn, case: &Case, opts: &FwdOptions) -> Result<Measured, String> {
+    let r = match case.dtype {
+        Dt::F32 => check_typed::<f32>(fa, case, opts),
+        Dt::F16 => check_typed::<half::f16>(fa, case, opts),
+        Dt::Bf16 => check_typed::<half::bf16>(fa, case, opts),
+    };
+    r.map_err(|e| match opts.splits {
+        Some(n) => format!("[splits {n}] {e}"),
+        None => e,
+    })
+}
+
+/// Split-KV parts for a case (`FwdOptions::splits`), drawn from its seed: the automatic
+/// choice in half the draws, else where the forward `fa` selects for it splits the keys
+/// (`family`, or the automatic choice) no split (1) or 2 to 6 parts.
+pub fn splits_for(fa: &FlashAttn, seed: u64, dtype: Dt, head_dim: usize, family: Option<&'static str>) -> Option<u32> {
+    let x = Rng::new(seed ^ 0x5b11_75b1_175b_1175).next_u64() % 12;
+    (x >= 6 && family_splits(fa, dtype, head_dim, family)).then_some(1 + (x - 6) as u32)
+}
+
+/// Whether the forward `fa` selects for `dtype` and `head_dim` (`family`, or the automatic
+/// choice) splits the keys (`FwdOptions::splits`).
+pub fn family_splits(fa: &FlashAttn, dtype: Dt, head_dim: usize, family: Option<&'static str>) -> bool {
+    let opts = FwdOptions { kernel: family, ..Default::default() };
+    flashattn::select_variant(dtype.dtype(), head_dim, &opts, &fa.archs()).is_ok_and(|v| v.family.desc().splits)
+}
+
+fn check_typed<T: Dtype>(fa: &FlashAttn, case: &Case, opts: &FwdOptions) -> Result<Measured, String> {
     let s = case.shape;
     let e = |e: flashattn::Error| format!("{case}: {e}");
     let attn = case.attention_on(fa).map_err(e)?;
-    let opts = FwdOptions { kernel, ..Default::default() };
     let mut rng = Rng::new(case.seed);
     let q: Vec<T> = rng.tensor(s.batch * s.seqlen_q * s.heads_q * s.head_dim);
     let k: Vec<T> = rng.tensor(s.batch * s.seqlen_k * s.heads_kv * s.head_dim);
@@ -192,7 +224,7 @@ fn check_typed<T: Dtype>(fa: &FlashAttn, case: &Case, kernel: Option<&'static st
     let kd = fa.upload(&k, &s.kv_shape()).map_err(e)?;
     let vd = fa.upload(&v, &s.kv_shape()).map_err(e)?;
     let mut out = FwdOutput::from_buffers(fa.full(T::nan(), &s.q_shape()).map_err(e)?, fa.full(f32::NAN, &s.lse_shape()).map_err(e)?, None);
-    fa.forward_into(&qd, &kd, &vd, &attn, &opts, &mut out).map_err(e)?;
+    fa.forward_into(&qd, &kd, &vd, &attn, opts, &mut out).map_err(e)?;
     let o: Vec<f64> = fa.download(out.o()).map_err(e)?.iter().map(|x| x.to_f64()).collect();
     let lse: Vec<f64> = fa.download(out.lse()).map_err(e)?.iter().map(|&x| x as f64).collect();
 
@@ -473,7 +505,8 @@ fn check_backward_typed<T: Dtype>(
     let e = |e: flashattn::Error| format!("{case}: {e}");
     let attn = case.attention_on(fa).map_err(e)?;
     let opts = BwdOptions { kernel: kernel.filter(|k| flashattn::BwdFamily::from_name(k).is_some()), deterministic: repeat };
-    let fwd_opts = FwdOptions { kernel: kernel.filter(|k| flashattn::FwdFamily::from_name(k).is_some()), save_residual: saved };
+    let fwd_opts =
+        FwdOptions { kernel: kernel.filter(|k| flashattn::FwdFamily::from_name(k).is_some()), save_residual: saved, ..Default::default() };
     let mut rng = Rng::new(case.seed);
     let (nq, nk) = (s.batch * s.seqlen_q * s.heads_q * s.head_dim, s.batch * s.seqlen_k * s.heads_kv * s.head_dim);
     let (q, k, v, d_o): (Vec<T>, Vec<T>, Vec<T>, Vec<T>) = (rng.tensor(nq), rng.tensor(nk), rng.tensor(nk), rng.tensor(nq));

@@ -191,7 +191,7 @@ fn backward_typed<T: Dtype>(
         fa.upload(&d_o, &s.q_shape()).map_err(e)?,
     );
     let attn = case.attention_on(fa).map_err(e)?;
-    let fwd = fa.forward(&qd, &kd, &vd, &attn, &FwdOptions { kernel: None, save_residual: saved }).map_err(e)?;
+    let fwd = fa.forward(&qd, &kd, &vd, &attn, &FwdOptions { kernel: None, save_residual: saved, ..Default::default() }).map_err(e)?;
     let poison = T::from_f64(-7777.0);
     let mut g = flashattn::BwdOutput {
         dq: fa.full(poison, &s.q_shape()).map_err(e)?,

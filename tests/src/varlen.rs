@@ -169,7 +169,8 @@ pub fn check_varlen(fa: &FlashAttn, case: &VarCase, family: Option<&'static str>
         Dt::F16 => check_typed::<half::f16>(fa, case, family, backward),
         Dt::Bf16 => check_typed::<half::bf16>(fa, case, family, backward),
     };
-    r.map_err(|e| format!("[{}] {e}", family.unwrap_or("auto")))
+    let splits = crate::splits_for(fa, case.seed, case.dtype, case.head_dim, family);
+    r.map_err(|e| format!("[{}, splits {splits:?}] {e}", family.unwrap_or("auto")))
 }
 
 fn check_typed<T: Dtype>(fa: &FlashAttn, case: &VarCase, family: Option<&'static str>, backward: bool) -> Result<(), String> {
@@ -190,7 +191,8 @@ fn check_typed<T: Dtype>(fa: &FlashAttn, case: &VarCase, family: Option<&'static
         fa.upload(&d_o, &qs).map_err(e)?,
     );
     let attn = case.attention_on(fa).map_err(e)?;
-    let fwd_opts = FwdOptions { kernel: family, ..Default::default() };
+    let splits = crate::splits_for(fa, case.seed, case.dtype, d, family);
+    let fwd_opts = FwdOptions { kernel: family, splits, ..Default::default() };
     let mut out = FwdOutput::from_buffers(fa.full(T::nan(), &qs).map_err(e)?, fa.full(f32::NAN, &[hq, tq]).map_err(e)?, None);
     fa.forward_varlen_into(&qd, &kd, &vd, &seqs, &attn, &fwd_opts, &mut out).map_err(e)?;
     let o: Vec<f64> = fa.download(out.o()).map_err(e)?.iter().map(|x| x.to_f64()).collect();
@@ -295,6 +297,11 @@ pub fn check_bad_offsets<T: Dtype>(fa: &FlashAttn, family: Option<&'static str>,
         let sinks = if window.is_none() || !takes { None } else { Some(fa.sinks(&vec![0.5; hq]).map_err(e)?) };
         let attn = flashattn::Attention { causal, softmax_scale: None, window, softcap: None, sinks, alibi: None };
         let out = fa.forward_varlen(&qd, &kd, &vd, &seqs, &attn, &FwdOptions { kernel: family, ..Default::default() }).map_err(e)?;
+        // Split-KV too (where the family splits): its parts and merge stay inside as well.
+        if crate::family_splits(fa, Dt::of(T::DTYPE), d, family) {
+            let opts = FwdOptions { kernel: family, splits: Some(3), ..Default::default() };
+            drop(fa.forward_varlen(&qd, &kd, &vd, &seqs, &attn, &opts).map_err(e)?);
+        }
         let bwd_opts = BwdOptions { kernel: family, deterministic: false };
         match (backward, used_k) {
             (true, None) => drop(fa.backward(&qd, &kd, &vd, &out, &dod, &bwd_opts).map_err(e)?),

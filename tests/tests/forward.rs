@@ -7,8 +7,8 @@
 use flashattn::kernels::registry::FWD_VARIANTS;
 use flashattn::{AttnShape, FlashAttn, FwdOptions, Window};
 use flashattn_tests::{
-    AlibiDraw, BackendKind, Case, Dt, WIDE_WINDOWS, case_strategy, check_case, check_case_with, env_usize, gpu_trials, nonfinite,
-    push_for_arch, shards, wide_window_plants,
+    AlibiDraw, BackendKind, Case, Dt, WIDE_WINDOWS, case_strategy, check_case, check_case_opts, check_case_with, env_usize, gpu_trials,
+    nonfinite, push_for_arch, shards, wide_window_plants,
 };
 use libtest_mimic::{Arguments, Failed, Trial};
 use proptest::strategy::Strategy;
@@ -80,6 +80,7 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
             (None, None) => Err("no backend".into()),
         })
     };
+    let archs = fa.as_ref().map(|f| f.archs());
     // Random cases over the whole option space, in shards (trials run in parallel), the
     // dtypes taking turns. GPU: sizes up to 257, head_dim to 256, GQA up to 4:1 over 4 KV
     // heads, FLASHATTN_GPU_CASES in all. Emulator: small shapes, so CI stays within minutes on
@@ -98,6 +99,60 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
                 BackendKind::Emulator => run_props(fa, dtype, cases, case_strategy(70, 32, 2, 3, 2, 120_000)),
             }),
         ));
+    }
+    // Split-KV (`FwdOptions::splits`), by every family that splits: few query rows (decoding,
+    // 1 to 16) against keys over several key tiles, in 1 to 8 parts (more parts than tiles
+    // too: empty parts) or the automatic count, over the whole option space
+    // (FLASHATTN_GPU_SPLIT_CASES / _EMU_).
+    let (total, size) = match kind {
+        BackendKind::Gpu => (env_usize("FLASHATTN_GPU_SPLIT_CASES", 600), 50),
+        BackendKind::Emulator => (env_usize("FLASHATTN_EMU_SPLIT_CASES", 12), 6),
+    };
+    for family in flashattn::FWD_FAMILIES.iter().filter(|f| f.splits) {
+        let name = family.name;
+        for (i, cases) in shards(total, size).into_iter().enumerate() {
+            let dtype = [Dt::F16, Dt::Bf16][i % 2];
+            let label = format!("{tag}::split_kv::{name}::{dtype:?}::{i:03}").to_lowercase();
+            let trial = mk(
+                label.clone(),
+                Box::new(move |fa| {
+                    let (max_k, d_units, budget) = match kind {
+                        BackendKind::Gpu => (1500, 32, 4_000_000),
+                        // Keys over several tiles at every head_dim (128-key tiles to 64).
+                        BackendKind::Emulator => (1200, 16, 1_500_000),
+                    };
+                    let heads = if kind == BackendKind::Gpu { 4 } else { 2 };
+                    let strategy = (case_strategy(max_k, d_units, heads, heads, 2, usize::MAX), 1..=16usize, 1..=max_k, 0..=8u32);
+                    let mut runner = TestRunner::new(Config { cases: cases as u32, failure_persistence: None, ..Config::default() });
+                    runner
+                        .run(&strategy, |(c, rows, keys, splits)| {
+                            let mut shape = AttnShape { seqlen_q: rows, seqlen_k: keys, ..c.shape };
+                            // The family's head dims (wgmma_wg2: 64 and 128 only).
+                            if flashattn::select_variant(
+                                dtype.dtype(),
+                                shape.head_dim,
+                                &FwdOptions { kernel: Some(name), ..Default::default() },
+                                &fa.archs(),
+                            )
+                            .is_err()
+                            {
+                                shape.head_dim = [64, 128][(c.seed % 2) as usize];
+                            }
+                            while shape.batch * shape.heads_q * shape.seqlen_q * shape.seqlen_k * shape.head_dim > budget
+                                && shape.seqlen_k > 1
+                            {
+                                shape.seqlen_k = shape.seqlen_k.div_ceil(2);
+                            }
+                            let case = Case { shape, dtype, ..c };
+                            // 0: the automatic choice.
+                            let opts = FwdOptions { kernel: Some(name), splits: (splits > 0).then_some(splits), ..Default::default() };
+                            check_case_opts(fa, &case, &opts).map(|_| ()).map_err(TestCaseError::fail)
+                        })
+                        .map_err(|e| Failed::from(format!("{e}")))
+                }),
+            );
+            push_for_arch(&mut trials, archs.as_deref(), &label, family.arch, trial);
+        }
     }
     // NaN and infinities planted in Q, K, V (README, "NaN and Inf"): every family, the rule
     // checked element by element (FLASHATTN_GPU_NONFINITE_CASES / _EMU_ in all).
@@ -175,7 +230,6 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
     }
     // Every registered variant, by name, at the largest head_dim its tile serves; a GPU
     // without the variant's architecture (sm_90a kernels off Hopper) reports it ignored.
-    let archs = fa.as_ref().map(|f| f.archs());
     for v in FWD_VARIANTS {
         let dtype = Dt::of(v.dtype);
         let d = v.head_dims().1 as usize;

@@ -507,6 +507,40 @@ fn backward_takes_the_forwards_attention_and_inputs() {
     assert!(fwd.o_lo().is_none());
 }
 
+/// Split-KV (`FwdOptions::splits`) that cannot run as asked is refused before any launch,
+/// naming the count and why; 1 is no split.
+#[test]
+fn split_kv_refusals() {
+    let fa = FlashAttn::emulator();
+    let data: Vec<half::f16> = (0..64).map(|i| half::f16::from_f32(i as f32 / 64.0 - 0.5)).collect();
+    let q = fa.upload(&data, &[1, 4, 2, 8]).unwrap();
+    let k = fa.upload(&data, &[1, 4, 2, 8]).unwrap();
+    let v = fa.upload(&data, &[1, 4, 2, 8]).unwrap();
+    let attn = Attention::default();
+    let split = |kernel, splits, save_residual| FwdOptions { kernel, splits: Some(splits), save_residual };
+    let cases = [
+        (split(Some("wgmma"), 0, false), "at least 1"),
+        (split(Some("mma"), 2, false), "does not split"),
+        (split(Some("simt"), 3, false), "does not split"),
+        (split(Some("wgmma"), 2, true), "save_residual"),
+        (split(Some("wgmma_wg2"), 40_000, false), "grid"),
+    ];
+    for (opts, why) in cases {
+        let mut out = fa.forward(&q, &k, &v, &attn, &FwdOptions::default()).unwrap();
+        let before = fa.download(out.o()).unwrap();
+        let e = fa.forward_into(&q, &k, &v, &attn, &opts, &mut out).expect_err("refused");
+        match &e {
+            Error::Splits { splits, why: w } => assert!(*splits == opts.splits.unwrap() && w.contains(why), "{e}"),
+            _ => panic!("{opts:?}: {e}, not Error::Splits"),
+        }
+        assert_eq!(fa.download(out.o()).unwrap(), before, "a refused split changed O");
+        assert_eq!(out.attention(), Some(attn.clone()));
+    }
+    for opts in [split(Some("wgmma"), 1, true), split(Some("mma"), 1, false), split(Some("wgmma"), 5, false)] {
+        fa.forward(&q, &k, &v, &attn, &opts).unwrap_or_else(|e| panic!("{opts:?}: {e}"));
+    }
+}
+
 /// A variant's launch at `head_dim`: (rows per block, threads, shared memory bytes).
 fn fl<V: Launched>(v: &V, head_dim: u32) -> (u32, u32, u32) {
     let l = v.launch_at(head_dim).unwrap_or_else(|| panic!("no launch at head_dim {head_dim}"));
