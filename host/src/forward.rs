@@ -526,6 +526,9 @@ impl FlashAttn {
         let shape = validate_seqs(q.shape(), k.shape(), v.shape(), seqs, attention)?;
         let variant = self.fwd_variant_for(T::DTYPE, shape.head_dim, opts, attention.entry(seqs.is_some()))?;
         let residual = opts.save_residual && variant.family.desc().writes_residual;
+        // A part count that cannot run is named first (save_residual with splits: the
+        // conflict, not the missing residual buffer).
+        crate::split::check_splits(opts, variant, shape.heads_q)?;
         if residual && out.o_lo.is_none() {
             return Err(Error::MissingOutput { tensor: "o_lo", why: "save_residual is set and the selected forward kernel writes it" });
         }
@@ -539,7 +542,8 @@ impl FlashAttn {
         let slots = crate::split::slots(self.multiprocessors(), l.smem_bytes as usize);
         let dims = (shape.heads_q, shape.seqlen_k, shape.head_dim);
         let splits = crate::split::split_count(opts, variant, residual, dims, (blocks, slots))?;
-        // Split-KV: the parts' f32 O and LSE, [splits] x O's and LSE's shapes, for a launch.
+        // Split-KV: the parts' f32 O, [splits] x O's shape, and LSE, [2 splits] x LSE's
+        // shape, for a launch.
         // A variable-length batch's packed rows that no sequence holds (offsets only the
         // device knows may leave gaps) are written by no block: their parts' LSE is set to
         // -inf first (below), so the merge gives them O = 0, LSE = -inf, not what the memory
@@ -547,7 +551,8 @@ impl FlashAttn {
         let mut parts = match splits > 1 && *run != Run::CheckOnly {
             true => Some((
                 self.alloc::<f32>(&[&[splits as usize], &qs[..]].concat())?,
-                self.alloc::<f32>(&[&[splits as usize], &ls[..]].concat())?,
+                // Hi for each part, then lo for each (`FwdParams::o_part`).
+                self.alloc::<f32>(&[&[2 * splits as usize], &ls[..]].concat())?,
             )),
             false => None,
         };
@@ -630,7 +635,7 @@ impl FlashAttn {
         if let Some((bop, blp)) = &bparts {
             // Split-KV: the kernel writes the parts; the merge then O and LSE.
             let (o_part, lse_part) = part_layouts(&qs, &ls);
-            (params.o, params.o_strides, params.o_split) = (bop.addr(), o_part.0, o_part.1);
+            (params.o_part, params.o_strides, params.o_split) = (bop.addr(), o_part.0, o_part.1);
             (params.lse, params.lse_strides, params.lse_split) = (blp.addr(), lse_part.0, lse_part.1);
             params.splits = splits;
         }
@@ -684,6 +689,7 @@ impl FlashAttn {
             let merge = MergeParams {
                 o_parts: bop.addr(),
                 lse_parts: blp.addr(),
+                lse_parts_lo: blp.addr() + params.lse_split * splits as u64 * 4,
                 o: bo.addr(),
                 lse: blse.addr(),
                 o_parts_split: params.o_split,

@@ -97,6 +97,7 @@ impl FlashAttn {
         let params = MergeParams {
             o_parts: bop.addr(),
             lse_parts: blp.addr(),
+            lse_parts_lo: 0,
             o: bo.addr(),
             lse: bl.addr(),
             o_parts_split,

@@ -58,6 +58,20 @@ pub(crate) unsafe fn lane_store_o_part<const DN: usize>(
     }
 }
 
+/// Lane quad (its lane t = 0 stores), split-KV: a part's f64 LSE of query row `r` as two
+/// f32s, hi = LSE rounded at `hi_g` and lo = LSE - hi at `lo_g` (0 where LSE is not finite),
+/// so the merge adds the parts up before its one rounding; rows below `sq` only.
+///
+/// # Safety
+/// `hi_g` and `lo_g` point to the head's LSE rows (`sq` of them).
+#[inline(always)]
+pub(crate) unsafe fn quad_store_lse_split(hi_g: *mut f32, lo_g: *mut f32, r: u32, sq: u32, t: usize, lse: f64) {
+    let hi = lse as f32;
+    let lo = if hi.is_finite() { (lse - hi as f64) as f32 } else { 0.0 };
+    unsafe { quad_store_lse(hi_g, r, sq, t, hi) };
+    unsafe { quad_store_lse(lo_g, r, sq, t, lo) };
+}
+
 /// Lane quad (its lane t = 0 stores): LSE of query row `r` of the head at `lse_g`, rows
 /// below `sq` only.
 ///

@@ -16,7 +16,7 @@ use crate::block_info::{BlockInfo, split_tiles, stream_bytes};
 use crate::copy::{body_head_dim, by_element, load_tile_in, negate_own_chunks};
 use crate::dev::{self, Shared, block, thread, warp, warpgroup};
 use crate::dtype::MmaElement;
-use crate::epilogue::{lane_store_o_part, quad_store_lse, warp_stage_o, warp_store_staged};
+use crate::epilogue::{lane_store_o_part, quad_store_lse, quad_store_lse_split, warp_stage_o, warp_store_staged};
 use crate::mask::{Mask, Window, kv_tiles, kv_unmasked};
 use crate::nonfinite::{add_nonfinite, own_chunks_nonfinite, row_at, zero_own_nonfinite};
 use crate::params::FwdParams;
@@ -614,22 +614,25 @@ impl<
     }
 
     /// Lane, split-KV: its part's O = acc_o / l_i in f32 from registers into the part's
-    /// rows of `o`, and the part's LSE (the merge reads them, `merge`); the sink joins part 0
-    /// only (so it joins the merged denominator once).
+    /// rows of `o_part`, and the part's f64 LSE as hi and lo f32s (`lse`, and `splits` parts
+    /// on); the merge (`merge`) reads them. The sink joins part 0 only (so it joins the
+    /// merged denominator once).
     #[inline(always)]
     fn epilogue_part(&self, acc_o: &[[f32; 4]; DN], rows: &[RowState; 2]) {
         let (p, b, h, t, d, sq) = (self.tiles.p, self.b, self.h, self.t, self.tiles.d, self.tiles.sq);
         let split = self.split as u64;
-        let o_g = unsafe { (p.o as *mut f32).add((split * p.o_split + p.o_strides.offset(b, 0, h)) as usize) };
-        let lse_g = unsafe { (p.lse as *mut f32).add((split * p.lse_split + p.lse_row(b, h)) as usize) };
+        let o_g = unsafe { (p.o_part as *mut f32).add((split * p.o_split + p.o_strides.offset(b, 0, h)) as usize) };
+        let hi_g = unsafe { (p.lse as *mut f32).add((split * p.lse_split + p.lse_row(b, h)) as usize) };
+        let lo_g = unsafe { hi_g.add((p.splits as u64 * p.lse_split) as usize) };
         let sink = if split == 0 { unsafe { sinks::of_head(p.sinks, h) } } else { f32::NEG_INFINITY };
         let r = self.row_w + self.g as u32;
-        let (inv_l, lse) = sinks::fold(rows[0].finish_raw::<4>(self.c, self.lse_scale), sink);
+        // Rows r and r + 8, written out: `upper` a constant in each.
+        let (inv_l, lse) = sinks::fold64(rows[0].finish_raw64::<4>(self.c, self.lse_scale), sink);
         unsafe { lane_store_o_part::<DN>(o_g, p.o_strides.row, (r, sq, d), t, acc_o, false, inv_l) };
-        unsafe { quad_store_lse(lse_g, r, sq, t, lse) };
-        let (inv_l, lse) = sinks::fold(rows[1].finish_raw::<4>(self.c, self.lse_scale), sink);
+        unsafe { quad_store_lse_split(hi_g, lo_g, r, sq, t, lse) };
+        let (inv_l, lse) = sinks::fold64(rows[1].finish_raw64::<4>(self.c, self.lse_scale), sink);
         unsafe { lane_store_o_part::<DN>(o_g, p.o_strides.row, (r + 8, sq, d), t, acc_o, true, inv_l) };
-        unsafe { quad_store_lse(lse_g, r + 8, sq, t, lse) };
+        unsafe { quad_store_lse_split(hi_g, lo_g, r + 8, sq, t, lse) };
     }
 
     /// Warp: O = acc_o / l_i, LSE = m_i + log l_i. The warp stages its 16 rows of O in its own

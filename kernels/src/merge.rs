@@ -6,12 +6,14 @@
 //! A part without keys (LSE_s = -inf) weighs 0 and its O_s is not read; a row whose parts
 //! all have none gets O = 0, LSE = -inf (as the forward writes for a row that sees no key);
 //! a NaN in a part's LSE, or in the O of a part that weighs in, makes the row's outputs NaN.
-//! One warp per row; lane l reads parts l + 32 i, then columns l + 32 j.
+//! The LSE is summed in f64 and rounded once (a part may give its LSE_s as f32 hi and lo,
+//! as split-KV's forward does). One warp per row; every lane reads every part's LSE, lane l
+//! columns l + 32 j.
 
 use crate::dev::{block, global, warp};
 use crate::dtype::Element;
 use crate::params::MergeParams;
-use crate::softmax::{Domain, Natural, ln_f64};
+use crate::softmax::{Domain, Natural, exp_f64, ln_f64_of};
 
 /// Rows per block (one warp each, `MERGE_THREADS / 32` at a time).
 pub const MERGE_ROWS: u32 = 16;
@@ -30,38 +32,38 @@ pub unsafe fn merge<T: Element>(p: &MergeParams) {
     let end = ((blk + 1) * MERGE_ROWS).min(p.seqlen);
     let mut r = blk * MERGE_ROWS + w;
     while r < end {
-        // LSE_s of the row's part s.
+        // LSE_s of the row's part s in f64: hi + lo where the parts have lo and hi is finite.
         let lse_s = |s: u32| unsafe {
-            let at = s as u64 * p.lse_parts_split + p.lse_parts_strides.offset(b, r, h);
-            global::load((p.lse_parts as *const f32).add(at as usize))
+            let at = (s as u64 * p.lse_parts_split + p.lse_parts_strides.offset(b, r, h)) as usize;
+            let hi = global::load((p.lse_parts as *const f32).add(at));
+            match p.lse_parts_lo != 0 && hi.is_finite() {
+                true => hi as f64 + global::load((p.lse_parts_lo as *const f32).add(at)) as f64,
+                false => hi as f64,
+            }
         };
-        // m = max_s LSE_s, and whether one is NaN (the max skips NaNs).
-        let (mut m, mut nan) = (f32::NEG_INFINITY, false);
-        let mut s = lane;
-        while s < p.splits {
+        // m = max_s LSE_s, and whether one is NaN (the max skips NaNs). Every lane takes
+        // every part (the loads are the warp's broadcasts).
+        let (mut m, mut nan) = (f64::NEG_INFINITY, false);
+        for s in 0..p.splits {
             let x = lse_s(s);
             m = m.max(x);
             nan |= x.is_nan();
-            s += 32;
         }
-        let (m, nan) = (warp::allreduce_max(m), warp::any(nan));
-        // l = sum_s exp(LSE_s - m), each term at most 1.
-        let mut l = 0f32;
-        let mut s = lane;
-        while s < p.splits {
-            l += Natural::exp(lse_s(s) - m);
-            s += 32;
-        }
-        let l = warp::allreduce_sum(l);
-        // LSE = m + log l, rounded once; -inf for a row without keys, NaN for a NaN part or
-        // an infinite one (+inf: a part whose statistics overflowed).
-        let lse = if nan || m == f32::INFINITY {
-            f32::NAN
-        } else if m == f32::NEG_INFINITY {
-            f32::NEG_INFINITY
+        // LSE = m + log sum_s exp(LSE_s - m) in f64 (each term at most 1, one of them 1),
+        // rounded once; -inf for a row without keys, NaN for a NaN part or an infinite one
+        // (+inf: a part whose statistics overflowed).
+        let lse64 = if nan || m == f64::INFINITY {
+            f64::NAN
+        } else if m == f64::NEG_INFINITY {
+            f64::NEG_INFINITY
         } else {
-            (m as f64 + ln_f64(l)) as f32
+            let mut l = 0f64;
+            for s in 0..p.splits {
+                l += exp_f64(lse_s(s) - m);
+            }
+            m + ln_f64_of(l)
         };
+        let lse = lse64 as f32;
         // O = sum_s exp(LSE_s - LSE) O_s over the parts that weigh in, column by column.
         let mut c = lane;
         while c < p.head_dim {
@@ -69,9 +71,9 @@ pub unsafe fn merge<T: Element>(p: &MergeParams) {
             if lse.is_finite() {
                 for s in 0..p.splits {
                     let x = lse_s(s);
-                    if x != f32::NEG_INFINITY {
+                    if x != f64::NEG_INFINITY {
                         let at = s as u64 * p.o_parts_split + p.o_parts_strides.offset(b, r, h) + c as u64;
-                        acc += Natural::exp(x - lse) * unsafe { global::load((p.o_parts as *const f32).add(at as usize)) };
+                        acc += Natural::exp((x - lse64) as f32) * unsafe { global::load((p.o_parts as *const f32).add(at as usize)) };
                     }
                 }
             }

@@ -140,9 +140,12 @@ pub struct FwdParams {
     /// variable-length entries only (`mask::General`), where the host launches them.
     pub alibi: u64,
     pub alibi_batch: u64,
-    /// Split-KV (`splits` > 1, [`FwdParams::split_kv`]): elements from one part to the next
-    /// in `o` and in `lse`, which then hold each part's f32 O (normalised over the part's
-    /// keys) and its LSE for the merge (`merge`); `o_strides` and `lse_strides` are a part's.
+    /// Split-KV (`splits` > 1, [`FwdParams::split_kv`]): the parts' f32 O (each normalised
+    /// over its part's keys; `o` unused), and elements from one part to the next in
+    /// `o_part` and in `lse`, which then holds the parts' LSE for the merge (`merge`) as hi
+    /// f32s, then `splits` parts on their lo f32s (`epilogue::quad_store_lse_split`);
+    /// `o_strides` and `lse_strides` are a part's.
+    pub o_part: u64,
     pub o_split: u64,
     pub lse_split: u64,
     pub q_strides: Strides,
@@ -295,6 +298,9 @@ pub struct AppendParams {
 pub struct MergeParams {
     pub o_parts: u64,
     pub lse_parts: u64,
+    /// The parts' LSE lo f32s (0: none; LSE_s = hi + lo in f64 where hi is finite), as
+    /// split-KV's forward writes them, with `lse_parts`' layout.
+    pub lse_parts_lo: u64,
     pub o: u64,
     pub lse: u64,
     /// Elements from one part to the next, in `o_parts` and in `lse_parts`.

@@ -51,6 +51,25 @@ pub fn fold((inv_l, lse): (f32, f32), sink: f32) -> (f32, f32) {
     }
 }
 
+/// [`fold`] for an LSE kept in f64 (split-KV's parts, `softmax::RowState::finish_raw64`).
+#[inline(always)]
+pub fn fold64((inv_l, lse): (f32, f64), sink: f32) -> (f32, f64) {
+    let s = sink as f64;
+    if sink == f32::NEG_INFINITY {
+        (inv_l, lse)
+    } else if lse.is_nan() || sink.is_nan() {
+        (f32::NAN, f64::NAN)
+    } else if lse == f64::NEG_INFINITY || sink == f32::INFINITY {
+        (0.0, s)
+    } else if lse >= s {
+        let e = math::ex2((s - lse) as f32 * LOG2_E);
+        (inv_l / (1.0 + e), lse + ln_f64(1.0 + e))
+    } else {
+        let e = math::ex2((lse - s) as f32 * LOG2_E);
+        (inv_l * (e / (1.0 + e)), s + ln_f64(1.0 + e))
+    }
+}
+
 /// [`fold`], not inlined: for a kernel that folds rows in a loop whose body it would grow
 /// past unrolling (the SIMT forward's, over its warp's rows: inlined, the loop stayed rolled
 /// and its accumulators went to a 256-384 byte stack frame).

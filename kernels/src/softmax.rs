@@ -86,8 +86,24 @@ impl Domain for Log2 {
 pub fn ln_f64(x: f32) -> f64 {
     let (x, e0) = if x < f32::MIN_POSITIVE { (x * 16_777_216.0, -24) } else { (x, 0) }; // subnormal: scale by 2^24
     let bits = x.to_bits();
-    let mut e = ((bits >> 23) & 0xff) as i32 - 127 + e0;
-    let mut f = f32::from_bits((bits & 0x007f_ffff) | 0x3f80_0000) as f64; // [1, 2)
+    let e = ((bits >> 23) & 0xff) as i32 - 127 + e0;
+    let f = f32::from_bits((bits & 0x007f_ffff) | 0x3f80_0000) as f64; // [1, 2)
+    ln_parts(f, e)
+}
+
+/// [`ln_f64`] of a normal positive finite f64 (the merge's sum of part weights, in [1,
+/// parts]).
+#[inline(always)]
+pub fn ln_f64_of(x: f64) -> f64 {
+    let bits = x.to_bits();
+    let e = ((bits >> 52) & 0x7ff) as i32 - 1023;
+    let f = f64::from_bits((bits & 0x000f_ffff_ffff_ffff) | 0x3ff0_0000_0000_0000); // [1, 2)
+    ln_parts(f, e)
+}
+
+/// ln(2^e f), f in [1, 2) (see [`ln_f64`]).
+#[inline(always)]
+fn ln_parts(mut f: f64, mut e: i32) -> f64 {
     if f > core::f64::consts::SQRT_2 {
         f *= 0.5;
         e += 1;
@@ -110,6 +126,39 @@ pub fn ln_f64(x: f32) -> f64 {
     let t = 1.0 / 3.0 + s2 * t;
     let series = 1.0 + s2 * t;
     e as f64 * core::f64::consts::LN_2 + 2.0 * s * series
+}
+
+/// exp(x) for x <= 0 in f64 to about 1e-15 relative (0 below -708: f64's normal range), for
+/// the merge's part weights, whose f32 `ex2.approx` (2 ulp) alone was past the LSE's bar.
+/// x = k ln 2 + r, |r| <= ln 2 / 2 (ln 2 in two parts, so r is exact to f64's rounding);
+/// exp r by its Taylor series to r^12 / 12! (below 2^-53 relative), 2^k by the exponent.
+#[inline(always)]
+pub fn exp_f64(x: f64) -> f64 {
+    if x < -708.0 || x.is_nan() {
+        return if x.is_nan() { x } else { 0.0 };
+    }
+    // fdlibm's split of ln 2: k LN2_HI exact for |k| < 2^11.
+    const LN2_HI: f64 = f64::from_bits(0x3fe6_2e42_fee0_0000);
+    const LN2_LO: f64 = f64::from_bits(0x3dea_39ef_3579_3c76);
+    let kf = x * core::f64::consts::LOG2_E;
+    // The nearest integer: kf <= 0, so the cast's truncation of kf - 0.5 is its ceiling.
+    let k = (kf - 0.5) as i64 as f64;
+    let r = (x - k * LN2_HI) - k * LN2_LO;
+    let t = 1.0 / 479_001_600.0;
+    let t = 1.0 / 39_916_800.0 + r * t;
+    let t = 1.0 / 3_628_800.0 + r * t;
+    let t = 1.0 / 362_880.0 + r * t;
+    let t = 1.0 / 40_320.0 + r * t;
+    let t = 1.0 / 5_040.0 + r * t;
+    let t = 1.0 / 720.0 + r * t;
+    let t = 1.0 / 120.0 + r * t;
+    let t = 1.0 / 24.0 + r * t;
+    let t = 1.0 / 6.0 + r * t;
+    let t = 0.5 + r * t;
+    let t = 1.0 + r * t;
+    let er = 1.0 + r * t;
+    // 2^k, k in [-1022, 0] here (x in [-708, 0]).
+    er * f64::from_bits(((k as i64 + 1023) as u64) << 52)
 }
 
 /// Running statistics of one query row.
@@ -206,6 +255,15 @@ impl RowState {
         let l = warp::allreduce_sum_in::<W>(self.l);
         let (inv_l, lse) = finish_stats::<Log2>(self.m * c, l);
         if inv_l > 0.0 { (inv_l, (self.m as f64 * score_scale(scale) as f64 + ln_f64(l)) as f32) } else { (inv_l, lse) }
+    }
+
+    /// [`RowState::finish_raw`] with the LSE left in f64 (split-KV's parts: the merge rounds
+    /// once, after adding the parts up).
+    #[inline(always)]
+    pub fn finish_raw64<const W: u32>(&self, c: f32, scale: f32) -> (f32, f64) {
+        let l = warp::allreduce_sum_in::<W>(self.l);
+        let (inv_l, lse) = finish_stats::<Log2>(self.m * c, l);
+        if inv_l > 0.0 { (inv_l, self.m as f64 * score_scale(scale) as f64 + ln_f64(l)) } else { (inv_l, lse as f64) }
     }
 
     /// Lane group: the row's final 1 / l_i and its log-sum-exp in the natural log:
@@ -311,6 +369,31 @@ impl QuadRow {
             (m, math::rcp(l), n / l)
         } else {
             (f32::NAN, f32::NAN, f32::NAN)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The merge's f64 exp and log against std's, over the range they take.
+    #[test]
+    fn exp_ln_f64_match_std() {
+        let mut x = -745.0f64;
+        while x <= 0.0 {
+            let (got, want) = (exp_f64(x), x.exp());
+            assert!((got - want).abs() <= 4.0 * f64::EPSILON * want + 1e-307, "exp({x}): {got} vs {want}");
+            x += 0.0137;
+        }
+        assert_eq!(exp_f64(0.0), 1.0);
+        assert_eq!(exp_f64(f64::NEG_INFINITY), 0.0);
+        assert!(exp_f64(f64::NAN).is_nan());
+        let mut x = 1.0f64;
+        while x < 70_000.0 {
+            let (got, want) = (ln_f64_of(x), x.ln());
+            assert!((got - want).abs() <= 4.0 * f64::EPSILON * want.abs().max(1e-3), "ln({x}): {got} vs {want}");
+            x *= 1.000_37;
         }
     }
 }

@@ -93,11 +93,8 @@ impl SeqParams for FwdParams {
             q: shift::<T>(p.q, s.q0, p.q_strides.row),
             k: shift::<T>(p.k, s.k0, p.k_strides.row),
             v: shift::<T>(p.v, s.k0, p.v_strides.row),
-            // Split-KV parts are f32.
-            o: match p.split_kv() {
-                true => shift::<f32>(p.o, s.q0, p.o_strides.row),
-                false => shift::<T>(p.o, s.q0, p.o_strides.row),
-            },
+            o: shift::<T>(p.o, s.q0, p.o_strides.row),
+            o_part: shift::<f32>(p.o_part, s.q0, p.o_strides.row),
             lse: shift::<f32>(p.lse, s.q0, p.lse_strides.row),
             o_lo: if p.o_lo == 0 { 0 } else { shift::<T>(p.o_lo, s.q0, p.o_strides.row) },
             pb: narrowed(&p.pb, s),
