@@ -523,7 +523,7 @@ fn split_kv_refusals() {
         (split(Some("mma"), 2, false), "does not split"),
         (split(Some("simt"), 3, false), "does not split"),
         (split(Some("wgmma"), 2, true), "save_residual"),
-        (split(Some("wgmma_wg2"), 40_000, false), "grid"),
+        (split(Some("wgmma"), 40_000, false), "grid"),
     ];
     for (opts, why) in cases {
         let mut out = fa.forward(&q, &k, &v, &attn, &FwdOptions::default()).unwrap();
