@@ -146,7 +146,16 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
                             let case = Case { shape, dtype, ..c };
                             // 0: the automatic choice.
                             let opts = FwdOptions { kernel: Some(name), splits: (splits > 0).then_some(splits), ..Default::default() };
-                            check_case_opts(fa, &case, &opts).map(|_| ()).map_err(TestCaseError::fail)
+                            check_case_opts(fa, &case, &opts).map(|_| ()).map_err(|e| {
+                                // The same case unsplit, beside the failure: whether the split
+                                // or the case itself is past the bar.
+                                let unsplit = FwdOptions { splits: Some(1), ..opts };
+                                let alone = match check_case_opts(fa, &case, &unsplit) {
+                                    Ok(m) => format!("unsplit passes: O rel err {:.3e}, LSE rel err {:.3e}", m.o_err, m.lse_err),
+                                    Err(e) => format!("unsplit fails too: {e}"),
+                                };
+                                TestCaseError::fail(format!("[splits {splits}, 0 automatic] {e}; {alone}"))
+                            })
                         })
                         .map_err(|e| Failed::from(format!("{e}")))
                 }),
