@@ -41,6 +41,13 @@ impl<M> Clone for Alibi<M> {
 }
 impl<M> Copy for Alibi<M> {}
 
+/// How far, in tile widths, [`Alibi::frag_split`] keeps from the diagonal before it splits a
+/// bias into column and row parts. Each part is up to slope x (distance + tile width), and its
+/// rounding is the bias's own only where the distance dwarfs the width: at 0 a slope of 3.58
+/// put a row's LSE 2.9e-5 off (20x the f32 bar); at 1, with a slope of 1e-3, scores 4 ulp off
+/// theirs; 2 passes the exhaustive unit test below, and 4 leaves a margin.
+pub const SPLIT_FAR: usize = 4;
+
 /// The slope of query head `h` of batch entry `b` from the launch's `slopes` (0: none, 0
 /// returned), `batch_stride` elements apart between batch entries (0 for `[heads_q]`).
 ///
@@ -145,13 +152,13 @@ impl<M: Mask> Alibi<M> {
 
     /// Thread: as [`Alibi::frag`], each score x = fma(x, u, bias) (one rounding), except where
     /// the tile's columns c0..c0 + 8 N lie on one side of the diagonal of every row of the
-    /// warp's 16 (every tile but those of the row block's diagonal band). There the bias
+    /// warp's 16, at least [`SPLIT_FAR`] tile widths from it. There the bias
     /// -slope |o| = ss o (ss = slope left of the diagonal, o <= 0; -slope right of it) splits
     /// into a column part, ss (2 t + 8 n + e), shared by the lane's two rows, and a row part,
     /// ss (c0 - row - seqlen_k + seqlen_q), which a softmax row may leave out of its scores
     /// (`RowState::update_raw_shifted`): x = fma(x, u, column part), returned the two rows'
-    /// parts (0 on the band). 1.5 FP operations a score off the band, 3 on it (4 in
-    /// [`Alibi::frag`]).
+    /// parts (0 on the band near the diagonal). 1.5 FP operations a score off the band, 3 on
+    /// it (4 in [`Alibi::frag`]).
     #[inline(always)]
     pub fn frag_split<const N: usize>(self, s: &mut [[f32; 4]; N], u: f32, c0: u32, row_w: u32, (g, t): (usize, usize)) -> [f32; 2] {
         use crate::dev::math::fma;
@@ -160,7 +167,8 @@ impl<M: Mask> Alibi<M> {
         // The warp's largest and smallest offsets, exact in i32's wrapping arithmetic.
         let hi = (c0 + 8 * N as u32 - 1).wrapping_sub(row_w).wrapping_sub(a.diag) as i32;
         let lo = c0.wrapping_sub(row_w + 15).wrapping_sub(a.diag) as i32;
-        if hi <= 0 || lo >= 0 {
+        let far = (SPLIT_FAR * 8 * N) as i32;
+        if hi <= -far || lo >= far {
             let ss = if hi <= 0 { a.slope } else { -a.slope };
             let col_t = ss * (2 * t) as f32;
             for (n, x) in s.iter_mut().enumerate() {
@@ -260,16 +268,19 @@ mod tests {
         }
     }
 
-    /// `frag_split` adds the same biases, less the row part it returns, on tiles left of,
-    /// right of and across the diagonal (exact here: small integers times a slope of few
-    /// bits).
+    /// `frag_split` adds the same biases, less the row part it returns, on tiles far left of,
+    /// far right of, near and across the diagonal (exact here: small integers times a slope
+    /// of few bits).
     #[test]
     fn frag_split_adds_each_elements_bias() {
-        let pb = pb(40, 70);
+        let pb = pb(1000, 2000);
+        let far = (SPLIT_FAR * 24) as u32;
         for slope in [0.375f32, -0.375] {
             let a = Alibi::<General>::new(slope, &pb);
-            // Offsets col - row - 30: (0, 0) all <= 0, (64, 0) all >= 0, (32, 16) both.
-            for (c0, row_w, sided) in [(0u32, 0u32, true), (64, 0, true), (32, 16, false), (64, 24, false)] {
+            // Offsets col - row - 1000 over rows 600..616 and columns c0..c0 + 24.
+            let cases =
+                [(1600 - far - 24, 600u32, true), (1616 + far, 600, true), (1560, 600, false), (1590, 600, false), (1632, 600, false)];
+            for (c0, row_w, sided) in cases {
                 for lane in 0..32usize {
                     let (g, t) = (lane / 4, lane % 4);
                     let mut s = [[1.5f32; 4]; 3];
@@ -279,6 +290,41 @@ mod tests {
                         for (e, &v) in x.iter().enumerate() {
                             let (row, col) = (row_w + (g + 8 * (e / 2)) as u32, c0 + (8 * n + 2 * t + e % 2) as u32);
                             assert_eq!(v + r[e / 2], 3.0 + a.bias(row, col), "slope {slope} c0 {c0} lane {lane} n {n} e {e}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Split or not, each score plus its row part is within rounding of the exact
+    /// x u - slope |offset|: at most the two roundings of naive attention (the bias's, and
+    /// the sum's) plus an eighth of an ulp, at every distance from the diagonal, for slopes
+    /// that leave no low bits to spare.
+    #[test]
+    fn frag_split_keeps_the_bias_rounding() {
+        let pb = pb(16, 20_000);
+        for slope in [3.581_863_9f32, 0.167_871_01, -0.148_452_64, 7.889_570_7, 1.374_961_6, 1e-3] {
+            let a = Alibi::<General>::new(slope, &pb);
+            for c0 in (0..20_000u32).step_by(128) {
+                for lane in 0..32usize {
+                    let (g, t) = (lane / 4, lane % 4);
+                    let mut s = [[0.25f32; 4]; 16];
+                    let r = a.frag_split::<16>(&mut s, 0.5, c0, 0, (g, t));
+                    for (n, x) in s.iter().enumerate() {
+                        for (e, &v) in x.iter().enumerate() {
+                            let (row, col) = ((g + 8 * (e / 2)) as i64, (c0 as usize + 8 * n + 2 * t + e % 2) as i64);
+                            let o = (col - (row + 20_000 - 16)) as f64;
+                            let exact = 0.125 - slope as f64 * o.abs();
+                            let got = v as f64 + r[e / 2] as f64;
+                            let ulp = f64::from(f32::EPSILON) * exact.abs().max(f64::from(f32::MIN_POSITIVE));
+                            let naive = 0.5 * ulp + 0.5 * f64::from(f32::EPSILON) * (slope as f64 * o).abs();
+                            let err = (got - exact).abs();
+                            assert!(
+                                err <= 0.625 * ulp + naive,
+                                "slope {slope} c0 {c0} lane {lane} n {n} e {e}: {got} vs {exact}, err {err:e} > {:e}",
+                                0.625 * ulp + naive
+                            );
                         }
                     }
                 }
