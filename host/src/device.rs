@@ -121,6 +121,8 @@ impl FlashAttn {
             }
             if crate::ptx::is_overridden(arch) {
                 eprintln!("flashattn: {var} is set: the {arch:?} kernels come from that file, not from this build");
+            } else if crate::ptx::is_blank(arch) {
+                return Err(Error::BlankPtx { arch, var });
             }
         }
         for arch in archs {

@@ -24,6 +24,14 @@ pub enum Error {
         /// Why not.
         reason: String,
     },
+    /// This binary's embedded PTX module holds no kernel (empty in a `DOCS_RS` build, zeroed
+    /// in the binaries `.ci/gpu-bundle` packs) and no file replaces it (`ptx::override_var`).
+    BlankPtx {
+        /// The module's architecture.
+        arch: flashattn_kernels::registry::Arch,
+        /// The variable that names a replacement.
+        var: &'static str,
+    },
     /// A CUDA driver call failed.
     Cuda {
         /// Which operation.
@@ -297,6 +305,10 @@ impl std::fmt::Display for Error {
             Error::NoDriver => write!(f, "no CUDA driver: libcuda could not be loaded (is an NVIDIA driver installed?)"),
             Error::NoDevice { reason } => write!(f, "no usable CUDA device: {reason}"),
             Error::PtxOverride { var, path, reason } => write!(f, "{var}={path} cannot replace the embedded kernels: {reason}"),
+            Error::BlankPtx { arch, var } => write!(
+                f,
+                "this binary's embedded {arch:?} PTX is blank (empty in a DOCS_RS build, zeroed in binaries .ci/gpu-bundle packs): set {var} to the module's file (a bundle's .gpu/ptx/; its run.sh sets it)"
+            ),
             Error::Cuda { op, source } => write!(f, "CUDA call failed in {op}: {source:?}"),
             Error::Emulator(e) => write!(f, "{e}"),
             Error::Rank { tensor, shape, expected } => {

@@ -69,6 +69,18 @@ fn replacement(arch: flashattn_kernels::registry::Arch) -> Option<&'static Resul
     .as_ref()
 }
 
+/// Whether the embedded module of `arch` is blank: empty (a `DOCS_RS` build) or zeroed after
+/// the build (as `.ci/gpu-bundle` does to the binaries it packs, handing the PTX back
+/// through [`override_var`]).
+pub fn is_blank(arch: flashattn_kernels::registry::Arch) -> bool {
+    use flashattn_kernels::registry::Arch;
+    let ptx = match arch {
+        Arch::Sm80 => PTX_SM80,
+        Arch::Sm90a => PTX_SM90A,
+    };
+    ptx.bytes().take(64).all(|b| b == 0)
+}
+
 /// Whether [`module`] of `arch` is a replacement ([`override_var`]).
 pub fn is_overridden(arch: flashattn_kernels::registry::Arch) -> bool {
     matches!(replacement(arch), Some(Ok(_)))
