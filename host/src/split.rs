@@ -59,11 +59,18 @@ fn key_tile(variant: &FwdVariant, head_dim: usize) -> Option<u32> {
     }
 }
 
+/// How close to the best count's last-wave fill the automatic choice's must come. Rejected:
+/// FA2's 0.85, which on an H100 took 7 parts for one decode row of 32 heads over 131,072 keys
+/// (bf16, d = 128): 1.28 TB/s against 8 parts' 1.45 with GQA (32 on 8 heads), 2.62 against
+/// 2.68 without (benches/RESULTS.md, 2026-12-07).
+pub const AUTO_FILL: f64 = 0.95;
+
 /// The automatic part count for a launch of `blocks` blocks on a device that runs `slots` at
-/// once, each block over `key_tiles` key tiles (FA2's `num_splits_heuristic`): no split
-/// when the blocks fill 80% of the slots; else, among the counts that change the tiles per
-/// part (at most [`MAX_AUTO_SPLITS`], parts of at least [`MIN_AUTO_PART_TILES`] tiles), the
-/// smallest whose last wave is filled to within 85% of the best count's (pure: tested below).
+/// once, each block over `key_tiles` key tiles (after FA2's `num_splits_heuristic`): no
+/// split when the blocks fill 80% of the slots; else, among the counts that change the tiles
+/// per part (at most [`MAX_AUTO_SPLITS`], parts of at least [`MIN_AUTO_PART_TILES`] tiles),
+/// the smallest whose last wave is filled to within [`AUTO_FILL`] of the best count's (pure:
+/// tested below).
 pub fn auto_splits(blocks: u64, slots: u64, key_tiles: u32) -> u32 {
     if blocks == 0 || blocks as f64 >= 0.8 * slots as f64 {
         return 1;
@@ -75,7 +82,7 @@ pub fn auto_splits(blocks: u64, slots: u64, key_tiles: u32) -> u32 {
         waves / waves.ceil()
     };
     let best = (1..=max).filter(eligible).map(filled).fold(0.0, f64::max);
-    (1..=max).filter(eligible).find(|&s| filled(s) >= 0.85 * best).unwrap_or(1)
+    (1..=max).filter(eligible).find(|&s| filled(s) >= AUTO_FILL * best).unwrap_or(1)
 }
 
 /// Blocks of a kernel with `smem` bytes of shared memory the device runs at once: by shared
@@ -98,9 +105,11 @@ mod tests {
 
     #[test]
     fn small_grids_fill_the_device() {
-        // One decode block of 32 heads over 128 key tiles: 7 parts fill 85% of 264 slots.
-        let s = auto_splits(32, 264, 128);
-        assert!((7..=8).contains(&s), "{s}");
+        // One decode row of 32 heads over 128 key tiles: 8 parts fill 97% of 264 slots (7
+        // fill 85%).
+        assert_eq!(auto_splits(32, 264, 128), 8);
+        // Over 2,048 tiles (131,072 keys at d = 128), the same.
+        assert_eq!(auto_splits(32, 264, 2048), 8);
         // Parts keep at least MIN_AUTO_PART_TILES tiles; few tiles, no split.
         assert_eq!(auto_splits(1, 264, 7), 1);
         assert_eq!(auto_splits(1, 264, 8), 2);
