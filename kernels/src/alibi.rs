@@ -44,7 +44,7 @@ impl<M> Copy for Alibi<M> {}
 /// How far, in tile widths, [`Alibi::frag_split`] keeps from the diagonal before it splits a
 /// bias into column and row parts. Each part is up to slope x (distance + tile width), and its
 /// rounding is the bias's own only where the distance dwarfs the width: at 0 a slope of 3.58
-/// put a row's LSE 2.9e-5 off (20x the f32 bar); at 1, with a slope of 1e-3, scores 4 ulp off
+/// put a row's LSE 2.9e-5 off (13x the f32 bar); at 1, with a slope of 1e-3, scores 4 ulp off
 /// theirs; 2 passes the exhaustive unit test below, and 4 leaves a margin.
 pub const SPLIT_FAR: usize = 4;
 
