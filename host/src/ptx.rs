@@ -13,13 +13,18 @@ pub const MODULES: &[(&str, flashattn_kernels::registry::Arch, &str)] =
 /// The module that holds the variants of `arch`: the embedded one, or the file named by
 /// [`override_var`] when that is set (and readable: [`override_error`]).
 pub fn module(arch: flashattn_kernels::registry::Arch) -> &'static str {
-    use flashattn_kernels::registry::Arch;
     match replacement(arch) {
         Some(Ok(ptx)) => ptx,
-        _ => match arch {
-            Arch::Sm80 => PTX_SM80,
-            Arch::Sm90a => PTX_SM90A,
-        },
+        _ => embedded(arch),
+    }
+}
+
+/// The module of `arch` built into this binary.
+fn embedded(arch: flashattn_kernels::registry::Arch) -> &'static str {
+    use flashattn_kernels::registry::Arch;
+    match arch {
+        Arch::Sm80 => PTX_SM80,
+        Arch::Sm90a => PTX_SM90A,
     }
 }
 
@@ -73,12 +78,7 @@ fn replacement(arch: flashattn_kernels::registry::Arch) -> Option<&'static Resul
 /// the build (as `.ci/gpu-bundle` does to the binaries it packs, handing the PTX back
 /// through [`override_var`]).
 pub fn is_blank(arch: flashattn_kernels::registry::Arch) -> bool {
-    use flashattn_kernels::registry::Arch;
-    let ptx = match arch {
-        Arch::Sm80 => PTX_SM80,
-        Arch::Sm90a => PTX_SM90A,
-    };
-    ptx.bytes().take(64).all(|b| b == 0)
+    embedded(arch).bytes().take(64).all(|b| b == 0)
 }
 
 /// Whether [`module`] of `arch` is a replacement ([`override_var`]).
