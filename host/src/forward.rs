@@ -538,7 +538,17 @@ impl FlashAttn {
             dtype: T::DTYPE.name(),
             head_dim: shape.head_dim,
         })?;
-        let blocks = (shape.seqlen_q as u64).div_ceil(l.rows as u64) * (shape.heads_q * shape.batch) as u64;
+        // GQA packing (one block per KV head for its query heads' rows, `FwdParams::gqa_packed`):
+        // the grid's rows and heads.
+        let pack = match variant.family.desc().packs_gqa {
+            true => gqa_pack(&shape, attention, l.rows),
+            false => 0,
+        };
+        let (grid_rows, grid_heads) = match pack {
+            0 => (shape.seqlen_q as u32, shape.heads_q as u32),
+            g => (g, shape.heads_kv as u32),
+        };
+        let blocks = (grid_rows as u64).div_ceil(l.rows as u64) * (grid_heads as usize * shape.batch) as u64;
         let slots = crate::split::slots(self.multiprocessors(), l.smem_bytes as usize);
         let dims = (shape.heads_q, shape.seqlen_k, shape.head_dim);
         let splits = crate::split::split_count(opts, variant, residual, dims, (blocks, slots))?;
@@ -632,6 +642,12 @@ impl FlashAttn {
             pb: shape.problem(attention, seqs.is_some()),
             ..FwdParams::default()
         };
+        if pack > 1 {
+            // One query row per sequence: causal masking hides no key (the mask and the
+            // window are off; the conditions exclude any other window).
+            params.gqa_pack = pack;
+            (params.pb.causal, params.pb.window_left, params.pb.window_right) = (0, NO_WINDOW, NO_WINDOW);
+        }
         if let Some((bop, blp)) = &bparts {
             // Split-KV: the kernel writes the parts; the merge then O and LSE.
             let (o_part, lse_part) = part_layouts(&qs, &ls);
@@ -657,7 +673,7 @@ impl FlashAttn {
         let launch = Launch {
             name,
             arch: variant.arch(),
-            grid: ((shape.seqlen_q as u32).div_ceil(l.rows), shape.heads_q as u32 * params.splits.max(1), shape.batch as u32),
+            grid: (grid_rows.div_ceil(l.rows), grid_heads * params.splits.max(1), shape.batch as u32),
             threads: l.threads,
             smem: l.smem_bytes as usize,
             emulate,
@@ -709,6 +725,22 @@ impl FlashAttn {
             unsafe { self.queue_merge::<T>(merge, &regions) }?;
         }
         Ok(record)
+    }
+}
+
+/// GQA packing for a launch whose blocks take `rows` query rows, on a family that takes it
+/// (`FwdFamilyDesc::packs_gqa`; FA2's decode packing, made a launch parameter:
+/// `FwdParams::gqa_packed`): the query heads per KV head, where there are
+/// several, each sequence has one query row, they fit one block's rows, and nothing depends on
+/// a row's position or query head (no window, ALiBi or sinks; causal masking hides no key of
+/// a single row, bottom-right aligned); else 0 (pure: tested below).
+pub(crate) fn gqa_pack(shape: &AttnShape, attention: &Attention, rows: u32) -> u32 {
+    let group = shape.heads_q / shape.heads_kv.max(1);
+    let row_free =
+        attention.window.left.is_none() && attention.window.right.is_none() && attention.alibi.is_none() && attention.sinks.is_none();
+    match shape.seqlen_q == 1 && group > 1 && group <= rows as usize && row_free {
+        true => group as u32,
+        false => 0,
     }
 }
 
@@ -783,5 +815,35 @@ impl FlashAttn {
             total_k: seqs.total_k() as u32,
         };
         Ok(BoundOffsets { params, bound: [Some(bq), Some(bk), bu].into_iter().flatten().collect() })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::options::Window;
+
+    fn shape(seqlen_q: usize, heads_q: usize, heads_kv: usize) -> AttnShape {
+        AttnShape { batch: 3, seqlen_q, seqlen_k: 1000, heads_q, heads_kv, head_dim: 128 }
+    }
+
+    /// Packed only where each sequence has one row, several query heads share a KV head,
+    /// they fit a block, and no option depends on a row's position or head.
+    #[test]
+    fn gqa_pack_only_where_rows_are_interchangeable() {
+        let plain = Attention::default();
+        let causal = Attention { causal: true, ..Attention::default() };
+        let capped = Attention { softcap: Some(30.0), ..Attention::default() };
+        assert_eq!(gqa_pack(&shape(1, 32, 8), &plain, 64), 4);
+        assert_eq!(gqa_pack(&shape(1, 32, 8), &causal, 64), 4);
+        assert_eq!(gqa_pack(&shape(1, 32, 8), &capped, 64), 4);
+        assert_eq!(gqa_pack(&shape(1, 64, 1), &plain, 64), 64);
+        // Not: two rows, no sharing, more heads than a block's rows, a window.
+        assert_eq!(gqa_pack(&shape(2, 32, 8), &plain, 64), 0);
+        assert_eq!(gqa_pack(&shape(1, 8, 8), &plain, 64), 0);
+        assert_eq!(gqa_pack(&shape(1, 128, 1), &plain, 64), 0);
+        for window in [Window::new(Some(5), None), Window::new(None, Some(0))] {
+            assert_eq!(gqa_pack(&shape(1, 32, 8), &Attention { window, ..Attention::default() }, 64), 0);
+        }
     }
 }

@@ -60,27 +60,29 @@ pub(crate) unsafe fn lane_store_o_part<const DN: usize>(
 
 /// Lane quad (its lane t = 0 stores), split-KV: a part's f64 LSE of query row `r` as two
 /// f32s, hi = LSE rounded at `hi_g` and lo = LSE - hi at `lo_g` (0 where LSE is not finite),
-/// so the merge adds the parts up before its one rounding; rows below `sq` only.
+/// so the merge adds the parts up before its one rounding; rows below `sq` only, `row`
+/// elements apart.
 ///
 /// # Safety
 /// `hi_g` and `lo_g` point to the head's LSE rows (`sq` of them).
 #[inline(always)]
-pub(crate) unsafe fn quad_store_lse_split(hi_g: *mut f32, lo_g: *mut f32, r: u32, sq: u32, t: usize, lse: f64) {
+pub(crate) unsafe fn quad_store_lse_split(hi_g: *mut f32, lo_g: *mut f32, (r, row): (u32, u64), sq: u32, t: usize, lse: f64) {
     let hi = lse as f32;
     let lo = if hi.is_finite() { (lse - hi as f64) as f32 } else { 0.0 };
-    unsafe { quad_store_lse(hi_g, r, sq, t, hi) };
-    unsafe { quad_store_lse(lo_g, r, sq, t, lo) };
+    unsafe { quad_store_lse(hi_g, (r, row), sq, t, hi) };
+    unsafe { quad_store_lse(lo_g, (r, row), sq, t, lo) };
 }
 
 /// Lane quad (its lane t = 0 stores): LSE of query row `r` of the head at `lse_g`, rows
-/// below `sq` only.
+/// below `sq` only, `row` elements apart (1 but where the rows are packed query heads,
+/// `FwdParams::gqa_packed`).
 ///
 /// # Safety
 /// `lse_g` points to the head's `sq` LSE values.
 #[inline(always)]
-pub(crate) unsafe fn quad_store_lse(lse_g: *mut f32, r: u32, sq: u32, t: usize, lse: f32) {
+pub(crate) unsafe fn quad_store_lse(lse_g: *mut f32, (r, row): (u32, u64), sq: u32, t: usize, lse: f32) {
     if r < sq && t == 0 {
-        unsafe { global::store(lse_g.add(r as usize), lse) };
+        unsafe { global::store(lse_g.add((r as u64 * row) as usize), lse) };
     }
 }
 

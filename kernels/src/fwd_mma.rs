@@ -534,7 +534,8 @@ impl<T: MmaElement, const D: usize, const MT: usize> Out<'_, T, D, MT> {
                 let (inv_l, lse) = sinks::fold((inv_l, lse), sink);
                 let r_tile = (w * MT + mt) * 16 + g + 8 * half;
                 warp_stage_o::<T, DN>(o_words, Layout::<D>::at, (r_tile, t), &acc_o[mt], half, inv_l);
-                unsafe { quad_store_lse(lse_g, row0 + r_tile as u32, sq, t, lse) };
+                // Consecutive LSE rows: this family takes no GQA packing.
+                unsafe { quad_store_lse(lse_g, (row0 + r_tile as u32, 1), sq, t, lse) };
             }
         }
         warp::sync();

@@ -102,6 +102,8 @@ unsafe fn fwd<
 >(
     p: &FwdParams,
 ) {
+    // The query heads of a KV head as rows of one, where the host packs them.
+    let p = &p.gqa_packed();
     let tile = C::TILE;
     const { assert!(D.is_multiple_of(64) && BC.is_multiple_of(16)) };
     let br = tile.br() as usize;
@@ -629,10 +631,10 @@ impl<
         // Rows r and r + 8, written out: `upper` a constant in each.
         let (inv_l, lse) = sinks::fold64(rows[0].finish_raw64::<4>(self.c, self.lse_scale), sink);
         unsafe { lane_store_o_part::<DN>(o_g, p.o_strides.row, (r, sq, d), t, acc_o, false, inv_l) };
-        unsafe { quad_store_lse_split(hi_g, lo_g, r, sq, t, lse) };
+        unsafe { quad_store_lse_split(hi_g, lo_g, (r, p.lse_strides.row), sq, t, lse) };
         let (inv_l, lse) = sinks::fold64(rows[1].finish_raw64::<4>(self.c, self.lse_scale), sink);
         unsafe { lane_store_o_part::<DN>(o_g, p.o_strides.row, (r + 8, sq, d), t, acc_o, true, inv_l) };
-        unsafe { quad_store_lse_split(hi_g, lo_g, r + 8, sq, t, lse) };
+        unsafe { quad_store_lse_split(hi_g, lo_g, (r + 8, p.lse_strides.row), sq, t, lse) };
     }
 
     /// Warp: O = acc_o / l_i, LSE = m_i + log l_i. The warp stages its 16 rows of O in its own
@@ -671,7 +673,7 @@ impl<
             inv[half] = inv_l;
             let r_tile = r_warp + g + 8 * half;
             warp_stage_o::<T, DN>(o_words, at, (r_tile, t), acc_o, half, inv_l);
-            unsafe { quad_store_lse(lse_g, row0 + r_tile as u32, sq, t, lse) };
+            unsafe { quad_store_lse(lse_g, (row0 + r_tile as u32, p.lse_strides.row), sq, t, lse) };
         }
         warp::sync();
         // Warp: its 16 rows.

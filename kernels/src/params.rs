@@ -161,9 +161,36 @@ pub struct FwdParams {
     /// splits, `block_info::BlockInfo::rows_split`); 0 or 1: no split, O and LSE the
     /// outputs. Taken by the families that split (`registry::FwdFamilyDesc::splits`).
     pub splits: u32,
+    /// GQA packing ([`FwdParams::gqa_packed`]): the query heads per KV head stacked as rows
+    /// of one tile; 0 or 1: none. The host sets it only where every sequence has at most one
+    /// query row and nothing depends on a row's query head or position (no window, ALiBi or
+    /// sinks; causal masking is then none).
+    pub gqa_pack: u32,
 }
 
 impl FwdParams {
+    /// The launch as the forward kernels run it (FA2's and FA3's GQA packing for decode):
+    /// with `gqa_pack` = g > 1, the g query heads of each KV head are one head of g query rows,
+    /// row i of packed head j being the one row of query head j g + i, so that a block reads
+    /// each K and V tile once for all g of them. Q's, O's and LSE's row stride becomes their
+    /// head stride and their head stride g heads; seqlen_q (0 or 1) is g times itself, heads_q
+    /// heads_kv. A variable-length batch is narrowed to its sequence first (`varlen`).
+    #[inline(always)]
+    pub fn gqa_packed(&self) -> FwdParams {
+        let g = self.gqa_pack;
+        if g <= 1 {
+            return *self;
+        }
+        let pack = |s: Strides| Strides { batch: s.batch, row: s.head, head: s.head * g as u64 };
+        FwdParams {
+            q_strides: pack(self.q_strides),
+            o_strides: pack(self.o_strides),
+            lse_strides: pack(self.lse_strides),
+            pb: Problem { seqlen_q: self.pb.seqlen_q * g, heads_q: self.pb.heads_kv, ..self.pb },
+            ..*self
+        }
+    }
+
     /// Whether the keys are split: `o` and `lse` are the parts (f32) for the merge.
     #[inline(always)]
     pub fn split_kv(&self) -> bool {
@@ -315,4 +342,49 @@ pub struct MergeParams {
     pub seqlen: u32,
     pub heads: u32,
     pub head_dim: u32,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Packed, row i of head j of a batch entry is the original's one row of query head
+    /// j g + i, in Q, O and LSE, for dense layouts and a variable-length batch's.
+    #[test]
+    fn gqa_packed_rows_are_the_query_heads() {
+        let (batch, heads_q, heads_kv, d) = (3u32, 12u32, 3u32, 40u64);
+        let g = heads_q / heads_kv;
+        let layouts = [
+            // Dense [b, 1, h, d] (LSE [b, h, 1]), then one with a padded row and head stride.
+            (Strides::contiguous(1, heads_q as u64, d), Strides { batch: heads_q as u64, row: 1, head: 1 }),
+            (Strides { batch: 7 * heads_q as u64 * d, row: 2 * heads_q as u64 * d, head: 2 * d }, Strides { batch: 30, row: 1, head: 2 }),
+            // Variable-length [total, h, d] (LSE [h, total]); batch stride 0.
+            (Strides { batch: 0, row: heads_q as u64 * d, head: d }, Strides { batch: 0, row: 1, head: 1000 }),
+        ];
+        for (qs, ls) in layouts {
+            let p = FwdParams {
+                q_strides: qs,
+                o_strides: qs,
+                lse_strides: ls,
+                pb: Problem { batch, heads_q, heads_kv, seqlen_q: 1, seqlen_k: 9, head_dim: d as u32, ..Problem::default() },
+                gqa_pack: g,
+                ..FwdParams::default()
+            };
+            let n = p.gqa_packed();
+            assert_eq!((n.pb.seqlen_q, n.pb.heads_q, n.pb.heads_kv, n.pb.seqlen_k), (g, heads_kv, heads_kv, 9));
+            for b in 0..batch {
+                for j in 0..heads_kv {
+                    for i in 0..g {
+                        let h = j * g + i;
+                        assert_eq!(n.q_strides.offset(b, i, j), qs.offset(b, 0, h));
+                        assert_eq!(n.o_strides.offset(b, i, j), qs.offset(b, 0, h));
+                        assert_eq!(n.lse_strides.offset(b, i, j), ls.offset(b, 0, h));
+                    }
+                }
+            }
+        }
+        // Off: the launch as it is.
+        let p = FwdParams { gqa_pack: 1, q_strides: Strides::contiguous(1, 4, 8), ..FwdParams::default() };
+        assert_eq!(p.gqa_packed(), p);
+    }
 }

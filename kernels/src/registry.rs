@@ -119,6 +119,9 @@ pub struct FwdFamilyDesc {
     /// Whether its kernels split the keys of a block's rows into parts (split-KV,
     /// `FwdParams::splits`).
     pub splits: bool,
+    /// Whether its kernels take GQA packing (`FwdParams::gqa_pack`: the query heads of a KV
+    /// head as the rows of one tile, for decode).
+    pub packs_gqa: bool,
     /// Its tile function.
     pub tiles: FwdTiles,
 }
@@ -139,6 +142,7 @@ const FWD_WGMMA: FwdFamilyDesc = FwdFamilyDesc {
     auto: true,
     writes_residual: true,
     splits: true,
+    packs_gqa: true,
     tiles: FwdTiles::Wgmma(wgmma_tile),
 };
 #[cfg(not(target_arch = "nvptx64"))]
@@ -149,6 +153,7 @@ const FWD_MMA: FwdFamilyDesc = FwdFamilyDesc {
     auto: true,
     writes_residual: false,
     splits: false,
+    packs_gqa: false,
     tiles: FwdTiles::Mma(mma_tile),
 };
 #[cfg(not(target_arch = "nvptx64"))]
@@ -159,6 +164,7 @@ const FWD_SIMT: FwdFamilyDesc = FwdFamilyDesc {
     auto: true,
     writes_residual: false,
     splits: false,
+    packs_gqa: false,
     tiles: FwdTiles::Simt(simt_tile),
 };
 #[cfg(not(target_arch = "nvptx64"))]
@@ -169,6 +175,7 @@ const FWD_MMA_BR64: FwdFamilyDesc = FwdFamilyDesc {
     auto: false,
     writes_residual: false,
     splits: false,
+    packs_gqa: false,
     tiles: FwdTiles::Mma(mma_tile_br64),
 };
 #[cfg(not(target_arch = "nvptx64"))]
@@ -179,6 +186,7 @@ const FWD_MMA_UNFUSED: FwdFamilyDesc = FwdFamilyDesc {
     auto: false,
     writes_residual: false,
     splits: false,
+    packs_gqa: false,
     tiles: FwdTiles::Mma(mma_tile_unfused),
 };
 #[cfg(not(target_arch = "nvptx64"))]
@@ -189,6 +197,7 @@ const FWD_WGMMA_WG2: FwdFamilyDesc = FwdFamilyDesc {
     auto: false,
     writes_residual: true,
     splits: true,
+    packs_gqa: true,
     tiles: FwdTiles::Wgmma(wgmma_tile_wg2),
 };
 

@@ -163,6 +163,55 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
             push_for_arch(&mut trials, archs.as_deref(), &label, family.arch, trial);
         }
     }
+    // Decode with GQA packing (`FwdParams::gqa_packed`, on the families that take it): one
+    // query row, 2 to 16 query heads per KV head, causal or not, softcapped or not, every
+    // scale, split or not (FLASHATTN_GPU_DECODE_CASES / _EMU_ in all). Packing needs no
+    // window, ALiBi or sinks: the props above draw those, unpacked.
+    let (total, size) = match kind {
+        BackendKind::Gpu => (env_usize("FLASHATTN_GPU_DECODE_CASES", 600), 50),
+        BackendKind::Emulator => (env_usize("FLASHATTN_EMU_DECODE_CASES", 12), 6),
+    };
+    for family in flashattn::FWD_FAMILIES.iter().filter(|f| f.packs_gqa) {
+        let name = family.name;
+        for (i, cases) in shards(total, size).into_iter().enumerate() {
+            let dtype = [Dt::F16, Dt::Bf16][i % 2];
+            let label = format!("{tag}::decode::{name}::{dtype:?}::{i:03}").to_lowercase();
+            let trial = mk(
+                label.clone(),
+                Box::new(move |fa| {
+                    let (max_k, d_units, max_group) = match kind {
+                        BackendKind::Gpu => (3000, 32, 16),
+                        BackendKind::Emulator => (600, 16, 8),
+                    };
+                    let strategy = (case_strategy(max_k, d_units, 2, 1, 3, usize::MAX), 2..=max_group as usize, 1..=max_k, 0..=8u32);
+                    let mut runner = TestRunner::new(Config { cases: cases as u32, failure_persistence: None, ..Config::default() });
+                    runner
+                        .run(&strategy, |(c, group, keys, splits)| {
+                            let mut shape = AttnShape { seqlen_q: 1, seqlen_k: keys, heads_q: c.shape.heads_kv * group, ..c.shape };
+                            // The family's head dims (wgmma_wg2: 64 and 128 only).
+                            if flashattn::select_variant(
+                                dtype.dtype(),
+                                shape.head_dim,
+                                &FwdOptions { kernel: Some(name), ..Default::default() },
+                                &fa.archs(),
+                            )
+                            .is_err()
+                            {
+                                shape.head_dim = [64, 128][(c.seed % 2) as usize];
+                            }
+                            let case = Case { shape, dtype, window: Window::NONE, sinks: false, alibi: None, ..c };
+                            // 0: the automatic choice.
+                            let opts = FwdOptions { kernel: Some(name), splits: (splits > 0).then_some(splits), ..Default::default() };
+                            check_case_opts(fa, &case, &opts)
+                                .map(|_| ())
+                                .map_err(|e| TestCaseError::fail(format!("[splits {splits}, 0 automatic] {e}")))
+                        })
+                        .map_err(|e| Failed::from(format!("{e}")))
+                }),
+            );
+            push_for_arch(&mut trials, archs.as_deref(), &label, family.arch, trial);
+        }
+    }
     // NaN and infinities planted in Q, K, V (README, "NaN and Inf"): every family, the rule
     // checked element by element (FLASHATTN_GPU_NONFINITE_CASES / _EMU_ in all).
     let (total, size) = match kind {

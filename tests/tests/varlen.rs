@@ -219,6 +219,50 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
             push_for_arch(&mut trials, archs.as_deref(), &name, arch, trial);
         }
     }
+    // Decode steps with GQA packing (`FwdParams::gqa_packed`, the families that take it):
+    // one query row per sequence, 2 to 16 query heads per KV head, no window, ALiBi or sinks
+    // (FLASHATTN_GPU_KVDECODE_CASES / _EMU_ in all).
+    let (total, size) = match kind {
+        BackendKind::Gpu => (env_usize("FLASHATTN_GPU_KVDECODE_CASES", 300), 50),
+        BackendKind::Emulator => (env_usize("FLASHATTN_EMU_KVDECODE_CASES", 8), 4),
+    };
+    let (max_capacity, max_group) = match kind {
+        BackendKind::Gpu => (3000, 16),
+        BackendKind::Emulator => (300, 8),
+    };
+    for family in flashattn::FWD_FAMILIES.iter().filter(|f| f.packs_gqa) {
+        let (name, arch) = (family.name, family.arch);
+        for (i, &cases) in shards(total, size).iter().enumerate() {
+            let dtype = [Dt::F16, Dt::Bf16][i % 2];
+            let label = format!("{tag}::kvdecode::{name}::{dtype:?}::{i:03}").to_lowercase();
+            let trial = mk(
+                label.clone(),
+                Box::new(move |fa| {
+                    let mut runner = TestRunner::new(Config { cases: cases as u32, failure_persistence: None, ..Config::default() });
+                    let strategy =
+                        (kvcache_strategy(max_batch, max_capacity, 1, d_units, 1), 2..=max_group as usize).prop_map(move |(c, group)| {
+                            KvCase {
+                                dtype,
+                                heads_q: c.heads_kv * group,
+                                // The family's head dims (wgmma_wg2: 64 and 128 only).
+                                head_dim: match has_varlen(name, dtype, c.head_dim) {
+                                    true => c.head_dim,
+                                    false => [64, 128][(c.seed % 2) as usize],
+                                },
+                                window: flashattn::Window::NONE,
+                                sinks: false,
+                                alibi: None,
+                                ..c
+                            }
+                        });
+                    runner
+                        .run(&strategy, |c| check_kvcache(fa, &c, Some(name)).map_err(TestCaseError::fail))
+                        .map_err(|e| Failed::from(format!("{e}")))
+                }),
+            );
+            push_for_arch(&mut trials, archs.as_deref(), &label, arch, trial);
+        }
+    }
     trials.push(mk(format!("{tag}::kvcache::refused"), Box::new(|fa| check_kvcache_errors(fa).map_err(Failed::from))));
     // Offsets already on the device: the same result as from the host (GPU only: the
     // emulator has no device buffers).
