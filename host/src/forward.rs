@@ -736,8 +736,7 @@ impl FlashAttn {
 /// a single row, bottom-right aligned); else 0 (pure: tested below).
 pub(crate) fn gqa_pack(shape: &AttnShape, attention: &Attention, rows: u32) -> u32 {
     let group = shape.heads_q / shape.heads_kv.max(1);
-    let row_free =
-        attention.window.left.is_none() && attention.window.right.is_none() && attention.alibi.is_none() && attention.sinks.is_none();
+    let row_free = attention.window.is_none() && attention.alibi.is_none() && attention.sinks.is_none();
     match shape.seqlen_q == 1 && group > 1 && group <= rows as usize && row_free {
         true => group as u32,
         false => 0,
