@@ -540,7 +540,7 @@ impl FlashAttn {
         })?;
         // GQA packing (one block per KV head for its query heads' rows, `FwdParams::gqa_packed`):
         // the grid's rows and heads.
-        let pack = match variant.family.desc().packs_gqa {
+        let pack = match variant.family.desc().packs_gqa && !opts.no_gqa_packing {
             true => gqa_pack(&shape, attention, l.rows),
             false => 0,
         };
@@ -550,7 +550,12 @@ impl FlashAttn {
         };
         let blocks = (grid_rows as u64).div_ceil(l.rows as u64) * (grid_heads as usize * shape.batch) as u64;
         let slots = crate::split::slots(self.multiprocessors(), l.smem_bytes as usize);
-        let dims = (shape.heads_q, shape.seqlen_k, shape.head_dim);
+        // The keys a block walks: one row sees no key left of its window.
+        let keys = match (shape.seqlen_q, attention.window.left) {
+            (1, Some(left)) => shape.seqlen_k.min(left as usize + 1),
+            _ => shape.seqlen_k,
+        };
+        let dims = (shape.heads_q, keys, shape.head_dim);
         let splits = crate::split::split_count(opts, variant, residual, dims, (blocks, slots))?;
         // Split-KV: the parts' f32 O, [splits] x O's shape, and LSE, [2 splits] x LSE's
         // shape, for a launch.
@@ -643,10 +648,10 @@ impl FlashAttn {
             ..FwdParams::default()
         };
         if pack > 1 {
-            // One query row per sequence: causal masking hides no key (the mask and the
-            // window are off; the conditions exclude any other window).
+            // One query row per sequence: neither causal masking nor a window's right edge
+            // hides a key (both off; the kernels drop the keys left of the window).
             params.gqa_pack = pack;
-            (params.pb.causal, params.pb.window_left, params.pb.window_right) = (0, NO_WINDOW, NO_WINDOW);
+            (params.pb.causal, params.pb.window_right) = (0, NO_WINDOW);
         }
         if let Some((bop, blp)) = &bparts {
             // Split-KV: the kernel writes the parts; the merge then O and LSE.
@@ -731,13 +736,13 @@ impl FlashAttn {
 /// GQA packing for a launch whose blocks take `rows` query rows, on a family that takes it
 /// (`FwdFamilyDesc::packs_gqa`; FA2's decode packing, made a launch parameter:
 /// `FwdParams::gqa_packed`): the query heads per KV head, where there are
-/// several, each sequence has one query row, they fit one block's rows, and nothing depends on
-/// a row's position or query head (no window, ALiBi or sinks; causal masking hides no key of
-/// a single row, bottom-right aligned); else 0 (pure: tested below).
+/// several, each sequence has one query row, they fit one block's rows, and no bias depends
+/// on a row's query head (ALiBi; the kernels read sinks by row); else 0 (pure: tested below).
+/// A single row, bottom-right aligned, sees every key but those before a window's left edge:
+/// the kernels drop those and mask nothing.
 pub(crate) fn gqa_pack(shape: &AttnShape, attention: &Attention, rows: u32) -> u32 {
     let group = shape.heads_q / shape.heads_kv.max(1);
-    let row_free = attention.window.is_none() && attention.alibi.is_none() && attention.sinks.is_none();
-    match shape.seqlen_q == 1 && group > 1 && group <= rows as usize && row_free {
+    match shape.seqlen_q == 1 && group > 1 && group <= rows as usize && attention.alibi.is_none() {
         true => group as u32,
         false => 0,
     }
@@ -827,7 +832,7 @@ mod tests {
     }
 
     /// Packed only where each sequence has one row, several query heads share a KV head,
-    /// they fit a block, and no option depends on a row's position or head.
+    /// and they fit a block (ALiBi, which no test here can build without a device, aside).
     #[test]
     fn gqa_pack_only_where_rows_are_interchangeable() {
         let plain = Attention::default();
@@ -837,12 +842,12 @@ mod tests {
         assert_eq!(gqa_pack(&shape(1, 32, 8), &causal, 64), 4);
         assert_eq!(gqa_pack(&shape(1, 32, 8), &capped, 64), 4);
         assert_eq!(gqa_pack(&shape(1, 64, 1), &plain, 64), 64);
-        // Not: two rows, no sharing, more heads than a block's rows, a window.
+        for window in [Window::new(Some(5), None), Window::new(None, Some(0)), Window::new(Some(0), Some(3))] {
+            assert_eq!(gqa_pack(&shape(1, 32, 8), &Attention { window, ..Attention::default() }, 64), 4);
+        }
+        // Not: two rows, no sharing, more heads than a block's rows.
         assert_eq!(gqa_pack(&shape(2, 32, 8), &plain, 64), 0);
         assert_eq!(gqa_pack(&shape(1, 8, 8), &plain, 64), 0);
         assert_eq!(gqa_pack(&shape(1, 128, 1), &plain, 64), 0);
-        for window in [Window::new(Some(5), None), Window::new(None, Some(0))] {
-            assert_eq!(gqa_pack(&shape(1, 32, 8), &Attention { window, ..Attention::default() }, 64), 0);
-        }
     }
 }

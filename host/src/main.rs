@@ -20,7 +20,7 @@ const USAGE: &str = "\
 usage: flashattn [run] [--batch B] [--seqlen S] [--seqlen-k S] [--heads H] [--heads-kv H]
                        [--head-dim D] [--dtype f16|bf16|f32] [--causal] [--scale X]
                        [--window LEFT[,RIGHT]] [--softcap C] [--sinks] [--alibi] [--kernel NAME]
-                       [--iters N] [--emulator] [--splits N]
+                       [--iters N] [--emulator] [--splits N] [--no-gqa-packing]
                        [--backward|--fwdbwd [--deterministic] [--residual]]
        flashattn bench [--dtype f16|bf16|f32] [--head-dims 64,128] [--seqlens 512,1024,...]
                        [--hidden 2048] [--tokens 16384] [--causal on|off|both] [--kernel NAME]
@@ -30,7 +30,7 @@ usage: flashattn [run] [--batch B] [--seqlen S] [--seqlen-k S] [--heads H] [--he
        flashattn bench --decode [--batch B] [--heads H] [--heads-kv H] [--head-dims 128]
                        [--seqlens 8192,...] [--seqlen ROWS] [--dtype ...] [--causal on|off]
                        [--window ...] [--softcap C] [--sinks] [--alibi] [--kernel NAME]
-                       [--splits N] [--iters N] [--json]
+                       [--splits N] [--no-gqa-packing] [--iters N] [--json]
 run:   one shape (GPU default: batch 8, seqlen 2048, 32 heads of 64, f16 -- the FA paper's
        hidden 2048 with 16k tokens; emulator default: batch 1, seqlen 128, 2 heads of 64),
        checked on sampled rows against the f64 reference, timed with CUDA events;
@@ -57,7 +57,9 @@ bench: the FA paper's settings (hidden 2048, batch * seqlen = 16k; emulator defa
        one decode step; GPU default: batch 8, 32 query heads on 8 KV heads, head_dim 128,
        8k, 32k and 128k keys), time and effective bandwidth (K and V bytes held / time);
 --splits N: split-KV, each block's keys in N parts merged by their LSE (FwdOptions::splits;
-       the Hopper forward only).";
+       the Hopper forward only);
+--no-gqa-packing: each query head a block's head of its own also in decode
+       (FwdOptions::no_gqa_packing), for comparison.";
 
 #[derive(Clone, Debug)]
 struct Args {
@@ -97,6 +99,8 @@ struct Args {
     residual: bool,
     /// `--splits N`: split-KV (`FwdOptions::splits`).
     splits: Option<u32>,
+    /// `--no-gqa-packing` (`FwdOptions::no_gqa_packing`).
+    no_gqa_packing: bool,
 }
 
 /// The forward kernel families' names ([`FWD_FAMILIES`]).
@@ -140,6 +144,7 @@ fn parse() -> Result<Args, String> {
         deterministic: false,
         residual: false,
         splits: None,
+        no_gqa_packing: false,
     };
     let mut it = std::env::args().skip(1).peekable();
     if let Some(c) = it.peek()
@@ -212,6 +217,7 @@ fn parse() -> Result<Args, String> {
             "--deterministic" => a.deterministic = true,
             "--residual" => a.residual = true,
             "--splits" => a.splits = Some(val(&flag, it.next())?),
+            "--no-gqa-packing" => a.no_gqa_packing = true,
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown argument `{other}`")),
         }
@@ -351,7 +357,8 @@ fn plan<T: Dtype>(fa: &FlashAttn, s: &AttnShape, attn: &Attention, a: &Args) -> 
         (true, true) => (None, a.kernel),
         (true, false) => (a.kernel.filter(|k| fwd_names().any(|f| f == *k)), a.kernel.filter(|k| bwd_names().any(|f| f == *k))),
     };
-    let fwd_opts = FwdOptions { kernel: fwd_kernel, save_residual: a.backward && a.residual, splits: a.splits };
+    let fwd_opts =
+        FwdOptions { kernel: fwd_kernel, save_residual: a.backward && a.residual, splits: a.splits, no_gqa_packing: a.no_gqa_packing };
     let fwd = flashattn::select_variant(T::DTYPE, s.head_dim, &fwd_opts, &archs)?;
     runs(fwd.name, fwd.arch())?;
     flashattn::check_splits(&fwd_opts, fwd, s.heads_q)?;
@@ -936,16 +943,17 @@ fn bench_decode<T: Dtype>(fa: &FlashAttn, a: &Args) -> flashattn::Result<bool> {
             let lens = fa.upload_u32(&vec![(keys - rows) as u32; batch])?;
             let mut out =
                 FwdOutput::from_buffers(fa.full(T::nan(), &[batch * rows, heads, d])?, fa.full(f32::NAN, &[heads, batch * rows])?, None);
-            let opts = FwdOptions { kernel: a.kernel, splits: a.splits, ..Default::default() };
+            let opts = FwdOptions { kernel: a.kernel, splits: a.splits, no_gqa_packing: a.no_gqa_packing, ..Default::default() };
             let ms =
                 fa.time_forward_kvcache(&q, &mut k_cache, &mut v_cache, &lens, Some((&k_new, &v_new)), &attn, &opts, &mut out, 3, iters)?;
             let bytes = 2.0 * (batch * keys * heads_kv * d * std::mem::size_of::<T>()) as f64;
             let tbs = bytes / (ms * 1e-3) / 1e12;
             if a.json {
                 println!(
-                    "{{\"impl\":\"flashattn-rs\",\"pass\":\"decode\",\"dtype\":\"{}\",\"batch\":{batch},\"heads\":{heads},\"heads_kv\":{heads_kv},\"head_dim\":{d},\"keys\":{keys},\"rows\":{rows},\"splits\":{},\"causal\":{causal},\"us\":{:.2},\"tbs\":{tbs:.3}}}",
+                    "{{\"impl\":\"flashattn-rs\",\"pass\":\"decode\",\"dtype\":\"{}\",\"batch\":{batch},\"heads\":{heads},\"heads_kv\":{heads_kv},\"head_dim\":{d},\"keys\":{keys},\"rows\":{rows},\"splits\":{},\"gqa_packing\":{},\"causal\":{causal},\"us\":{:.2},\"tbs\":{tbs:.3}}}",
                     a.dtype,
                     a.splits.unwrap_or(1),
+                    !a.no_gqa_packing,
                     ms * 1e3
                 );
             } else {

@@ -182,6 +182,12 @@ pub struct FwdOptions {
     /// offsets leave packed rows outside every sequence, a split forward writes those rows as
     /// rows without keys (O = 0, LSE = -inf), where an unsplit one leaves them as they were.
     pub splits: Option<u32>,
+    /// Opt-out of GQA packing: the query heads that share a KV head run as heads of their
+    /// own, each block reading its KV head's keys and values again. By default the Hopper
+    /// families compute them as the rows of one tile where each sequence has one query row
+    /// (decode) and no ALiBi is set (`kernels::params::FwdParams::gqa_packed`). For
+    /// comparison; the results agree within the dtype's tolerance, not bitwise.
+    pub no_gqa_packing: bool,
 }
 
 /// How the backward pass runs (the attention is the forward's).

@@ -103,7 +103,7 @@ unsafe fn fwd<
     p: &FwdParams,
 ) {
     // The query heads of a KV head as rows of one, where the host packs them.
-    let p = &p.gqa_packed();
+    let p = &p.gqa_packed::<T>();
     let tile = C::TILE;
     const { assert!(D.is_multiple_of(64) && BC.is_multiple_of(16)) };
     let br = tile.br() as usize;
@@ -626,13 +626,13 @@ impl<
         let o_g = unsafe { (p.o_part as *mut f32).add((split * p.o_split + p.o_strides.offset(b, 0, h)) as usize) };
         let hi_g = unsafe { (p.lse as *mut f32).add((split * p.lse_split + p.lse_row(b, h)) as usize) };
         let lo_g = unsafe { hi_g.add((p.splits as u64 * p.lse_split) as usize) };
-        let sink = if split == 0 { unsafe { sinks::of_head(p.sinks, h) } } else { f32::NEG_INFINITY };
+        let sink = |r: u32| if split == 0 { unsafe { sinks::of_row(p, h, r) } } else { f32::NEG_INFINITY };
         let r = self.row_w + self.g as u32;
         // Rows r and r + 8, written out: `upper` a constant in each.
-        let (inv_l, lse) = sinks::fold64(rows[0].finish_raw64::<4>(self.c, self.lse_scale), sink);
+        let (inv_l, lse) = sinks::fold64(rows[0].finish_raw64::<4>(self.c, self.lse_scale), sink(r));
         unsafe { lane_store_o_part::<DN>(o_g, p.o_strides.row, (r, sq, d), t, acc_o, false, inv_l) };
         unsafe { quad_store_lse_split(hi_g, lo_g, (r, p.lse_strides.row), sq, t, lse) };
-        let (inv_l, lse) = sinks::fold64(rows[1].finish_raw64::<4>(self.c, self.lse_scale), sink);
+        let (inv_l, lse) = sinks::fold64(rows[1].finish_raw64::<4>(self.c, self.lse_scale), sink(r + 8));
         unsafe { lane_store_o_part::<DN>(o_g, p.o_strides.row, (r + 8, sq, d), t, acc_o, true, inv_l) };
         unsafe { quad_store_lse_split(hi_g, lo_g, (r + 8, p.lse_strides.row), sq, t, lse) };
     }
@@ -666,12 +666,11 @@ impl<
             _ => Sw::<192, D>::at(r, c),
         };
         let mut inv = [0f32; 2];
-        let sink = unsafe { sinks::of_head(p.sinks, h) };
         for half in 0..2 {
-            let (inv_l, lse) = rows[half].finish_raw::<4>(self.c, self.lse_scale);
-            let (inv_l, lse) = sinks::fold((inv_l, lse), sink);
-            inv[half] = inv_l;
             let r_tile = r_warp + g + 8 * half;
+            let (inv_l, lse) = rows[half].finish_raw::<4>(self.c, self.lse_scale);
+            let (inv_l, lse) = sinks::fold((inv_l, lse), unsafe { sinks::of_row(p, h, row0 + r_tile as u32) });
+            inv[half] = inv_l;
             warp_stage_o::<T, DN>(o_words, at, (r_tile, t), acc_o, half, inv_l);
             unsafe { quad_store_lse(lse_g, (row0 + r_tile as u32, p.lse_strides.row), sq, t, lse) };
         }

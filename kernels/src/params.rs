@@ -163,8 +163,8 @@ pub struct FwdParams {
     pub splits: u32,
     /// GQA packing ([`FwdParams::gqa_packed`]): the query heads per KV head stacked as rows
     /// of one tile; 0 or 1: none. The host sets it only where every sequence has at most one
-    /// query row and nothing depends on a row's query head or position (no window, ALiBi or
-    /// sinks; causal masking is then none).
+    /// query row and nothing depends on a row's query head but its sink (`sinks::of_row`): no
+    /// ALiBi; causal masking and a window's right edge are then off.
     pub gqa_pack: u32,
 }
 
@@ -175,18 +175,34 @@ impl FwdParams {
     /// each K and V tile once for all g of them. Q's, O's and LSE's row stride becomes their
     /// head stride and their head stride g heads; seqlen_q (0 or 1) is g times itself, heads_q
     /// heads_kv. A variable-length batch is narrowed to its sequence first (`varlen`).
+    ///
+    /// The one query row sits at the last key (bottom-right), so a window's right edge hides
+    /// no key and its left edge only the keys before sk - 1 - left: those are dropped (K and V
+    /// start after them, `T` their element) and the window is off, as the host leaves causal
+    /// masking and the right edge.
     #[inline(always)]
-    pub fn gqa_packed(&self) -> FwdParams {
+    pub fn gqa_packed<T>(&self) -> FwdParams {
         let g = self.gqa_pack;
         if g <= 1 {
             return *self;
         }
         let pack = |s: Strides| Strides { batch: s.batch, row: s.head, head: s.head * g as u64 };
+        let (sk, left) = (self.pb.seqlen_k, self.pb.window_left);
+        let drop = if left != NO_WINDOW && sk > left + 1 { sk - 1 - left } else { 0 };
+        let after = |a: u64, rows: u64| a + drop as u64 * rows * core::mem::size_of::<T>() as u64;
         FwdParams {
             q_strides: pack(self.q_strides),
             o_strides: pack(self.o_strides),
             lse_strides: pack(self.lse_strides),
-            pb: Problem { seqlen_q: self.pb.seqlen_q * g, heads_q: self.pb.heads_kv, ..self.pb },
+            k: after(self.k, self.k_strides.row),
+            v: after(self.v, self.v_strides.row),
+            pb: Problem {
+                seqlen_q: self.pb.seqlen_q * g,
+                heads_q: self.pb.heads_kv,
+                seqlen_k: sk - drop,
+                window_left: NO_WINDOW,
+                ..self.pb
+            },
             ..*self
         }
     }
@@ -370,7 +386,7 @@ mod tests {
                 gqa_pack: g,
                 ..FwdParams::default()
             };
-            let n = p.gqa_packed();
+            let n = p.gqa_packed::<u16>();
             assert_eq!((n.pb.seqlen_q, n.pb.heads_q, n.pb.heads_kv, n.pb.seqlen_k), (g, heads_kv, heads_kv, 9));
             for b in 0..batch {
                 for j in 0..heads_kv {
@@ -385,6 +401,28 @@ mod tests {
         }
         // Off: the launch as it is.
         let p = FwdParams { gqa_pack: 1, q_strides: Strides::contiguous(1, 4, 8), ..FwdParams::default() };
-        assert_eq!(p.gqa_packed(), p);
+        assert_eq!(p.gqa_packed::<u16>(), p);
+    }
+
+    /// Packed, a window leaves the row (at key sk - 1) keys sk - 1 - left.. only: K and V
+    /// start there, the window off; a window wider than the keys drops none.
+    #[test]
+    fn gqa_packed_window_drops_the_keys_before_it() {
+        let (k, v, sk) = (1u64 << 20, 1u64 << 30, 100u32);
+        let (ks, vs) = (Strides::contiguous(sk as u64, 2, 64), Strides { batch: 1 << 16, row: 256, head: 64 });
+        for (left, drop) in [(0, 99), (9, 90), (98, 1), (99, 0), (500, 0), (NO_WINDOW, 0)] {
+            let p = FwdParams {
+                k,
+                v,
+                k_strides: ks,
+                v_strides: vs,
+                pb: Problem { heads_q: 8, heads_kv: 2, seqlen_q: 1, seqlen_k: sk, window_left: left, ..Problem::default() },
+                gqa_pack: 4,
+                ..FwdParams::default()
+            };
+            let n = p.gqa_packed::<u16>();
+            assert_eq!((n.pb.seqlen_k, n.pb.window_left), (sk - drop, NO_WINDOW), "left {left}");
+            assert_eq!((n.k, n.v), (k + 2 * drop as u64 * ks.row, v + 2 * drop as u64 * vs.row), "left {left}");
+        }
     }
 }

@@ -12,6 +12,7 @@
 //! passes push it as their last key (`softmax::QuadRow::finish`, `bwd_simt`).
 
 use crate::dev::{global, math};
+use crate::params::FwdParams;
 use crate::softmax::ln_f64;
 use core::f32::consts::LOG2_E;
 
@@ -23,6 +24,21 @@ use core::f32::consts::LOG2_E;
 #[inline(always)]
 pub unsafe fn of_head(sinks: u64, h: u32) -> f32 {
     if sinks == 0 { f32::NEG_INFINITY } else { unsafe { global::load((sinks as *const f32).add(h as usize)) } }
+}
+
+/// The sink logit of row `r` of a block of head `h` (`sinks` as in [`of_head`]): under GQA
+/// packing (`FwdParams::gqa_packed`, one query row per sequence) row r of KV head h is query
+/// head h g + r, and rows from g on hold no query (-inf, nothing read); else head h's.
+///
+/// # Safety
+/// `p.sinks` is 0 or holds a value for each of the launch's query heads.
+#[inline(always)]
+pub unsafe fn of_row(p: &FwdParams, h: u32, r: u32) -> f32 {
+    match p.gqa_pack {
+        0 | 1 => unsafe { of_head(p.sinks, h) },
+        g if r < g => unsafe { of_head(p.sinks, h * g + r) },
+        _ => f32::NEG_INFINITY,
+    }
 }
 
 /// Lane: a finished row's (1 / l_i, LSE_i) (`softmax::finish_stats`: (0, -inf) without

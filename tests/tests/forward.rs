@@ -65,6 +65,16 @@ fn run_props(fa: &FlashAttn, dtype: Dt, cases: usize, strategy: impl Strategy<Va
     runner.run(&strategy, |case| check_case(fa, &case).map(|_| ()).map_err(TestCaseError::fail)).map_err(|e| Failed::from(format!("{e}")))
 }
 
+/// `head_dim` where the family `name` has a variant for it, else 64 or 128 by the seed (the
+/// dims every family has; wgmma_wg2 has only those).
+fn family_head_dim(fa: &FlashAttn, name: &'static str, dtype: Dt, head_dim: usize, seed: u64) -> usize {
+    let opts = FwdOptions { kernel: Some(name), ..Default::default() };
+    match flashattn::select_variant(dtype.dtype(), head_dim, &opts, &fa.archs()) {
+        Ok(_) => head_dim,
+        Err(_) => [64, 128][(seed % 2) as usize],
+    }
+}
+
 fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option<String>) -> Vec<Trial> {
     let tag = match kind {
         BackendKind::Gpu => "gpu",
@@ -127,17 +137,7 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
                     runner
                         .run(&strategy, |(c, rows, keys, splits)| {
                             let mut shape = AttnShape { seqlen_q: rows, seqlen_k: keys, ..c.shape };
-                            // The family's head dims (wgmma_wg2: 64 and 128 only).
-                            if flashattn::select_variant(
-                                dtype.dtype(),
-                                shape.head_dim,
-                                &FwdOptions { kernel: Some(name), ..Default::default() },
-                                &fa.archs(),
-                            )
-                            .is_err()
-                            {
-                                shape.head_dim = [64, 128][(c.seed % 2) as usize];
-                            }
+                            shape.head_dim = family_head_dim(fa, name, dtype, shape.head_dim, c.seed);
                             while shape.batch * shape.heads_q * shape.seqlen_q * shape.seqlen_k * shape.head_dim > budget
                                 && shape.seqlen_k > 1
                             {
@@ -164,9 +164,10 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
         }
     }
     // Decode with GQA packing (`FwdParams::gqa_packed`, on the families that take it): one
-    // query row, 2 to 16 query heads per KV head, causal or not, softcapped or not, every
-    // scale, split or not (FLASHATTN_GPU_DECODE_CASES / _EMU_ in all). Packing needs no
-    // window, ALiBi or sinks: the props above draw those, unpacked.
+    // query row, 2 to 16 query heads per KV head, causal or not, any window, softcap and
+    // sinks, every scale, split or not, and a fifth unpacked (`FwdOptions::no_gqa_packing`)
+    // (FLASHATTN_GPU_DECODE_CASES / _EMU_ in all). Packing takes no ALiBi: the props above
+    // draw it, unpacked.
     let (total, size) = match kind {
         BackendKind::Gpu => (env_usize("FLASHATTN_GPU_DECODE_CASES", 600), 50),
         BackendKind::Emulator => (env_usize("FLASHATTN_EMU_DECODE_CASES", 12), 6),
@@ -179,32 +180,33 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
             let trial = mk(
                 label.clone(),
                 Box::new(move |fa| {
-                    let (max_k, d_units, max_group) = match kind {
+                    let (max_k, d_units, max_group): (usize, usize, usize) = match kind {
                         BackendKind::Gpu => (3000, 32, 16),
                         BackendKind::Emulator => (600, 16, 8),
                     };
-                    let strategy = (case_strategy(max_k, d_units, 2, 1, 3, usize::MAX), 2..=max_group as usize, 1..=max_k, 0..=8u32);
+                    let strategy = (
+                        case_strategy(max_k, d_units, 2, 1, 3, usize::MAX),
+                        2..=max_group,
+                        1..=max_k,
+                        0..=8u32,
+                        proptest::bool::weighted(0.2),
+                    );
                     let mut runner = TestRunner::new(Config { cases: cases as u32, failure_persistence: None, ..Config::default() });
                     runner
-                        .run(&strategy, |(c, group, keys, splits)| {
+                        .run(&strategy, |(c, group, keys, splits, no_gqa_packing)| {
                             let mut shape = AttnShape { seqlen_q: 1, seqlen_k: keys, heads_q: c.shape.heads_kv * group, ..c.shape };
-                            // The family's head dims (wgmma_wg2: 64 and 128 only).
-                            if flashattn::select_variant(
-                                dtype.dtype(),
-                                shape.head_dim,
-                                &FwdOptions { kernel: Some(name), ..Default::default() },
-                                &fa.archs(),
-                            )
-                            .is_err()
-                            {
-                                shape.head_dim = [64, 128][(c.seed % 2) as usize];
-                            }
-                            let case = Case { shape, dtype, window: Window::NONE, sinks: false, alibi: None, ..c };
+                            shape.head_dim = family_head_dim(fa, name, dtype, shape.head_dim, c.seed);
+                            let case = Case { shape, dtype, alibi: None, ..c };
                             // 0: the automatic choice.
-                            let opts = FwdOptions { kernel: Some(name), splits: (splits > 0).then_some(splits), ..Default::default() };
-                            check_case_opts(fa, &case, &opts)
-                                .map(|_| ())
-                                .map_err(|e| TestCaseError::fail(format!("[splits {splits}, 0 automatic] {e}")))
+                            let opts = FwdOptions {
+                                kernel: Some(name),
+                                splits: (splits > 0).then_some(splits),
+                                no_gqa_packing,
+                                ..Default::default()
+                            };
+                            check_case_opts(fa, &case, &opts).map(|_| ()).map_err(|e| {
+                                TestCaseError::fail(format!("[splits {splits}, 0 automatic; no_gqa_packing {no_gqa_packing}] {e}"))
+                            })
                         })
                         .map_err(|e| Failed::from(format!("{e}")))
                 }),

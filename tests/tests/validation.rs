@@ -517,7 +517,7 @@ fn split_kv_refusals() {
     let k = fa.upload(&data, &[1, 4, 2, 8]).unwrap();
     let v = fa.upload(&data, &[1, 4, 2, 8]).unwrap();
     let attn = Attention::default();
-    let split = |kernel, splits, save_residual| FwdOptions { kernel, splits: Some(splits), save_residual };
+    let split = |kernel, splits, save_residual| FwdOptions { kernel, splits: Some(splits), save_residual, ..Default::default() };
     let cases = [
         (split(Some("wgmma"), 0, false), "at least 1"),
         (split(Some("mma"), 2, false), "does not split"),

@@ -220,13 +220,13 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
         }
     }
     // Decode steps with GQA packing (`FwdParams::gqa_packed`, the families that take it):
-    // one query row per sequence, 2 to 16 query heads per KV head, no window, ALiBi or sinks
-    // (FLASHATTN_GPU_KVDECODE_CASES / _EMU_ in all).
+    // one query row per sequence, 2 to 16 query heads per KV head, any window, softcap and
+    // sinks, no ALiBi (FLASHATTN_GPU_KVDECODE_CASES / _EMU_ in all).
     let (total, size) = match kind {
         BackendKind::Gpu => (env_usize("FLASHATTN_GPU_KVDECODE_CASES", 300), 50),
         BackendKind::Emulator => (env_usize("FLASHATTN_EMU_KVDECODE_CASES", 8), 4),
     };
-    let (max_capacity, max_group) = match kind {
+    let (max_capacity, max_group): (usize, usize) = match kind {
         BackendKind::Gpu => (3000, 16),
         BackendKind::Emulator => (300, 8),
     };
@@ -241,22 +241,19 @@ fn trials_for(kind: BackendKind, fa: Option<Arc<FlashAttn>>, unavailable: Option
                 label.clone(),
                 Box::new(move |fa| {
                     let mut runner = TestRunner::new(Config { cases: cases as u32, failure_persistence: None, ..Config::default() });
-                    let strategy =
-                        (kvcache_strategy(max_batch, max_capacity, 1, d_units, 1), 2..=max_group as usize).prop_map(move |(c, group)| {
-                            KvCase {
-                                dtype,
-                                heads_q: c.heads_kv * group,
-                                // A head dim of the family's variable-length entries.
-                                head_dim: match has_varlen(name, dtype, c.head_dim) {
-                                    true => c.head_dim,
-                                    false => [64, 128][(c.seed % 2) as usize],
-                                },
-                                window: flashattn::Window::NONE,
-                                sinks: false,
-                                alibi: None,
-                                ..c
-                            }
-                        });
+                    let strategy = (kvcache_strategy(max_batch, max_capacity, 1, d_units, 1), 2..=max_group).prop_map(move |(c, group)| {
+                        KvCase {
+                            dtype,
+                            heads_q: c.heads_kv * group,
+                            // A head dim of the family's variable-length entries.
+                            head_dim: match has_varlen(name, dtype, c.head_dim) {
+                                true => c.head_dim,
+                                false => [64, 128][(c.seed % 2) as usize],
+                            },
+                            alibi: None,
+                            ..c
+                        }
+                    });
                     runner
                         .run(&strategy, |c| check_kvcache(fa, &c, Some(name)).map_err(TestCaseError::fail))
                         .map_err(|e| Failed::from(format!("{e}")))
